@@ -1,0 +1,1 @@
+"""Per-launcher argv and environment for gang members: pure functions, no imports of ours."""

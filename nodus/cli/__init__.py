@@ -1,0 +1,1 @@
+"""The `nodus` command-line interface."""

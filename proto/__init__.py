@@ -1,0 +1,1 @@
+"""The gRPC contract (`proto/nodus/v1/*.proto`) and its committed generated code."""
