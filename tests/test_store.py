@@ -1,0 +1,523 @@
+"""The store's contract, against the SQLite engine: CAS, paging on one snapshot, watch without gap or
+duplicate (across restarts and slow consumers), compaction, group commit, and durability under kill -9.
+
+Async tests run through `run()` (asyncio.run with a deadline), so no asyncio plugin is needed.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nodus.coordinator.errors import NodusError
+from nodus.coordinator.store import Event, EventType, Record, SqliteStore, prefix_end
+
+T = TypeVar("T")
+
+
+def run(test: Callable[[], Awaitable[T]], deadline: float = 30.0) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(test(), deadline)
+    return asyncio.run(bounded())
+
+
+def reason(excinfo: pytest.ExceptionInfo[NodusError]) -> str:
+    return excinfo.value.reason
+
+
+async def take(events: AsyncIterator[Event], n: int) -> list[Event]:
+    return [await anext(events) for _ in range(n)]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+def test_create_get_update_delete(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        created = await store.create("jobs/default/train", b'{"a":1}')
+        assert created == Record("jobs/default/train", b'{"a":1}', 1, 1)
+        assert await store.get("jobs/default/train") == created
+        assert await store.get("jobs/default/missing") is None
+
+        updated = await store.update("jobs/default/train", b'{"a":2}', created.revision)
+        assert updated == Record("jobs/default/train", b'{"a":2}', 2, 1)
+        unconditional = await store.update("jobs/default/train", b'{"a":3}', None)
+        assert unconditional.revision == 3
+
+        deleted = await store.delete("jobs/default/train", expected_revision=3)
+        # The deleted value, the incarnation's create revision, and the delete's own revision.
+        assert deleted == Record("jobs/default/train", b'{"a":3}', 4, 1)
+        assert await store.get("jobs/default/train") is None
+        assert store.revision == 4
+
+        again = await store.create("jobs/default/train", b"{}")
+        assert again == Record("jobs/default/train", b"{}", 5, 5)  # a new incarnation
+        await store.close()
+    run(body)
+
+
+def test_errors_already_exists_not_found_conflict(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        record = await store.create("k", b"1")
+        with pytest.raises(NodusError) as e:
+            await store.create("k", b"2")
+        assert reason(e) == "AlreadyExists"
+        await store.update("k", b"2", record.revision)
+        with pytest.raises(NodusError) as e:
+            await store.update("k", b"3", record.revision)  # stale
+        assert reason(e) == "Conflict"
+        with pytest.raises(NodusError) as e:
+            await store.delete("k", expected_revision=record.revision)
+        assert reason(e) == "Conflict"
+        with pytest.raises(NodusError) as e:
+            await store.update("missing", b"x", None)
+        assert reason(e) == "NotFound"
+        with pytest.raises(NodusError) as e:
+            await store.delete("missing")
+        assert reason(e) == "NotFound"
+        assert (await store.get("k")) == Record("k", b"2", 2, 1)
+        assert store.revision == 2  # failed operations take no revision
+        await store.close()
+    run(body)
+
+
+def test_revisions_strictly_increase_across_keys(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        records = await asyncio.gather(*(store.create(f"kind{i % 3}/k{i}", b"v") for i in range(60)))
+        revisions = sorted(r.revision for r in records)
+        assert revisions == list(range(1, 61))
+        assert store.revision == 60
+        await store.close()
+    run(body)
+
+
+def test_list_pages_by_prefix_on_one_snapshot(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        for i in range(25):
+            await store.create(f"jobs/default/job-{i:02d}", f"{i}".encode())
+        for outside in ("jobs/defaultx/a", "jobs/other/a", "jobs/default", "sweeps/default/a"):
+            await store.create(outside, b"no")
+
+        first = await store.list("jobs/default/", limit=10)
+        assert [r.key for r in first.records] == [f"jobs/default/job-{i:02d}" for i in range(10)]
+        assert first.more and first.revision == store.revision
+        # Writes between pages must not show in later pages of the same list.
+        await store.delete("jobs/default/job-15")
+        await store.update("jobs/default/job-20", b"changed", None)
+        await store.create("jobs/default/job-99", b"new")
+
+        second = await store.list("jobs/default/", limit=10, start_after=first.records[-1].key,
+                                  revision=first.revision)
+        third = await store.list("jobs/default/", limit=10, start_after=second.records[-1].key,
+                                 revision=first.revision)
+        assert second.more and not third.more and len(third.records) == 5
+        keys = [r.key for page in (first, second, third) for r in page.records]
+        assert keys == [f"jobs/default/job-{i:02d}" for i in range(25)]
+        values = [r.value for page in (first, second, third) for r in page.records]
+        assert values == [f"{i}".encode() for i in range(25)]
+
+        now = await store.list("jobs/default/")
+        assert not now.more and now.revision == store.revision
+        assert len(now.records) == 25 and now.records[-1].key == "jobs/default/job-99"
+        everything = await store.list("")
+        assert len(everything.records) == 29
+        await store.close()
+    run(body)
+
+
+def test_list_at_an_older_revision_returns_the_old_state(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        for key in ("a/1", "a/2", "a/3"):
+            await store.create(key, b"v0:" + key.encode())
+        await store.update("a/1", b"v1", None)           # 4
+        await store.delete("a/2")                        # 5
+        await store.create("a/4", b"v0")                 # 6
+        await store.delete("a/3")                        # 7
+        await store.create("a/3", b"reborn")             # 8
+        await store.update("a/3", b"reborn2", None)      # 9
+        at3 = await store.list("a/", revision=3)
+        assert at3.revision == 3 and at3.records == (
+            Record("a/1", b"v0:a/1", 1, 1), Record("a/2", b"v0:a/2", 2, 2), Record("a/3", b"v0:a/3", 3, 3))
+        at6 = await store.list("a/", revision=6)
+        assert at6.records == (Record("a/1", b"v1", 4, 1), Record("a/3", b"v0:a/3", 3, 3),
+                               Record("a/4", b"v0", 6, 6))
+        at8 = await store.list("a/", revision=8, limit=2)
+        assert at8.more and [r.key for r in at8.records] == ["a/1", "a/3"]
+        assert at8.records[1] == Record("a/3", b"reborn", 8, 8)
+        assert (await store.list("a/", revision=0)).records == ()
+        with pytest.raises(NodusError) as e:
+            await store.list("a/", revision=10)
+        assert reason(e) == "Timeout"  # Kubernetes: "Too large resource version"
+        await store.close()
+    run(body)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["create", "update", "delete"]), st.sampled_from("abcdef"),
+                              st.binary(max_size=4)), min_size=1, max_size=25),
+       compact_at=st.integers(min_value=0, max_value=30), limit=st.integers(min_value=0, max_value=3))
+def test_list_at_every_revision_matches_a_model(tmp_path: Path, ops: list[tuple[str, str, bytes]],
+                                                compact_at: int, limit: int) -> None:
+    async def body() -> None:
+        path = tmp_path / f"model-{os.urandom(4).hex()}.db"
+        store = await SqliteStore.open(path)
+        state: dict[str, Record] = {}
+        history = [dict(state)]  # history[r]: the state at revision r
+        for kind, name, value in ops:
+            key = f"p/{name}"
+            try:
+                if kind == "create":
+                    state[key] = await store.create(key, value)
+                elif kind == "update":
+                    state[key] = await store.update(key, value, None)
+                else:
+                    await store.delete(key)
+                    del state[key]
+            except NodusError:
+                continue
+            history.append(dict(state))
+        assert store.revision == len(history) - 1
+        compacted = min(compact_at, store.revision)
+        await store.compact(compacted)
+        await store.create("q/outside", b"")  # a later write outside the prefix changes nothing
+        for revision, expected in enumerate(history):
+            if revision < compacted:
+                with pytest.raises(NodusError):
+                    await store.list("p/", revision=revision)
+                continue
+            got: list[Record] = []
+            after = None
+            while True:
+                page = await store.list("p/", limit=limit, start_after=after, revision=revision)
+                got += page.records
+                if not page.more:
+                    break
+                after = page.records[-1].key
+            assert got == [expected[k] for k in sorted(expected)]
+        await store.close()
+    run(body)
+
+
+def test_compaction_expires_old_revisions_and_keeps_values(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        for i in range(10):
+            await store.create(f"k/{i}", b"v")
+            await store.update(f"k/{i}", b"w", None)
+        await store.compact(12)
+        assert store.compacted_revision == 12
+        with pytest.raises(NodusError) as e:
+            await store.list("k/", revision=11)
+        assert reason(e) == "Expired"
+        with pytest.raises(NodusError) as e:
+            await anext(store.watch("k/", 11))
+        assert reason(e) == "Expired"
+        assert len((await store.list("k/", revision=12)).records) == 6
+        replay = store.watch("k/", 12)
+        assert [ev.revision for ev in await take(replay, 8)] == list(range(13, 21))
+        await replay.aclose()
+        assert [r.value for r in (await store.list("k/")).records] == [b"w"] * 10
+        await store.compact(store.revision)  # everything: the log is empty, the revision is not lost
+        await store.compact(5)  # below the compacted revision: nothing to do
+        with pytest.raises(NodusError) as e:
+            await store.compact(store.revision + 1)
+        assert reason(e) == "BadRequest"
+        await store.close()
+
+        store = await SqliteStore.open(db)
+        assert (store.revision, store.compacted_revision) == (20, 20)
+        assert (await store.create("k/new", b"")).revision == 21
+        assert len((await store.list("k/")).records) == 11
+        await store.close()
+    run(body)
+
+
+def test_watch_replays_then_goes_live_without_gap_or_duplicate(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        acked: dict[int, tuple[Record, EventType]] = {}
+        halfway = asyncio.Event()
+
+        async def writer(w: int) -> None:
+            for i in range(25):
+                key = f"jobs/w{w}/{i % 5}"
+                if i < 5:
+                    record = await store.create(key, f"{w}:{i}".encode())
+                elif i < 20:
+                    record = await store.update(key, f"{w}:{i}".encode(), None)
+                else:
+                    record = await store.delete(key)
+                acked[record.revision] = (record, EventType.DELETE if i >= 20 else EventType.PUT)
+                if len(acked) >= 100:
+                    halfway.set()
+                await asyncio.sleep(0)
+
+        writers = [asyncio.create_task(writer(w)) for w in range(8)]
+        await halfway.wait()
+        start = 40  # an earlier revision: replay 41.., then live while writers continue
+        seen: list[Event] = []
+        async for event in store.watch("jobs/", start):
+            seen.append(event)
+            if event.revision == 200:
+                break
+        await asyncio.gather(*writers)
+        assert [e.revision for e in seen] == list(range(start + 1, 201))
+        for event in seen:
+            record, type_ = acked[event.revision]
+            assert (event.type, event.key, event.value, event.create_revision) == (
+                type_, record.key, record.value, record.create_revision)
+        await store.close()
+    run(body)
+
+
+class PausedCatchUpStore(SqliteStore):
+    """Pauses a watch's first log read, before or after it takes its snapshot, so the test can commit
+    writes exactly inside the window where a gap or a duplicate would come from."""
+
+    pause: str | None = None  # "before" or "after" the snapshot
+    entered: threading.Event
+    gate: threading.Event
+
+    def _read_log(self, conn: Any, prefix: str, after: int, limit: int) -> tuple[list[Event], int]:
+        where, self.pause = self.pause, None
+        if where == "before":
+            self.entered.set()
+            self.gate.wait(10)
+        result = super()._read_log(conn, prefix, after, limit)
+        if where == "after":
+            self.entered.set()
+            self.gate.wait(10)
+        return result
+
+
+@pytest.mark.parametrize("pause", ["before", "after"])
+def test_watch_has_no_gap_or_duplicate_at_the_switch_to_live(db: Path, pause: str) -> None:
+    async def body() -> None:
+        store = await PausedCatchUpStore.open(db)
+        store.entered, store.gate, store.pause = threading.Event(), threading.Event(), pause
+        for i in range(3):
+            await store.create(f"k/{i}", b"")
+        events = store.watch("k/", 1)
+        first = asyncio.create_task(anext(events))  # subscribes, then starts the paused log read
+        await asyncio.to_thread(store.entered.wait, 10)
+        for i in range(3, 6):
+            # Committed and published while the catch-up read waits: "before" puts them in both the
+            # snapshot and the live buffer (duplicates to drop), "after" only in the buffer (no gap).
+            await store.create(f"k/{i}", b"")
+        store.gate.set()
+        seen = [await first] + await take(events, 4)
+        nxt = asyncio.create_task(anext(events))
+        await store.create("k/6", b"")
+        seen.append(await nxt)
+        assert [e.revision for e in seen] == [2, 3, 4, 5, 6, 7]
+        await events.aclose()
+        await store.close()
+    run(body)
+
+
+def test_watch_filters_by_prefix_and_reports_previous_values(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        events = store.watch("jobs/", 0)
+        await store.create("sweeps/a", b"s")
+        await store.create("jobs/a", b"1")
+        await store.update("jobs/a", b"2", None)
+        await store.delete("jobs/a")
+        got = await take(events, 3)
+        assert got == [Event(EventType.PUT, "jobs/a", b"1", 2, None, 2),
+                       Event(EventType.PUT, "jobs/a", b"2", 3, b"1", 2),
+                       Event(EventType.DELETE, "jobs/a", b"2", 4, b"2", 2)]
+        await events.aclose()
+        await store.close()
+    run(body)
+
+
+def test_slow_watcher_catches_up_from_history_instead_of_buffering(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db, watch_buffer=8)
+        events = store.watch("", 0)
+        first = await store.create("k/0", b"")
+        assert (await anext(events)).revision == first.revision  # now live, with an 8-event buffer
+        for i in range(1, 300):
+            await store.create(f"k/{i}", b"")  # overflows the buffer while nobody reads
+        rest = await take(events, 299)
+        assert [e.revision for e in rest] == list(range(2, 301))
+        late = asyncio.create_task(anext(events))
+        await store.create("k/late", b"")
+        assert (await late).key == "k/late"
+        await events.aclose()
+        await store.close()
+    run(body)
+
+
+def test_watch_ends_when_the_store_closes(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        events = store.watch("", 0)
+        await store.create("a", b"")
+        assert (await anext(events)).key == "a"
+        pending = asyncio.create_task(anext(events))
+        await asyncio.sleep(0)
+        await store.close()
+        with pytest.raises(StopAsyncIteration):
+            await pending
+    run(body)
+
+
+def test_watch_resumes_across_a_restart_without_loss_or_duplicate(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        events = store.watch("jobs/", 0)
+        for i in range(10):
+            await store.create(f"jobs/{i}", b"before")
+        seen = await take(events, 7)
+        last_seen = seen[-1].revision
+        for i in range(5):
+            await store.update(f"jobs/{i}", b"unseen", None)
+        await events.aclose()
+        await store.close()
+
+        store = await SqliteStore.open(db)
+        assert store.revision == 15
+        for i in range(5):
+            await store.delete(f"jobs/{i}")
+        resumed = await take(store.watch("jobs/", last_seen), 20 - last_seen)
+        assert [e.revision for e in resumed] == list(range(last_seen + 1, 21))
+        assert [e.type for e in resumed[-5:]] == [EventType.DELETE] * 5
+        await store.close()
+    run(body)
+
+
+def test_concurrent_creates_of_one_key_exactly_one_succeeds(db: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(db)
+        results = await asyncio.gather(*(store.create("jobs/default/same", str(i).encode()) for i in range(50)),
+                                       return_exceptions=True)
+        winners = [r for r in results if isinstance(r, Record)]
+        losers = [r for r in results if isinstance(r, NodusError)]
+        assert len(winners) == 1 and len(losers) == 49
+        assert all(e.reason == "AlreadyExists" for e in losers)
+        assert await store.get("jobs/default/same") == winners[0]
+        await store.close()
+    run(body)
+
+
+class GatedStore(SqliteStore):
+    """Holds the writer inside its first batch until the test opens the gate, so the next operations
+    queue up and are committed together; records each batch's size."""
+
+    hold = False
+    entered: threading.Event
+    gate: threading.Event
+    batches: list[int]
+
+    def _commit_batch(self, conn: Any, writes: list[Any]) -> None:
+        self.batches.append(len(writes))
+        if self.hold:
+            self.hold = False
+            self.entered.set()
+            self.gate.wait(10)
+        super()._commit_batch(conn, writes)
+
+
+def test_a_failing_operation_does_not_fail_its_batch(db: Path) -> None:
+    async def body() -> None:
+        store = await GatedStore.open(db)
+        store.entered, store.gate, store.batches = threading.Event(), threading.Event(), []
+        await store.create("existing", b"1")
+        store.batches.clear()
+        store.hold = True
+        blocker = asyncio.create_task(store.create("blocker", b""))
+        await asyncio.to_thread(store.entered.wait, 10)
+        ops = [store.create("new/1", b""), store.create("existing", b"dup"),
+               store.create("new/2", b""), store.update("existing", b"x", 99),
+               store.delete("missing"), store.create("new/3", b"")]
+        tasks = [asyncio.create_task(op) for op in ops]
+        while store._queue.qsize() < len(ops):
+            await asyncio.sleep(0)
+        store.gate.set()
+        await blocker
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert store.batches == [1, len(ops)]  # the six went in one transaction
+        assert [r.revision if isinstance(r, Record) else getattr(r, "reason", r) for r in results] == [
+            3, "AlreadyExists", 4, "Conflict", "NotFound", 5]
+        assert [r.key for r in (await store.list("new/")).records] == ["new/1", "new/2", "new/3"]
+        assert (await store.get("existing")) == Record("existing", b"1", 1, 1)
+        await store.close()
+    run(body)
+
+
+CHILD = """
+import asyncio, sys
+from pathlib import Path
+from nodus.coordinator.store import SqliteStore
+
+async def main():
+    store = await SqliteStore.open(Path(sys.argv[1]))
+    async def creator(i):
+        j = 0
+        while True:
+            key = f"burst/{i}/{j}"
+            await store.create(key, b"x" * 200)
+            sys.stdout.write(key + "\\n")  # printed only once acknowledged
+            sys.stdout.flush()
+            j += 1
+    await asyncio.gather(*(creator(i) for i in range(32)))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_acknowledged_writes_survive_kill_9(db: Path) -> None:
+    printed: list[str] = []
+    with subprocess.Popen([sys.executable, "-c", CHILD, str(db)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None and child.stderr is not None
+        try:
+            while len(printed) < 2000:
+                line = child.stdout.readline()
+                if not line:
+                    pytest.fail(f"child ended early: {child.stderr.read()}")
+                printed.append(line)
+        finally:
+            os.kill(child.pid, signal.SIGKILL)  # mid-burst: 32 creators with writes in flight
+            child.wait(10)
+        printed += child.stdout.readlines()
+    acknowledged = {line.rstrip("\n") for line in printed if line.endswith("\n")}
+    assert len(acknowledged) >= 2000
+
+    async def check() -> None:
+        store = await SqliteStore.open(db)
+        stored = {r.key for r in (await store.list("burst/")).records}
+        missing = acknowledged - stored
+        assert not missing, f"{len(missing)} acknowledged writes lost, e.g. {sorted(missing)[:3]}"
+        assert store.revision == len(stored)
+        assert (await store.create("after/restart", b"")).revision == len(stored) + 1
+        await store.close()
+    run(check)
+
+
+def test_prefix_end() -> None:
+    assert prefix_end("jobs/") == "jobs0"
+    assert prefix_end("") is None
+    assert prefix_end("a\U0010ffff") == "b"
+    assert prefix_end("\U0010ffff") is None
+    assert prefix_end("a\ud7ff") == "a\ue000"
