@@ -1,0 +1,374 @@
+"""The REST gateway (aiohttp): Kubernetes paths, verbs and errors over the resource service.
+
+Every answer carries `X-Request-Id` (and `Audit-Id`, the header kubectl shows at -v=8); every error
+is a metav1.Status with `docs`, `fix` and `requestId`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import random
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..api.kinds import KindInfo, resolve
+from ..errors import NodusError
+from ..identity import Caller
+from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
+from ..resources import ResourceService, WatchEvent
+from ..selectors import parse_field_selector, parse_label_selector
+from . import discovery, tables
+
+log = logging.getLogger("nodus.gateway")
+
+MAX_BODY = 3 * 1024 * 1024
+JSON = "application/json"
+_PATCH_TYPES = {
+    "application/merge-patch+json": "merge",
+    "application/json-patch+json": "json",
+}
+_FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
+SERVICE: web.AppKey[ResourceService] = web.AppKey("service", ResourceService)
+
+
+def new_request_id() -> str:
+    return f"req_{int(time.time() * 1000):011x}{os.urandom(5).hex()}"
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
+
+
+def status_response(err: NodusError, rid: str) -> web.Response:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
+    return _json(err.to_status(rid), err.code.http, headers)
+
+
+@web.middleware
+async def _middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    rid = request.headers.get("X-Request-Id") or new_request_id()
+    request["rid"] = rid
+    started = time.perf_counter()
+    verb = request.get("verb", request.method.lower())
+    try:
+        response = await handler(request)
+    except NodusError as e:
+        response = status_response(e, rid)
+    except web.HTTPRequestEntityTooLarge:
+        response = status_response(NodusError("RequestEntityTooLarge", "the request body is larger than 3 MiB"), rid)
+    except web.HTTPNotFound:
+        response = status_response(NodusError("NotFound", "the server could not find the requested resource",
+                                              fix="check the path; `kubectl api-resources` lists what is served"), rid)
+    except web.HTTPMethodNotAllowed as e:
+        response = status_response(NodusError("MethodNotAllowed", f"{request.method} is not allowed here",
+                                              fix="use one of " + ", ".join(sorted(e.allowed_methods))), rid)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:  # noqa: BLE001 - the boundary: log it, answer a Status
+        log.exception("request %s %s %s failed", rid, request.method, request.path)
+        response = status_response(NodusError("InternalError", "an internal error occurred"), rid)
+    if not response.prepared:
+        response.headers["X-Request-Id"] = rid
+        response.headers["Audit-Id"] = rid
+    verb = request.get("verb", verb)
+    resource = request.get("resource", "")
+    REQUESTS.labels("rest", verb, resource, str(response.status)).inc()
+    LATENCY.labels("rest", verb).observe(time.perf_counter() - started)
+    log.debug("%s %s %s -> %s", rid, request.method, request.path_qs, response.status)
+    return response
+
+
+class Gateway:
+    def __init__(self, service: ResourceService) -> None:
+        self.service = service
+        self.openapi = discovery.build_openapi()
+        self.ready = False
+
+    # -- helpers ----------------------------------------------------------------------------------
+    async def _caller(self, request: web.Request) -> Caller:
+        return await self.service.identity.authenticate(request.headers.get("Authorization"))
+
+    @staticmethod
+    def _info(request: web.Request) -> KindInfo:
+        version = request.match_info["version"]
+        try:
+            info = resolve(request.match_info["plural"])
+        except NodusError:
+            raise web.HTTPNotFound() from None
+        if info.version != version or info.plural != request.match_info["plural"]:
+            raise web.HTTPNotFound()
+        request["resource"] = info.plural
+        return info
+
+    @staticmethod
+    def _dry_run(request: web.Request) -> bool:
+        values = request.query.getall("dryRun", [])
+        for v in values:
+            if v != "All":
+                raise NodusError("BadRequest", f"dryRun {v!r} is not supported", fix="use dryRun=All")
+        return bool(values)
+
+    @staticmethod
+    def _field_validation(request: web.Request) -> str:
+        value = request.query.get("fieldValidation", "Strict") or "Strict"
+        if value not in _FIELD_VALIDATION:
+            raise NodusError("BadRequest", f"fieldValidation {value!r} is not supported",
+                             fix="use fieldValidation=Strict, Warn or Ignore")
+        return value
+
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
+        ctype = request.content_type
+        raw = await request.read()
+        if ctype not in (JSON, "", "application/yaml"):
+            raise NodusError("UnsupportedMediaType", f"the body's content type {ctype!r} is not supported",
+                             fix="send application/json")
+        if ctype == "application/yaml":
+            import yaml
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise NodusError("BadRequest", f"the body is not valid YAML: {e}") from None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise NodusError("BadRequest", f"the body is not valid JSON: {e}",
+                             fix="send a JSON object with apiVersion, kind, metadata and spec") from None
+
+    @staticmethod
+    def _respond(request: web.Request, info: KindInfo, obj: dict[str, Any], status: int = 200,
+                 warnings: tuple[str, ...] = ()) -> web.Response:
+        headers = {}
+        if warnings:
+            headers["Warning"] = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warnings)
+        if tables.wants_table(request.headers.get("Accept", "")):
+            return _json(tables.table(info, [obj], {"resourceVersion": obj["metadata"].get("resourceVersion", "")}),
+                         status, headers)
+        return _json(obj, status, headers)
+
+    # -- non-resource paths -----------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return web.Response(text="not ready", status=503)
+        return web.Response(text="ok")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        STORE_REVISION.set(self.service.store.revision)
+        STORE_COMPACTED.set(self.service.store.compacted_revision)
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json(discovery.SERVER_VERSION)
+
+    async def api(self, request: web.Request) -> web.Response:
+        await self._caller(request)
+        return _json(discovery.api_versions())
+
+    async def apis(self, request: web.Request) -> web.Response:
+        await self._caller(request)
+        return _json(discovery.api_group_list())
+
+    async def group(self, request: web.Request) -> web.Response:
+        await self._caller(request)
+        return _json(discovery.api_group())
+
+    async def group_version(self, request: web.Request) -> web.Response:
+        await self._caller(request)
+        body = discovery.api_resource_list(request.match_info["version"])
+        if body is None:
+            raise web.HTTPNotFound()
+        return _json(body)
+
+    async def openapi_index(self, request: web.Request) -> web.Response:
+        await self._caller(request)
+        return _json(discovery.openapi_index(self.openapi), headers={"Cache-Control": "no-cache, private"})
+
+    async def openapi_doc(self, request: web.Request) -> web.StreamResponse:
+        await self._caller(request)
+        doc = self.openapi.get(request.match_info["version"])
+        if doc is None:
+            raise web.HTTPNotFound()
+        etag = f'"{doc.etag}"'
+        cache = "public, immutable, max-age=31536000" if request.query.get("hash") == doc.etag else "no-cache, private"
+        headers = {"ETag": etag, "Cache-Control": cache}
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=doc.body, content_type=JSON, headers=headers)
+
+    # -- collections ------------------------------------------------------------------------------
+    async def collection(self, request: web.Request) -> web.StreamResponse:
+        if request.method not in ("GET", "POST"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        info = self._info(request)
+        project = request.match_info.get("namespace")
+        caller = await self._caller(request)
+        q = request.query
+        if request.method == "POST":
+            request["verb"] = "create"
+            if project is None:
+                raise web.HTTPMethodNotAllowed("POST", ["GET"])
+            body = await self._body(request)
+            dry_run = self._dry_run(request)
+            obj, warnings = await self.service.create(caller, info, project, body, dry_run=dry_run,
+                                                      field_validation=self._field_validation(request))
+            response = self._respond(request, info, obj, 201, warnings)
+            if dry_run:
+                response.headers["ETag"] = '"' + hashlib.sha256(orjson.dumps(obj.get("spec"),
+                                                   option=orjson.OPT_SORT_KEYS)).hexdigest()[:32] + '"'
+            return response
+        labels = parse_label_selector(q.get("labelSelector"))
+        fields = parse_field_selector(q.get("fieldSelector"))
+        if q.get("watch") in ("true", "1"):
+            request["verb"] = "watch"
+            return await self._watch(request, caller, info, project, labels, fields)
+        request["verb"] = "list"
+        limit = q.get("limit", "0")
+        if not limit.isdigit():
+            raise NodusError("BadRequest", f"limit {limit!r} is not a non-negative integer")
+        page = await self.service.list(caller, info, project, labels=labels, fields=fields, limit=int(limit),
+                                       continue_token=q.get("continue", ""),
+                                       resource_version=q.get("resourceVersion", ""),
+                                       resource_version_match=q.get("resourceVersionMatch", ""))
+        list_meta: dict[str, Any] = {"resourceVersion": page.resource_version}
+        if page.continue_token:
+            list_meta["continue"] = page.continue_token
+        if tables.wants_table(request.headers.get("Accept", "")):
+            return _json(tables.table(info, page.items, list_meta))
+        return _json({"kind": f"{info.kind}List", "apiVersion": info.api_version, "metadata": list_meta,
+                      "items": page.items})
+
+    async def _watch(self, request: web.Request, caller: Caller, info: KindInfo, project: str | None,
+                     labels: Any, fields: Any) -> web.StreamResponse:
+        q = request.query
+        timeout_text = q.get("timeoutSeconds", "")
+        if timeout_text and not timeout_text.isdigit():
+            raise NodusError("BadRequest", f"timeoutSeconds {timeout_text!r} is not a non-negative integer")
+        # Like kube-apiserver: an unbounded watch ends after 30-60 minutes so clients spread their re-lists.
+        timeout = int(timeout_text) if timeout_text else random.randint(1800, 3600)
+        as_table = tables.wants_table(request.headers.get("Accept", ""))
+        rid = request["rid"]
+        response = web.StreamResponse(status=200, headers={"Content-Type": JSON, "X-Request-Id": rid,
+                                                           "Audit-Id": rid, "Cache-Control": "no-cache"})
+        response.enable_chunked_encoding()
+        error: NodusError | None = None
+        stream = None
+        try:
+            stream = await self.service.watch(
+                caller, info, project, labels=labels, fields=fields,
+                resource_version=q.get("resourceVersion", ""),
+                send_initial_events=q.get("sendInitialEvents") == "true",
+                allow_bookmarks=q.get("allowWatchBookmarks") in ("true", "1"))
+        except NodusError as e:
+            if e.reason != "Expired":
+                raise
+            error = e
+        await response.prepare(request)
+        WATCHERS.labels("rest").inc()
+        try:
+            if error is not None:
+                await response.write(orjson.dumps({"type": "ERROR", "object": error.to_status(rid)}) + b"\n")
+                return response
+            assert stream is not None
+            try:
+                async with asyncio.timeout(timeout):
+                    async for ev in stream:
+                        await response.write(self._event_bytes(info, ev, as_table))
+            except TimeoutError:
+                pass
+            except NodusError as e:
+                await response.write(orjson.dumps({"type": "ERROR", "object": e.to_status(rid)}) + b"\n")
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            WATCHERS.labels("rest").dec()
+            if stream is not None:
+                await stream.aclose()  # type: ignore[attr-defined]
+        return response
+
+    @staticmethod
+    def _event_bytes(info: KindInfo, ev: WatchEvent, as_table: bool) -> bytes:
+        obj = ev.object
+        if as_table and ev.type != "BOOKMARK":
+            obj = tables.table(info, [obj], {"resourceVersion": obj["metadata"].get("resourceVersion", "")})
+        return orjson.dumps({"type": ev.type, "object": obj}) + b"\n"
+
+    # -- objects ----------------------------------------------------------------------------------
+    async def item(self, request: web.Request) -> web.StreamResponse:
+        info = self._info(request)
+        project = request.match_info["namespace"]
+        name = request.match_info["name"]
+        sub = request.match_info.get("sub", "")
+        if sub and (sub != "status" or not info.has_status):
+            raise web.HTTPNotFound()
+        caller = await self._caller(request)
+        method = request.method
+        if method == "GET":
+            request["verb"] = "get"
+            return self._respond(request, info, await self.service.get(caller, info, project, name))
+        if method == "PUT":
+            request["verb"] = "update"
+            obj, warnings = await self.service.replace(
+                caller, info, project, name, await self._body(request), subresource=sub,
+                dry_run=self._dry_run(request), field_validation=self._field_validation(request))
+            return self._respond(request, info, obj, 200, warnings)
+        if method == "PATCH":
+            request["verb"] = "patch"
+            patch_type = _PATCH_TYPES.get(request.content_type)
+            if patch_type is None:
+                raise NodusError(
+                    "UnsupportedMediaType",
+                    f"the patch content type {request.content_type!r} is not supported for {info.plural}.{info.group}",
+                    fix="use a merge patch (kubectl patch --type merge) or a JSON patch (--type json)")
+            obj, warnings = await self.service.patch(
+                caller, info, project, name, patch_type, await request.read(), subresource=sub,
+                dry_run=self._dry_run(request), field_validation=self._field_validation(request))
+            return self._respond(request, info, obj, 200, warnings)
+        if method == "DELETE":
+            request["verb"] = "delete"
+            if sub:
+                raise web.HTTPMethodNotAllowed("DELETE", ["GET", "PUT", "PATCH"])
+            options: dict[str, Any] = {}
+            raw = await request.read()
+            if raw.strip():
+                try:
+                    options = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    raise NodusError("BadRequest", "the DeleteOptions body is not valid JSON") from None
+            dry_run = self._dry_run(request) or "All" in (options.get("dryRun") or [])
+            precondition = str(((options.get("preconditions") or {}).get("resourceVersion")) or "")
+            obj = await self.service.delete(caller, info, project, name, dry_run=dry_run, precondition=precondition)
+            return self._respond(request, info, obj, 200)
+        raise web.HTTPMethodNotAllowed(method, ["GET", "PUT", "PATCH", "DELETE"])
+
+
+def make_app(service: ResourceService) -> tuple[web.Application, Gateway]:
+    gateway = Gateway(service)
+    app = web.Application(middlewares=[_middleware], client_max_size=MAX_BODY)
+    app[SERVICE] = service
+    r = app.router
+    r.add_get("/healthz", gateway.healthz)
+    r.add_get("/livez", gateway.healthz)
+    r.add_get("/readyz", gateway.readyz)
+    r.add_get("/metrics", gateway.metrics)
+    r.add_get("/version", gateway.version)
+    r.add_get("/api", gateway.api)
+    r.add_get("/apis", gateway.apis)
+    r.add_get("/apis/nodus.dev", gateway.group)
+    r.add_get("/apis/nodus.dev/{version}", gateway.group_version)
+    r.add_get("/openapi/v3", gateway.openapi_index)
+    r.add_get("/openapi/v3/apis/nodus.dev/{version}", gateway.openapi_doc)
+    base = "/apis/nodus.dev/{version}"
+    r.add_route("*", base + "/namespaces/{namespace}/{plural}", gateway.collection)
+    r.add_route("*", base + "/namespaces/{namespace}/{plural}/{name}", gateway.item)
+    r.add_route("*", base + "/namespaces/{namespace}/{plural}/{name}/{sub}", gateway.item)
+    r.add_route("*", base + "/{plural}", gateway.collection)
+    return app, gateway

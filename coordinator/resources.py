@@ -1,0 +1,567 @@
+"""The resource service: every verb on every kind, with identity, admission and the store.
+
+REST (`gateway/`) and gRPC (`grpc_api.py`) are thin transports over this one class, so both answer
+the same rules with the same errors. Objects are plain JSON dicts; the store holds them without
+`metadata.resourceVersion`, which is the store revision of their last write and is added on read.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import secrets as pysecrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Callable
+
+import jsonpatch
+import orjson
+
+from .api.admission import admit_create, admit_status, admit_update
+from .api.kinds import KindInfo
+from .errors import NodusError
+from .identity import ALL_PROJECTS, Caller, Identity, Role
+from .selectors import FieldSelector, LabelSelector
+from .store.base import EventType, Record, Store
+from .vault import Vault
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_MAX_PATCH_RETRIES = 8
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    items: list[dict[str, Any]]
+    resource_version: str
+    continue_token: str
+    remaining: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str
+    """ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."""
+    object: dict[str, Any]
+
+
+def _key(info: KindInfo, project: str, name: str) -> str:
+    return f"{info.plural}/{project}/{name}"
+
+
+def _prefix(info: KindInfo, project: str | None) -> str:
+    return f"{info.plural}/{project}/" if project else f"{info.plural}/"
+
+
+def _decode(rec: Record | None) -> dict[str, Any] | None:
+    if rec is None:
+        return None
+    obj = orjson.loads(rec.value)
+    obj["metadata"]["resourceVersion"] = str(rec.revision)
+    return obj
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    meta = obj.get("metadata", {})
+    meta.pop("resourceVersion", None)
+    return orjson.dumps(obj)
+
+
+def _encode_continue(revision: int, last_key: str) -> str:
+    raw = orjson.dumps({"rv": revision, "start": last_key})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[int, str]:
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        return int(data["rv"]), str(data["start"])
+    except Exception:
+        raise NodusError("BadRequest", "the continue token is not valid",
+                         fix="pass the `continue` value of the previous page unchanged") from None
+
+
+def _parse_rv(text: str | None, field: str = "resourceVersion") -> int | None:
+    if text in (None, ""):
+        return None
+    try:
+        value = int(text)  # type: ignore[arg-type]
+    except ValueError:
+        raise NodusError("BadRequest", f"{field} {text!r} is not a valid resource version",
+                         fix="pass a resourceVersion returned by the API") from None
+    if value < 0:
+        raise NodusError("BadRequest", f"{field} {text!r} is not a valid resource version")
+    return value
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
+
+
+class _Lookup:
+    """Admission's read access to other objects (internal: no identity checks)."""
+
+    def __init__(self, service: "ResourceService") -> None:
+        self._service = service
+
+    async def get(self, plural: str, project: str, name: str) -> dict[str, Any] | None:
+        return _decode(await self._service.store.get(f"{plural}/{project}/{name}"))
+
+
+class ResourceService:
+    def __init__(self, store: Store, identity: Identity, vault: Vault,
+                 now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0) -> None:
+        self.store = store
+        self.identity = identity
+        self.vault = vault
+        self._now = now
+        self._lookup = _Lookup(self)
+        self.bookmark_seconds = bookmark_seconds
+
+    # -- authorization --------------------------------------------------------------------------
+    async def _authorize(self, caller: Caller, info: KindInfo, project: str, verb: str, needed: Role) -> None:
+        if not caller.can(project, needed):
+            raise NodusError(
+                "Forbidden",
+                f'{info.plural}.{info.group} is forbidden: User "{caller.subject}" cannot {verb} resource '
+                f'"{info.plural}" in API group "{info.group}" in the namespace "{project}"',
+                kind=info.plural, group=info.group,
+                fix=f"use a token with the {needed.name.lower()} role in project {project}")
+
+    def _not_found(self, info: KindInfo, name: str) -> NodusError:
+        return NodusError("NotFound", f'{info.plural}.{info.group} "{name}" not found',
+                          name=name, kind=info.plural, group=info.group)
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def get(self, caller: Caller, info: KindInfo, project: str, name: str) -> dict[str, Any]:
+        await self._authorize(caller, info, project, "get", Role.VIEWER)
+        obj = _decode(await self.store.get(_key(info, project, name)))
+        if obj is None:
+            raise self._not_found(info, name)
+        return obj
+
+    async def list(self, caller: Caller, info: KindInfo, project: str | None, *,
+                   labels: LabelSelector, fields: FieldSelector, limit: int = 0,
+                   continue_token: str = "", resource_version: str = "",
+                   resource_version_match: str = "") -> ListPage:
+        if project:
+            await self._authorize(caller, info, project, "list", Role.VIEWER)
+        snapshot: int | None = None
+        start_after: str | None = None
+        if continue_token:
+            snapshot, start_after = _decode_continue(continue_token)
+        elif resource_version_match == "Exact":
+            snapshot = _parse_rv(resource_version)
+        else:
+            _parse_rv(resource_version)
+        items: list[dict[str, Any]] = []
+        prefix = _prefix(info, project)
+        name = fields.name()
+        if name and project:
+            prefix = _key(info, project, name)
+        more = False
+        last_key = start_after
+        revision = snapshot
+        while True:
+            chunk = max(limit - len(items), 0) * 2 + 16 if limit else 0
+            try:
+                result = await self.store.list(prefix, limit=chunk, start_after=last_key, revision=snapshot)
+            except NodusError as e:
+                if e.reason == "Expired" and continue_token:
+                    raise NodusError("Expired", "The provided continue parameter is too old to display a "
+                                     "consistent list result. You can start a new list without the continue "
+                                     "parameter.") from None
+                raise
+            revision = result.revision
+            snapshot = result.revision
+            for rec in result.records:
+                if name and project and rec.key != prefix:
+                    continue
+                last_key = rec.key
+                obj = _decode(rec)
+                assert obj is not None
+                if not project and not caller.can(obj["metadata"]["namespace"], Role.VIEWER):
+                    continue
+                if labels.matches(obj["metadata"].get("labels")) and fields.matches(obj):
+                    items.append(obj)
+                    if limit and len(items) >= limit:
+                        break
+            if limit and len(items) >= limit:
+                more = result.more or rec is not result.records[-1]
+                break
+            if not result.more:
+                break
+        token = _encode_continue(revision or 0, last_key or "") if more else ""
+        return ListPage(items, str(revision or self.store.revision), token, None)
+
+    # -- watch ------------------------------------------------------------------------------------
+    async def watch(self, caller: Caller, info: KindInfo, project: str | None, *,
+                    labels: LabelSelector, fields: FieldSelector, resource_version: str = "",
+                    send_initial_events: bool = False, allow_bookmarks: bool = False) -> AsyncIterator[WatchEvent]:
+        """Events after `resource_version`; with "" or "0" (or send_initial_events) first an ADDED for
+        every current object. Raises Expired (410) for a compacted version."""
+        if project:
+            await self._authorize(caller, info, project, "watch", Role.VIEWER)
+        start = _parse_rv(resource_version)
+        initial: list[dict[str, Any]] = []
+        if send_initial_events or not start:
+            page = await self.list(caller, info, project, labels=labels, fields=fields)
+            initial = page.items
+            start = int(page.resource_version)
+        elif start < self.store.compacted_revision:
+            raise NodusError("Expired", f"too old resource version: {start} ({self.store.compacted_revision})")
+        return self._stream(caller, info, project, labels, fields, start, initial,
+                            send_initial_events, allow_bookmarks)
+
+    def _bookmark(self, info: KindInfo, revision: int, initial_end: bool = False) -> WatchEvent:
+        meta: dict[str, Any] = {"resourceVersion": str(revision)}
+        if initial_end:
+            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+        return WatchEvent("BOOKMARK", {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta})
+
+    async def _stream(self, caller: Caller, info: KindInfo, project: str | None, labels: LabelSelector,
+                      fields: FieldSelector, start: int, initial: list[dict[str, Any]],
+                      send_initial_events: bool, allow_bookmarks: bool) -> AsyncIterator[WatchEvent]:
+        for obj in initial:
+            yield WatchEvent("ADDED", obj)
+        if send_initial_events:
+            yield self._bookmark(info, start, initial_end=True)
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
+        events = self.store.watch(_prefix(info, project), start)
+
+        async def pump() -> None:
+            try:
+                async for ev in events:
+                    await queue.put(ev)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                await queue.put(e)
+
+        task = asyncio.create_task(pump())
+        last = start
+        name = fields.name()
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(queue.get(), self.bookmark_seconds)
+                except asyncio.TimeoutError:
+                    if allow_bookmarks:
+                        yield self._bookmark(info, last)
+                    continue
+                if isinstance(ev, BaseException):
+                    raise ev
+                last = ev.revision
+                if name and not ev.key.endswith("/" + name):
+                    continue
+                out = self._translate(caller, project, labels, fields, ev)
+                if out is not None:
+                    yield out
+        finally:
+            task.cancel()
+            try:
+                await events.aclose()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _translate(self, caller: Caller, project: str | None, labels: LabelSelector,
+                   fields: FieldSelector, ev: Any) -> WatchEvent | None:
+        obj = orjson.loads(ev.value)
+        obj["metadata"]["resourceVersion"] = str(ev.revision)
+        if not project and not caller.can(obj["metadata"]["namespace"], Role.VIEWER):
+            return None
+        now_match = labels.matches(obj["metadata"].get("labels")) and fields.matches(obj)
+        prev_match = False
+        if ev.prev_value is not None:
+            prev = orjson.loads(ev.prev_value)
+            prev_match = labels.matches(prev["metadata"].get("labels")) and fields.matches(prev)
+        if ev.type is EventType.DELETE:
+            return WatchEvent("DELETED", obj) if (now_match or prev_match) else None
+        if now_match and prev_match:
+            return WatchEvent("MODIFIED", obj)
+        if now_match:
+            return WatchEvent("ADDED", obj)
+        if prev_match:
+            return WatchEvent("DELETED", obj)
+        return None
+
+    # -- writes -----------------------------------------------------------------------------------
+    def _check_body(self, info: KindInfo, project: str, obj: Any) -> dict[str, Any]:
+        if not isinstance(obj, dict):
+            raise NodusError("BadRequest", f"the body must be a {info.kind} object",
+                             fix="send a JSON object with apiVersion, kind, metadata and spec")
+        meta = obj.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise NodusError("BadRequest", "metadata must be an object")
+        ns = (meta or {}).get("namespace")
+        if ns not in (None, "", project):
+            raise NodusError("BadRequest", f"the namespace of the provided object ({ns}) does not match "
+                             f"the namespace sent on the request ({project})",
+                             fix="drop metadata.namespace from the object or send it to that project")
+        return copy.deepcopy(obj)
+
+    async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *,
+                     dry_run: bool = False, field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
+        await self._authorize(caller, info, project, "create", Role.EDITOR)
+        obj = self._check_body(info, project, obj)
+        await self.identity.require_project(project)
+        obj.pop("status", None)
+        admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation)
+        new = admitted.object
+        meta = new.setdefault("metadata", {})
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise NodusError("Invalid", f"{info.kind}.{info.group} is invalid: metadata.name: Required value: "
+                                 "name or generateName is required", kind=info.plural, group=info.group,
+                                 causes=(), fix="set metadata.name")
+            meta["name"] = meta["generateName"] + pysecrets.token_hex(3)[:5]
+        for system in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
+            meta.pop(system, None)
+        meta.update(namespace=project, uid=str(uuid.uuid4()), generation=1, creationTimestamp=self._now())
+        values: dict[str, str] | None = None
+        if info.kind == "Secret":
+            values = new.pop("data", {}) or {}
+            new.pop("stringData", None)
+            self._scrub_last_applied(new)
+            new["status"] = self._secret_status(None, 1, values, self._now())
+        if dry_run:
+            new["metadata"]["resourceVersion"] = ""
+            return new, admitted.warnings
+        key = _key(info, project, meta["name"])
+        if values is not None:
+            if await self.store.get(key) is not None:
+                raise self._already_exists(info, meta["name"])
+            await self.vault.put(project, meta["name"], 1, values)
+        try:
+            rec = await self.store.create(key, _encode(new))
+        except NodusError as e:
+            if e.reason == "AlreadyExists":
+                raise self._already_exists(info, meta["name"]) from None
+            raise
+        return _decode(rec), admitted.warnings  # type: ignore[return-value]
+
+    def _already_exists(self, info: KindInfo, name: str) -> NodusError:
+        return NodusError("AlreadyExists", f'{info.plural}.{info.group} "{name}" already exists',
+                          name=name, kind=info.plural, group=info.group,
+                          fix=f"choose another name, or change it with `kubectl apply` / `nodus apply`")
+
+    async def replace(self, caller: Caller, info: KindInfo, project: str, name: str, obj: Any, *,
+                      subresource: str = "", dry_run: bool = False,
+                      field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
+        await self._authorize(caller, info, project, "update", Role.ADMIN if subresource else Role.EDITOR)
+        obj = self._check_body(info, project, obj)
+        meta = obj.get("metadata") or {}
+        if meta.get("name") not in (None, name):
+            raise NodusError("BadRequest", f'the name of the object ({meta.get("name")}) does not match the '
+                             f"name on the URL ({name})")
+        expected = _parse_rv(meta.get("resourceVersion"), "metadata.resourceVersion")
+        if expected is None:
+            raise NodusError("Invalid", f'{info.kind}.{info.group} "{name}" is invalid: metadata.resourceVersion: '
+                             "Invalid value: 0x0: must be specified for an update", name=name,
+                             kind=info.plural, group=info.group,
+                             fix="send the object as last read (with metadata.resourceVersion), or use PATCH")
+        old_rec = await self.store.get(_key(info, project, name))
+        old = _decode(old_rec)
+        if old is None:
+            raise self._not_found(info, name)
+        if old_rec is not None and old_rec.revision != expected:
+            raise self._conflict(info, name)
+        return await self._write_update(caller, info, project, old, obj, expected, subresource, dry_run, field_validation)
+
+    async def patch(self, caller: Caller, info: KindInfo, project: str, name: str, patch_type: str,
+                    patch_body: bytes, *, subresource: str = "", dry_run: bool = False,
+                    field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
+        await self._authorize(caller, info, project, "patch", Role.ADMIN if subresource else Role.EDITOR)
+        try:
+            patch = orjson.loads(patch_body)
+        except orjson.JSONDecodeError as e:
+            raise NodusError("BadRequest", f"the patch is not valid JSON: {e}") from None
+        for _ in range(_MAX_PATCH_RETRIES):
+            old_rec = await self.store.get(_key(info, project, name))
+            old = _decode(old_rec)
+            if old is None or old_rec is None:
+                raise self._not_found(info, name)
+            base = copy.deepcopy(old)
+            if info.kind == "Secret" and not subresource:
+                base["data"] = await self.vault.get(project, name, old["status"]["version"])
+            if patch_type == "merge":
+                if not isinstance(patch, dict):
+                    raise NodusError("BadRequest", "a merge patch must be a JSON object")
+                new = merge_patch(base, patch)
+                precondition = _parse_rv((patch.get("metadata") or {}).get("resourceVersion"))
+            elif patch_type == "json":
+                try:
+                    new = jsonpatch.apply_patch(base, patch)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as e:
+                    raise NodusError("BadRequest", f"the JSON patch cannot be applied: {e}",
+                                     fix="check each operation's path against the current object") from None
+                precondition = None
+            else:
+                raise NodusError("UnsupportedMediaType", f"patch type {patch_type!r} is not supported")
+            if precondition is not None and precondition != old_rec.revision:
+                raise self._conflict(info, name)
+            if not isinstance(new, dict):
+                raise NodusError("BadRequest", "the patched document is not an object")
+            new.setdefault("metadata", {})
+            if isinstance(new["metadata"], dict):
+                new["metadata"]["resourceVersion"] = str(old_rec.revision)
+            try:
+                return await self._write_update(caller, info, project, old, new, old_rec.revision, subresource,
+                                                dry_run, field_validation)
+            except NodusError as e:
+                if e.reason == "Conflict" and precondition is None:
+                    continue  # someone wrote in between: apply the patch to the new state
+                raise
+        raise self._conflict(info, name)
+
+    def _conflict(self, info: KindInfo, name: str) -> NodusError:
+        return NodusError("Conflict", f'Operation cannot be fulfilled on {info.plural}.{info.group} "{name}": '
+                          "the object has been modified; please apply your changes to the latest version "
+                          "and try again", name=name, kind=info.plural, group=info.group)
+
+    async def _write_update(self, caller: Caller, info: KindInfo, project: str, old: dict[str, Any],
+                            new: dict[str, Any], expected: int, subresource: str, dry_run: bool,
+                            field_validation: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+        name = old["metadata"]["name"]
+        new = self._check_body(info, project, new)
+        warnings: tuple[str, ...] = ()
+        values: dict[str, str] | None = None
+        if subresource == "status":
+            admitted = admit_status(info, new, field_validation=field_validation)
+            result = copy.deepcopy(old)
+            result["status"] = admitted.object.get("status", {})
+            warnings = admitted.warnings
+        elif subresource:
+            raise NodusError("NotFound", f'the server could not find the requested resource ({info.plural}/{subresource})')
+        else:
+            new.pop("status", None)
+            old_for_admission = copy.deepcopy(old)
+            admitted = await admit_update(info, old_for_admission, new, self._lookup, project=project,
+                                          field_validation=field_validation)
+            result = admitted.object
+            warnings = admitted.warnings
+            meta = result.setdefault("metadata", {})
+            for system in ("uid", "creationTimestamp", "generation", "namespace", "deletionTimestamp",
+                           "deletionGracePeriodSeconds"):
+                if system in old["metadata"]:
+                    meta[system] = old["metadata"][system]
+                else:
+                    meta.pop(system, None)
+            meta["name"] = name
+            meta.pop("managedFields", None)
+            meta.pop("selfLink", None)
+            if "status" in old:
+                result["status"] = old["status"]
+            else:
+                result.pop("status", None)
+            if info.kind == "Secret":
+                values = result.pop("data", None)
+                result.pop("stringData", None)
+                self._scrub_last_applied(result)
+                if values is not None and values == await self.vault.get(project, name, old["status"]["version"]):
+                    values = None  # same values: no new version
+                if values is not None:
+                    version = old["status"]["version"] + 1
+                    result["status"] = self._secret_status(old["status"], version, values, self._now())
+                    meta["generation"] = old["metadata"]["generation"] + 1
+            elif result.get("spec") != old.get("spec"):
+                meta["generation"] = old["metadata"].get("generation", 1) + 1
+        result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if result == old:
+            return old, warnings  # nothing changed: same object, same resourceVersion
+        if dry_run:
+            return result, warnings
+        key = _key(info, project, name)
+        meta = result["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            rec = await self.store.delete(key, expected)
+            deleted = _decode(rec)
+            assert deleted is not None
+            return deleted, warnings
+        if values is not None:
+            await self.vault.put(project, name, result["status"]["version"], values)
+        try:
+            rec = await self.store.update(key, _encode(result), expected)
+        except NodusError as e:
+            if e.reason == "Conflict":
+                raise self._conflict(info, name) from None
+            if e.reason == "NotFound":
+                raise self._not_found(info, name) from None
+            raise
+        return _decode(rec), warnings  # type: ignore[return-value]
+
+    async def delete(self, caller: Caller, info: KindInfo, project: str, name: str, *,
+                     dry_run: bool = False, precondition: str = "") -> dict[str, Any]:
+        await self._authorize(caller, info, project, "delete", Role.EDITOR)
+        key = _key(info, project, name)
+        rec = await self.store.get(key)
+        obj = _decode(rec)
+        if obj is None or rec is None:
+            raise self._not_found(info, name)
+        expected = _parse_rv(precondition)
+        if expected is not None and expected != rec.revision:
+            raise self._conflict(info, name)
+        if dry_run:
+            return obj
+        if obj["metadata"].get("finalizers"):
+            if obj["metadata"].get("deletionTimestamp"):
+                return obj
+            obj["metadata"]["deletionTimestamp"] = self._now()
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+            try:
+                return _decode(await self.store.update(key, _encode(obj), rec.revision))  # type: ignore[return-value]
+            except NodusError as e:
+                if e.reason == "Conflict":
+                    raise self._conflict(info, name) from None
+                raise
+        try:
+            deleted = _decode(await self.store.delete(key, rec.revision))
+        except NodusError as e:
+            if e.reason == "Conflict":
+                raise self._conflict(info, name) from None
+            if e.reason == "NotFound":
+                raise self._not_found(info, name) from None
+            raise
+        if info.kind == "Secret":
+            await self.vault.drop(project, name)
+        return deleted  # type: ignore[return-value]
+
+    # -- secrets ----------------------------------------------------------------------------------
+    def _secret_status(self, old: dict[str, Any] | None, version: int, values: dict[str, str],
+                       now: str) -> dict[str, Any]:
+        version_id = str(uuid.uuid4())
+        keys = sorted(values)
+        versions = list((old or {}).get("versions", []))
+        versions.append({"version": version, "versionID": version_id, "keys": keys, "createTime": now})
+        return {"version": version, "versionID": version_id, "keys": keys, "versions": versions}
+
+    @staticmethod
+    def _scrub_last_applied(obj: dict[str, Any]) -> None:
+        """kubectl apply copies the whole file into an annotation; never keep secret values there."""
+        annotations = obj.get("metadata", {}).get("annotations") or {}
+        raw = annotations.get("kubectl.kubernetes.io/last-applied-configuration")
+        if not raw:
+            return
+        try:
+            applied = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        for field in ("data", "stringData"):
+            if isinstance(applied.get(field), dict):
+                applied[field] = {k: "" for k in applied[field]}
+        annotations["kubectl.kubernetes.io/last-applied-configuration"] = orjson.dumps(applied).decode() + "\n"
+
+
+def caller_projects(caller: Caller) -> str | None:
+    return None if caller.project == ALL_PROJECTS else caller.project

@@ -1,0 +1,108 @@
+"""The REST gateway's TLS material.
+
+kubectl sends bearer tokens only over HTTPS, so the gateway always speaks TLS. On first start the
+coordinator makes a private CA and a serving certificate signed by it in DATA_DIR/tls (like k3s);
+the kubeconfig it writes carries the CA. An operator may bring a certificate instead.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import ssl
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    ca: Path | None
+    """The CA that signed `cert`, when the coordinator made it (goes into the kubeconfig)."""
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(str(self.cert), str(self.key))
+        return ctx
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _names(extra_hosts: list[str]) -> list[x509.GeneralName]:
+    hosts = {"localhost", socket.gethostname(), *extra_hosts}
+    ips = {"127.0.0.1", "::1"}
+    names: list[x509.GeneralName] = []
+    for h in sorted(hosts):
+        try:
+            ips.add(str(ipaddress.ip_address(h)))
+        except ValueError:
+            if h:
+                names.append(x509.DNSName(h))
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in sorted(ips)]
+    return names
+
+
+def ensure_tls(data_dir: Path, extra_hosts: list[str]) -> TlsFiles:
+    """Creates DATA_DIR/tls/{ca,tls}.{crt,key} once; later starts reuse them."""
+    tls_dir = data_dir / "tls"
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    files = TlsFiles(tls_dir / "tls.crt", tls_dir / "tls.key", tls_dir / "ca.crt")
+    if files.cert.exists() and files.key.exists() and files.ca is not None and files.ca.exists():
+        return files
+    now = datetime.now(timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodus-coordinator-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodus-coordinator")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=825))
+        .add_extension(x509.SubjectAlternativeName(_names(extra_hosts)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(tls_dir / "ca.key", _key_pem(ca_key))
+    _write_private(files.key, _key_pem(key))
+    assert files.ca is not None
+    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return files
