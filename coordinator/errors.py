@@ -109,7 +109,8 @@ class NodusError(Exception):
         if self.fix:
             return self.fix
         if self.causes and self.reason == "Invalid":
-            return "; ".join(f"{c.field}: {c.message}" for c in self.causes[:3])
+            fields = list(dict.fromkeys(c.field for c in self.causes))
+            return f"change {', '.join(fields)} as the causes say, then send the object again"
         return self.code.fix
 
     def to_status(self, request_id: str) -> dict[str, Any]:
@@ -200,6 +201,7 @@ def invalid(kind: str, name: str, causes: list[Cause] | tuple[Cause, ...], *, pl
         fix=fix,
         causes=tuple(causes),
         name=name,
-        kind=plural or kind.lower() + "s",
+        # kube-apiserver puts the Kind here for Invalid, so kubectl prints `The Job "x" is invalid`.
+        kind=kind,
         group=group,
     )

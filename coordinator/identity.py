@@ -168,10 +168,10 @@ class Identity:
     async def authenticate(self, authorization: str | None) -> Caller:
         """Maps an `Authorization: Bearer …` value to a Caller, or raises Unauthorized."""
         if not authorization:
-            raise NodusError("Unauthorized", "Unauthorized: no bearer token was sent")
+            raise NodusError("Unauthorized", "no bearer token was sent")
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise NodusError("Unauthorized", "Unauthorized: expected 'Authorization: Bearer <token>'")
+            raise NodusError("Unauthorized", "expected 'Authorization: Bearer <token>'")
         token = token.strip()
         now = self._clock()
         cached = self._cache.get(token)
@@ -180,13 +180,13 @@ class Identity:
         match = _TOKEN_RE.match(token)
         rec = await self._store.get(f"_identity/tokens/{match.group(1)}") if match else None
         if rec is None or match is None:
-            raise NodusError("Unauthorized", "Unauthorized: the bearer token is not valid")
+            raise NodusError("Unauthorized", "the bearer token is not valid")
         record = orjson.loads(rec.value)
         digest = hashlib.sha256(match.group(2).encode()).hexdigest()
         if not hmac.compare_digest(digest, record["digest"]):
-            raise NodusError("Unauthorized", "Unauthorized: the bearer token is not valid")
+            raise NodusError("Unauthorized", "the bearer token is not valid")
         if record.get("expireUnix") and record["expireUnix"] <= now:
-            raise NodusError("Unauthorized", "Unauthorized: the bearer token has expired",
+            raise NodusError("Unauthorized", "the bearer token has expired",
                              fix="create a new token with `nodus token create`")
         caller = Caller(record["subject"], record["project"], Role.parse(record["role"]), record["id"])
         if len(self._cache) > 10_000:

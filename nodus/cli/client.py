@@ -63,6 +63,9 @@ class Client:
         self.token = user.get("token", "")
         self.namespace = namespace or ctx.get("namespace") or "default"
         self.session = requests.Session()
+        # The kubeconfig decides whom to trust: REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE in the environment
+        # would otherwise replace its CA (requests lets the environment win over Session.verify).
+        self.session.trust_env = False
         self.session.headers["Authorization"] = f"Bearer {self.token}"
         self.session.headers["User-Agent"] = "nodus-cli/0.1"
         if cluster.get("certificate-authority-data"):

@@ -1,0 +1,577 @@
+"""Admission: what the resource service calls to decode, default and validate an object.
+
+Every violation in an object is collected and reported at once, in one 422 Invalid whose causes name
+the fields the way Kubernetes does (`spec.completions: Invalid value: 0: must be between 1 and 10000`).
+The order is always: type and kind, metadata, alias folding, strict decoding with defaults and the
+per-field rules of the kind's schema tree, cross-field rules, then references to other objects.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+from .. import errors
+from ..errors import Cause, NodusError
+from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
+from .kinds import GROUP, KindInfo, by_group_version
+from .schema import (FIELD_VALIDATION, Any_, Bool, Decoding, KindSchema, List, Map, Node, Obj, Str, decode, get,
+                     join, to_openapi)
+from .secret import SECRET
+from .sweep import SWEEP
+from .trainingjob import TRAINING_JOB
+from .trainingruntime import TRAINING_RUNTIME
+
+__all__ = ["Lookup", "Admitted", "admit_create", "admit_update", "admit_status", "openapi_v3", "schema_for"]
+
+
+class Lookup(Protocol):
+    async def get(self, plural: str, project: str, name: str) -> dict[str, Any] | None:
+        """The stored object as the API returns it (internal: no authorization), or None."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    object: dict[str, Any]
+    """The object to store: aliases folded, defaults written, admission pins in status."""
+    warnings: tuple[str, ...]
+    """Warning header texts (`unknown field "spec.foo"` under fieldValidation=Warn)."""
+
+
+_SCHEMAS: dict[str, KindSchema] = {s.kind: s for s in (JOB, SWEEP, TRAINING_JOB, TRAINING_RUNTIME, SECRET)}
+
+
+def schema_for(info: KindInfo) -> KindSchema:
+    return _SCHEMAS[info.kind]
+
+
+# -- metadata ----------------------------------------------------------------------------------------
+
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_NAME_PART = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+              "alphanumeric character (regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+_MAX_ANNOTATIONS = 256 * 1024
+
+
+def _qualified_name_problem(key: str) -> str | None:
+    """Kubernetes' IsQualifiedName: an optional DNS-subdomain prefix, '/', and a name of at most 63."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix:
+        return "a qualified name must have at most one '/'"
+    if _ == "/" and (not prefix or len(prefix) > 253 or _DNS_SUBDOMAIN.match(prefix) is None):
+        return "prefix part must be a lowercase RFC 1123 subdomain of at most 253 characters"
+    if not name:
+        return "name part must be non-empty"
+    if len(name) > 63:
+        return "name part must be no more than 63 characters"
+    if _QUALIFIED_NAME.match(name) is None:
+        return _NAME_PART
+    return None
+
+
+def _labels(labels: dict[str, Any], path: str) -> list[Cause]:
+    causes = []
+    for key, value in labels.items():
+        if (problem := _qualified_name_problem(key)) is not None:
+            causes.append(errors.invalid_value(path, key, problem))
+        if isinstance(value, str):
+            if len(value) > 63:
+                causes.append(errors.invalid_value(path, value, "must be no more than 63 characters"))
+            elif _LABEL_VALUE.match(value) is None:
+                causes.append(errors.invalid_value(
+                    path, value, "a valid label must be an empty string or consist of alphanumeric characters, '-', "
+                                 "'_' or '.', and must start and end with an alphanumeric character"))
+    return causes
+
+
+def _annotations(annotations: dict[str, Any], path: str) -> list[Cause]:
+    causes = [errors.invalid_value(path, key, problem) for key in annotations
+              if (problem := _qualified_name_problem(key.lower())) is not None]
+    if sum(len(k) + len(v) for k, v in annotations.items() if isinstance(v, str)) > _MAX_ANNOTATIONS:
+        causes.append(errors.too_long(path, _MAX_ANNOTATIONS))
+    return causes
+
+
+def _name(name: str, path: str) -> list[Cause]:
+    if len(name) > 63:
+        return [errors.invalid_value(path, name, "must be no more than 63 characters")]
+    if re.match(DNS_LABEL, name) is None:
+        return [errors.invalid_value(path, name, DNS_LABEL_MESSAGE)]
+    return []
+
+
+def _generate_name(prefix: str, path: str) -> list[Cause]:
+    # Five random characters are appended, so the prefix may end in '-' and has at most 58.
+    if re.match(r"^[a-z0-9][-a-z0-9]{0,57}$", prefix) is None:
+        return [errors.invalid_value(path, prefix, "must be a lowercase RFC 1123 label prefix of at most 58 "
+                                                   "characters (lowercase letters, digits and '-')")]
+    return []
+
+
+def _finalizer(value: str, path: str) -> list[Cause]:
+    problem = _qualified_name_problem(value)
+    return [errors.invalid_value(path, value, problem)] if problem else []
+
+
+_SYSTEM = Any_(description="Set by the resource service; passed through untouched.")
+METADATA = Obj(fields={
+    "name": Str(checks=(_name,)),
+    "generateName": Str(checks=(_generate_name,)),
+    "namespace": Str(checks=(_name,)),
+    "labels": Map(values=Str(), checks=(_labels,)),
+    "annotations": Map(values=Str(), checks=(_annotations,)),
+    "finalizers": List(items=Str(checks=(_finalizer,)), unique=True),
+    "ownerReferences": List(items=Obj(required=("apiVersion", "kind", "name", "uid"), fields={
+        "apiVersion": Str(), "kind": Str(), "name": Str(), "uid": Str(),
+        "controller": Bool(), "blockOwnerDeletion": Bool()})),
+    **{key: _SYSTEM for key in ("uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
+                                "deletionGracePeriodSeconds", "managedFields", "selfLink")},
+})
+
+_ENVELOPE = ("apiVersion", "kind", "metadata", "status")
+
+
+# -- the shared pass ---------------------------------------------------------------------------------
+
+def _mode(field_validation: str) -> str:
+    if field_validation not in FIELD_VALIDATION:
+        raise NodusError("BadRequest", f'invalid fieldValidation "{field_validation}": supported values are '
+                                       + ", ".join(FIELD_VALIDATION),
+                         fix="send fieldValidation=Strict, Warn or Ignore (or leave it out: Strict)")
+    return field_validation
+
+
+def _as_object(obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise NodusError("BadRequest", "the request body must be a JSON object", fix="send the object as JSON")
+    return obj
+
+
+@dataclass(slots=True)
+class _Pass:
+    ctx: Decoding
+    metadata: dict[str, Any]
+    body: dict[str, Any]
+
+
+def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: str | None,
+                   old_body: dict[str, Any] | None = None) -> _Pass:
+    ks = schema_for(info)
+    ctx = Decoding(mode=mode)
+    for key, want in (("apiVersion", info.api_version), ("kind", info.kind)):
+        value = obj.get(key)
+        if value is None or value == "":
+            ctx.causes.append(errors.required(key))
+        elif value != want:
+            ctx.causes.append(errors.invalid_value(key, value, f'must be "{want}"'))
+    raw_meta = obj.get("metadata")
+    metadata = decode(METADATA, {} if raw_meta is None else raw_meta, "metadata", ctx)
+    if not isinstance(metadata, dict):
+        metadata = {}
+    elif not metadata.get("name") and not metadata.get("generateName"):
+        ctx.causes.append(errors.required("metadata.name", "name or generateName is required"))
+    namespace = metadata.get("namespace")
+    if project is not None and namespace is not None and namespace != project:
+        ctx.causes.append(errors.invalid_value("metadata.namespace", namespace,
+                                               f'does not match the project of the request ("{project}")'))
+    raw = copy.deepcopy({k: v for k, v in obj.items() if k not in _ENVELOPE})
+    fold_causes = ks.fold(raw)
+    body = decode(ks.body, raw, "", ctx)
+    if not isinstance(body, dict):  # pragma: no cover - raw is always a dict
+        body = {}
+    if ks.complete is not None:
+        ks.complete(body)
+    if old_body is not None and ks.inherit is not None:
+        ks.inherit(old_body, body)
+    ctx.causes[:0] = fold_causes
+    _add_unique(ctx.causes, ks.rules(body))
+    return _Pass(ctx, metadata, body)
+
+
+def _add_unique(causes: list[Cause], more: list[Cause]) -> None:
+    """Cross-field causes, except where a field already has a cause (one problem, one line)."""
+    seen = {c.field for c in causes}
+    for cause in more:
+        if cause.field not in seen:
+            causes.append(cause)
+            seen.add(cause.field)
+
+
+def _raise_if_invalid(info: KindInfo, obj: dict[str, Any], causes: list[Cause]) -> None:
+    if not causes:
+        return
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    name = meta.get("name") or meta.get("generateName") or ""
+    raise errors.invalid(info.kind, str(name), causes, plural=info.plural, group=info.group)
+
+
+def _assemble(info: KindInfo, metadata: dict[str, Any], body: dict[str, Any], status: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": info.api_version, "kind": info.kind, "metadata": metadata}
+    out.update(body)
+    if status is not None:
+        out["status"] = status
+    return out
+
+
+def _body_of(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in _ENVELOPE}
+
+
+# -- entry points ------------------------------------------------------------------------------------
+
+async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, project: str,
+                       field_validation: str = "Strict") -> Admitted:
+    """Decode, fold, default and validate a new object; look up what it references; pin secrets."""
+    mode = _mode(field_validation)
+    obj = _as_object(obj)
+    ks = schema_for(info)
+    p = _decode_object(info, obj, mode, project=project)
+    status = copy.deepcopy(obj.get("status"))  # passed through: the resource service decides
+    if ks.resolve is not None:
+        resolution = await ks.resolve(p.body, lookup, project)
+        _add_unique(p.ctx.causes, resolution.causes)
+        if resolution.status:
+            status = dict(status) if isinstance(status, dict) else {}
+            status.update(resolution.status)
+    _raise_if_invalid(info, obj, p.ctx.causes)
+    if ks.finish is not None:
+        ks.finish(p.body)
+    return Admitted(_assemble(info, p.metadata, p.body, status), tuple(p.ctx.warnings))
+
+
+async def admit_update(info: KindInfo, old: dict[str, Any], new: dict[str, Any], lookup: Lookup, *, project: str,
+                       field_validation: str = "Strict") -> Admitted:
+    """Validate `new` as on create, then the update rules against `old` (the stored object).
+
+    References are not looked up again: every field that references another object is immutable
+    on the kinds that have them, and pins (status.secretVersions) are carried over from `old`.
+    """
+    mode = _mode(field_validation)
+    new = _as_object(new)
+    old = _as_object(old)
+    ks = schema_for(info)
+    old_body = _body_of(old)
+    p = _decode_object(info, new, mode, project=project, old_body=old_body)
+    _add_unique(p.ctx.causes, _immutable(ks.body, old_body, p.body, "", ks.mutable))
+    for path in ks.raise_only:
+        _add_unique(p.ctx.causes, _raise_only(path, get(old_body, path), get(p.body, path)))
+    _raise_if_invalid(info, new, p.ctx.causes)
+    status = copy.deepcopy(new.get("status"))
+    old_status = old.get("status") if isinstance(old.get("status"), dict) else {}
+    for key in ("secretVersions", "secretVersionIDs"):
+        if key in old_status:
+            status = dict(status) if isinstance(status, dict) else {}
+            status[key] = copy.deepcopy(old_status[key])
+    if ks.finish is not None:
+        ks.finish(p.body)
+    return Admitted(_assemble(info, p.metadata, p.body, status), tuple(p.ctx.warnings))
+
+
+def admit_status(info: KindInfo, obj: dict[str, Any], *, field_validation: str = "Strict") -> Admitted:
+    """Check the shape of `.status` written through the status subresource: types and unknown fields."""
+    mode = _mode(field_validation)
+    obj = _as_object(obj)
+    ks = schema_for(info)
+    ctx = Decoding(mode=mode, defaults=False, checks=False)
+    out = dict(obj)
+    if obj.get("status") is not None:
+        status = decode(ks.status, obj["status"], "status", ctx)
+        _raise_if_invalid(info, obj, ctx.causes)
+        out["status"] = status
+    return Admitted(out, tuple(ctx.warnings))
+
+
+def _immutable(node: Node, old: Any, new: Any, path: str, mutable: tuple[str, ...]) -> list[Cause]:
+    """One cause per changed field outside `mutable`, at the deepest object field that changed."""
+    if path in mutable or old == new:
+        return []
+    if isinstance(node, Obj) and isinstance(old, dict) and isinstance(new, dict):
+        causes: list[Cause] = []
+        for key in list(old) + [k for k in new if k not in old]:
+            sub = node.fields.get(key)
+            if sub is not None:
+                causes += _immutable(sub, old.get(key), new.get(key), join(path, key), mutable)
+        return causes
+    return [errors.invalid_value(path, new, "field is immutable")]
+
+
+def _raise_only(path: str, old: Any, new: Any) -> list[Cause]:
+    if old is None:
+        return []  # adding a cap where there was none is allowed
+    try:
+        was = Decimal(old)
+    except (ArithmeticError, TypeError, ValueError):
+        return []
+    if new is None:
+        return [errors.invalid_value(path, None, f"may only be raised (was {errors.render_value(old)}); "
+                                                 "it cannot be removed")]
+    try:
+        lower = Decimal(new) < was
+    except (ArithmeticError, TypeError, ValueError):
+        return []  # its format is reported by decoding
+    return [errors.invalid_value(path, new, f"may only be raised (was {errors.render_value(old)})")] if lower else []
+
+
+# -- OpenAPI v3 --------------------------------------------------------------------------------------
+
+META = "io.k8s.apimachinery.pkg.apis.meta.v1."
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _str(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+def _meta_schemas() -> dict[str, dict[str, Any]]:
+    """The few apimachinery schemas the kinds refer to, concise but what kubectl expects."""
+    string_map = {"type": "object", "additionalProperties": {"type": "string"}}
+    return {
+        META + "ObjectMeta": {
+            "type": "object",
+            "description": "ObjectMeta is metadata that all persisted resources must have; namespace is the project.",
+            "properties": {
+                "name": _str("Name is unique within a project: a lowercase RFC 1123 label (at most 63 characters)."),
+                "generateName": _str("GenerateName is a prefix the server completes into a unique name."),
+                "namespace": _str("Namespace is the project."),
+                "labels": {**string_map, "description": "Labels are key/value pairs for selecting objects."},
+                "annotations": {**string_map, "description": "Annotations are unstructured key/value data."},
+                "finalizers": {"type": "array", "items": {"type": "string"},
+                               "description": "Finalizers must be empty before the object is deleted."},
+                "ownerReferences": {"type": "array", "items": _ref(META + "OwnerReference"),
+                                    "description": "OwnerReferences list the objects this one depends on."},
+                "uid": _str("UID is unique in time and space; set by the server."),
+                "resourceVersion": _str("ResourceVersion is an opaque version for concurrency control and watch."),
+                "generation": {"type": "integer", "format": "int64",
+                               "description": "Generation increases on every spec change."},
+                "creationTimestamp": _str("CreationTimestamp is when the object was created (RFC 3339).",
+                                          format="date-time"),
+                "deletionTimestamp": _str("DeletionTimestamp is when deletion was requested (RFC 3339).",
+                                          format="date-time"),
+                "deletionGracePeriodSeconds": {"type": "integer", "format": "int64",
+                                               "description": "Seconds allowed for graceful termination."},
+                "managedFields": {"type": "array", "items": {"type": "object",
+                                                             "x-kubernetes-preserve-unknown-fields": True},
+                                  "description": "ManagedFields record which manager set which fields."},
+                "selfLink": _str("SelfLink is deprecated and never set."),
+            },
+        },
+        META + "OwnerReference": {
+            "type": "object",
+            "description": "OwnerReference identifies an owning object.",
+            "required": ["apiVersion", "kind", "name", "uid"],
+            "properties": {"apiVersion": _str("API version of the owner."), "kind": _str("Kind of the owner."),
+                           "name": _str("Name of the owner."), "uid": _str("UID of the owner."),
+                           "controller": {"type": "boolean", "description": "Controller marks the managing owner."},
+                           "blockOwnerDeletion": {"type": "boolean",
+                                                  "description": "BlockOwnerDeletion holds the owner's deletion."}},
+        },
+        META + "ListMeta": {
+            "type": "object",
+            "description": "ListMeta describes a list.",
+            "properties": {"resourceVersion": _str("ResourceVersion to watch from."),
+                           "continue": _str("Continue is the token for the next page."),
+                           "remainingItemCount": {"type": "integer", "format": "int64",
+                                                  "description": "Items left after this page."},
+                           "selfLink": _str("SelfLink is deprecated and never set.")},
+        },
+        META + "StatusCause": {
+            "type": "object",
+            "description": "StatusCause is one field-level problem.",
+            "properties": {"reason": _str("Reason is a FieldValue* reason."), "message": _str("Message explains it."),
+                           "field": _str("Field is the path of the field, for example spec.completions.")},
+        },
+        META + "StatusDetails": {
+            "type": "object",
+            "description": "StatusDetails names the object and the causes.",
+            "properties": {"name": _str("Name of the object."), "group": _str("Group of the object."),
+                           "kind": _str("Kind (plural) of the object."), "uid": _str("UID of the object."),
+                           "causes": {"type": "array", "items": _ref(META + "StatusCause"),
+                                      "description": "Causes are the field-level problems."},
+                           "retryAfterSeconds": {"type": "integer", "format": "int32",
+                                                 "description": "Seconds to wait before retrying."}},
+        },
+        META + "Status": {
+            "type": "object",
+            "description": "Status is the error body of every API response: a metav1.Status plus docs, fix and "
+                           "requestId, which Kubernetes clients ignore.",
+            "properties": {
+                "apiVersion": _str("APIVersion is v1."), "kind": _str("Kind is Status."),
+                "metadata": _ref(META + "ListMeta"),
+                "status": _str("Status is Success or Failure."), "message": _str("Message describes the error."),
+                "reason": _str("Reason is a registered error code."),
+                "details": _ref(META + "StatusDetails"),
+                "code": {"type": "integer", "format": "int32", "description": "Code is the HTTP status."},
+                "docs": _str("Docs is the URL of the code's docs page."),
+                "fix": _str("Fix says what to do next, for example a CLI command or the field to change."),
+                "requestId": _str("RequestID identifies the request in logs and support tickets."),
+            },
+            "x-kubernetes-group-version-kind": [{"group": "", "version": "v1", "kind": "Status"}],
+        },
+        META + "WatchEvent": {
+            "type": "object",
+            "description": "WatchEvent is one line of a watch stream.",
+            "required": ["type", "object"],
+            "properties": {"type": _str("Type is ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."),
+                           "object": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                                      "description": "Object is the object, or a Status for ERROR."}},
+        },
+        META + "DeleteOptions": {
+            "type": "object",
+            "description": "DeleteOptions may be sent with a DELETE.",
+            "properties": {"apiVersion": _str("APIVersion."), "kind": _str("Kind is DeleteOptions."),
+                           "propagationPolicy": _str("PropagationPolicy is Orphan, Background or Foreground."),
+                           "gracePeriodSeconds": {"type": "integer", "format": "int64",
+                                                  "description": "Seconds before the object is deleted."},
+                           "dryRun": {"type": "array", "items": {"type": "string"},
+                                      "description": "DryRun: All validates without deleting."}},
+        },
+    }
+
+
+def _query(name: str, description: str, type_: str = "string") -> dict[str, Any]:
+    return {"name": name, "in": "query", "description": description, "schema": {"type": type_},
+            "required": False}
+
+
+_LIST_PARAMS = [
+    _query("watch", "Watch streams add, update and delete events instead of listing.", "boolean"),
+    _query("labelSelector", "A selector over labels."),
+    _query("fieldSelector", "A selector over fields: metadata.name, metadata.namespace, status.phase."),
+    _query("limit", "The most items to return; continue with the continue token.", "integer"),
+    _query("continue", "The continue token of the previous page."),
+    _query("resourceVersion", "List or watch from this resourceVersion."),
+    _query("resourceVersionMatch", "How resourceVersion applies to a list (NotOlderThan, Exact)."),
+    _query("timeoutSeconds", "Ends a watch after this many seconds.", "integer"),
+    _query("allowWatchBookmarks", "Asks for BOOKMARK events.", "boolean"),
+    _query("sendInitialEvents", "Starts a watch with ADDED events for the current objects.", "boolean"),
+]
+_DRY_RUN = _query("dryRun", "All: validate, default and estimate without persisting.")
+_FIELD_MANAGER = _query("fieldManager", "The name of the actor making the change.")
+_FIELD_VALIDATION = {**_query("fieldValidation", "Unknown fields: Strict (the default) refuses them, Warn drops them "
+                                                  "with a warning, Ignore drops them."),
+                     "schema": {"type": "string", "enum": list(FIELD_VALIDATION)}}
+_WRITE_PARAMS = [_DRY_RUN, _FIELD_MANAGER, _FIELD_VALIDATION]
+
+
+def _json(schema: dict[str, Any], *types: str) -> dict[str, Any]:
+    return {t: {"schema": schema} for t in (types or ("application/json",))}
+
+
+def _responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
+    out = {code: {"description": "OK" if code == "200" else "Created" if code == "201" else "Accepted",
+                  "content": _json(ok)} for code in (codes or ("200",))}
+    out["default"] = {"description": "An error: a metav1.Status whose reason is a registered code.",
+                      "content": _json(_ref(META + "Status"))}
+    return out
+
+
+def _operation(op_id: str, action: str, gvk: dict[str, str], description: str, responses: dict[str, Any],
+               params: list[dict[str, Any]] | None = None, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": op_id, "description": description, "tags": [gvk["group"] + "_" + gvk["version"]],
+                          "responses": responses, "x-kubernetes-action": action,
+                          "x-kubernetes-group-version-kind": dict(gvk)}
+    if params:
+        op["parameters"] = params
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": body}
+    return op
+
+
+def _paths(info: KindInfo, name: str) -> dict[str, Any]:
+    gvk = {"group": info.group, "version": info.version, "kind": info.kind}
+    obj, lst = _ref(name), _ref(name + "List")
+    stem = "NodusDev" + info.version[0].upper() + info.version[1:]
+    base = f"/apis/{info.group}/{info.version}"
+    collection = f"{base}/namespaces/{{namespace}}/{info.plural}"
+    namespace = {"name": "namespace", "in": "path", "required": True, "description": "The project.",
+                 "schema": {"type": "string"}}
+    object_name = {"name": "name", "in": "path", "required": True, "description": "The object's name.",
+                   "schema": {"type": "string"}}
+    list_responses = _responses(lst)
+    list_responses["200"]["content"]["application/json;stream=watch"] = {"schema": _ref(META + "WatchEvent")}
+    patch_body = {t: {"schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+                  for t in ("application/merge-patch+json", "application/json-patch+json")}
+    patch_body["application/json-patch+json"] = {"schema": {"type": "array", "items": {"type": "object"}}}
+
+    def read_write(suffix: str, what: str) -> dict[str, Any]:
+        return {
+            "parameters": [namespace, object_name],
+            "get": _operation(f"read{stem}Namespaced{info.kind}{suffix}", "get", gvk, f"Read {what}.",
+                              _responses(obj)),
+            "put": _operation(f"replace{stem}Namespaced{info.kind}{suffix}", "put", gvk, f"Replace {what}.",
+                              _responses(obj, "200", "201"), _WRITE_PARAMS, _json(obj)),
+            "patch": _operation(f"patch{stem}Namespaced{info.kind}{suffix}", "patch", gvk,
+                                f"Partially update {what} (merge patch or JSON patch).",
+                                _responses(obj, "200", "201"), [*_WRITE_PARAMS, _query("force", "Unused.", "boolean")],
+                                patch_body),
+        }
+
+    item = read_write("", f"the {info.kind}")
+    item["delete"] = _operation(f"delete{stem}Namespaced{info.kind}", "delete", gvk,
+                                f"Delete the {info.kind}; it is gone once its finalizers are done.",
+                                _responses(obj, "200", "202"), [_DRY_RUN], _json(_ref(META + "DeleteOptions")))
+    item["delete"]["requestBody"]["required"] = False
+    return {
+        collection: {
+            "parameters": [namespace],
+            "get": _operation(f"list{stem}Namespaced{info.kind}", "list", gvk,
+                              f"List or watch {info.plural} in the project.", list_responses, _LIST_PARAMS),
+            "post": _operation(f"create{stem}Namespaced{info.kind}", "post", gvk, f"Create a {info.kind}.",
+                               _responses(obj, "200", "201", "202"), _WRITE_PARAMS, _json(obj)),
+        },
+        f"{collection}/{{name}}": item,
+        f"{collection}/{{name}}/status": read_write("Status", f"the status of the {info.kind}"),
+        f"{base}/{info.plural}": {
+            "get": _operation(f"list{stem}{info.kind}ForAllNamespaces", "list", gvk,
+                              f"List or watch {info.plural} in every project the caller may read.", list_responses,
+                              _LIST_PARAMS),
+        },
+    }
+
+
+def _kind_schema(info: KindInfo, ks: KindSchema) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "apiVersion": _str(f"APIVersion is {info.api_version}."),
+        "kind": _str(f"Kind is {info.kind}."),
+        "metadata": {"allOf": [_ref(META + "ObjectMeta")], "description": "Standard object metadata; namespace is "
+                                                                          "the project."},
+    }
+    props.update(to_openapi(ks.body)["properties"])
+    props["status"] = to_openapi(ks.status)
+    return {"type": "object", "description": ks.description, "properties": props,
+            "x-kubernetes-group-version-kind": [{"group": info.group, "version": info.version, "kind": info.kind}]}
+
+
+def openapi_v3(group_version: str) -> dict[str, Any]:
+    """The OpenAPI 3.0 document for one group version, as `kubectl explain` reads it."""
+    infos = by_group_version(group_version)
+    if not infos:
+        raise NodusError("NotFound", f'no group version "{group_version}"',
+                         fix=f"use {GROUP}/v1 or {GROUP}/v1beta1")
+    schemas = _meta_schemas()
+    paths: dict[str, Any] = {}
+    for info in infos:
+        name = f"dev.nodus.{info.version}.{info.kind}"
+        schemas[name] = _kind_schema(info, schema_for(info))
+        schemas[name + "List"] = {
+            "type": "object",
+            "description": f"{info.kind}List is a list of {info.kind} objects.",
+            "required": ["items"],
+            "properties": {"apiVersion": _str(f"APIVersion is {info.api_version}."),
+                           "kind": _str(f"Kind is {info.kind}List."),
+                           "metadata": {"allOf": [_ref(META + "ListMeta")], "description": "Standard list metadata."},
+                           "items": {"type": "array", "items": _ref(name), "description": f"Items are the {info.plural}."}},
+            "x-kubernetes-group-version-kind": [{"group": info.group, "version": info.version,
+                                                 "kind": info.kind + "List"}],
+        }
+        paths.update(_paths(info, name))
+    return {"openapi": "3.0.0", "info": {"title": "Nodus", "version": group_version},
+            "paths": paths, "components": {"schemas": schemas}}

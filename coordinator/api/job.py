@@ -1,0 +1,826 @@
+"""Job (nodus.dev/v1): the spec tree, the sub-schemas other kinds share, and the Job's own rules.
+
+Sweep's template.spec is JOB_SPEC itself, and TrainingJob/TrainingRuntime reuse RESOURCES,
+PLACEMENT, DISTRIBUTED, INIT_COMMAND and SIDECARS, so a rule written here holds everywhere.
+Descriptions are the spec pages' text (spec/job.md, rebuilt from the seed documents).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .. import errors
+from ..errors import Cause
+from . import units
+from .schema import (Bool, Int, KindSchema, List, Map, Obj, Resolution, Str, duration, get, money,
+                     quantity, strings)
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_LABEL_MESSAGE = ("must be a lowercase RFC 1123 label: lowercase letters, digits and '-', starting "
+                     "and ending with a letter or digit (at most 63 characters)")
+SHA256_HEX = r"^[0-9a-fA-F]{64}$"
+SYSTEM_PATHS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64", "/boot",
+                "/run", "/var/run", "/nodus")
+"""Mount points a Volume may not cover: the root, the OS, and Nodus's own /nodus tree."""
+GPU_COUNTS = (1, 2, 4, 8)
+BETA_MAX_NODES = 8
+STATES = ("Running", "Suspended", "Cancelled")
+"""`Cancelled` is the "cancel state" of the spec pages: it stops the object for good."""
+
+
+def not_found(path: str, value: Any) -> Cause:
+    """A reference to an object that does not exist (Kubernetes' field.NotFound)."""
+    return Cause(path, "FieldValueNotFound", f"Not found: {errors.render_value(value)}")
+
+
+def _absolute(value: str, path: str) -> list[Cause]:
+    return [] if value.startswith("/") else [errors.invalid_value(path, value, "must be an absolute path")]
+
+
+def _absolute_each(values: list[str], path: str) -> list[Cause]:
+    return [c for i, v in enumerate(values) for c in _absolute(v, f"{path}[{i}]")]
+
+
+def _beta_nodes(value: int, path: str) -> list[Cause]:
+    if BETA_MAX_NODES < value <= 16:
+        return [errors.invalid_value(path, value, f"must be at most {BETA_MAX_NODES} during the beta")]
+    return []
+
+
+def _not_system_path(value: str, path: str) -> list[Cause]:
+    if not value.startswith("/"):
+        return [errors.invalid_value(path, value, "must be an absolute path")]
+    norm = "/" + "/".join(p for p in value.split("/") if p and p != ".")
+    for sys_path in SYSTEM_PATHS:
+        if norm == sys_path or (sys_path != "/" and norm.startswith(sys_path + "/")):
+            return [errors.invalid_value(path, value, f"must not be a system path ({sys_path})")]
+    if ".." in value.split("/"):
+        return [errors.invalid_value(path, value, "must not contain '..'")]
+    return []
+
+
+def _volume_mount(mount: dict[str, Any], path: str) -> list[Cause]:
+    if "revision" in mount and not mount.get("readOnly"):
+        return [errors.forbidden(f"{path}.revision", "a revision may be pinned only with readOnly: true")]
+    return []
+
+
+def _sidecar(sidecar: dict[str, Any], path: str) -> list[Cause]:
+    if not sidecar.get("command") and not sidecar.get("image"):
+        return [errors.required(f"{path}.command", "a sidecar without its own image needs a command")]
+    return []
+
+
+def _output_name(name: str, path: str) -> list[Cause]:
+    if name.startswith("nodus."):
+        return [errors.invalid_value(path, name, 'the "nodus." prefix is reserved')]
+    if name == "outputs":
+        return [errors.invalid_value(path, name, 'the name "outputs" is reserved for /nodus/outputs')]
+    return []
+
+
+# -- shared sub-schemas ------------------------------------------------------------------------------
+
+GPU = Obj(
+    description="GPURequest asks for accelerators. A family (H100) matches any of its variants and never another family.",
+    fields={
+        "count": Int(description="Count is the GPUs per node: 1, 2, 4 or 8.", enum=GPU_COUNTS),
+        "exact": Bool(description="Exact pins the exact variant instead of matching the family."),
+        "interconnect": Str(description="Interconnect is Any or NVLink.", enum=("Any", "NVLink"), default="Any"),
+        "minMemory": quantity("MinMemory is the per-GPU memory floor."),
+        "type": strings("Type lists 1–8 accelerator ids or families from the catalog.", min_items=1,
+                        max_items=8, unique=True),
+    },
+)
+
+RESOURCES = Obj(
+    description="Resources are capacity floors. For GPU work the offering’s host shape applies if larger.",
+    fields={
+        "cpu": quantity("CPU is the vCPU floor."),
+        "disk": quantity("Disk is the ephemeral disk floor."),
+        "gpu": GPU,
+        "memory": quantity("Memory is the host memory floor."),
+        "nodes": Int(description="Nodes above 1 is shorthand for spec.distributed.nodes and is stored in that form.",
+                     minimum=1),
+    },
+)
+
+PLACEMENT = Obj(
+    description="Placement constrains where work may run.",
+    materialize=True,
+    fields={
+        "dedicated": Bool(description="Dedicated is reserved; only true is accepted.", enum=(True,),
+                          enum_message="only true is accepted (dedicated is reserved)"),
+        "interruptible": Str(description="Interruptible is Never, Allow (the scheduler decides by expected cost) or Prefer.",
+                             enum=("Never", "Allow", "Prefer"), default="Never"),
+        "maxRateUSDPerHour": money("MaxRateUSDPerHour filters out offerings above this customer rate."),
+        "offerings": strings("Offerings restricts placement to these Offerings.", unique=True),
+        "pool": Str(description="Pool is a BYOC Pool in the project."),
+        "profile": Str(description="Profile is Balanced, Cost or Speed.", enum=("Balanced", "Cost", "Speed"),
+                       default="Balanced"),
+        "queueTimeout": duration("QueueTimeout is how long the Job may wait for capacity before failing with "
+                                 "CapacityUnavailable (default 24h; 0s waits forever).", default="24h0m0s"),
+        "regions": strings("Regions are region classes (us, eu, …); empty means any.", unique=True),
+    },
+)
+
+DISTRIBUTED = Obj(
+    description="Distributed runs the Job as a gang of nodes that start together and restart together (Beta).",
+    one_of=(("nodes", "totalGPUs"),),
+    fields={
+        "gpusPerNode": Int(description="GPUsPerNode is 1, 2, 4 or 8 and equals resources.gpu.count when both are set.",
+                           enum=GPU_COUNTS),
+        "launcher": Str(description="Launcher is Plain (env contract only), Torchrun, Ray, Verl, Accelerate or Deepspeed.",
+                        enum=("Plain", "Torchrun", "Ray", "Verl", "Accelerate", "Deepspeed"), default="Plain"),
+        "maxAssemblyRetries": Int(description="MaxAssemblyRetries is how many times a timed-out assembly is re-placed "
+                                              "(0–5, default 2).", minimum=0, maximum=5, default=2),
+        "network": Str(description="Network is Colocated (one provider and region), Regional (one region class) or Global.",
+                       enum=("Colocated", "Regional", "Global"), default="Regional"),
+        "nodes": Int(description="Nodes is the gang size (2–16; the beta caps it at 8). Exactly one of nodes and totalGPUs.",
+                     minimum=2, maximum=16, checks=(_beta_nodes,)),
+        "startupTimeout": duration("StartupTimeout is the gang assembly budget (5m–60m, default 15m).",
+                                   minimum="5m", maximum="60m", default="15m0s"),
+        "totalGPUs": Int(description="TotalGPUs is resolved into status.topology at admission (2–64).",
+                         minimum=2, maximum=64),
+        "transport": Str(description="Transport is Direct (private or direct paths only) or Auto (relayed paths allowed).",
+                         enum=("Direct", "Auto"), default="Auto"),
+    },
+)
+
+ENV_VAR = Obj(
+    description="EnvVar is one environment variable: a literal value or a Secret key.",
+    required=("name",),
+    one_of=(("value", "valueFrom"),),
+    fields={
+        "name": Str(description="Name matches ^[A-Za-z_][A-Za-z0-9_]*$.", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"),
+        "value": Str(description="Value is the literal value."),
+        "valueFrom": Obj(
+            description="EnvVarSource names where an env value comes from.",
+            required=("secretKeyRef",),
+            fields={"secretKeyRef": Obj(
+                description="SecretKeySelector selects one key of a Secret.",
+                required=("name", "key"),
+                fields={"key": Str(description="Key is the key within it.", pattern=r"^[-._a-zA-Z0-9]+$"),
+                        "name": Str(description="Name is the Secret.", pattern=DNS_LABEL,
+                                    pattern_message=DNS_LABEL_MESSAGE)},
+            )},
+        ),
+    },
+)
+
+
+def env_list(description: str) -> List:
+    return List(description=description, items=ENV_VAR, unique_key="name")
+
+
+INIT_COMMAND = Obj(
+    description="InitCommand is a preflight run before the command.",
+    required=("command",),
+    fields={"command": strings("Command is the argv.", min_items=1),
+            "timeout": duration("Timeout is at most 30m.", positive=True, maximum="30m")},
+)
+
+SIDECARS = List(
+    description="Sidecar is a helper container with native-sidecar semantics.",
+    unique_key="name",
+    items=Obj(
+        description="Sidecar is a helper container with native-sidecar semantics.",
+        required=("name",),
+        checks=(_sidecar,),
+        fields={
+            "command": strings("Command is the sidecar’s argv."),
+            "env": env_list("Env adds environment variables."),
+            "image": Str(description="Image defaults to the Job’s image."),
+            "name": Str(description="Name is unique within the Job.", pattern=DNS_LABEL,
+                        pattern_message=DNS_LABEL_MESSAGE),
+            "startupTimeout": duration("StartupTimeout bounds how long the sidecar may take to become ready.",
+                                       positive=True),
+        },
+    ),
+)
+
+_INPUT = Obj(
+    description="JobInput is one input: exactly one of volume, output, bucket, url, fromWorkspace and fromStage. "
+                "It is mounted at /nodus/inputs/<name>.",
+    required=("name",),
+    one_of=(("volume", "output", "bucket", "url", "fromWorkspace", "fromStage"),),
+    fields={
+        "bucket": Obj(description="BucketInput is an object in customer storage.", required=("uri",), fields={
+            "connection": Str(description="Connection is an S3 Connection that can read it."),
+            "sha256": Str(description="SHA256 is checked at end of stream when set.", pattern=SHA256_HEX,
+                          pattern_message="must be 64 hexadecimal digits"),
+            "uri": Str(description="URI is s3://bucket/key.", pattern=r"^s3://[^/]+/.+",
+                       pattern_message="must be s3://bucket/key"),
+        }),
+        "fromStage": Obj(description="StageInput names an output of a Pipeline stage.", required=("stage", "output"),
+                         fields={"output": Str(description="Output is the output name."),
+                                 "stage": Str(description="Stage is the producing stage.")}),
+        "fromWorkspace": Obj(description="WorkspaceInput mounts a Workspace home.", required=("name",),
+                             fields={"name": Str(description="Name is the Workspace."),
+                                     "path": Str(description="Path is a subdirectory of the home.")}),
+        "name": Str(description="Name matches ^[A-Za-z][A-Za-z0-9_]{0,63}$ and is unique among inputs.",
+                    pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$"),
+        "output": Obj(description="OutputInput names a committed output of another Job.", required=("job", "name"),
+                      fields={"index": Int(description="Index selects an index of an Indexed Job (default 0).",
+                                           minimum=0, default=0),
+                              "job": Str(description="Job is the producing Job."),
+                              "name": Str(description="Name is the output.")}),
+        "url": Obj(description="URLInput is a file downloaded over HTTPS.", required=("url",), fields={
+            "sha256": Str(description="SHA256 is the expected digest.", pattern=SHA256_HEX,
+                          pattern_message="must be 64 hexadecimal digits"),
+            "url": Str(description="URL is https:// only.", pattern=r"^https://[^\s/]+", pattern_message="must be an https:// URL"),
+        }),
+        "volume": Obj(description="VolumeInput names a Volume revision.", required=("name",),
+                      fields={"name": Str(description="Name is the Volume."),
+                              "revision": Int(description="Revision pins a revision.", minimum=0)}),
+    },
+)
+
+_OUTPUT = Obj(
+    description="JobOutput is a declared output.",
+    required=("name", "path"),
+    fields={
+        "fromRanks": Str(description="FromRanks is Zero (rank 0 only) or All (every rank under rank-<n>/).",
+                         enum=("Zero", "All"), default="Zero"),
+        "name": Str(description="Name matches ^[a-z0-9._-]{1,64}$; the nodus. prefix is reserved.",
+                    pattern=r"^[a-z0-9._-]{1,64}$", checks=(_output_name,)),
+        "path": Str(description="Path is an absolute file or directory path; directories are archived as tar.zst.",
+                    checks=(_absolute,)),
+        "sink": Obj(description="OutputSink loads an output into a customer database table.",
+                    required=("connection", "table"), fields={
+                        "connection": Str(description="Connection is a Postgres, Neon or Supabase Connection."),
+                        "mode": Str(description="Mode is Append (default) or Replace.", enum=("Append", "Replace"),
+                                    default="Append"),
+                        "table": Str(description="Table is the destination table."),
+                    }),
+    },
+)
+
+RECOVERY = Obj(
+    description="Recovery says how progress survives lost capacity.",
+    materialize=True,
+    fields={
+        "checkpoint": Obj(description="CheckpointPolicy configures checkpoints.", materialize=True, fields={
+            # format has no static default: it is Dcp for distributed Jobs (see complete_spec).
+            "format": Str(description="Format is Snapshot, or Dcp for torch.distributed.checkpoint (the default "
+                                      "for distributed Jobs).", enum=("Snapshot", "Dcp")),
+            "integration": Str(description="Integration is Auto, None or HFTrainer.",
+                               enum=("Auto", "None", "HFTrainer"), default="Auto"),
+            "interval": duration("Interval is auto or a duration from 1m to 6h.", minimum="1m", maximum="6h",
+                                 literals=("auto",), default="auto"),
+            "maxSize": quantity("MaxSize is checked before upload (default 1Ti, at most 2Ti).", maximum="2Ti",
+                                positive=True, default="1Ti"),
+            "paths": List(description="Paths are saved together in one checkpoint (at most 64; default /nodus/state).",
+                          items=Str(checks=(_absolute,)), min_items=1, max_items=64, unique=True,
+                          default=["/nodus/state"]),
+            "retainAfterFinish": duration("RetainAfterFinish keeps checkpoints this long after the Job finishes "
+                                          "(default 168h).", default="168h0m0s"),
+        }),
+        "continuity": Str(description="Continuity is Checkpointed (restore the latest checkpoint), Restartable "
+                                      "(progress cursor) or Ephemeral.",
+                          enum=("Checkpointed", "Restartable", "Ephemeral"), default="Checkpointed"),
+        "maxAttempts": Int(description="MaxAttempts is how many infrastructure replacements each index may use "
+                                       "(1–32; gangs count restarts).", minimum=1, maximum=32, default=3),
+        "minProgressDuration": duration("MinProgressDuration is the run time that counts as progress (default 2m).",
+                                        default="2m0s"),
+        "onInterruption": Str(description="OnInterruption is Resume, or Fail to fail instead of recovering or suspending.",
+                              enum=("Resume", "Fail"), default="Resume"),
+    },
+)
+
+JOB_SPEC = Obj(
+    description="JobSpec describes a Job. Everything is immutable after create except parallelism, backoffLimit, "
+                "timeout, maxCostUSD (raise only), recovery.maxAttempts, recovery.checkpoint.interval and "
+                "retainAfterFinish, ttlSecondsAfterFinished and state.",
+    fields={
+        "activeDeadlineSeconds": Int(description="ActiveDeadlineSeconds is accepted as an alias of timeout on write "
+                                                 "and folded into it.", minimum=1),
+        "args": strings("Args are appended to the command (or to the image's entrypoint)."),
+        "backoffLimit": Int(description="BackoffLimit is how many customer failures (non-zero exits, OOM) across all "
+                                        "indexes are retried before the Job fails (0–100).",
+                            minimum=0, maximum=100, default=6),
+        "command": strings("Command is the argv; without it the image's entrypoint runs."),
+        "completeByTime": Str(description="CompleteByTime is a finish-by hint for placement and checkpoint cadence. "
+                                          "It never stops the Job.", format="time"),
+        "completions": Int(description="Completions is how many indexes must succeed (1–10000). Each index gets "
+                                       "NODUS_INDEX and JOB_COMPLETION_INDEX.", minimum=1, maximum=10000, default=1),
+        "connections": strings("Connections are the project Connections the Job may use.", unique=True),
+        "distributed": DISTRIBUTED,
+        "env": env_list("EnvVar is one environment variable: a literal value or a Secret key."),
+        "expectedDuration": duration("ExpectedDuration is the declared runtime the estimate uses first.", positive=True),
+        "image": Str(description="Image is the container image; a Job without one runs in the node's own environment.",
+                     min_length=1),
+        "imagePullSecrets": strings("ImagePullSecrets name Secrets holding registry credentials.", unique=True),
+        "imageRef": Str(description="ImageRef names a project image by reference."),
+        "initCommand": INIT_COMMAND,
+        "inputs": List(description="Inputs are materialized read-only under /nodus/inputs/<name>.", items=_INPUT,
+                       unique_key="name"),
+        "maxCostUSD": money("MaxCostUSD caps what the Job may spend. Reaching it suspends the Job; it can only be raised."),
+        "network": Obj(description="Network sets egress for the container.", fields={
+            "egress": Obj(description="Egress is the outbound network policy.", fields={
+                "allow": strings("Allow lists DNS names or *.suffix patterns (AllowList only; at most 128).",
+                                 max_items=128, unique=True),
+                "policy": Str(description="Policy is Deny, AllowList or Open.", enum=("Deny", "AllowList", "Open")),
+                "presets": strings("Presets add curated host lists such as python-packages or huggingface.",
+                                   unique=True),
+            }),
+        }),
+        "outputs": List(description="Outputs are files or directories collected when an index succeeds (at most 32). "
+                                    "Everything under /nodus/outputs is also collected as the output named “outputs”.",
+                        items=_OUTPUT, max_items=32, unique_key="name"),
+        "parallelism": Int(description="Parallelism is how many indexes run at once (1 to min(completions, 256)).",
+                           minimum=1, maximum=256, default=1),
+        "placement": PLACEMENT,
+        "recovery": RECOVERY,
+        "resources": RESOURCES,
+        "scaledownWindow": duration("ScaledownWindow keeps the capacity warm for reuse this long after the Job ends "
+                                    "(0s–20m).", maximum="20m"),
+        "secrets": List(description="SecretMount mounts one Secret, optionally pinned to a version. The bare name is "
+                                    "accepted on write.", unique_key="name", items=Obj(
+            description="SecretMount mounts one Secret, optionally pinned to a version.",
+            required=("name",),
+            fields={"name": Str(description="Name is the Secret.", pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE),
+                    "version": Int(description="Version pins a version; unset pins the latest at admission.",
+                                   minimum=1)})),
+        "serviceAccountName": Str(description="ServiceAccountName is the identity the Job's workload runs as."),
+        "sidecars": SIDECARS,
+        "source": Obj(description="Source is the code for the container: exactly one of git and blob.",
+                      one_of=(("git", "blob"),), fields={
+                          "blob": Str(description="Blob is sha256:<hex digest> of an uploaded archive.",
+                                      pattern=r"^sha256:[0-9a-f]{64}$",
+                                      pattern_message="must be sha256: followed by 64 lowercase hexadecimal digits"),
+                          "git": Obj(description="GitSource is a repository checkout.", required=("repo",), fields={
+                              "path": Str(description="Path is the checkout path (default workingDir)."),
+                              "ref": Str(description="Ref is a branch, tag or commit."),
+                              "repo": Str(description="Repo is owner/name or an https:// URL.",
+                                          pattern=r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+|https://\S+)$",
+                                          pattern_message="must be owner/name or an https:// URL"),
+                          }),
+                      }),
+        "state": Str(description="State is the desired state: Running (the default), Suspended, or Cancelled, the "
+                                 "cancel state that stops the Job for good.", enum=STATES, default="Running"),
+        "timeout": duration("Timeout is the wall-clock limit counted from the first Provisioning, excluding time "
+                            "spent Suspended. The Job then fails with DeadlineExceeded.", positive=True),
+        "ttlSecondsAfterFinished": Int(description="TTLSecondsAfterFinished deletes the Job, its outputs and "
+                                                   "checkpoints this long after it finishes.", minimum=0),
+        "volumes": List(description="VolumeMount mounts a Volume.", unique_key="mountPath", items=Obj(
+            description="VolumeMount mounts a Volume.",
+            required=("volume", "mountPath"),
+            checks=(_volume_mount,),
+            fields={"mountPath": Str(description="MountPath is the absolute mount point; system paths are refused.",
+                                     checks=(_not_system_path,)),
+                    "readOnly": Bool(description="ReadOnly mounts it read-only."),
+                    "revision": Int(description="Revision pins a revision; only with readOnly.", minimum=0),
+                    "volume": Str(description="Volume names the Volume.")})),
+        "workingDir": Str(description="WorkingDir is the directory the command starts in.", checks=(_absolute,)),
+    },
+)
+
+# -- folding -----------------------------------------------------------------------------------------
+
+_GPU_SHORTHAND = re.compile(r"^([A-Za-z0-9._-]+)(?::([0-9]+))?$")
+
+
+def fold_gpu(value: Any, path: str) -> tuple[Any, list[Cause]]:
+    """`"H100:1"` → `{"type": ["H100"], "count": 1}`, the shorthand the spec pages use; others unchanged."""
+    if not isinstance(value, str):
+        return value, []
+    m = _GPU_SHORTHAND.match(value)
+    if m is None:
+        return value, [errors.invalid_value(path, value, 'must be an object or the shorthand "TYPE:COUNT" such as "H100:1"')]
+    return {"type": [m.group(1)]} | ({"count": int(m.group(2))} if m.group(2) else {}), []
+
+
+def fold_resources(spec: dict[str, Any], at: str, *, has_distributed: bool = True) -> list[Cause]:
+    """resources.nodes > 1 becomes distributed.nodes; resources.nodes = 1 is dropped."""
+    resources = spec.get("resources")
+    if not isinstance(resources, dict):
+        return []
+    causes: list[Cause] = []
+    if "gpu" in resources:
+        resources["gpu"], causes = fold_gpu(resources["gpu"], f"{at}.resources.gpu")
+    nodes = resources.get("nodes")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        return causes  # decoding reports the type or range
+    if nodes == 1:
+        del resources["nodes"]
+        return causes
+    if not has_distributed:
+        return causes
+    dist = spec.get("distributed")
+    if dist is None:
+        spec["distributed"] = {"nodes": nodes}
+    elif isinstance(dist, dict):
+        if dist.get("totalGPUs") is not None:
+            return causes + [errors.invalid_value(f"{at}.resources.nodes", nodes,
+                                                  f"conflicts with {at}.distributed.totalGPUs (exactly one of nodes and totalGPUs)")]
+        if dist.get("nodes") is not None and dist["nodes"] != nodes:
+            return causes + [errors.invalid_value(f"{at}.resources.nodes", nodes,
+                                                  f"conflicts with {at}.distributed.nodes ({dist['nodes']})")]
+        dist["nodes"] = nodes
+    else:
+        return causes
+    del resources["nodes"]
+    return causes
+
+
+def fold_spec(spec: Any, at: str = "spec") -> list[Cause]:
+    """The Job's aliases, folded into their stored form before decoding."""
+    if not isinstance(spec, dict):
+        return []
+    causes: list[Cause] = []
+    ads = spec.get("activeDeadlineSeconds")
+    if isinstance(ads, int) and not isinstance(ads, bool) and ads >= 1:
+        folded = units.format_duration(ads * units.NS_PER_SECOND)
+        timeout = spec.get("timeout")
+        if timeout is None:
+            spec["timeout"] = folded
+            del spec["activeDeadlineSeconds"]
+        else:
+            try:
+                same = units.parse_duration_ns(timeout) == ads * units.NS_PER_SECOND
+            except ValueError:
+                same = True  # timeout's own error is reported by decoding
+            if same:
+                del spec["activeDeadlineSeconds"]
+            else:
+                causes.append(errors.invalid_value(f"{at}.activeDeadlineSeconds", ads,
+                                                   f"conflicts with {at}.timeout ({errors.render_value(timeout)})"))
+    causes += fold_resources(spec, at)
+    secrets = spec.get("secrets")
+    if isinstance(secrets, list):
+        spec["secrets"] = [{"name": s} if isinstance(s, str) else s for s in secrets]
+    return causes
+
+
+def complete_spec(spec: dict[str, Any]) -> None:
+    """Defaults that depend on other fields: the checkpoint format is Dcp for a distributed Job."""
+    checkpoint = get(spec, "recovery.checkpoint")
+    if isinstance(checkpoint, dict) and "format" not in checkpoint:
+        checkpoint["format"] = "Dcp" if "distributed" in spec else "Snapshot"
+
+
+# -- cross-field rules -------------------------------------------------------------------------------
+
+def distributed_rules(spec: dict[str, Any], at: str) -> list[Cause]:
+    dist = spec.get("distributed")
+    if not isinstance(dist, dict):
+        return []
+    causes: list[Cause] = []
+    per_node = dist.get("gpusPerNode")
+    count = get(spec, "resources.gpu.count")
+    if per_node is not None and count is not None and per_node != count:
+        causes.append(errors.invalid_value(f"{at}.distributed.gpusPerNode", per_node,
+                                           f"must equal {at}.resources.gpu.count ({count})"))
+    total = dist.get("totalGPUs")
+    per = per_node or count
+    if isinstance(total, int) and isinstance(per, int) and 2 <= total <= 64:
+        if total % per:
+            causes.append(errors.invalid_value(f"{at}.distributed.totalGPUs", total,
+                                               f"must be a multiple of the GPUs per node ({per})"))
+        elif total // per > BETA_MAX_NODES:
+            causes.append(errors.invalid_value(
+                f"{at}.distributed.totalGPUs", total,
+                f"resolves to {total // per} nodes of {per} GPUs; at most {BETA_MAX_NODES} nodes during the beta"))
+    return causes
+
+
+def spec_rules(spec: dict[str, Any], at: str = "spec") -> list[Cause]:
+    """The Job spec's cross-field rules; `at` is where the spec sits (Sweep: spec.template.spec)."""
+    causes: list[Cause] = []
+    if not spec.get("command") and not spec.get("image"):
+        causes.append(errors.required(f"{at}.command", "a Job needs a command or an image"))
+    completions, parallelism = spec.get("completions"), spec.get("parallelism")
+    if isinstance(completions, int) and isinstance(parallelism, int) and 1 <= completions < parallelism <= 256:
+        causes.append(errors.invalid_value(f"{at}.parallelism", parallelism,
+                                           f"must be at most min(completions, 256) = {completions}"))
+    egress = get(spec, "network.egress") or {}
+    if egress.get("allow") and egress.get("policy") != "AllowList":
+        causes.append(errors.forbidden(f"{at}.network.egress.allow", "allowed only with policy AllowList"))
+    causes += distributed_rules(spec, at)
+    return causes
+
+
+def body_rules(body: dict[str, Any]) -> list[Cause]:
+    spec = body.get("spec")
+    return spec_rules(spec) if isinstance(spec, dict) else []
+
+
+def fold_body(body: dict[str, Any]) -> list[Cause]:
+    return fold_spec(body.get("spec"))
+
+
+def complete_body(body: dict[str, Any]) -> None:
+    if isinstance(body.get("spec"), dict):
+        complete_spec(body["spec"])
+
+
+# -- references --------------------------------------------------------------------------------------
+
+def secret_version(secret: dict[str, Any], version: int | None) -> dict[str, Any] | None:
+    """`{version, versionID, keys}` of a stored Secret's version (None: the latest), or None if absent."""
+    status = secret.get("status") or {}
+    versions = [v for v in status.get("versions") or [] if isinstance(v, dict)]
+    if version is None:
+        if status.get("version") is not None:
+            return {"version": status["version"], "versionID": status.get("versionID"), "keys": status.get("keys")}
+        return max(versions, key=lambda v: v.get("version", 0), default=None)
+    for v in versions:
+        if v.get("version") == version:
+            return v
+    if status.get("version") == version:
+        return {"version": version, "versionID": status.get("versionID"), "keys": status.get("keys")}
+    return None
+
+
+def secret_references(spec: dict[str, Any], at: str) -> tuple[dict[str, tuple[str, int | None]], list[tuple[str, str, str]]]:
+    """Mounted secrets {name: (path, version)} and key references [(path, secret, key)]."""
+    mounts: dict[str, tuple[str, int | None]] = {}
+    for i, mount in enumerate(spec.get("secrets") or []):
+        if isinstance(mount.get("name"), str):  # a missing name is reported by decoding
+            mounts.setdefault(mount["name"], (f"{at}.secrets[{i}]", mount.get("version")))
+    keys: list[tuple[str, str, str]] = []
+    envs = [(f"{at}.env", spec.get("env") or [])]
+    envs += [(f"{at}.sidecars[{j}].env", s.get("env") or []) for j, s in enumerate(spec.get("sidecars") or [])]
+    for env_path, env in envs:
+        for i, var in enumerate(env):
+            ref = get(var, "valueFrom.secretKeyRef")
+            if isinstance(ref, dict) and "name" in ref and "key" in ref:
+                keys.append((f"{env_path}[{i}].valueFrom.secretKeyRef", ref["name"], ref["key"]))
+    return mounts, keys
+
+
+async def resolve_secrets(spec: dict[str, Any], lookup: Any, project: str, at: str = "spec") -> Resolution:
+    """Every referenced Secret exists, pinned versions exist, keys exist; pins {name: version}."""
+    out = Resolution()
+    mounts, keys = secret_references(spec, at)
+    names: dict[str, str] = {name: f"{path}.name" for name, (path, _) in mounts.items()}
+    for path, name, _ in keys:
+        names.setdefault(name, f"{path}.name")
+    pinned: dict[str, dict[str, Any] | None] = {}
+    for name, path in names.items():
+        secret = await lookup.get("secrets", project, name)
+        if secret is None:
+            out.causes.append(not_found(path, name))
+            continue
+        mount_path, version = mounts.get(name, ("", None))
+        chosen = secret_version(secret, version)
+        if chosen is None and version is not None:
+            out.causes.append(not_found(f"{mount_path}.version", version))
+            continue
+        pinned[name] = chosen
+        if chosen is not None and chosen.get("version") is not None:
+            out.status.setdefault("secretVersions", {})[name] = chosen["version"]
+            if chosen.get("versionID") is not None:
+                out.status.setdefault("secretVersionIDs", {})[name] = chosen["versionID"]
+    for path, name, key in keys:
+        chosen = pinned.get(name)
+        if chosen is None or chosen.get("keys") is None:
+            continue  # a missing Secret is reported above; a Secret without recorded keys cannot be checked
+        if key not in chosen["keys"]:
+            have = ", ".join(sorted(chosen["keys"])) or "none"
+            out.causes.append(errors.invalid_value(
+                f"{path}.key", key, f'not a key of Secret "{name}" version {chosen.get("version")} (keys: {have})'))
+    return out
+
+
+async def _resolve(body: dict[str, Any], lookup: Any, project: str) -> Resolution:
+    spec = body.get("spec")
+    return await resolve_secrets(spec, lookup, project) if isinstance(spec, dict) else Resolution()
+
+
+# -- status (shape only: admit_status checks types and unknown fields) --------------------------------
+
+def _s(description: str = "") -> Str:
+    return Str(description=description)
+
+
+def _i(description: str = "") -> Int:
+    return Int(description=description)
+
+
+def _b(description: str = "") -> Bool:
+    return Bool(description=description)
+
+
+def _o(description: str, **fields: Any) -> Obj:
+    return Obj(description=description, fields=fields)
+
+
+def _l(description: str, item: Any) -> List:
+    return List(description=description, items=item)
+
+
+CONDITIONS = _l("Conditions are the latest observations.", _o(
+    "Condition is one observation, as in Kubernetes.",
+    lastTransitionTime=_s("LastTransitionTime is when status last changed."),
+    message=_s("Message is a human-readable explanation."),
+    observedGeneration=_i("ObservedGeneration is the generation the condition was set for."),
+    reason=_s("Reason is a CamelCase reason."),
+    status=_s("Status is True, False or Unknown."),
+    type=_s("Type is the condition type.")))
+
+COST = _o(
+    "Cost is status.cost on every kind that spends money. It is a display copy of the ledger: amounts are decimal "
+    "USD strings, and nothing is charged from these fields.",
+    bySegment=_o("CostSegments splits a charge by billing segment.",
+                 bootUSD=_s("BootUSD is the charge from the start of billing until the program started."),
+                 coveredByNodus=_l("CoveredByNodus lists the segments (Boot, Running, Restore, Teardown) with time "
+                                   "Nodus paid for instead of charging it, such as the start and teardown of a run "
+                                   "that failed because of Nodus.", _s()),
+                 restoreUSD=_s("RestoreUSD is the charge for bringing a replacement up after capacity was lost."),
+                 runningUSD=_s("RunningUSD is the charge while the program ran."),
+                 teardownUSD=_s("TeardownUSD is the charge from stop until deletion was confirmed, with the billing "
+                                "increment.")),
+    final=_b("Final is true once the final charge has posted."),
+    fundedUntilTime=_s("FundedUntilTime is when the current holds stop paying for the object."),
+    heldUSD=_s("HeldUSD is what is currently held for it."),
+    limitUSD=_s("LimitUSD is the object’s maxCostUSD, if it has one."),
+    rateUSDPerHour=_s("RateUSDPerHour is the sum of the hourly rates of its capacity that is still billing."),
+    totalUSD=_s("TotalUSD is what has been charged for this object so far."))
+
+
+def _band(description: str, what: str) -> Obj:
+    return _o(description, p50=_s(f"P50 is the median {what}."), p90=_s(f"P90 is the 90th-percentile {what}."))
+
+
+_USD_BAND = "USDBand is a median and a 90th-percentile amount in USD."
+_DURATION_BAND = "DurationBand is a median and a 90th-percentile duration, as Go duration strings."
+
+ESTIMATE = _o(
+    "Estimate is returned in status.estimate by a dry-run (?dryRun=All) and on create for every compute kind "
+    "(ADR-031). Amounts are decimal USD strings; the ETag of the dry-run response binds a later create to it.",
+    assemblyBoundUSD=_s("AssemblyBoundUSD is the most a multi-node Job can cost if its members never assemble."),
+    blockingReasons=_l("BlockingReasons say why a real create would fail now, with the amounts and a fix.", _o(
+        "BlockingReason says why a create would fail now.",
+        code=_s("Code is the error code the create would return, for example InsufficientCredits."),
+        fix=_s("Fix says what to do."),
+        message=_s("Message states the reason with the amounts involved."))),
+    concurrentHoldUSD=_s("ConcurrentHoldUSD is the total of the holds for every slot that starts at once."),
+    costUSD=_band(_USD_BAND, "amount"),
+    gangHoldUSD=_s("GangHoldUSD is the total of the member holds of a multi-node Job."),
+    holdUSD=_s("HoldUSD is the first hold that must fit your balance, every matching Budget and the object’s own cap."),
+    minimumChargeUSD=_s("MinimumChargeUSD is the billing increment rounding charged once per allocation."),
+    overheadUSD=_band(_USD_BAND, "amount"),
+    placementPreview=_o("PlacementPreview is the customer-safe description of the capacity a create would use.",
+                        explain=_s("Explain is the scheduler’s explanation, the same shape as Attempt "
+                                   "status.placement.explain."),
+                        interruptible=_b("Interruptible reports whether the capacity can be reclaimed."),
+                        offering=_s("Offering is the offering id, for example h100-sxm-80g-x8-us."),
+                        regionClass=_s("RegionClass is the region class of the offering."),
+                        warmReuse=_b("WarmReuse reports whether warm capacity would be reused.")),
+    pricebookVersion=_s("PricebookVersion is the price book the estimate used."),
+    rateUSDPerHour=_s("RateUSDPerHour is the hourly rate of the chosen capacity."),
+    startup=_o("StartupEstimate is the expected time to start.",
+               cold=_band(_DURATION_BAND, "duration"), warm=_band(_DURATION_BAND, "duration")),
+    topology=_s("Topology is the resolved multi-node topology of a gang Job."),
+    validUntil=_s("ValidUntil is when the prices this estimate used stop being current. A create bound by If-Match "
+                  "is admitted after it too, and never placed above rateUSDPerHour plus 10 %."),
+    warnings=_l("Warnings are non-blocking notes, for example ColdStart or InterruptibleSelected.", _o(
+        "EstimateWarning is a non-blocking note on an estimate.",
+        code=_s("Code is the CamelCase warning code."),
+        message=_s("Message explains the warning."))))
+
+JOB_STATUS = _o(
+    "JobStatus is what Nodus observed about a Job.",
+    active=_i("Active is the number of indexes with a live attempt."),
+    attempts=_o("AttemptCounts counts attempts of one slot.",
+                current=_i("Current is the current attempt’s number, from 1."),
+                max=_i("Max is recovery.maxAttempts."),
+                total=_i("Total is how many attempts have run.")),
+    checkpoint=_o("CheckpointStatus is the latest committed checkpoint.",
+                  interval=_s("Interval is the cadence in use."),
+                  restoredFromSeq=_i("RestoredFromSeq is the checkpoint the current attempt restored."),
+                  seq=_i("Seq is the checkpoint sequence number."),
+                  size=_i("Size is its size in bytes."),
+                  time=_s("Time is when it committed.")),
+    completedIndexes=_s("CompletedIndexes lists the succeeded indexes as compressed ranges, for example 0-3,5."),
+    completionTime=_s("CompletionTime is when the Job reached a terminal phase."),
+    conditions=CONDITIONS,
+    cost=COST,
+    estimate=ESTIMATE,
+    failed=_i("Failed is the number of customer failures (non-zero exits, OOM) across all indexes."),
+    fix=_s("Fix is the reason’s documented fix."),
+    gang=_o("GangStatus is the current epoch of a gang Job, in offering keys only.",
+            epoch=_i("Epoch is the gang epoch."),
+            members=_l("Members are the ranks of this epoch.", _o(
+                "GangMember is one rank of a gang epoch.",
+                attempt=_s("Attempt is the rank’s attempt id."),
+                offering=_s("Offering is the rank’s offering key."),
+                path=_s("Path is Private, Public, Direct or Relayed."),
+                phase=_s("Phase is the rank attempt’s phase."),
+                rank=_i("Rank is 0..size-1."),
+                regionClass=_s("RegionClass is the rank’s region class."))),
+            phase=_s("Phase is Queued, Assembling, Meshing, Starting, Running, Recovering, Stopping, Releasing or Done."),
+            probe=_o("GangProbe is a measured network path.",
+                     busGbps=_s("BusGbps is the measured all-reduce bus bandwidth."),
+                     measuredTime=_s("MeasuredTime is when it was measured."),
+                     path=_s("Path is the measured path."),
+                     rttMs=_s("RTTMs is the measured round-trip time.")),
+            ready=_i("Ready is how many ranks registered, meshed and passed the probe."),
+            rendezvous=_s("Rendezvous is rank 0’s advertised address."),
+            restarts=_i("Restarts counts gang restarts."),
+            size=_i("Size is the number of ranks."),
+            started=_i("Started is how many ranks started the command."),
+            transport=_s("Transport is the weakest pair’s path: Private, Public, Direct or Relayed.")),
+    handledRequests=Map(description="HandledRequests records the last handled *-requested-at annotation per action.",
+                        values=_s()),
+    image=_o("ImageStatus is the pinned image.",
+             digest=_s("Digest is the pinned digest."),
+             reference=_s("Reference is the image as written."),
+             user=_s("User is the user the image’s config runs its process as (root when it names none). Only an "
+                     "image that runs as root is placed on offerings that start the Nodus node agent inside the "
+                     "image itself.")),
+    inputs=_l("Inputs are the pinned inputs.", _o(
+        "InputStatus is a pinned input.",
+        name=_s("Name is the input."),
+        sha256=_s("SHA256 is the verified digest."),
+        volumeRevision=_i("VolumeRevision is the pinned Volume revision."))),
+    inputsReadyTime=_s("InputsReadyTime is when declared inputs finished materializing."),
+    links=_l("Links are related pages, for example W&B runs.", _o(
+        "Link is a related page.", kind=_s("Kind names the link, for example wandb."), url=_s("URL is the page."))),
+    message=_s("Message is a scrubbed explanation (at most three log lines for a customer exit)."),
+    observedGeneration=_i("ObservedGeneration is the spec generation the status reflects."),
+    outputs=_l("Outputs are the committed outputs.", _o(
+        "OutputStatus is a committed output.",
+        index=_i("Index is the Job index that produced it."),
+        name=_s("Name is the declared output."),
+        path=_s("Path is where it was collected from."),
+        rank=_i("Rank is the gang rank that produced it (fromRanks All)."),
+        sha256=_s("SHA256 is the content digest."),
+        sink=_o("SinkStatus is the state of one sink load.",
+                message=_s("Message explains a failure."),
+                phase=_s("Phase is Pending, Loading, Loaded or Failed."),
+                rows=_i("Rows is how many rows were loaded.")),
+        size=_i("Size is the size in bytes."))),
+    phase=_s("Phase is the run-to-completion phase."),
+    placement=_o("JobPlacement is where the current attempt runs, in customer terms.",
+                 interruptible=_b("Interruptible is true on reclaimable capacity."),
+                 offering=_s("Offering is the offering key, for example h100-sxm-80g-x1-us."),
+                 rateUSDPerHour=_s("RateUSDPerHour is the frozen customer rate."),
+                 regionClass=_s("RegionClass is the region class."),
+                 warmReuse=_b("WarmReuse is true when warm capacity was reused.")),
+    progress=_o("Progress is what the program reported.",
+                metrics=Map(description="Metrics are the latest scalar metrics, as decimal strings.", values=_s()),
+                stage=_s("Stage is a domain stage name."),
+                units=_o("ProgressUnits counts work units.",
+                         completed=_i("Completed is units done."),
+                         total=_i("Total is units planned, when known."))),
+    reason=_s("Reason says why the Job failed, stopped for good or is suspended."),
+    secretVersionIDs=Map(description="SecretVersionIDs identify the pinned versions, which every attempt receives: a "
+                                     "Secret deleted and recreated under the same name is a different Secret.",
+                         values=_s()),
+    secretVersions=Map(description="SecretVersions are pinned at admission; replacements reuse them.", values=_i()),
+    source=_o("SourceStatus is the resolved code.",
+              blob=_s("Blob is the uploaded blob."),
+              commit=_s("Commit is the resolved git commit.")),
+    startTime=_s("StartTime is the first Running."),
+    stopByTime=_s("StopByTime is the funded edge while Funded is False: a money-driven suspend checkpoints until then "
+                  "and stops without the checkpoint once it passes (ADR-086)."),
+    storage=_o("StorageStatus is the bytes a Job owns.",
+               billedBytes=_i("BilledBytes is the share above the free inclusion."),
+               bytes=_i("Bytes is checkpoints plus outputs.")),
+    succeeded=_i("Succeeded is the number of indexes that succeeded."),
+    suspendFailures=_i("SuspendFailures counts the failed checkpoints of the current customer suspend. After the first "
+                       "try and two retries the Job keeps running with SuspendFailed; the count resets when "
+                       "spec.state leaves Suspended."),
+    suspendedDuration=_s("SuspendedDuration is the time spent Suspended since timeoutStartTime; spec.timeout does not "
+                         "count it."),
+    timeoutStartTime=_s("TimeoutStartTime is the first Provisioning, where the spec.timeout clock starts."),
+    timeoutTime=_s("TimeoutTime is when spec.timeout fires: timeoutStartTime plus the current spec.timeout plus "
+                   "suspendedDuration, so an edit to spec.timeout moves it."),
+    topology=_o("Topology is the resolved shape of a gang Job; it never changes across epochs.",
+                accelerator=_s("Accelerator is the resolved accelerator id."),
+                gpusPerNode=_i("GPUsPerNode is the GPUs on each node."),
+                network=_s("Network is the locality the gang was placed under."),
+                nodes=_i("Nodes is the gang size."),
+                resolvedFrom=_s("ResolvedFrom is Nodes or TotalGPUs."),
+                totalGPUs=_i("TotalGPUs is nodes × gpusPerNode.")),
+    unitMetrics=_o("UnitMetrics summarize per-unit timings.",
+                   completed=_i("Completed is units done."),
+                   costPerUnitUSD=_s("CostPerUnitUSD is cost divided by units."),
+                   p50Ms=_i("P50Ms is the median unit time."),
+                   p95Ms=_i("P95Ms is the 95th percentile unit time.")))
+
+
+JOB = KindSchema(
+    kind="Job",
+    description="Job is a run-to-completion container with checkpoints, recovery from preemption, Indexed "
+                "completions, multi-node gangs (Beta), a cost estimate before launch and exact prepaid billing. "
+                "Every index runs as Attempts.",
+    body=Obj(fields={"spec": JOB_SPEC}, required=("spec",)),
+    status=JOB_STATUS,
+    rules=body_rules,
+    fold=fold_body,
+    complete=complete_body,
+    resolve=_resolve,
+    mutable=("spec.parallelism", "spec.backoffLimit", "spec.timeout", "spec.maxCostUSD", "spec.recovery.maxAttempts",
+             "spec.recovery.checkpoint.interval", "spec.recovery.checkpoint.retainAfterFinish",
+             "spec.ttlSecondsAfterFinished", "spec.state"),
+    raise_only=("spec.maxCostUSD",),
+)
+
+__all__ = ["JOB", "JOB_SPEC", "GPU", "RESOURCES", "PLACEMENT", "DISTRIBUTED", "ENV_VAR", "INIT_COMMAND", "SIDECARS",
+           "RECOVERY", "STATES", "DNS_LABEL", "DNS_LABEL_MESSAGE", "CONDITIONS", "COST", "ESTIMATE", "not_found",
+           "fold_spec", "fold_resources", "fold_gpu", "complete_spec", "spec_rules", "resolve_secrets",
+           "secret_version", "env_list", "JOB_STATUS"]
