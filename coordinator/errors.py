@@ -6,10 +6,17 @@ table, so REST (metav1.Status), gRPC (status code + details) and the CLI all say
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 DOCS_BASE = "https://docs.nodus.dev/errors/"
+
+
+def new_request_id() -> str:
+    """Time-ordered, so logs sort by it; every response carries one and the server logs it."""
+    return f"req_{int(time.time() * 1000):011x}{os.urandom(5).hex()}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,7 @@ from nodus.proto.nodus.v1 import (agent_pb2, gang_pb2, node_pb2, project_pb2, pr
                                   resource_pb2_grpc)
 
 from .api.kinds import resolve
-from .errors import NodusError
-from .gateway.app import new_request_id
+from .errors import NodusError, new_request_id
 from .identity import ALL_PROJECTS, Caller, Identity, Role
 from .metrics import LATENCY, REQUESTS, WATCHERS
 from .resources import ResourceService

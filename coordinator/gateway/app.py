@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import random
 import time
 from typing import Any, Awaitable, Callable
@@ -18,7 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..api.kinds import KindInfo, resolve
-from ..errors import NodusError
+from ..errors import NodusError, new_request_id
 from ..identity import Caller
 from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
 from ..resources import ResourceService, WatchEvent
@@ -35,10 +34,6 @@ _PATCH_TYPES = {
 }
 _FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
 SERVICE: web.AppKey[ResourceService] = web.AppKey("service", ResourceService)
-
-
-def new_request_id() -> str:
-    return f"req_{int(time.time() * 1000):011x}{os.urandom(5).hex()}"
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
