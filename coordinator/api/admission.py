@@ -231,6 +231,8 @@ async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, p
     obj = _as_object(obj)
     ks = schema_for(info)
     p = _decode_object(info, obj, mode, project=project)
+    if ks.create_rules is not None:
+        _add_unique(p.ctx.causes, ks.create_rules(p.body))
     status = copy.deepcopy(obj.get("status"))  # passed through: the resource service decides
     if ks.resolve is not None:
         resolution = await ks.resolve(p.body, lookup, project)

@@ -134,6 +134,8 @@ DISTRIBUTED = Obj(
                         enum=("Plain", "Torchrun", "Ray", "Verl", "Accelerate", "Deepspeed"), default="Plain"),
         "maxAssemblyRetries": Int(description="MaxAssemblyRetries is how many times a timed-out assembly is re-placed "
                                               "(0–5, default 2).", minimum=0, maximum=5, default=2),
+        # launcher, network and transport defaults are not on the spec page: Plain needs nothing of the
+        # program, Regional is the middle locality, and Auto lets a gang form over relayed paths.
         "network": Str(description="Network is Colocated (one provider and region), Regional (one region class) or Global.",
                        enum=("Colocated", "Regional", "Global"), default="Regional"),
         "nodes": Int(description="Nodes is the gang size (2–16; the beta caps it at 8). Exactly one of nodes and totalGPUs.",
@@ -296,6 +298,7 @@ JOB_SPEC = Obj(
         "activeDeadlineSeconds": Int(description="ActiveDeadlineSeconds is accepted as an alias of timeout on write "
                                                  "and folded into it.", minimum=1),
         "args": strings("Args are appended to the command (or to the image's entrypoint)."),
+        # The spec page gives only the range; 6 is Kubernetes' batch/v1 Job default.
         "backoffLimit": Int(description="BackoffLimit is how many customer failures (non-zero exits, OOM) across all "
                                         "indexes are retried before the Job fails (0–100).",
                             minimum=0, maximum=100, default=6),
@@ -328,6 +331,7 @@ JOB_SPEC = Obj(
         "outputs": List(description="Outputs are files or directories collected when an index succeeds (at most 32). "
                                     "Everything under /nodus/outputs is also collected as the output named “outputs”.",
                         items=_OUTPUT, max_items=32, unique_key="name"),
+        # Unset parallelism runs one index at a time, as a Kubernetes Job does.
         "parallelism": Int(description="Parallelism is how many indexes run at once (1 to min(completions, 256)).",
                            minimum=1, maximum=256, default=1),
         "placement": PLACEMENT,

@@ -379,6 +379,8 @@ def _check_format(node: Str, value: str, path: str, ctx: Decoding) -> str:
     if low_bad or high_bad:
         ctx.causes.append(errors.invalid_value(path, value, range_rule(node)))
     if fmt == "duration":
+        # Stored in Go's canonical form (as a metav1.Duration round-trips), so "24h" and "1440m" are
+        # the same value to the immutability check and to every reader.
         return units.format_duration(units.parse_duration_ns(value))
     return value
 
@@ -463,6 +465,8 @@ class KindSchema:
     """Dotted paths within the body that may change on update; the rest is immutable."""
     raise_only: tuple[str, ...] = ()
     """Money paths that may only be raised on update."""
+    create_rules: Callable[[dict[str, Any]], list[Cause]] | None = None
+    """Rules for a create only (a Secret must bring at least one key; an update may keep the stored ones)."""
     inherit: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
     """On update: carry over from the old body what the new one may leave out (Secret data)."""
     finish: Callable[[dict[str, Any]], None] | None = None

@@ -60,14 +60,25 @@ SECRET_STATUS = Obj(description="SecretStatus describes the stored versions (nev
 })
 
 
+_AT_LEAST_ONE = "a Secret needs at least one key in data or stringData"
+
+
 def body_rules(body: dict[str, Any]) -> list[Cause]:
-    if not body.get("data") and not body.get("stringData"):
-        return [errors.required("data", "a Secret needs at least one key in data or stringData")]
+    """Values that are sent must hold at least one key (`data: {}` would store an empty version)."""
+    if ("data" in body or "stringData" in body) and not body.get("data") and not body.get("stringData"):
+        return [errors.required("data", _AT_LEAST_ONE)]
     return []
 
 
+def create_rules(body: dict[str, Any]) -> list[Cause]:
+    return [] if body.get("data") or body.get("stringData") else [errors.required("data", _AT_LEAST_ONE)]
+
+
 def inherit(old: dict[str, Any], new: dict[str, Any]) -> None:
-    """An update without values (a label change, say) keeps the stored values: no new version."""
+    """An update without values (a label change, say) keeps the stored values: no new version.
+
+    The resource service keeps values in its vault, so `old` usually has no data and the new
+    object simply has none either; the service then writes no new version."""
     if "data" not in new and "stringData" not in new and old.get("data"):
         new["data"] = dict(old["data"])
 
@@ -88,6 +99,7 @@ SECRET = KindSchema(
     body=SECRET_BODY,
     status=SECRET_STATUS,
     rules=body_rules,
+    create_rules=create_rules,
     inherit=inherit,
     finish=finish,
     mutable=("data", "stringData"),

@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 
 from .. import errors
 from ..errors import Cause
-from .job import CONDITIONS, DNS_LABEL, DNS_LABEL_MESSAGE, INIT_COMMAND, RESOURCES, SIDECARS, fold_resources
+from .job import CONDITIONS, INIT_COMMAND, RESOURCES, SIDECARS, fold_resources
 from .schema import Bool, Free, Int, KindSchema, List, Map, Obj, Str, get, strings
 
 PARAMETERS_MAX_BYTES = 64 * 1024
@@ -186,4 +186,4 @@ TRAINING_RUNTIME = KindSchema(
 )
 
 __all__ = ["TRAINING_RUNTIME", "TRAINING_RUNTIME_SPEC", "TASKS", "MODES", "json_schema_causes",
-           "PARAMETERS_MAX_BYTES", "DNS_LABEL", "DNS_LABEL_MESSAGE"]
+           "PARAMETERS_MAX_BYTES"]
