@@ -29,11 +29,23 @@ def _print_table(table: dict[str, Any], wide: bool, header: bool = True, namespa
         print("   ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line strings (scripts in args) as literal blocks, the way people write them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def _dump(obj: Any, output: str) -> None:
     if output == "json":
         sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        sys.stdout.write(yaml.safe_dump(obj, sort_keys=False))
+        sys.stdout.write(yaml.dump(obj, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
 
 
 def _documents(path: str) -> Iterable[dict[str, Any]]:
