@@ -284,7 +284,7 @@ async def start(service: ResourceService, listen: str) -> tuple[grpc.aio.Server,
     port = server.add_insecure_port(listen)
     if port == 0:
         raise SystemExit(f"--grpc-listen {listen}: cannot bind")
-    for name in ("",) + SERVICE_NAMES[:2]:
+    for name in ("",) + SERVICE_NAMES:
         await _health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     return server, port
@@ -294,5 +294,6 @@ def set_serving(server: grpc.aio.Server) -> None:
     if _health is None:
         return
     loop = asyncio.get_running_loop()
+    # Agent, Node and Gang services stay NOT_SERVING until their implementations land.
     for name in ("",) + SERVICE_NAMES[:2]:
         loop.create_task(_health.set(name, health_pb2.HealthCheckResponse.SERVING))
