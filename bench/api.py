@@ -1,0 +1,632 @@
+#!/usr/bin/env python3
+"""REST API benchmark for `nodus-coordinator`, each figure printed beside an anchor measured in the same run.
+
+    .venv/bin/python bench/api.py [--seconds N] [--watchers 100] [--concurrency 64]
+
+Figures (see bench/README.md):
+  A  bare SQLite insert loop, WAL + synchronous=FULL, one INSERT+COMMIT per ~2 KB row   (rows/s)
+  B  bare echo of the same ~2 KB JSON body by a tiny aiohttp app over TLS, own process  (req/s)
+  1  durable creates/s against a real coordinator (201s only; errors counted apart)
+  2  gets/s of existing objects, same client and concurrency
+  3  watch delivery latency: W watch streams, creates at a steady rate, per (watcher, object)
+     latency = ADDED event arrival - time the create's 201 arrived at the creator (CLOCK_MONOTONIC,
+     which is system-wide, so the two processes' stamps compare)
+
+A benchmark, not a test: it asserts nothing. The load generator runs in this process; the
+coordinator, the echo server and the watch client each run in a process of their own.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import signal
+import sqlite3
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+from aiohttp import web
+
+BIN = Path(sys.executable).parent
+JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
+BODY_TARGET = 2048
+TARGET_CREATES = 1000.0
+TARGET_WATCH_P99_MS = 50.0
+WARMUP_S = 1.0
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# bodies
+# ------------------------------------------------------------------------------------------------
+def _padding_env() -> list[dict[str, str]]:
+    """Env entries that bring a Job body to ~BODY_TARGET bytes (computed once, shared by all bodies)."""
+    name = "b-xxxxxx-0000000"
+    env: list[dict[str, str]] = []
+    while len(job_body(name, env)) < BODY_TARGET:
+        env.append({"name": f"PAD_{len(env) + 1}", "value": "x" * 100})
+    if env:
+        over = len(job_body(name, env)) - BODY_TARGET
+        env[-1]["value"] = "x" * max(1, 100 - over)
+    return env
+
+
+def job_body(name: str, env: list[dict[str, str]]) -> bytes:
+    spec: dict[str, Any] = {"command": ["python3", "-c", "print(1)"]}
+    if env:
+        spec["env"] = env
+    return orjson.dumps({"apiVersion": "nodus.dev/v1", "kind": "Job",
+                         "metadata": {"name": name, "labels": {"bench": "api"}}, "spec": spec})
+
+
+# ------------------------------------------------------------------------------------------------
+# process helpers
+# ------------------------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of a process (and its reaped children) from /proc, in seconds; 0 if unreadable."""
+    try:
+        fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CpuMeter:
+    """CPU use of some processes over a phase, as % of one core."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.start = {k: cpu_seconds(p) for k, p in pids.items()}
+        self.t0 = time.monotonic()
+
+    def report(self) -> str:
+        dt = max(time.monotonic() - self.t0, 1e-9)
+        return ", ".join(f"{k} {100 * (cpu_seconds(p) - self.start[k]) / dt:.0f}%" for k, p in self.pids.items())
+
+
+def _exit_with_parent() -> None:
+    """Child processes: ignore Ctrl-C (the parent cleans up) and die if the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    async def watch_parent() -> None:
+        while True:
+            await asyncio.sleep(1)
+            if os.getppid() != parent:
+                os._exit(1)
+    return watch_parent  # type: ignore[return-value]
+
+
+@dataclass
+class Coordinator:
+    data_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    http: str = ""
+    token: str = ""
+    ca: Path = field(default_factory=Path)
+    log: Path = field(default_factory=Path)
+
+    def start(self, timeout: float = 60) -> None:
+        self.log = self.data_dir.parent / "coordinator.log"
+        out = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [str(BIN / "nodus-coordinator"), "--data-dir", str(self.data_dir),
+             "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--log-level", "WARNING"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        endpoints = self.data_dir / "endpoints.json"
+        deadline = time.monotonic() + timeout
+        while not endpoints.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nodus-coordinator exited {self.proc.returncode}:\n{self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nodus-coordinator did not start in {timeout:.0f}s:\n{self.log.read_text()}")
+            time.sleep(0.05)
+        self.http = orjson.loads(endpoints.read_bytes())["http"]
+        config = yaml.safe_load((self.data_dir / "kubeconfig").read_text())
+        self.token = config["users"][0]["user"]["token"]
+        self.ca = self.data_dir.parent / "ca.crt"
+        self.ca.write_bytes(base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]))
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+def stop_process(p: mp.process.BaseProcess | None) -> None:
+    if p is None or p.pid is None:
+        return
+    if p.is_alive():
+        p.terminate()
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+# ------------------------------------------------------------------------------------------------
+# anchor A: bare SQLite
+# ------------------------------------------------------------------------------------------------
+def sqlite_anchor(path: Path, seconds: float) -> tuple[float, int]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID")
+    blob = secrets.token_bytes(BODY_TARGET)
+    n = 0
+    t0 = time.monotonic()
+    end = t0 + seconds
+    while True:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO kv VALUES (?, ?)", (f"k{n:09d}", blob))
+        conn.execute("COMMIT")
+        n += 1
+        if (n & 15) == 0 and time.monotonic() >= end:
+            break
+    dt = time.monotonic() - t0
+    conn.close()
+    return n / dt, n
+
+
+# ------------------------------------------------------------------------------------------------
+# anchor B: the echo server (own process)
+# ------------------------------------------------------------------------------------------------
+def echo_server_main(cert: str, key: str, conn: Any) -> None:
+    parent_watch = _exit_with_parent()
+
+    async def echo(request: web.Request) -> web.Response:
+        obj = orjson.loads(await request.read())
+        return web.Response(body=orjson.dumps(obj), status=201, content_type="application/json")
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/echo", echo)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # as the coordinator's TlsFiles
+        ctx.load_cert_chain(cert, key)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx, backlog=1024)
+        await site.start()
+        conn.send(runner.addresses[0][1])
+        await parent_watch()
+
+    asyncio.run(serve())
+
+
+# ------------------------------------------------------------------------------------------------
+# closed-loop load: C workers, keep-alive, count completions inside the measured window
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class LoadResult:
+    ok: int = 0
+    seconds: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    samples: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    ok_names: list[str] = field(default_factory=list)
+    cpu: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+def client_ssl(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+async def closed_loop(session: aiohttp.ClientSession, concurrency: int, seconds: float, expect: int,
+                      make: Any, meter_pids: dict[str, int]) -> LoadResult:
+    """`make(i)` -> (method, url, body or None, name); counts `expect` statuses finishing in the window."""
+    res = LoadResult()
+    counter = iter(range(10**12))
+    t_start = time.monotonic() + WARMUP_S
+    t_end = t_start + seconds
+    meter: list[CpuMeter] = []
+
+    async def worker() -> None:
+        while True:
+            now = time.monotonic()
+            if now >= t_end:
+                return
+            method, url, body, name = make(next(counter))
+            t0 = time.monotonic()
+            try:
+                async with session.request(method, url, data=body) as r:
+                    payload = await r.read()
+                    status = r.status
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                status, payload = -1, repr(e).encode()
+            t1 = time.monotonic()
+            if t_start <= t1 < t_end:
+                if status == expect:
+                    res.ok += 1
+                    res.latencies.append(t1 - t0)
+                else:
+                    key = f"HTTP {status}" if status > 0 else payload.decode(errors="replace").split("(")[0]
+                    res.errors[key] += 1
+                    if len(res.samples) < 3:
+                        res.samples.append(f"{key}: {payload[:300].decode(errors='replace')}")
+            if status == expect and name:
+                res.ok_names.append(name)
+
+    async def start_meter() -> None:
+        await asyncio.sleep(max(0.0, t_start - time.monotonic()))
+        meter.append(CpuMeter(meter_pids))
+        await asyncio.sleep(max(0.0, t_end - time.monotonic()))
+        res.cpu = meter[0].report()
+
+    await asyncio.gather(start_meter(), *(worker() for _ in range(concurrency)))
+    res.seconds = seconds
+    return res
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+
+
+def lat_text(v: list[float]) -> str:
+    return f"latency p50 {pct(v, .5) * 1e3:.1f} ms, p99 {pct(v, .99) * 1e3:.1f} ms"
+
+
+# ------------------------------------------------------------------------------------------------
+# watch client (own process)
+# ------------------------------------------------------------------------------------------------
+def watch_client_main(base: str, token: str, ca: str, watchers: int, rv: str, conn: Any) -> None:
+    parent_watch = _exit_with_parent()
+
+    async def run() -> None:
+        asyncio.create_task(parent_watch())
+        ctx = ssl.create_default_context(cafile=ca)
+        arrivals: list[dict[str, float]] = [{} for _ in range(watchers)]
+        other: Counter[str] = Counter()
+        errors: list[str] = []
+        opened = asyncio.Semaphore(0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=30)
+        async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=ctx), timeout=timeout,
+                headers={"Authorization": f"Bearer {token}"}) as session:
+
+            async def one(w: int) -> None:
+                got = arrivals[w]
+                try:
+                    async with session.get(f"{base}{JOBS}", params={"watch": "true", "resourceVersion": rv}) as r:
+                        if r.status != 200:
+                            errors.append(f"watcher {w}: HTTP {r.status} {(await r.read())[:300]!r}")
+                            opened.release()
+                            return
+                        opened.release()
+                        async for line in r.content:
+                            t = time.monotonic()
+                            if not line.strip():
+                                continue
+                            ev = orjson.loads(line)
+                            if ev.get("type") == "ADDED":
+                                got.setdefault(ev["object"]["metadata"]["name"], t)
+                            else:
+                                other[ev.get("type", "?")] += 1
+                                if ev.get("type") == "ERROR" and len(errors) < 5:
+                                    errors.append(f"watcher {w}: ERROR event {line[:300]!r}")
+                        errors.append(f"watcher {w}: stream ended by the server")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - reported
+                    errors.append(f"watcher {w}: {e!r}")
+                    opened.release()
+
+            tasks = [asyncio.create_task(one(w)) for w in range(watchers)]
+            t0 = time.monotonic()
+            for _ in range(watchers):
+                await opened.acquire()
+            conn.send(("ready", time.monotonic() - t0, list(errors)))
+            loop = asyncio.get_running_loop()
+            names, wait_s = await loop.run_in_executor(None, conn.recv)
+            want = set(names)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if all(want.issubset(a.keys()) for a in arrivals):
+                    break
+                await asyncio.sleep(0.05)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        result = [{n: a[n] for n in want if n in a} for a in arrivals]
+        conn.send(("done", result, dict(other), errors))
+
+    asyncio.run(run())
+
+
+# ------------------------------------------------------------------------------------------------
+# the run
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class State:
+    tmp: Path
+    coordinator: Coordinator | None = None
+    children: list[mp.process.BaseProcess] = field(default_factory=list)
+
+
+async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -> None:
+    assert st.coordinator is not None
+    c = st.coordinator
+    assert c.proc is not None
+    env = _padding_env()
+    run_id = secrets.token_hex(3)
+    sample = job_body(f"b-{run_id}-0000000", env)
+    results["body_bytes"] = len(sample)
+    spawn = mp.get_context("spawn")
+    ctx = client_ssl(c.ca)
+    timeout = aiohttp.ClientTimeout(total=60)
+
+    def session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=args.concurrency, ssl=ctx, keepalive_timeout=120),
+            timeout=timeout, headers={"Authorization": f"Bearer {c.token}", "Content-Type": "application/json"})
+
+    # -- anchor B: echo ------------------------------------------------------------------------
+    parent, child = spawn.Pipe()
+    tls_dir = c.data_dir / "tls"
+    echo = spawn.Process(target=echo_server_main, args=(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"), child),
+                         daemon=True, name="bench-echo")
+    echo.start()
+    st.children.append(echo)
+    if not parent.poll(30):
+        raise RuntimeError("echo server did not start")
+    echo_url = f"https://127.0.0.1:{parent.recv()}/echo"
+    log(f"anchor B: echo {len(sample)} B JSON over TLS, concurrency {args.concurrency}, {args.seconds:.0f}s")
+    async with session() as s:
+        res = await closed_loop(s, args.concurrency, args.seconds, 201,
+                                lambda i: ("POST", echo_url, sample, ""),
+                                {"server": echo.pid, "client": os.getpid()})
+    results["echo"] = res
+    stop_process(echo)
+    st.children.remove(echo)
+
+    # -- creates ---------------------------------------------------------------------------------
+    url = c.http + JOBS
+    log(f"creates: concurrency {args.concurrency}, {args.seconds:.0f}s")
+
+    def make_create(i: int) -> tuple[str, str, bytes, str]:
+        name = f"b-{run_id}-{i:07d}"
+        return "POST", url, job_body(name, env), name
+
+    async with session() as s:
+        res = await closed_loop(s, args.concurrency, args.seconds, 201, make_create,
+                                {"server": c.proc.pid, "client": os.getpid()})
+    results["creates"] = res
+    names = res.ok_names
+
+    # -- gets ------------------------------------------------------------------------------------
+    log(f"gets: concurrency {args.concurrency}, {args.seconds:.0f}s over {len(names)} objects")
+    if names:
+        async with session() as s:
+            res = await closed_loop(s, args.concurrency, args.seconds, 200,
+                                    lambda i: ("GET", f"{url}/{names[(i * 7919) % len(names)]}", None, ""),
+                                    {"server": c.proc.pid, "client": os.getpid()})
+        results["gets"] = res
+
+    # -- watch -----------------------------------------------------------------------------------
+    async with session() as s:
+        async with s.get(url, params={"limit": "1"}) as r:
+            body = await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"list for the watch resourceVersion: HTTP {r.status} {body[:500]!r}")
+            rv = orjson.loads(body)["metadata"]["resourceVersion"]
+    log(f"watch: opening {args.watchers} watches at resourceVersion {rv}")
+    parent, child = spawn.Pipe()
+    wproc = spawn.Process(target=watch_client_main, args=(c.http, c.token, str(c.ca), args.watchers, rv, child),
+                          daemon=True, name="bench-watch")
+    wproc.start()
+    st.children.append(wproc)
+    loop = asyncio.get_running_loop()
+    if not await loop.run_in_executor(None, parent.poll, 60):
+        raise RuntimeError("watch client did not report ready in 60s")
+    _, open_s, open_errors = parent.recv()
+    results["watch_open"] = (open_s, open_errors)
+    await asyncio.sleep(0.5)
+    n = int(args.watch_rate * args.watch_seconds)
+    log(f"watch: {n} creates at {args.watch_rate:.0f}/s while {args.watchers} watchers listen")
+    sent: dict[str, float] = {}
+    acked: dict[str, float] = {}
+    werrors: Counter[str] = Counter()
+    meter = CpuMeter({"server": c.proc.pid, "watch client": wproc.pid, "creator": os.getpid()})
+    async with session() as s:
+        async def create(name: str) -> None:
+            sent[name] = time.monotonic()
+            try:
+                async with s.post(url, data=job_body(name, env)) as r:
+                    await r.read()
+                    t = time.monotonic()
+                    if r.status == 201:
+                        acked[name] = t
+                    else:
+                        werrors[f"HTTP {r.status}"] += 1
+            except Exception as e:  # noqa: BLE001 - reported
+                werrors[type(e).__name__] += 1
+
+        t0 = time.monotonic() + 0.05
+        tasks = []
+        for k in range(n):
+            await asyncio.sleep(max(0.0, t0 + k / args.watch_rate - time.monotonic()))
+            tasks.append(asyncio.create_task(create(f"w-{run_id}-{k:07d}")))
+        await asyncio.gather(*tasks)
+    wait_s = 10.0
+    parent.send((list(acked), wait_s))
+    if not await loop.run_in_executor(None, parent.poll, wait_s + 30):
+        raise RuntimeError("watch client did not report results")
+    _, per_watcher, other, errors = parent.recv()
+    results["watch_cpu"] = meter.report()
+    stop_process(wproc)
+    st.children.remove(wproc)
+    lat_ack: list[float] = []
+    lat_sent: list[float] = []
+    for got in per_watcher:
+        for name, t in got.items():
+            lat_ack.append(t - acked[name])
+            lat_sent.append(t - sent[name])
+    expected = len(acked) * args.watchers
+    results["watch"] = {"ack": lat_ack, "sent": lat_sent, "expected": expected, "received": len(lat_ack),
+                        "missed": expected - len(lat_ack), "create_errors": werrors, "other": other,
+                        "errors": errors, "objects": len(acked), "watchers_ok": args.watchers - len(open_errors)}
+
+
+def fmt_rate(v: float) -> str:
+    return f"{v:,.0f}/s"
+
+
+def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    out = []
+    p = out.append
+    p("")
+    p(f"nodus API benchmark - {os.cpu_count()} CPUs, body {results.get('body_bytes', '?')} B, "
+      f"concurrency {args.concurrency}, {args.seconds:.0f}s per throughput phase (+{WARMUP_S:.0f}s warm-up), "
+      f"{args.watchers} watchers")
+    p("")
+    p("details")
+    sq_rate, sq_n = results["sqlite"]
+    p(f"  A  bare SQLite insert (WAL, sync=FULL, 1 row/commit): {sq_n} rows, {fmt_rate(sq_rate)}")
+    for key, label in (("echo", "B  bare 2 KB JSON echo (aiohttp+TLS, own process)"),
+                       ("creates", "1  durable creates (201)"), ("gets", "2  gets (200)")):
+        r: LoadResult | None = results.get(key)
+        if r is None:
+            p(f"  {label}: not run")
+            continue
+        err = sum(r.errors.values())
+        p(f"  {label}: {r.ok} ok, {fmt_rate(r.rate)}, {lat_text(r.latencies)}; errors {err}"
+          + (f" {dict(r.errors)}" if err else "") + f"; CPU: {r.cpu}")
+        for s in r.samples:
+            p(f"       e.g. {s}")
+    w = results.get("watch")
+    if w:
+        open_s, open_errors = results["watch_open"]
+        p(f"  3  watch: {w['watchers_ok']}/{args.watchers} watches opened in {open_s:.2f}s; {w['objects']} objects "
+          f"created at {args.watch_rate:.0f}/s; {w['received']}/{w['expected']} ADDED events received, "
+          f"{w['missed']} missed; other events {w['other'] or 0}; create errors {dict(w['create_errors']) or 0}")
+        a, s = w["ack"], w["sent"]
+        if a:
+            p(f"     latency from the 201 reaching the creator: p50 {pct(a, .5) * 1e3:.1f} ms, "
+              f"p90 {pct(a, .9) * 1e3:.1f} ms, p99 {pct(a, .99) * 1e3:.1f} ms, max {max(a) * 1e3:.1f} ms, "
+              f"min {min(a) * 1e3:.1f} ms (negative: event arrived before the 201)")
+            p(f"     latency from the create being sent:    p50 {pct(s, .5) * 1e3:.1f} ms, "
+              f"p99 {pct(s, .99) * 1e3:.1f} ms")
+        p(f"     CPU: {results.get('watch_cpu', '')}")
+        for e in (open_errors + w["errors"])[:5]:
+            p(f"     error: {e}")
+    p("")
+    echo = results["echo"].rate if results.get("echo") else 0.0
+    rows = []
+    cr = results.get("creates")
+    if cr:
+        rows.append(("durable creates/s", f"{cr.rate:,.0f}", "bare SQLite insert (sync=FULL)", fmt_rate(sq_rate),
+                     f"{cr.rate / sq_rate:.2f}" if sq_rate else "-"))
+        rows.append(("", "", "bare 2 KB JSON echo (same server)", fmt_rate(echo),
+                     f"{cr.rate / echo:.2f}" if echo else "-"))
+        errs = sum(cr.errors.values())
+        if errs:
+            rows.append(("  create errors", f"{errs}", "", "", ""))
+    g = results.get("gets")
+    if g:
+        rows.append(("gets/s", f"{g.rate:,.0f}", "bare 2 KB JSON echo (same server)", fmt_rate(echo),
+                     f"{g.rate / echo:.2f}" if echo else "-"))
+        errs = sum(g.errors.values())
+        if errs:
+            rows.append(("  get errors", f"{errs}", "", "", ""))
+    if w and w["ack"]:
+        rows.append((f"watch p50 / p99 ({args.watchers} watchers)",
+                     f"{pct(w['ack'], .5) * 1e3:.0f} ms / {pct(w['ack'], .99) * 1e3:.0f} ms",
+                     f"target p99 <= {TARGET_WATCH_P99_MS:.0f} ms", "", ""))
+        rows.append(("watch events missed", f"{w['missed']}", "target 0", "", ""))
+    widths = [31, 16, 37, 15, 6]
+    header = ("figure", "value", "anchor", "anchor value", "ratio")
+    p("".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip())
+    for row in rows:
+        p("".join(str(x).ljust(wd) for x, wd in zip(row, widths)).rstrip())
+    p("")
+    verdict = []
+    if cr:
+        verdict.append(f"durable creates >= {TARGET_CREATES:,.0f}/s: {'met' if cr.rate >= TARGET_CREATES else 'NOT met'}"
+                       f" ({cr.rate:,.0f}/s)")
+    if w and w["ack"]:
+        p99 = pct(w["ack"], .99) * 1e3
+        verdict.append(f"watch p99 <= {TARGET_WATCH_P99_MS:.0f} ms: "
+                       f"{'met' if p99 <= TARGET_WATCH_P99_MS and w['missed'] == 0 else 'NOT met'} "
+                       f"({p99:.0f} ms, {w['missed']} missed)")
+    p("targets: " + "; ".join(verdict))
+    print("\n".join(out), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10, help="measured seconds per throughput phase (default 10)")
+    ap.add_argument("--watchers", type=int, default=100, help="watch streams (default 100)")
+    ap.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
+    ap.add_argument("--watch-rate", type=float, default=50, help="creates/s during the watch phase (default 50)")
+    ap.add_argument("--watch-seconds", type=float, default=5, help="length of the watch phase (default 5)")
+    ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
+    args = ap.parse_args()
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.raise_signal(signal.SIGINT)  # handled like Ctrl-C (asyncio.run cancels its tasks cleanly)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us with SIGINT ignored
+    st = State(Path(tempfile.mkdtemp(prefix="nodus-bench-", dir=args.tmp_dir)))
+    results: dict[str, Any] = {}
+    try:
+        log(f"temp dir {st.tmp}; starting nodus-coordinator")
+        st.coordinator = Coordinator(st.tmp / "data")
+        st.coordinator.start()
+        log(f"coordinator at {st.coordinator.http}")
+        log(f"anchor A: bare SQLite insert loop, {args.seconds:.0f}s")
+        results["sqlite"] = sqlite_anchor(st.tmp / "anchor.db", args.seconds)
+        asyncio.run(phases(args, st, results))
+        if st.coordinator.proc is not None and st.coordinator.proc.poll() is not None:
+            log(f"coordinator exited {st.coordinator.proc.returncode} during the run")
+        report(args, results)
+    except KeyboardInterrupt:
+        log("interrupted; cleaning up")
+        sys.exit(130)
+    except Exception:
+        if st.coordinator is not None and st.coordinator.log.exists():
+            tail = st.coordinator.log.read_text(errors="replace")[-4000:]
+            if tail.strip():
+                log(f"coordinator log tail:\n{tail}")
+        raise
+    finally:
+        for p in list(st.children):
+            stop_process(p)
+        if st.coordinator is not None:
+            st.coordinator.stop()
+        shutil.rmtree(st.tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
