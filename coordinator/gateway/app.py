@@ -22,7 +22,7 @@ from ..identity import Caller
 from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
 from ..resources import ResourceService, WatchEvent
 from ..selectors import parse_field_selector, parse_label_selector
-from . import discovery, tables
+from . import discovery, downloads, tables
 
 log = logging.getLogger("nodus.gateway")
 
@@ -75,7 +75,9 @@ async def _middleware(request: web.Request, handler: Callable[[web.Request], Awa
     resource = request.get("resource", "")
     REQUESTS.labels("rest", verb, resource, str(response.status)).inc()
     LATENCY.labels("rest", verb).observe(time.perf_counter() - started)
-    log.debug("%s %s %s -> %s", rid, request.method, request.path_qs, response.status)
+    # Every request is logged with its id; errors at INFO so support can find a customer's requestId.
+    log.log(logging.INFO if response.status >= 400 else logging.DEBUG, "%s %s %s -> %s", rid,
+            request.method, request.path_qs, response.status)
     return response
 
 
@@ -361,6 +363,7 @@ def make_app(service: ResourceService) -> tuple[web.Application, Gateway]:
     r.add_get("/apis/nodus.dev/{version}", gateway.group_version)
     r.add_get("/openapi/v3", gateway.openapi_index)
     r.add_get("/openapi/v3/apis/nodus.dev/{version}", gateway.openapi_doc)
+    downloads.add_routes(app, gateway)  # outputs, logs and volume revisions over the blob store
     base = "/apis/nodus.dev/{version}"
     r.add_route("*", base + "/namespaces/{namespace}/{plural}", gateway.collection)
     r.add_route("*", base + "/namespaces/{namespace}/{plural}/{name}", gateway.item)
