@@ -1,1 +1,4 @@
-"""The node agent (one per GPU host). It lands with the agent issue; only the package exists yet."""
+"""The node agent (one per GPU host): inventory, the Connect stream, attempts under supervisors.
+
+Kept import-free: `python -m nodus.agent.supervisor` starts for every attempt and must stay cheap.
+"""

@@ -1,14 +1,135 @@
-"""`nodus-agent`: the node daemon's entry point.
+"""`nodus-agent`: the node daemon's entry point (one per host, under systemd).
 
-The daemon itself (inventory, the Connect stream, attempts) is the agent issue's work; until it
-lands this entry point says so plainly instead of pretending to join.
+    nodus-agent --coordinator HOST:PORT --node NAME --work-dir DIR --join-token-file FILE
+                [--runtime process] [--region CLASS] [--offering ID] [--labels k=v,…] [--config FILE]
+
+Every flag is also a config-file key and a NODUS_* environment variable (nodus.config). SIGTERM
+stops the agent and leaves every workload running; a restarted agent re-adopts them.
 """
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
+import socket
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nodus import config as daemon_config
+
+if TYPE_CHECKING:  # the daemon (grpc, psutil) is imported only once the flags are good
+    from .daemon import AgentConfig
+
+DEFAULTS = {
+    "coordinator": "127.0.0.1:7070",
+    "work_dir": "/var/lib/nodus/agent",
+    "join_token_file": "/etc/nodus/join-token",
+    "runtime": "process",
+    "region": "",
+    "offering": "",
+    "labels": "",
+    "advertise_address": "",
+    "interruptible": False,
+    "cgroup_root": "nodus",
+    "cgroups": True,
+    "stop_grace": 10.0,
+    "poll_interval": 0.5,
+    "input_ca_file": "",
+    "coordinator_ca": "",
+    "reconnect_base": 0.2,
+    "reconnect_max": 10.0,
+    "workload_user": "",
+    "zygote": True,
+    "log_level": "INFO",
+}
 
 
-def main() -> None:
-    print("nodus-agent: the node agent is not part of this release yet; the coordinator and its "
-          "resource API are (see README.md)", file=sys.stderr)
-    sys.exit(2)
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nodus-agent", description="The Nodus node agent.")
+    p.add_argument("--config", help="YAML file of settings (keys as the long flags, without --)")
+    p.add_argument("--coordinator", help=f"coordinator gRPC HOST:PORT (default {DEFAULTS['coordinator']})")
+    p.add_argument("--node", help="node name, unique in the cluster (default: the host name)")
+    p.add_argument("--work-dir", help=f"state and attempt directories (default {DEFAULTS['work_dir']})")
+    p.add_argument("--join-token-file", help=f"file holding the node join token (default {DEFAULTS['join_token_file']})")
+    p.add_argument("--runtime", choices=["process"], help="how attempts run (default process)")
+    p.add_argument("--region", help="region class of this host (us, eu, …)")
+    p.add_argument("--offering", help="offering id this host is sold as")
+    p.add_argument("--labels", help="k=v,k2=v2 labels placement can select on")
+    p.add_argument("--advertise-address", help="address other hosts reach this one at (default: the primary IP)")
+    p.add_argument("--interruptible", type=_bool, help="the capacity can be reclaimed (spot): true or false")
+    p.add_argument("--cgroup-root", help="cgroup directory attempts go under (default nodus)")
+    p.add_argument("--cgroups", type=_bool, help="put attempts in cgroups (default true)")
+    p.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL when nobody says (default 10)")
+    p.add_argument("--poll-interval", type=float, help="seconds between status polls (default 0.5)")
+    p.add_argument("--input-ca-file", help="extra CA bundle for https:// inputs")
+    p.add_argument("--coordinator-ca", help="CA bundle to reach the coordinator over TLS (default: plaintext)")
+    p.add_argument("--reconnect-base", type=float, help="first reconnect delay in seconds (default 0.2)")
+    p.add_argument("--reconnect-max", type=float, help="longest reconnect delay in seconds (default 10)")
+    p.add_argument("--workload-user", help="run attempts as this user (default: the agent's own user)")
+    p.add_argument("--zygote", type=_bool, help="fork supervisors from a warm process (default true; false "
+                   "starts a Python interpreter per attempt)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.set_defaults(_defaults=DEFAULTS)
+    return p
+
+
+def build_config(args: argparse.Namespace) -> "AgentConfig":
+    from .daemon import AgentConfig
+    from .inventory import parse_labels
+
+    token_file = Path(args.join_token_file)
+    try:
+        token = token_file.read_text().strip()
+    except OSError as e:
+        raise SystemExit(f"nodus-agent: --join-token-file {token_file}: {e.strerror or e}") from e
+    if not token:
+        raise SystemExit(f"nodus-agent: --join-token-file {token_file} is empty")
+    try:
+        labels = parse_labels(args.labels)
+    except ValueError as e:
+        raise SystemExit(f"nodus-agent: --labels: {e}") from e
+    ca = Path(args.coordinator_ca).read_bytes() if args.coordinator_ca else None
+    return AgentConfig(
+        coordinator=args.coordinator, node=args.node or socket.gethostname(), work_dir=Path(args.work_dir).resolve(),
+        token=token, runtime=args.runtime, region=args.region or "", offering=args.offering or "", labels=labels,
+        advertise_address=args.advertise_address or "", interruptible=_bool(args.interruptible),
+        cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
+        poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
+        reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
+        workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = daemon_config.resolve(parser(), argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    cfg = build_config(args)
+    if cfg.workload_user:
+        from .runtime.process import WorkloadUser
+        try:
+            WorkloadUser.lookup(cfg.workload_user)
+        except ValueError as e:
+            raise SystemExit(f"nodus-agent: --workload-user: {e}") from e
+    asyncio.run(_run(cfg))
+
+
+async def _run(cfg: "AgentConfig") -> None:
+    from .daemon import Agent
+
+    await Agent(cfg).run()  # built inside the loop: the gRPC channel binds to the running loop
+
+
+if __name__ == "__main__":
+    main()

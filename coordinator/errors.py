@@ -68,6 +68,22 @@ _CODES = (
     Code("RuntimeNotReady", 422, "FAILED_PRECONDITION",
          "wait for the TrainingRuntime to be Ready, or name a Ready one in spec.runtime"),
     Code("AgentUnavailable", 503, "UNAVAILABLE", "the node agent is unreachable; it is retried automatically"),
+    # Why a Job ended or stopped (status.reason; status.fix is the fix below). A Job's end is not an API
+    # error, but the reason reads the same everywhere, so it lives in the same table.
+    Code("BackoffLimitExceeded", 422, "FAILED_PRECONDITION",
+         "read the failed attempt's log (`nodus logs JOB --index I`), fix the program, then create the Job again "
+         "(or raise spec.backoffLimit for flaky work)"),
+    Code("MaxAttemptsExceeded", 503, "UNAVAILABLE",
+         "capacity was lost more often than spec.recovery.maxAttempts allows: create the Job again, raise "
+         "recovery.maxAttempts, or widen placement"),
+    Code("Cancelled", 409, "CANCELLED", "the Job was cancelled (spec.state Cancelled); create it again to run it"),
+    Code("Suspended", 409, "FAILED_PRECONDITION", "set spec.state to Running to resume the Job"),
+    Code("StaleSession", 409, "FAILED_PRECONDITION",
+         "register again: a newer registration of this node superseded the session (the agent does this itself)"),
+    Code("DigestMismatch", 422, "DATA_LOSS",
+         "the bytes received do not match the declared sha256 or size: upload the content again"),
+    Code("OffsetMismatch", 409, "FAILED_PRECONDITION",
+         "resend the log from the size the server reports (trailer x-log-size)"),
 )
 
 REGISTRY: dict[str, Code] = {c.reason: c for c in _CODES}

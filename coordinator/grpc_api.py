@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from datetime import datetime
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import orjson
@@ -21,10 +21,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from nodus.proto.nodus.v1 import (agent_pb2, gang_pb2, node_pb2, project_pb2, project_pb2_grpc, resource_pb2,
-                                  resource_pb2_grpc)
+from nodus.proto.nodus.v1 import (agent_pb2, blob_pb2, blob_pb2_grpc, gang_pb2, node_pb2, project_pb2,
+                                  project_pb2_grpc, resource_pb2, resource_pb2_grpc)
 
 from .api.kinds import resolve
+from .blobs import BlobStore
 from .errors import NodusError, new_request_id
 from .identity import ALL_PROJECTS, Caller, Identity, Role
 from .metrics import LATENCY, REQUESTS, WATCHERS
@@ -37,8 +38,9 @@ SERVICE_NAMES = tuple(
     f.services_by_name[name].full_name
     for f, name in ((resource_pb2.DESCRIPTOR, "ResourceService"), (project_pb2.DESCRIPTOR, "ProjectService"),
                     (agent_pb2.DESCRIPTOR, "AgentService"), (node_pb2.DESCRIPTOR, "NodeService"),
-                    (gang_pb2.DESCRIPTOR, "GangService"))
+                    (gang_pb2.DESCRIPTOR, "GangService"), (blob_pb2.DESCRIPTOR, "BlobService"))
 )
+BLOB_SERVICE = blob_pb2.DESCRIPTOR.services_by_name["BlobService"].full_name
 
 
 def to_struct(obj: dict[str, Any]) -> struct_pb2.Struct:
@@ -65,7 +67,8 @@ def from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
 def _status(err: NodusError, rid: str) -> grpc.Status:
     code = getattr(grpc.StatusCode, err.code.grpc)
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain="nodus.dev",
-                                       metadata={"fix": err.effective_fix, "docs": err.code.docs, "requestId": rid})
+                                       metadata={**{k: str(v) for k, v in err.extra.items()},
+                                                 "fix": err.effective_fix, "docs": err.code.docs, "requestId": rid})
     details = [info]
     if err.causes:
         details.append(error_details_pb2.BadRequest(field_violations=[
@@ -271,12 +274,28 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
 _health: health.aio.HealthServicer | None = None
 
 
-async def start(service: ResourceService, listen: str) -> tuple[grpc.aio.Server, int]:
-    """Starts the server (health NOT_SERVING until `set_serving`); returns it and the bound port."""
+_served: list[str] = []
+"""Services registered through `start(servicers=…)`, marked SERVING with the built-in ones."""
+AGENT_SERVICE, NODE_SERVICE = SERVICE_NAMES[2], SERVICE_NAMES[3]
+
+
+async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
+                servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = ()) -> tuple[grpc.aio.Server, int]:
+    """Starts the server (health NOT_SERVING until `set_serving`); returns it and the bound port.
+
+    `servicers` are (full service name, function that adds it to the server), for the services built
+    outside this module (AgentService, NodeService)."""
     global _health
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
     resource_pb2_grpc.add_ResourceServiceServicer_to_server(ResourceServicer(service), server)
     project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(service.identity), server)
+    _served.clear()
+    for name, add in servicers:
+        add(server)
+        _served.append(name)
+    if blobs is not None:
+        from .blob_api import BlobServicer  # it imports this module's error translation
+        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity), server)
     _health = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(_health, server)
     reflection.enable_server_reflection(SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -294,6 +313,6 @@ def set_serving(server: grpc.aio.Server) -> None:
     if _health is None:
         return
     loop = asyncio.get_running_loop()
-    # Agent, Node and Gang services stay NOT_SERVING until their implementations land.
-    for name in ("",) + SERVICE_NAMES[:2]:
+    # GangService stays NOT_SERVING until its implementation lands.
+    for name in ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE,) + tuple(_served):
         loop.create_task(_health.set(name, health_pb2.HealthCheckResponse.SERVING))

@@ -28,6 +28,7 @@ CATALOG_PROJECT = "nodus"
 
 _PROJECT_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TOKEN_RE = re.compile(r"^nodus_([a-z0-9]{12})_([A-Za-z0-9_-]{20,})$")
+_JOIN_RE = re.compile(r"^nodusjoin_([a-z0-9]{12})_([A-Za-z0-9_-]{20,})$")
 _CACHE_SECONDS = 5.0
 """How long a verified token stays cached; revocation on this replica clears it at once."""
 
@@ -201,6 +202,20 @@ class Identity:
         record = {"id": token_id, "digest": hashlib.sha256(secret.encode()).hexdigest(), "createTime": _now()}
         await self._store.create(f"_identity/join-tokens/{token_id}", orjson.dumps(record))
         return f"nodusjoin_{token_id}_{secret}"
+
+    async def verify_join_token(self, authorization: str | None) -> str:
+        """Checks an agent's `Bearer nodusjoin_…` value; returns the join token's id, or raises Unauthorized."""
+        if not authorization:
+            raise NodusError("Unauthorized", "no join token was sent",
+                             fix="send the agent join token (DATA_DIR/join-token) as 'authorization: Bearer …'")
+        scheme, _, token = authorization.strip().partition(" ")
+        match = _JOIN_RE.match(token.strip()) if scheme.lower() == "bearer" else None
+        rec = await self._store.get(f"_identity/join-tokens/{match.group(1)}") if match else None
+        if rec is None or match is None or not hmac.compare_digest(
+                hashlib.sha256(match.group(2).encode()).hexdigest(), orjson.loads(rec.value)["digest"]):
+            raise NodusError("Unauthorized", "the join token is not valid",
+                             fix="use the join token in the coordinator's DATA_DIR/join-token")
+        return match.group(1)
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:

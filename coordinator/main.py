@@ -23,6 +23,11 @@ from aiohttp import web
 from nodus import config as daemon_config
 
 from . import grpc_api
+from .api import units
+from .blobs import BlobStore
+from .clock import SystemClock
+from .controllers.plane import ControlPlane
+from .gateway import downloads
 from .gateway.app import make_app
 from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
 from .resources import ResourceService
@@ -40,6 +45,9 @@ DEFAULTS = {
     "tls_cert": "",
     "tls_key": "",
     "compact_interval": 300.0,
+    "lease_duration": "15s",
+    "heartbeat_interval": "3s",
+    "controllers": "on",
     "log_level": "INFO",
 }
 
@@ -139,6 +147,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     identity = Identity(store)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     service = ResourceService(store, identity, vault)
+    lease, heartbeat = _lease_settings(args)
+    plane = ControlPlane(store, service, vault, SystemClock(), lease_duration=lease, heartbeat_interval=heartbeat)
+    await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
     http_host, http_port = _split(args.http_listen)
@@ -147,8 +158,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     else:
         tls = ensure_tls(data_dir, [http_host])
 
-    grpc_server, bound_grpc = await grpc_api.start(service, f"{grpc_host}:{grpc_port}")
+    blobs = BlobStore(data_dir)  # outputs, logs and volume revisions (docs/adr/0011-blob-store.md)
+    grpc_server, bound_grpc = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
+                                                   servicers=plane.servicers())
     app, gateway = make_app(service)
+    app[downloads.BLOBS] = blobs
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, http_host, http_port, ssl_context=tls.server_context(), backlog=1024)
@@ -176,9 +190,23 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     _notify("STOPPING=1")
     gateway.ready = False
     compactor.cancel()
+    await plane.stop()
     await grpc_server.stop(grace=2)
     await runner.cleanup()
     await store.close()
+
+
+def _lease_settings(args: argparse.Namespace) -> tuple[float, float]:
+    """--lease-duration and --heartbeat-interval as seconds; a heartbeat must fit in a lease twice."""
+    try:
+        lease = units.parse_duration_ns(str(args.lease_duration)) / units.NS_PER_SECOND
+        heartbeat = units.parse_duration_ns(str(args.heartbeat_interval)) / units.NS_PER_SECOND
+    except ValueError as e:
+        raise SystemExit(f"--lease-duration / --heartbeat-interval: {e}") from None
+    if lease <= 0 or heartbeat <= 0 or heartbeat * 2 > lease:
+        raise SystemExit("--heartbeat-interval must be positive and at most half of --lease-duration "
+                         f"(got {args.heartbeat_interval} and {args.lease_duration})")
+    return lease, heartbeat
 
 
 def parser() -> argparse.ArgumentParser:
@@ -191,6 +219,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", help="serving certificate (PEM); default: one signed by a CA made in the data dir")
     p.add_argument("--tls-key", help="its private key (PEM)")
     p.add_argument("--compact-interval", type=float, help="seconds of watch history kept (default 300)")
+    p.add_argument("--lease-duration", help="how long a node's lease lasts without a heartbeat, as a duration "
+                   "(default 15s); past it the node is NotReady and its attempts are replaced")
+    p.add_argument("--heartbeat-interval", help="how often agents send a heartbeat (default 3s; at most half the "
+                   "lease duration)")
+    p.add_argument("--controllers", choices=("on", "off"),
+                   help="off serves the API (and agents) without running the Job, placement and lease controllers: "
+                        "for a replica that does not lead, or for tests of the API's own semantics (default on)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p

@@ -21,7 +21,7 @@ import orjson
 from .api.admission import admit_create, admit_status, admit_update
 from .api.kinds import KindInfo
 from .errors import NodusError
-from .identity import ALL_PROJECTS, Caller, Identity, Role
+from .identity import ALL_PROJECTS, SYSTEM, Caller, Identity, Role
 from .selectors import FieldSelector, LabelSelector
 from .store.base import EventType, Record, Store
 from .vault import Vault
@@ -140,6 +140,16 @@ class ResourceService:
                 f'"{info.plural}" in API group "{info.group}" in the namespace "{project}"',
                 kind=info.plural, group=info.group,
                 fix=f"use a token with the {needed.name.lower()} role in project {project}")
+
+    @staticmethod
+    def _refuse_read_only(caller: Caller, info: KindInfo, verb: str) -> None:
+        """Attempts are written by the coordinator alone; anyone else may only read them."""
+        if info.read_only and caller is not SYSTEM:
+            raise NodusError("MethodNotAllowed", f"{info.plural}.{info.group} are read-only: the coordinator "
+                             f"{'creates' if verb == 'create' else 'writes'} them; {verb} is not allowed",
+                             kind=info.plural, group=info.group,
+                             fix=f"change the owning Job instead (for example spec.state or spec.parallelism); "
+                                 f"get, list and watch {info.plural} to follow them")
 
     def _not_found(self, info: KindInfo, name: str) -> NodusError:
         return NodusError("NotFound", f'{info.plural}.{info.group} "{name}" not found',
@@ -314,6 +324,7 @@ class ResourceService:
     async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *,
                      dry_run: bool = False, field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
         await self._authorize(caller, info, project, "create", Role.EDITOR)
+        self._refuse_read_only(caller, info, "create")
         obj = self._check_body(info, project, obj)
         await self.identity.require_project(project)
         obj.pop("status", None)
@@ -360,6 +371,7 @@ class ResourceService:
                       subresource: str = "", dry_run: bool = False,
                       field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
         await self._authorize(caller, info, project, "update", Role.ADMIN if subresource else Role.EDITOR)
+        self._refuse_read_only(caller, info, "update")
         obj = self._check_body(info, project, obj)
         meta = obj.get("metadata") or {}
         if meta.get("name") not in (None, name):
@@ -383,6 +395,7 @@ class ResourceService:
                     patch_body: bytes, *, subresource: str = "", dry_run: bool = False,
                     field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
         await self._authorize(caller, info, project, "patch", Role.ADMIN if subresource else Role.EDITOR)
+        self._refuse_read_only(caller, info, "patch")
         try:
             patch = orjson.loads(patch_body)
         except orjson.JSONDecodeError as e:
@@ -504,38 +517,41 @@ class ResourceService:
     async def delete(self, caller: Caller, info: KindInfo, project: str, name: str, *,
                      dry_run: bool = False, precondition: str = "") -> dict[str, Any]:
         await self._authorize(caller, info, project, "delete", Role.EDITOR)
+        self._refuse_read_only(caller, info, "delete")
         key = _key(info, project, name)
-        rec = await self.store.get(key)
-        obj = _decode(rec)
-        if obj is None or rec is None:
-            raise self._not_found(info, name)
         expected = _parse_rv(precondition)
-        if expected is not None and expected != rec.revision:
-            raise self._conflict(info, name)
-        if dry_run:
-            return obj
-        if obj["metadata"].get("finalizers"):
-            if obj["metadata"].get("deletionTimestamp"):
+        # Without a precondition a delete retries when a concurrent write (a controller's status
+        # update, say) moved the object between our read and our delete: the caller asked for the
+        # object gone, not for this exact version gone.
+        for _ in range(_MAX_PATCH_RETRIES):
+            rec = await self.store.get(key)
+            obj = _decode(rec)
+            if obj is None or rec is None:
+                raise self._not_found(info, name)
+            if expected is not None and expected != rec.revision:
+                raise self._conflict(info, name)
+            if dry_run:
                 return obj
-            obj["metadata"]["deletionTimestamp"] = self._now()
-            obj["metadata"]["deletionGracePeriodSeconds"] = 0
             try:
-                return _decode(await self.store.update(key, _encode(obj), rec.revision))  # type: ignore[return-value]
+                if obj["metadata"].get("finalizers"):
+                    if obj["metadata"].get("deletionTimestamp"):
+                        return obj
+                    obj["metadata"]["deletionTimestamp"] = self._now()
+                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    return _decode(await self.store.update(key, _encode(obj), rec.revision))  # type: ignore[return-value]
+                deleted = _decode(await self.store.delete(key, rec.revision))
             except NodusError as e:
                 if e.reason == "Conflict":
+                    if expected is None:
+                        continue
                     raise self._conflict(info, name) from None
+                if e.reason == "NotFound":
+                    raise self._not_found(info, name) from None
                 raise
-        try:
-            deleted = _decode(await self.store.delete(key, rec.revision))
-        except NodusError as e:
-            if e.reason == "Conflict":
-                raise self._conflict(info, name) from None
-            if e.reason == "NotFound":
-                raise self._not_found(info, name) from None
-            raise
-        if info.kind == "Secret":
-            await self.vault.drop(project, name)
-        return deleted  # type: ignore[return-value]
+            if info.kind == "Secret":
+                await self.vault.drop(project, name)
+            return deleted  # type: ignore[return-value]
+        raise self._conflict(info, name)
 
     # -- secrets ----------------------------------------------------------------------------------
     def _secret_status(self, old: dict[str, Any] | None, version: int, values: dict[str, str],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 import pytest
@@ -17,8 +17,14 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 
 
 @pytest.fixture(scope="module")
-def c(shared_coordinator: Coordinator) -> Coordinator:
-    return shared_coordinator
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    """This module checks the API's own semantics (compare-and-swap, exact watch sequences), so its
+    coordinator runs without the controllers, whose status writes would be changes no test made."""
+    c = Coordinator(tmp_path_factory.mktemp("rest") / "data").start(extra_args=("--controllers", "off"))
+    try:
+        yield c
+    finally:
+        c.stop()
 
 
 def create(c: Coordinator, body: dict[str, Any], path: str = JOBS, **params: str) -> Any:

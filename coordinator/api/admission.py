@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from .. import errors
 from ..errors import Cause, NodusError
+from .attempt import ATTEMPT
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
 from .kinds import GROUP, KindInfo, by_group_version
 from .schema import (FIELD_VALIDATION, Any_, Bool, Decoding, KindSchema, List, Map, Node, Obj, Str, decode, get,
@@ -23,6 +24,7 @@ from .secret import SECRET
 from .sweep import SWEEP
 from .trainingjob import TRAINING_JOB
 from .trainingruntime import TRAINING_RUNTIME
+from .volume import VOLUME
 
 __all__ = ["Lookup", "Admitted", "admit_create", "admit_update", "admit_status", "openapi_v3", "schema_for"]
 
@@ -41,7 +43,8 @@ class Admitted:
     """Warning header texts (`unknown field "spec.foo"` under fieldValidation=Warn)."""
 
 
-_SCHEMAS: dict[str, KindSchema] = {s.kind: s for s in (JOB, SWEEP, TRAINING_JOB, TRAINING_RUNTIME, SECRET)}
+_SCHEMAS: dict[str, KindSchema] = {s.kind: s for s in (JOB, SWEEP, TRAINING_JOB, TRAINING_RUNTIME, SECRET,
+                                                           VOLUME, ATTEMPT)}
 
 
 def schema_for(info: KindInfo) -> KindSchema:

@@ -14,6 +14,7 @@ from ..errors import Cause
 from . import units
 from .schema import (Bool, Int, KindSchema, List, Map, Obj, Resolution, Str, duration, get, money,
                      quantity, strings)
+from .volume import find_revision, latest_ready
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_LABEL_MESSAGE = ("must be a lowercase RFC 1123 label: lowercase letters, digits and '-', starting "
@@ -588,9 +589,72 @@ async def resolve_secrets(spec: dict[str, Any], lookup: Any, project: str, at: s
     return out
 
 
+async def resolve_volumes(spec: dict[str, Any], lookup: Any, project: str, at: str = "spec") -> Resolution:
+    """Every referenced Volume exists and has the named (or a Ready) revision; pins each reference.
+
+    Pins go to status, as Secret versions do, so the spec stays as written (a re-apply of the same
+    file changes nothing): `status.inputs[]` {name, volumeRevision, sha256} for each volume input and
+    `status.volumes[]` {volume, mountPath, revision, sha256} for each mount. A writable mount is
+    pinned too: it starts from that revision. `inputs[].output` is not checked here: the producing
+    Job may legitimately not exist yet, and its output is resolved when the attempt's inputs are."""
+    out = Resolution()
+    volumes: dict[str, dict[str, Any] | None] = {}
+
+    async def pin(name: Any, revision: Any, name_path: str, revision_path: str) -> dict[str, Any] | None:
+        if not isinstance(name, str):
+            return None  # a missing or mistyped name is reported by decoding
+        if name not in volumes:
+            volumes[name] = await lookup.get("volumes", project, name)
+        volume = volumes[name]
+        if volume is None:
+            out.causes.append(not_found(name_path, name))
+            return None
+        if isinstance(revision, int) and revision > 0:
+            chosen = find_revision(volume, revision)
+            if chosen is None or chosen.get("phase", "Ready") != "Ready":
+                latest = (volume.get("status") or {}).get("latestRevision")
+                out.causes.append(errors.invalid_value(
+                    revision_path, revision, f'Volume "{name}" has no Ready revision {revision} '
+                                             f'(latest: {latest or "none"})'))
+                return None
+            return chosen
+        chosen = latest_ready(volume)
+        if chosen is None:
+            out.causes.append(errors.invalid_value(
+                name_path, name, f'Volume "{name}" has no revision yet; push one with `nodus volume push {name} DIR`'))
+        return chosen
+
+    for i, item in enumerate(spec.get("inputs") or []):
+        if not isinstance(item, dict):
+            continue
+        ref = item.get("volume")
+        if isinstance(ref, dict):
+            at_i = f"{at}.inputs[{i}].volume"
+            chosen = await pin(ref.get("name"), ref.get("revision"), f"{at_i}.name", f"{at_i}.revision")
+            if chosen is not None:
+                out.status.setdefault("inputs", []).append(
+                    {"name": item.get("name"), "volumeRevision": chosen["revision"], "sha256": chosen.get("sha256")})
+    for i, mount in enumerate(spec.get("volumes") or []):
+        if isinstance(mount, dict):
+            revision = mount.get("revision") if mount.get("readOnly") else None
+            chosen = await pin(mount.get("volume"), revision, f"{at}.volumes[{i}].volume",
+                               f"{at}.volumes[{i}].revision")
+            if chosen is not None:
+                out.status.setdefault("volumes", []).append(
+                    {"volume": mount["volume"], "mountPath": mount.get("mountPath"), "revision": chosen["revision"],
+                     "sha256": chosen.get("sha256")})
+    return out
+
+
 async def _resolve(body: dict[str, Any], lookup: Any, project: str) -> Resolution:
     spec = body.get("spec")
-    return await resolve_secrets(spec, lookup, project) if isinstance(spec, dict) else Resolution()
+    if not isinstance(spec, dict):
+        return Resolution()
+    out = await resolve_secrets(spec, lookup, project)
+    volumes = await resolve_volumes(spec, lookup, project)
+    out.causes += volumes.causes
+    out.status.update(volumes.status)
+    return out
 
 
 # -- status (shape only: admit_status checks types and unknown fields) --------------------------------
@@ -804,7 +868,13 @@ JOB_STATUS = _o(
                    completed=_i("Completed is units done."),
                    costPerUnitUSD=_s("CostPerUnitUSD is cost divided by units."),
                    p50Ms=_i("P50Ms is the median unit time."),
-                   p95Ms=_i("P95Ms is the 95th percentile unit time.")))
+                   p95Ms=_i("P95Ms is the 95th percentile unit time.")),
+    volumes=_l("Volumes are the pinned volume mounts (pinned at admission; replacements reuse them).", _o(
+        "VolumeMountStatus is a pinned volume mount.",
+        mountPath=_s("MountPath is the mount point."),
+        revision=_i("Revision is the pinned Volume revision."),
+        sha256=_s("SHA256 is the digest of the revision's archive."),
+        volume=_s("Volume is the Volume."))))
 
 
 JOB = KindSchema(
@@ -826,5 +896,5 @@ JOB = KindSchema(
 
 __all__ = ["JOB", "JOB_SPEC", "GPU", "RESOURCES", "PLACEMENT", "DISTRIBUTED", "ENV_VAR", "INIT_COMMAND", "SIDECARS",
            "RECOVERY", "STATES", "DNS_LABEL", "DNS_LABEL_MESSAGE", "CONDITIONS", "COST", "ESTIMATE", "not_found",
-           "fold_spec", "fold_resources", "fold_gpu", "complete_spec", "spec_rules", "resolve_secrets",
+           "fold_spec", "fold_resources", "fold_gpu", "complete_spec", "spec_rules", "resolve_secrets", "resolve_volumes",
            "secret_version", "env_list", "JOB_STATUS"]

@@ -39,6 +39,8 @@ class KindInfo:
     namespaced: bool
     has_status: bool
     columns: tuple[Column, ...]
+    read_only: bool = False
+    """Only the coordinator writes it (Attempt); every other caller may get, list and watch."""
 
     @property
     def api_version(self) -> str:
@@ -114,6 +116,28 @@ def _secret_keys(obj: dict[str, Any]) -> int:
     return len(obj.get("data") or {})
 
 
+def _latest_revision(obj: dict[str, Any]) -> dict[str, Any]:
+    latest = _get(obj, "status.latestRevision")
+    for r in _get(obj, "status.revisions") or []:
+        if isinstance(r, dict) and r.get("revision") == latest:
+            return r
+    return {}
+
+
+def _volume_size(obj: dict[str, Any]) -> str | None:
+    size = _latest_revision(obj).get("size")
+    if not isinstance(size, int):
+        return None
+    if size < 1024:
+        return f"{size}B"
+    value = size / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}TiB"
+
+
 KINDS: tuple[KindInfo, ...] = (
     KindInfo("Job", "jobs", "job", GROUP, "v1", ("nj",), ("nodus", "all"), True, True, (
         _phase(),
@@ -150,6 +174,24 @@ KINDS: tuple[KindInfo, ...] = (
         Column("Keys", "integer", "Keys is the number of keys in the latest version.", 0, _secret_keys),
         _age(),
     )),
+    KindInfo("Volume", "volumes", "volume", GROUP, "v1", ("vol",), ("nodus",), True, True, (
+        _col("Revision", "status.latestRevision", "Revision is the latest Ready revision.", type="integer"),
+        Column("Size", "string", "Size is the latest revision's archive size.", 0, _volume_size),
+        Column("Files", "integer", "Files is the number of files in the latest revision.", 0,
+               lambda obj: _latest_revision(obj).get("files")),
+        _age(),
+    )),
+    KindInfo("Attempt", "attempts", "attempt", GROUP, "v1", ("att",), ("nodus",), True, True, (
+        _col("Job", "spec.job", "Job is the owning Job."),
+        _col("Index", "spec.index", "Index is the Job index.", type="integer"),
+        _col("Number", "spec.number", "Number is the attempt number within the index.", type="integer"),
+        _col("Node", "spec.node", "Node is where the attempt runs."),
+        _col("Phase", "status.phase", "Phase is the attempt's phase."),
+        _col("Exit", "status.exitCode", "Exit is the main command's exit code.", type="integer"),
+        _col("Reason", "status.reason", "Reason is why the attempt is in its phase."),
+        _age(),
+        _col("ID", "spec.id", "ID is the attempt id on the agent stream (NODUS_ATTEMPT).", priority=1),
+    ), read_only=True),
 )
 
 

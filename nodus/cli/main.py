@@ -9,6 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
+from . import attempts, checkpoint, data
 from .client import CliError, Client, default_kubeconfig
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -134,6 +135,8 @@ _SAME: Any = object()
 def cmd_get(client: Client, args: argparse.Namespace) -> int:
     r = client.resolve(args.kind)
     namespace = None if args.all_projects else (args.namespace or client.namespace)
+    if r.plural == "attempts" and args.name:  # `nodus get attempts JOB` lists that Job's attempts
+        args.selector, args.name = attempts.for_job(args.name, args.selector), None
     if args.name:
         path = client.item(r, namespace or client.namespace, args.name)
     else:
@@ -235,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-o", "--output", choices=["json", "yaml", "wide"])
     w.add_argument("-A", "--all-projects", action="store_true")
     w.set_defaults(func=cmd_watch)
+
+    data.add_parsers(sub)  # outputs, logs, volume
+    checkpoint.add_parser(sub)  # save, restore, verify, ls
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)

@@ -1,0 +1,208 @@
+"""Per-attempt cgroups: memory limit and OOM count, pids, freezer, CPU weight.
+
+cgroup v1 (a directory per controller: /sys/fs/cgroup/{memory,pids,freezer,cpu}/<root>/<name>)
+and v2 (one directory /sys/fs/cgroup/<root>/<name>, `cgroup.freeze`, `memory.events`) are both
+handled. The name follows from the agent's work dir and the attempt id, so a restarted agent finds
+the cgroup of an attempt it re-adopts without having stored anything. Where a controller cannot be created (no
+permission, not mounted) the attempt runs without it; the caller logs what is missing.
+
+This module is imported by the supervisor, so it imports nothing heavy.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+V1_CONTROLLERS = ("memory", "pids", "freezer", "cpu")
+DEFAULT_FS = Path(os.environ.get("NODUS_CGROUP_FS", "/sys/fs/cgroup"))
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def version(fs: Path = DEFAULT_FS) -> int:
+    """2 on a unified hierarchy, 1 where v1 controllers are mounted, 0 without cgroups."""
+    if (fs / "cgroup.controllers").exists():
+        return 2
+    if any((fs / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
+        return 1
+    return 0
+
+
+@dataclass(slots=True)
+class Cgroup:
+    """One attempt's cgroup directories (one per v1 controller, or the single v2 one)."""
+
+    version: int
+    paths: dict[str, Path] = field(default_factory=dict)
+    """Controller name ("unified" on v2) to directory."""
+    missing: list[str] = field(default_factory=list)
+    """What could not be created, for the log."""
+
+    @classmethod
+    def locate(cls, root: str, name: str, fs: Path = DEFAULT_FS) -> "Cgroup":
+        """The cgroup as it exists now (possibly nothing); never creates anything."""
+        v = version(fs)
+        cg = cls(v)
+        if v == 2:
+            p = fs / root / name
+            if p.is_dir():
+                cg.paths["unified"] = p
+        elif v == 1:
+            for c in V1_CONTROLLERS:
+                p = fs / c / root / name
+                if p.is_dir():
+                    cg.paths[c] = p
+        return cg
+
+    @classmethod
+    def create(cls, root: str, name: str, memory_bytes: int = 0, cpu_millis: int = 0,
+               fs: Path = DEFAULT_FS) -> "Cgroup":
+        v = version(fs)
+        cg = cls(v)
+        if v == 0:
+            cg.missing.append(f"no cgroup hierarchy under {fs}")
+            return cg
+        if v == 2:
+            cg._create_v2(fs, root, name, memory_bytes, cpu_millis)
+        else:
+            cg._create_v1(fs, root, name, memory_bytes, cpu_millis)
+        return cg
+
+    def _create_v1(self, fs: Path, root: str, name: str, memory_bytes: int, cpu_millis: int) -> None:
+        for c in V1_CONTROLLERS:
+            if not (fs / c / "cgroup.procs").exists():
+                self.missing.append(f"{c} (not mounted)")
+                continue
+            p = fs / c / root / name
+            try:
+                p.mkdir(parents=True, exist_ok=True)
+                if c == "memory" and memory_bytes > 0:
+                    _write(p / "memory.limit_in_bytes", str(memory_bytes))
+                if c == "cpu" and cpu_millis > 0:
+                    _write(p / "cpu.shares", str(max(2, cpu_millis * 1024 // 1000)))
+            except OSError as e:
+                self.missing.append(f"{c} ({e.strerror or e})")
+                continue
+            self.paths[c] = p
+
+    def _create_v2(self, fs: Path, root: str, name: str, memory_bytes: int, cpu_millis: int) -> None:
+        parent = fs / root
+        try:
+            parent.mkdir(exist_ok=True)
+            available = set((fs / "cgroup.controllers").read_text().split())
+            wanted = [c for c in ("memory", "pids", "cpu") if c in available]
+            for level in (fs, parent):
+                try:
+                    _write(level / "cgroup.subtree_control", " ".join("+" + c for c in wanted))
+                except OSError as e:
+                    self.missing.append(f"controllers at {level} ({e.strerror or e})")
+            p = parent / name
+            p.mkdir(exist_ok=True)
+        except OSError as e:
+            self.missing.append(f"cgroup ({e.strerror or e})")
+            return
+        self.paths["unified"] = p
+        try:
+            if memory_bytes > 0:
+                _write(p / "memory.max", str(memory_bytes))
+            if cpu_millis > 0:
+                _write(p / "cpu.weight", str(min(10000, max(1, cpu_millis * 100 // 1000))))
+        except OSError as e:
+            self.missing.append(f"limits ({e.strerror or e})")
+
+    # -- use ---------------------------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        return bool(self.paths)
+
+    def attach(self, pid: int = 0) -> None:
+        """Moves `pid` (0: the calling process) into every directory; used in the child before exec."""
+        value = str(pid or os.getpid())
+        for p in self.paths.values():
+            _write(p / "cgroup.procs", value)
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for p in self.paths.values():
+            try:
+                found.update(int(x) for x in (p / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                pass
+        return found
+
+    def oom_kills(self) -> int:
+        """How many times the kernel's OOM killer struck inside this cgroup."""
+        if "unified" in self.paths:
+            return _keyed(self.paths["unified"] / "memory.events").get("oom_kill", 0)
+        mem = self.paths.get("memory")
+        if mem is None:
+            return 0
+        counters = _keyed(mem / "memory.oom_control")
+        if "oom_kill" in counters:
+            return counters["oom_kill"]
+        try:  # old kernels: a limit hit shows in failcnt only
+            return 1 if int((mem / "memory.failcnt").read_text()) > 0 else 0
+        except (OSError, ValueError):
+            return 0
+
+    def freeze(self, frozen: bool = True) -> bool:
+        try:
+            if "unified" in self.paths:
+                _write(self.paths["unified"] / "cgroup.freeze", "1" if frozen else "0")
+                return True
+            if "freezer" in self.paths:
+                _write(self.paths["freezer"] / "freezer.state", "FROZEN" if frozen else "THAWED")
+                return True
+        except OSError:
+            pass
+        return False
+
+    def kill_all(self, rounds: int = 50) -> None:
+        """SIGKILLs every process in the cgroup, freezing it meanwhile so nothing forks away."""
+        frozen = self.freeze(True)
+        try:
+            for _ in range(rounds):
+                pids = self.pids()
+                if not pids:
+                    return
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                if frozen:
+                    self.freeze(False)
+                    frozen = False
+                time.sleep(0.01)
+        finally:
+            if frozen:
+                self.freeze(False)
+
+    def remove(self) -> None:
+        for p in self.paths.values():
+            for _ in range(50):
+                try:
+                    p.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)  # the last tasks are still leaving
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if v.strip().isdigit():
+                out[k] = int(v)
+    except OSError:
+        pass
+    return out

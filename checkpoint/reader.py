@@ -1,0 +1,133 @@
+"""Reading a tar.zst stream forward only: decompression on its own thread, members one by one.
+
+`tarfile` parses the headers (PAX, GNU long names) from a file object that only moves forward;
+member data is taken straight from the decompressed chunks, without copies, by whoever extracts.
+Decompression runs on a thread (zstd releases the GIL), so it overlaps with the writes of the files.
+"""
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from typing import IO, BinaryIO, Iterator, cast
+
+import zstandard
+
+from .errors import ArchiveTooLarge, CorruptArchive
+from .pipeline import Prefetch
+
+CHUNK = 4 << 20
+"""As in archive.py: few, large hand-offs between the threads."""
+
+
+class HashingReader:
+    """The compressed bytes as read from the source: counted, hashed, and stopped past max_size."""
+
+    def __init__(self, raw: BinaryIO, max_size: int | None = None) -> None:
+        self.raw = raw
+        self.max_size = max_size
+        self.size = 0
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.size += len(data)
+        if self.max_size is not None and self.size > self.max_size:
+            raise ArchiveTooLarge(f"the archive is larger than maxSize ({self.max_size} bytes)")
+        self.sha.update(data)
+        return data
+
+
+def _decompress(raw: BinaryIO | HashingReader) -> Iterator[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw), read_size=CHUNK,
+                                                        read_across_frames=True, closefd=False)
+    try:
+        while data := reader.read(CHUNK):
+            yield data
+    except zstandard.ZstdError as e:
+        raise CorruptArchive(f"not a valid zstd stream: {e}") from None
+
+
+class Decompressed:
+    """A forward-only file object over the decompressed stream (read, tell, forward seek)."""
+
+    def __init__(self, raw: BinaryIO | HashingReader) -> None:
+        self._chunks: Prefetch[bytes] = Prefetch(_decompress(raw), depth=4, name="checkpoint-unzstd")
+        self._chunk = memoryview(b"")
+        self._pos = 0
+
+    def _next_chunk(self) -> bool:
+        data = self._chunks.next()
+        if data is None:
+            return False
+        self._chunk = memoryview(data)
+        return True
+
+    def view(self, n: int) -> memoryview:
+        """Up to n bytes (at least one unless at the end), without copying."""
+        if not self._chunk and not self._next_chunk():
+            return memoryview(b"")
+        out = self._chunk[:n]
+        self._chunk = self._chunk[len(out):]
+        self._pos += len(out)
+        return out
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            parts = []
+            while piece := self.view(CHUNK):
+                parts.append(bytes(piece))
+            return b"".join(parts)
+        first = self.view(n)
+        if len(first) == n or not first:
+            return bytes(first)
+        parts = [bytes(first)]
+        got = len(first)
+        while got < n and (piece := self.view(n - got)):
+            parts.append(bytes(piece))
+            got += len(piece)
+        return b"".join(parts)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self._pos + offset if whence == 1 else -1
+        if target < self._pos:
+            raise OSError("this stream only moves forward")
+        while self._pos < target and self.view(target - self._pos):
+            pass
+        return self._pos
+
+    def drain(self) -> int:
+        """Read to the end (which checks zstd's frame checksum); returns the bytes skipped."""
+        skipped = 0
+        while piece := self.view(CHUNK):
+            skipped += len(piece)
+        return skipped
+
+    def close(self) -> None:
+        self._chunks.close()
+
+
+def members(stream: Decompressed) -> Iterator[tarfile.TarInfo]:
+    """The members in archive order; the caller consumes (or not) each one's data before the next."""
+    try:
+        tar = tarfile.TarFile(fileobj=stream, mode="r", encoding="utf-8", errors="surrogateescape")  # type: ignore[arg-type]
+    except tarfile.TarError as e:
+        raise CorruptArchive(f"not a tar stream: {e}") from None
+    setattr(tar, "members", _Forgetful())  # a checkpoint may hold millions of members: keep none
+    while True:
+        try:
+            member = tar.next()
+        except tarfile.TarError as e:
+            raise CorruptArchive(f"bad tar header at byte {stream.tell()}: {e}") from None
+        if member is None:
+            return
+        yield member
+
+
+class _Forgetful(list):  # type: ignore[type-arg]
+    """TarFile appends every member it reads to `members`; this list drops them."""
+
+    def append(self, item: object) -> None:
+        pass

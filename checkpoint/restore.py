@@ -1,0 +1,309 @@
+"""Restoring an archive into a directory, and checking one without extracting it.
+
+The order is what makes a restore safe:
+
+1. size and sha256 of the archive are checked against what the manifest committed, in a first pass
+   over the bytes, before anything is extracted (an oversize archive is refused before even that);
+2. members are extracted into a staging directory inside the target, each one checked first
+   (no absolute path, no `..`, no link that leaves the target, no device or fifo, nothing written
+   through a symlink, the unpacked total within bounds); any refusal removes the staging directory,
+   so the target is left as it was;
+3. only then is the staging tree moved into the target, entry by entry (renames on one filesystem),
+   replacing what the archive replaces, as `tar -C DIR -x` would.
+
+Modes keep their permission bits (setuid, setgid and sticky are dropped); mtimes are restored to the
+second; ownership is not restored (the restoring process owns what it writes).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import mmap
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .errors import ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace, UnsafeArchive
+from .members import check_hardlink, check_symlink, normalize_name, under_symlink
+from .reader import CHUNK, Decompressed, HashingReader, members
+
+STAGING_PREFIX = ".nodus-restore-"
+
+
+@dataclass(slots=True)
+class Summary:
+    """What an archive holds, as found by reading it through."""
+
+    size: int = 0
+    """Compressed bytes."""
+    sha256: str = ""
+    files: int = 0
+    """Members that are not directories."""
+    dirs: int = 0
+    unpacked_size: int = 0
+
+
+def verify_digest(path: str | os.PathLike[str], *, sha256: str | None, size: int | None = None,
+                  max_size: int | None = None) -> str:
+    """First pass: refuse an oversize archive, then compare size and sha256 with the committed ones.
+    Returns the computed sha256."""
+    actual = os.stat(path).st_size
+    if max_size is not None and actual > max_size:
+        raise ArchiveTooLarge(f"{os.fspath(path)} is {actual} bytes, larger than maxSize ({max_size} bytes); "
+                              "nothing was extracted")
+    if size is not None and actual != size:
+        raise DigestMismatch(f"{os.fspath(path)} is {actual} bytes but its manifest committed {size}; "
+                             "nothing was extracted")
+    h = hashlib.sha256()
+    if actual:
+        with open(path, "rb", buffering=0) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)  # hashed in place: no copy out of the page cache
+            try:
+                for start in range(0, actual, 16 * CHUNK):
+                    h.update(view[start:start + 16 * CHUNK])
+            finally:
+                view.release()
+    digest = h.hexdigest()
+    if sha256 is not None and digest != sha256.lower():
+        raise DigestMismatch(f"{os.fspath(path)} has sha256 {digest} but its manifest committed {sha256}; "
+                             "nothing was extracted")
+    return digest
+
+
+class _Rules:
+    """Checks each member in order, remembering what earlier members made (symlinks, files)."""
+
+    def __init__(self, max_unpacked: int | None) -> None:
+        self.max_unpacked = max_unpacked
+        self.unpacked = 0
+        self.symlinks: set[str] = set()
+        self.regular: set[str] = set()
+
+    def check(self, m: tarfile.TarInfo) -> str:
+        name = normalize_name(m.name)
+        through = under_symlink(name, self.symlinks)
+        if through is not None:
+            raise UnsafeArchive(m.name, f"its parent {through} is a symlink (writing through links is refused)")
+        if m.ischr() or m.isblk():
+            raise UnsafeArchive(m.name, "device file")
+        if m.isfifo():
+            raise UnsafeArchive(m.name, "fifo")
+        if m.issparse():
+            raise UnsafeArchive(m.name, "sparse members are not supported")
+        if not name and not m.isdir():
+            raise UnsafeArchive(m.name, "would replace the target directory itself")
+        if m.issym():
+            check_symlink(name, m.linkname)
+        elif m.islnk():
+            source = check_hardlink(name, m.linkname)
+            if source not in self.regular:
+                raise UnsafeArchive(m.name, f"hardlink to {m.linkname}, which is not a file earlier in the archive")
+        elif not (m.isreg() or m.isdir()):
+            raise UnsafeArchive(m.name, f"unsupported member type {m.type!r}")
+        if m.isreg():
+            self.unpacked += m.size
+            if self.max_unpacked is not None and self.unpacked > self.max_unpacked:
+                raise ArchiveTooLarge(f"the archive unpacks to more than {self.max_unpacked} bytes "
+                                      f"(refused at member {m.name!r}); nothing was extracted")
+        self.symlinks.discard(name)
+        self.regular.discard(name)
+        if m.issym():
+            self.symlinks.add(name)
+        elif m.isreg():
+            self.regular.add(name)
+        return name
+
+
+def inspect(source: BinaryIO, *, sha256: str | None = None, max_size: int | None = None,
+            max_unpacked: int | None = None) -> Summary:
+    """Read an archive through without extracting: every member checked, zstd's checksum and the
+    sha256 compared. What `nodus checkpoint verify` does."""
+    raw = HashingReader(source, max_size)
+    stream = Decompressed(raw)
+    rules = _Rules(max_unpacked)
+    out = Summary()
+    try:
+        for m in members(stream):
+            name = rules.check(m)
+            _count(out, m, name)
+            if m.isreg():
+                stream.seek(stream.tell() + m.size)
+        stream.drain()
+    except (CorruptArchive, UnsafeArchive) as e:
+        stream.close()
+        if sha256 is not None:  # a damaged or foreign archive: say first that it is not the committed one
+            while raw.read(CHUNK):
+                pass
+            if raw.sha.hexdigest() != sha256.lower():
+                raise DigestMismatch(f"the archive has sha256 {raw.sha.hexdigest()} but its manifest committed "
+                                     f"{sha256} ({e})") from e
+        raise
+    finally:
+        stream.close()
+    while raw.read(CHUNK):
+        pass  # bytes after the frame still belong to the digest
+    out.size, out.sha256 = raw.size, raw.sha.hexdigest()
+    if sha256 is not None and out.sha256 != sha256.lower():
+        raise DigestMismatch(f"the archive has sha256 {out.sha256} but its manifest committed {sha256}")
+    return out
+
+
+def _count(out: Summary, m: tarfile.TarInfo, name: str) -> None:
+    if m.isdir():
+        out.dirs += 1 if name else 0
+    else:
+        out.files += 1
+    if m.isreg():
+        out.unpacked_size += m.size
+
+
+def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha256: str | None = None,
+            size: int | None = None, max_size: int | None = None, max_unpacked: int | None = None) -> Summary:
+    """Verify `path` (when sha256 or size is given), then extract it under `into` (created if needed)."""
+    digest = verify_digest(path, sha256=sha256, size=size, max_size=max_size)
+    target = os.fspath(into)
+    created = not os.path.lexists(target)
+    try:
+        os.makedirs(target, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target)
+    except OSError as e:
+        raise _os_error(e, target) from None
+    done = False
+    try:
+        with open(path, "rb") as f:
+            out, dirs = _extract(f, staging, max_unpacked)
+        out.size, out.sha256 = os.stat(path).st_size, digest
+        _merge_all(staging, target)
+        for name, mode, mtime in sorted(dirs, key=lambda d: d[0].count("/"), reverse=True):
+            dest = os.path.join(target, name)
+            if os.path.isdir(dest) and not os.path.islink(dest):
+                os.chmod(dest, mode)
+                os.utime(dest, (mtime, mtime))
+        done = True
+        return out
+    except OSError as e:
+        raise _os_error(e, target) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not done:
+            try:
+                os.rmdir(target)  # a refused restore leaves no trace, not even the directory it made
+            except OSError:
+                pass
+
+
+def _os_error(e: OSError, target: str) -> CheckpointError:
+    if e.errno == errno.ENOSPC:
+        return NoSpace(f"no space left on device while restoring into {target}; the target was not changed "
+                       "by this restore except for entries already moved into place")
+    return CheckpointError(f"restore into {target} failed: {e}")
+
+
+def _remove(path: str) -> None:
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _extract(source: BinaryIO, staging: str, max_unpacked: int | None) -> tuple[Summary, list[tuple[str, int, int]]]:
+    stream = Decompressed(source)
+    rules = _Rules(max_unpacked)
+    out = Summary()
+    dirs: list[tuple[str, int, int]] = []
+    made_dirs: set[str] = {""}  # what exists in staging, which only this loop writes: no stat per member
+    made_other: set[str] = set()
+    try:
+        for m in members(stream):
+            name = rules.check(m)
+            _count(out, m, name)
+            if not name:
+                continue  # `./` itself: the target's own mode is left alone
+            dest = os.path.join(staging, name)
+            parent = name.rpartition("/")[0]
+            if parent not in made_dirs:
+                if parent in made_other:
+                    _remove(os.path.join(staging, parent))
+                    made_other.discard(parent)
+                os.makedirs(os.path.join(staging, parent), exist_ok=True)  # not in the archive: umask's mode, as tar
+                while parent and parent not in made_dirs:
+                    made_dirs.add(parent)
+                    parent = parent.rpartition("/")[0]
+            mode = stat.S_IMODE(m.mode) & 0o777
+            mtime = int(m.mtime)
+            if m.isdir():
+                if name in made_other:
+                    _remove(dest)
+                    made_other.discard(name)
+                if name not in made_dirs:
+                    os.mkdir(dest, 0o700)
+                    made_dirs.add(name)
+                dirs.append((name, mode, mtime))
+                continue
+            if name in made_dirs or name in made_other:  # a later member of the same name wins, as in tar
+                _remove(dest)
+                made_dirs.discard(name)
+                made_dirs.difference_update({d for d in made_dirs if d.startswith(name + "/")})
+            made_other.add(name)
+            if m.issym():
+                os.symlink(m.linkname, dest)
+                os.utime(dest, (mtime, mtime), follow_symlinks=False)
+            elif m.islnk():
+                os.link(os.path.join(staging, normalize_name(m.linkname)), dest, follow_symlinks=False)
+            else:
+                _write_file(stream, dest, m.size, mode, mtime, m.name)
+        stream.drain()
+    finally:
+        stream.close()
+    return out, dirs
+
+
+def _write_file(stream: Decompressed, dest: str, size: int, mode: int, mtime: int, member: str) -> None:
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        remaining = size
+        while remaining:
+            piece = stream.view(min(remaining, CHUNK))
+            if not piece:
+                raise CorruptArchive(f"the archive ends inside {member!r} ({remaining} bytes missing)")
+            while piece:
+                n = os.write(fd, piece)
+                piece = piece[n:]
+                remaining -= n
+        os.fchmod(fd, mode)
+        os.utime(fd, (mtime, mtime))
+    finally:
+        os.close(fd)
+
+
+def _merge_all(staging: str, target: str) -> None:
+    with os.scandir(staging) as it:
+        names = [e.name for e in it]
+    for name in names:
+        _merge(os.path.join(staging, name), os.path.join(target, name))
+
+
+def _merge(src: str, dst: str) -> None:
+    """Move src to dst. Directories merge; anything else replaces. Never follows a symlink at dst."""
+    try:
+        dst_st = os.lstat(dst)
+    except FileNotFoundError:
+        os.rename(src, dst)
+        return
+    src_is_dir = stat.S_ISDIR(os.lstat(src).st_mode)
+    if src_is_dir and stat.S_ISDIR(dst_st.st_mode):
+        with os.scandir(src) as it:
+            names = [e.name for e in it]
+        for name in names:
+            _merge(os.path.join(src, name), os.path.join(dst, name))
+        return
+    if stat.S_ISDIR(dst_st.st_mode):
+        shutil.rmtree(dst)
+    elif src_is_dir:
+        os.unlink(dst)
+    os.rename(src, dst)  # replaces a file or symlink at dst atomically

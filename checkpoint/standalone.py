@@ -1,0 +1,107 @@
+"""A checkpoint as one file (`nodus checkpoint save … --out FILE`), with its manifest beside it.
+
+FILE is written to a temp name in its directory, fsynced and renamed; then `FILE.manifest.json`
+(the same manifest a store commits) is written the same way, last. `verify` and `restore` compare
+against that sidecar when it is there; without it they can check structure and zstd's checksum only.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from typing import Callable, Iterable
+
+from . import archive
+from .errors import CheckpointError, DigestMismatch, NoSpace, SourceError
+from .manifest import Manifest
+from .restore import Summary, inspect, restore
+from .stores.base import Clock, utcnow
+
+SIDECAR = ".manifest.json"
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> str:
+    return os.fspath(path) + SIDECAR
+
+
+def read_sidecar(path: str | os.PathLike[str]) -> Manifest | None:
+    try:
+        with open(sidecar_path(path), "rb") as f:
+            return Manifest.from_json(f.read())
+    except FileNotFoundError:
+        return None
+
+
+class _FileSink:
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return len(data)
+
+
+def _atomic_write(path: str, fill: Callable[[_FileSink], object]) -> None:
+    tmp = os.path.join(os.path.dirname(path) or ".", f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fill(_FileSink(fd, path))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            if e.errno == errno.ENOSPC:
+                raise NoSpace(f"no space left on device while writing {path}; nothing was written") from None
+            raise CheckpointError(f"writing {path}: {e.strerror or e}") from None
+        raise
+
+
+def save_file(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str], *, seq: int = 0,
+              root: str | os.PathLike[str] | None = None, level: int = archive.DEFAULT_LEVEL,
+              max_size: int | None = None, attempt: str = "", epoch: int = 0, format: str = "Snapshot",
+              labels: dict[str, str] | None = None, clock: Clock = utcnow) -> Manifest:
+    """Snapshot `paths` into the file `out` and commit its sidecar manifest."""
+    path = os.path.abspath(os.fspath(out))
+    plan = archive.scan(paths, root=root)
+    if os.path.isdir(path):
+        raise SourceError(f"{path} is a directory; give a file name (or use the directory as a store)")
+    infos: list[archive.ArchiveInfo] = []
+    _atomic_write(path, lambda sink: infos.append(archive.write(plan, sink, level=level, max_size=max_size)))
+    info = infos[0]
+    manifest = Manifest(seq=seq, time=clock(), archive=os.path.basename(path), size=info.size, sha256=info.sha256,
+                        paths=info.paths, files=info.files, unpacked_size=info.unpacked_size, level=level,
+                        format=format, attempt=attempt, epoch=epoch, labels=dict(labels or {}))
+    data = manifest.to_json()
+    _atomic_write(sidecar_path(path), lambda sink: sink.write(data))
+    return manifest
+
+
+def verify_file(path: str | os.PathLike[str], *, sha256: str | None = None,
+                max_unpacked: int | None = None) -> tuple[Manifest | None, Summary]:
+    """Read FILE through; compare with `sha256`, else with its sidecar manifest when there is one."""
+    manifest = read_sidecar(path)
+    expected = sha256 or (manifest.sha256 if manifest else None)
+    with open(path, "rb") as f:
+        summary = inspect(f, sha256=expected, max_unpacked=max_unpacked)
+    if manifest is not None and sha256 is None and summary.size != manifest.size:
+        raise DigestMismatch(f"{os.fspath(path)} is {summary.size} bytes but its manifest committed {manifest.size}")
+    return manifest, summary
+
+
+def restore_file(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha256: str | None = None,
+                 max_size: int | None = None, max_unpacked: int | None = None) -> tuple[Manifest | None, Summary]:
+    """Restore FILE under `into`; its digest is checked first against `sha256` or the sidecar."""
+    manifest = read_sidecar(path)
+    expected = sha256 or (manifest.sha256 if manifest else None)
+    size = manifest.size if manifest is not None and sha256 is None else None
+    return manifest, restore(path, into, sha256=expected, size=size, max_size=max_size, max_unpacked=max_unpacked)

@@ -1,0 +1,408 @@
+"""AgentService, the coordinator's side of agent.proto: Register, and one Connect stream per node.
+
+Register checks the join token, creates or updates the node (a new session: epoch + 1) and renews its
+lease; a stream of an older session is closed with FAILED_PRECONDITION, so a stale agent cannot act.
+
+Connect expects Hello first (unknown or superseded session: FAILED_PRECONDITION, and the agent
+registers again), folds everything the Hello reports into the Attempts, and answers FullState: every
+attempt placed on the node that should run, every one that should stop (spec.stop, or one the agent
+still runs that the coordinator already gave up: Lost and replaced, deleted, or placed elsewhere).
+From then on the stream sends what changes, computed as a diff between the node's desired state
+(from the cache, fed by the store) and what this stream already said; and it takes Heartbeats
+(renew the lease, answered with LeaseRenewal), AttemptUpdates and Progress (folded into the Attempt,
+then acknowledged once durable) and Acks. A reconnect starts from scratch both ways, and every fold
+is idempotent, so a resent report never counts twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from nodus.proto.nodus.v1 import agent_pb2, agent_pb2_grpc
+
+from .clock import Clock, parse, rfc3339
+from .controllers import assignment
+from .controllers.attempts import (PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_progress, fold_report,
+                                   phase_of)
+from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
+from .controllers.objects import Objects
+from .errors import NodusError, new_request_id
+from .grpc_api import _status
+from .identity import Identity
+from .nodes import NodeRegistry
+from .vault import Vault
+
+log = logging.getLogger("nodus.agents")
+
+HELLO_TIMEOUT = 30.0
+_END = object()
+
+
+def _seconds(ts: timestamp_pb2.Timestamp) -> float | None:
+    return ts.ToNanoseconds() / 1e9 if (ts.seconds or ts.nanos) else None
+
+
+def _duration(secs: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(secs * 1e9)))
+    return d
+
+
+def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:
+    phase = PROTO_PHASES.get(u.phase)
+    if phase is None:
+        return None
+    return Report(phase=phase, exit_code=u.exit_code if u.HasField("exit_code") else None, reason=u.reason,
+                  message=u.message, start_time=_seconds(u.start_time), finish_time=_seconds(u.finish_time),
+                  oom_killed=u.oom_killed, time=_seconds(u.time), inputs_ready_time=_seconds(u.inputs_ready_time),
+                  restored_from_seq=u.restored_from_seq,
+                  outputs=tuple({"name": o.name, "path": o.path, "rank": o.rank, "uri": o.uri, "sha256": o.sha256,
+                                 "size": o.size_bytes} for o in u.outputs))
+
+
+def progress_of(p: agent_pb2.Progress) -> ProgressReport:
+    return ProgressReport(stage=p.stage, units_completed=p.units_completed, units_total=p.units_total,
+                          metrics=dict(p.metrics), step=p.step, total_steps=p.total_steps,
+                          tokens_per_second=p.tokens_per_second, gpu_memory_bytes=p.gpu_memory_bytes,
+                          time=_seconds(p.time))
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, registry: NodeRegistry, objects: Objects, identity: Identity, vault: Vault,
+                 clock: Clock) -> None:
+        self.registry, self.objects, self.identity, self.vault, self.clock = registry, objects, identity, vault, clock
+        self.cache: Cache = registry.cache
+        self.sessions: dict[str, Session] = {}
+        self.cache.listen(ATTEMPTS, self._on_attempt)
+        self.cache.listen(NODES, self._on_node)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        for obj in (old, new):
+            node = ((obj or {}).get("spec") or {}).get("node")
+            if node and node in self.sessions:
+                self.sessions[node].dirty.set()
+
+    def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        session = self.sessions.get(key[len(NODES):])
+        if session is not None and (new is None or new.get("sessionId") != session.session_id):
+            session.end(NodusError("StaleSession", "a newer registration of this node superseded the session"))
+
+    async def _auth(self, context: grpc.aio.ServicerContext) -> None:
+        await self.identity.verify_join_token(dict(context.invocation_metadata()).get("authorization"))
+
+    async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext) -> Any:
+        rid = new_request_id()
+        try:
+            await self._auth(context)
+            name = request.node_name
+            if not name or len(name) > 253 or not all(c.isalnum() or c in "-._" for c in name):
+                raise NodusError("BadRequest", f"node name {name!r} is not valid",
+                                 fix="use --node with letters, digits, '-', '.' or '_' (at most 253)")
+            node = await self.registry.register(name, request.inventory)
+        except NodusError as e:
+            await context.abort_with_status(_status(e, rid))
+            raise  # unreachable: abort raises
+        log.info("node %s registered: session epoch %d", name, node["epoch"])
+        return agent_pb2.RegisterResponse(node_id=node["id"], session_id=node["sessionId"], epoch=node["epoch"],
+                                          lease_duration=_duration(self.registry.leases.duration),
+                                          heartbeat_interval=_duration(self.registry.heartbeat_interval))
+
+    async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        rid = new_request_id()
+        try:
+            await self._auth(context)
+            try:
+                first = await asyncio.wait_for(request_iterator.__anext__(), HELLO_TIMEOUT)
+            except (StopAsyncIteration, asyncio.TimeoutError):
+                raise NodusError("BadRequest", "the stream must start with Hello", fix="send Hello first") from None
+            if first.WhichOneof("message") != "hello":
+                raise NodusError("BadRequest", "the stream must start with Hello", fix="send Hello first")
+            hello = first.hello
+            node = self.registry.node_by_id(hello.node_id)
+            if node is None or node.get("sessionId") != hello.session_id or node.get("epoch") != hello.epoch:
+                raise NodusError("StaleSession", f"session {hello.session_id or '?'} (epoch {hello.epoch}) of node "
+                                 f"{hello.node_id or '?'} is unknown or superseded")
+        except NodusError as e:
+            await context.abort_with_status(_status(e, rid))
+            return
+        session = Session(self, node["name"], hello.session_id, hello.epoch)
+        previous = self.sessions.get(session.node)
+        if previous is not None:
+            previous.end()  # the same session reconnected: the older stream is simply over
+        self.sessions[session.node] = session
+        reader: asyncio.Task[None] | None = None
+        differ: asyncio.Task[None] | None = None
+        try:
+            await session.open(first)
+            reader = asyncio.create_task(session.read(request_iterator), name=f"agent-read:{session.node}")
+            differ = asyncio.create_task(session.follow(), name=f"agent-diff:{session.node}")
+            async for message in session.outbound():
+                yield message
+        finally:
+            for task in (reader, differ):
+                if task is not None:
+                    task.cancel()
+            if self.sessions.get(session.node) is session:
+                del self.sessions[session.node]
+        if session.error is not None:
+            await context.abort_with_status(_status(session.error, rid))
+
+
+class Session:
+    """One Connect stream of one node's session."""
+
+    def __init__(self, service: AgentServicer, node: str, session_id: str, epoch: int) -> None:
+        self.service = service
+        self.node, self.session_id, self.epoch = node, session_id, epoch
+        self.dirty = asyncio.Event()
+        self.error: NodusError | None = None
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._seq = 0
+        self._said: dict[str, str] = {}
+        """attempt id → "assign" or "cancel": what this stream told the agent."""
+        self._finished: set[str] = set()
+        """Attempts the agent reported ended: nothing left to stop."""
+        self._known: set[str] = set()
+        """Attempts the agent has: those its Hello reported and those assigned on this stream. A stop
+        for an attempt outside this set is settled here, since no agent will ever report it."""
+        self._acked = 0
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def send(self, **message: Any) -> None:
+        self._seq += 1
+        self._out.put_nowait(agent_pb2.CoordinatorMessage(seq=self._seq, **message))
+
+    def end(self, error: NodusError | None = None) -> None:
+        if self.error is None:
+            self.error = error
+        self._out.put_nowait(_END)
+
+    async def outbound(self) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        while True:
+            message = await self._out.get()
+            if message is _END:
+                return
+            yield message
+
+    @property
+    def cache(self) -> Cache:
+        return self.service.cache
+
+    # -- the conversation -------------------------------------------------------------------------
+    async def open(self, first: agent_pb2.AgentMessage) -> None:
+        """Folds the Hello's observations, then sends FullState (the first message down)."""
+        reported: dict[str, Any] = {}
+        for observation in first.hello.attempts:
+            attempt_id = observation.status.attempt_id
+            self._known.add(attempt_id)
+            reported[attempt_id] = await self._update(observation.status, from_hello=True)
+            if observation.HasField("progress"):
+                await self._progress(observation.progress)
+        assignments, cancels = await self._desired(reported)
+        self.send(full_state=agent_pb2.FullState(assignments=assignments, cancels=cancels, lease=self._lease()))
+        self.send(ack=agent_pb2.Ack(seq=first.seq))
+
+    async def read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+        try:
+            async for message in messages:
+                await self._handle(message)
+        except asyncio.CancelledError:
+            raise
+        except NodusError as e:
+            self.end(e)
+            return
+        except Exception as e:  # noqa: BLE001 - the transport broke; the agent reconnects
+            log.info("node %s: stream ended: %s", self.node, e)
+        self.end()
+
+    async def _handle(self, message: agent_pb2.AgentMessage) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "heartbeat":
+            await self.service.registry.renew(self.node, self.session_id, self.epoch,
+                                              message.heartbeat.disk_free_bytes)
+            self.send(lease_renewal=self._lease())
+        elif kind == "attempt_update":
+            await self._update(message.attempt_update)
+        elif kind == "progress":
+            await self._progress(message.progress)
+        elif kind == "ack":
+            self._acked = max(self._acked, message.ack.seq)
+            return
+        elif kind == "hello":
+            raise NodusError("BadRequest", "Hello may only open a stream", fix="open a new stream to resync")
+        # checkpoint_commit and probe_result land with checkpoints and gangs: acknowledged, not used yet.
+        self.send(ack=agent_pb2.Ack(seq=message.seq))
+
+    async def _update(self, update: agent_pb2.AttemptUpdate, from_hello: bool = False) -> Any:
+        """Folds one report into its Attempt (durably) and returns the report's phase."""
+        report = report_of(update)
+        attempt = self.cache.attempt_by_id(update.attempt_id)
+        if report is None:
+            return None
+        if report.phase.terminal:
+            self._finished.add(update.attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            if not report.phase.terminal and not from_hello:
+                # Nobody wants it here (deleted, or placed elsewhere): stop it.
+                self._cancel(update.attempt_id, "Unassigned", 0)
+            return report.phase
+        now = self.service.clock.now()
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_report(obj, report, now)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(key, mutate)
+        return report.phase
+
+    async def _progress(self, progress: agent_pb2.Progress) -> None:
+        attempt = self.cache.attempt_by_id(progress.attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            return
+        report = progress_of(progress)
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_progress(obj, report)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(key, mutate)
+
+    def _lease(self) -> agent_pb2.LeaseRenewal:
+        leases = self.service.registry.leases
+        lease = self.service.registry.lease(self.node) or {}
+        expire = timestamp_pb2.Timestamp()
+        expire.FromNanoseconds(int((parse(lease.get("expireTime")) or self.service.clock.now()) * 1e9))
+        return agent_pb2.LeaseRenewal(valid_for=_duration(leases.duration), expire_time=expire)
+
+    def _cancel(self, attempt_id: str, reason: str, grace: int) -> None:
+        self._said[attempt_id] = "cancel"
+        self.send(cancel=agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=grace))
+
+    # -- desired state ----------------------------------------------------------------------------
+    async def _desired(self, reported: dict[str, Any]) -> tuple[list[agent_pb2.Assignment], list[agent_pb2.Cancel]]:
+        """FullState's content; `reported` maps what the Hello named to the phase it reported."""
+        assignments, cancels = [], []
+        wanted: set[str] = set()
+        for attempt in self.cache.attempts_on(self.node):
+            spec = attempt["spec"]
+            if phase_of(attempt).terminal:
+                continue
+            wanted.add(spec["id"])
+            if spec.get("stop"):
+                if spec["id"] not in self._known:
+                    await self._never_started(attempt)
+                    continue
+                cancels.append(agent_pb2.Cancel(attempt_id=spec["id"], reason=spec["stop"].get("reason", "Cancelled"),
+                                                grace_seconds=int(spec["stop"].get("graceSeconds") or 0)))
+                self._said[spec["id"]] = "cancel"
+            else:
+                built = await self._assignment(attempt)
+                if built is not None:
+                    assignments.append(built)
+                    self._said[spec["id"]] = "assign"
+                    self._known.add(spec["id"])
+        for attempt_id, phase in reported.items():
+            if attempt_id in wanted or phase is None or phase.terminal:
+                continue
+            known = self.cache.attempt_by_id(attempt_id)
+            reason = "Unassigned"
+            if known is not None and (known.get("spec") or {}).get("node") == self.node:
+                reason = (known.get("status") or {}).get("reason") or "Unassigned"  # e.g. NodeLost: replaced
+            cancels.append(agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=0))
+            self._said[attempt_id] = "cancel"
+        return assignments, cancels
+
+    async def follow(self) -> None:
+        """Sends what changes in the node's desired state, for as long as the stream lives."""
+        while True:
+            await self.dirty.wait()
+            self.dirty.clear()
+            try:
+                await self._diff()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next change retries; a reconnect resyncs anyway
+                log.exception("node %s: sending desired state failed", self.node)
+
+    async def _diff(self) -> None:
+        on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
+        for attempt_id, attempt in on_node.items():
+            spec, said = attempt["spec"], self._said.get(attempt_id)
+            if phase_of(attempt).terminal:
+                if said == "assign" and attempt_id not in self._finished:
+                    # Ended without the agent saying so (Lost while it was away): stop it there.
+                    self._cancel(attempt_id, (attempt.get("status") or {}).get("reason") or "Unassigned", 0)
+                continue
+            if spec.get("stop"):
+                if attempt_id not in self._known:
+                    await self._never_started(attempt)
+                elif said != "cancel" and attempt_id not in self._finished:
+                    self._cancel(attempt_id, spec["stop"].get("reason", "Cancelled"),
+                                 int(spec["stop"].get("graceSeconds") or 0))
+            elif said is None:
+                built = await self._assignment(attempt)
+                if built is not None:
+                    self._said[attempt_id] = "assign"
+                    self._known.add(attempt_id)
+                    self.send(assignment=built)
+        for attempt_id, said in list(self._said.items()):
+            if attempt_id not in on_node:
+                if said == "assign" and attempt_id not in self._finished:
+                    self._cancel(attempt_id, "Unassigned", 0)  # deleted, or moved off this node
+                self._said.pop(attempt_id, None)
+        for gone in (self._known | self._finished) - on_node.keys() - self._said.keys():
+            self._known.discard(gone)  # deleted: forget it, so a long-lived stream does not grow
+            self._finished.discard(gone)
+
+    async def _never_started(self, attempt: dict[str, Any]) -> None:
+        """A stop for an attempt this agent never had (stopped before its assignment went out): it ends
+        here as the agent would have reported it, so it neither holds capacity nor stays live."""
+        stop = attempt["spec"]["stop"]
+        report = Report(AttemptPhase.CANCELLED, reason=stop.get("reason", "Cancelled"),
+                        message="stopped before it started on the node")
+        now = self.service.clock.now()
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_report(obj, report, now)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"]),
+                                          mutate)
+
+    async def _assignment(self, attempt: dict[str, Any]) -> agent_pb2.Assignment | None:
+        project = attempt["metadata"]["namespace"]
+        job = self.cache.job(project, attempt["spec"]["job"])
+        if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
+            return None  # its Job is gone: the Job controller stops and deletes it
+        try:
+            return await assignment.build(attempt, job, self.service.vault, self._output_of(project))
+        except NodusError as e:
+            log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], e.message)
+            await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),
+                                              _fail("InvalidAssignment", e.message, self.service.clock.now()))
+            return None
+
+    def _output_of(self, project: str) -> Any:
+        def find(job: str, output: str, index: int) -> dict[str, Any] | None:
+            producer = self.cache.job(project, job) or {}
+            return next((o for o in (producer.get("status") or {}).get("outputs") or []
+                         if o.get("name") == output and int(o.get("index") or 0) == index and o.get("sha256")), None)
+        return find
+
+
+def _fail(reason: str, message: str, now: float) -> Any:
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if phase_of(obj).terminal:
+            return None
+        obj["status"] = {**(obj.get("status") or {}), "phase": AttemptPhase.FAILED.value, "reason": reason,
+                         "message": message, "finishTime": rfc3339(now)}
+        return obj
+    return mutate
+
+
+def add_to_server(server: grpc.aio.Server, servicer: AgentServicer) -> None:
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)

@@ -1,0 +1,132 @@
+"""Attempt (nodus.dev/v1): one run of one Job index, read-only for customers.
+
+The job controller creates Attempts, the scheduler places them and the agent stream folds what the
+node agent reports into their status (docs/adr/0009-controllers.md). Customers get, list and watch
+them (`nodus get attempts JOB`, `kubectl get attempts -l nodus.dev/job=JOB`); every write by anyone
+but the coordinator itself answers 405 MethodNotAllowed. The tree below is what `kubectl explain
+attempts` shows; admission never runs it for a write, because there are no customer writes.
+
+Naming: `<job>-<index>-<number>` (a DNS subdomain; a Job name is at most 63 characters, so the name
+fits easily in 253), labels `nodus.dev/job` and `nodus.dev/index`, and an ownerReference to the Job.
+The attempt id on the wire (Assignment.attempt_id, NODUS_ATTEMPT) is `spec.id`, `att-` and 16 hex
+digits, chosen at creation: unique in the cluster, short in logs and in the agent's directories, and
+different for a Job deleted and recreated under the same name.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Cause
+from .schema import Bool, Int, KindSchema, List, Map, Obj, Str
+
+JOB_LABEL = "nodus.dev/job"
+INDEX_LABEL = "nodus.dev/index"
+PHASES = ("Pending", "Provisioning", "Materializing", "Initializing", "StartingSidecars", "Running", "Checkpointing",
+          "Stopping", "Succeeded", "Failed", "Lost", "Cancelled")
+"""The AttemptPhase vocabulary of common.proto, in CamelCase words (controllers/attempts.py defines the enum)."""
+
+
+def attempt_name(job: str, index: int, number: int) -> str:
+    return f"{job}-{index}-{number}"
+
+
+def _s(description: str, **kw: Any) -> Str:
+    return Str(description=description, **kw)
+
+
+def _i(description: str) -> Int:
+    return Int(description=description)
+
+
+_GPU = Obj(description="GPU is the accelerator request, as on the Job.", fields={
+    "count": _i("Count is the GPUs reserved."),
+    "exact": Bool(description="Exact pins the exact variant."),
+    "interconnect": _s("Interconnect is Any or NVLink."),
+    "minMemory": _s("MinMemory is the per-GPU memory floor."),
+    "type": List(description="Type lists accelerator ids or families.", items=Str()),
+})
+
+ATTEMPT_SPEC = Obj(description="AttemptSpec is what the coordinator decided for this run.", fields={
+    "id": _s("ID is the attempt id used on the agent stream and in NODUS_ATTEMPT: att- and 16 hex digits."),
+    "job": _s("Job is the owning Job's name."),
+    "jobUID": _s("JobUID is the owning Job's metadata.uid."),
+    "index": _i("Index is the Job index this attempt runs (NODUS_INDEX)."),
+    "number": _i("Number is the attempt number within the index, from 1 (NODUS_ATTEMPT_NUMBER)."),
+    "node": _s("Node is the node the scheduler placed the attempt on; empty while Pending."),
+    "gpuIndexes": List(description="GPUIndexes are the host GPU indexes reserved on the node.", items=Int()),
+    "runtime": _s("Runtime is process (no image) or oci (an image): what the node must offer."),
+    "image": _s("Image is the Job's image; empty runs in the node's own environment."),
+    "command": List(description="Command is the Job's command followed by its args (a summary).", items=Str()),
+    "resources": Obj(description="Resources are the capacity the attempt reserves on its node.", fields={
+        "cpu": _s("CPU is the vCPU floor."),
+        "memory": _s("Memory is the host memory floor."),
+        "disk": _s("Disk is the ephemeral disk floor."),
+        "gpu": _GPU,
+    }),
+    "placement": Obj(description="Placement is the Job's hard placement constraints.", fields={
+        "regions": List(description="Regions are the region classes the node must be in.", items=Str()),
+        "offerings": List(description="Offerings are the offering ids the node must be sold as.", items=Str()),
+    }),
+    "stop": Obj(description="Stop is set when the coordinator wants the attempt stopped.", fields={
+        "reason": _s("Reason is why: Cancelled, Suspended, DeadlineExceeded, BackoffLimitExceeded, Drained, …"),
+        "graceSeconds": _i("GraceSeconds is the time between SIGTERM and SIGKILL."),
+        "time": _s("Time is when the stop was requested."),
+    }),
+})
+
+ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the node agent observed.", fields={
+    "phase": _s("Phase is where the attempt stands: " + ", ".join(PHASES) + ". Succeeded, Failed, Lost and "
+                "Cancelled are terminal.", enum=PHASES),
+    "reason": _s("Reason is the CamelCase reason for the phase, for example Completed, Error, OOMKilled, NodeLost, "
+                 "Drained, Cancelled, Suspended, DeadlineExceeded, WaitingForCapacity."),
+    "message": _s("Message is a scrubbed explanation: at most three log lines of a customer exit, or why the "
+                  "attempt waits for capacity."),
+    "exitCode": _i("ExitCode is the main command's exit code (128 + signal for a signal)."),
+    "oomKilled": Bool(description="OOMKilled is true when the kernel's OOM killer ended the main command."),
+    "provisioningTime": _s("ProvisioningTime is when the scheduler placed the attempt."),
+    "startTime": _s("StartTime is when the main command started."),
+    "finishTime": _s("FinishTime is when the attempt reached a terminal phase."),
+    "inputsReadyTime": _s("InputsReadyTime is when declared inputs finished materializing."),
+    "lostTime": _s("LostTime is when the coordinator recorded the attempt Lost."),
+    "reportTime": _s("ReportTime is the agent's clock at its latest report (orders reports)."),
+    "restoredFromSeq": _i("RestoredFromSeq is the checkpoint restored before the command; 0 if none."),
+    "outputs": List(description="Outputs are the committed outputs.", items=Obj(
+        description="AttemptOutput is one committed output.", fields={
+            "name": _s("Name is the declared output (outputs for /nodus/outputs)."),
+            "path": _s("Path is where it was collected from."),
+            "rank": _i("Rank is the gang rank that produced it."),
+            "uri": _s("URI is where it was uploaded (blob://sha256/<hex>)."),
+            "sha256": _s("SHA256 is the content digest, hex."),
+            "size": _i("Size is the size in bytes."),
+        })),
+    "progress": Obj(description="Progress is the latest line the program wrote to $NODUS_PROGRESS.", fields={
+        "stage": _s("Stage is a domain stage name."),
+        "units": Obj(description="Units counts work units.", fields={
+            "completed": _i("Completed is units done."), "total": _i("Total is units planned, when known.")}),
+        "metrics": Map(description="Metrics are the latest scalar metrics, as decimal strings.", values=Str()),
+        "step": _i("Step is the training step."),
+        "totalSteps": _i("TotalSteps is the planned training steps."),
+        "tokensPerSecond": _s("TokensPerSecond is the throughput, as a decimal string."),
+        "gpuMemoryBytes": _i("GPUMemoryBytes is the GPU memory in use."),
+        "time": _s("Time is the agent's clock when the line was read."),
+    }),
+    "unitSamplesMs": List(description="UnitSamplesMs are per-unit times derived from successive progress lines, "
+                                      "newest last (at most 64).", items=Int()),
+    "placement": Obj(description="Placement is the scheduler's explanation.", fields={
+        "explain": _s("Explain says why the attempt went where it went, or why it waits."),
+    }),
+})
+
+
+def _no_rules(body: dict[str, Any]) -> list[Cause]:
+    return []
+
+
+ATTEMPT = KindSchema(
+    kind="Attempt",
+    description="Attempt is one run of one Job index: where it runs, its phase, its exit and its progress. The "
+                "coordinator creates and updates Attempts; customers read them.",
+    body=Obj(fields={"spec": ATTEMPT_SPEC}),
+    status=ATTEMPT_STATUS,
+    rules=_no_rules,
+)

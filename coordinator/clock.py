@@ -1,0 +1,81 @@
+"""Time, injected: every timeout, TTL, lease and queue limit reads the coordinator's `Clock`.
+
+Why a clock object instead of `time.time()`: the decisions that depend on time (a Job's deadline,
+its TTL, a node's lease, how long an attempt has queued) are pure functions of `now`, and tests step
+a `ManualClock` instead of sleeping. Times are float Unix seconds inside the coordinator and RFC 3339
+strings in stored objects; the two helpers here convert between them, at millisecond precision, so
+a deadline of two seconds survives a round trip through the store.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Protocol
+
+from .api import units
+
+
+class Clock(Protocol):
+    """Where the coordinator reads the time."""
+
+    def now(self) -> float:
+        """Unix seconds."""
+        ...
+
+
+class SystemClock:
+    """The wall clock (what a running coordinator uses)."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+class ManualClock:
+    """A clock that moves only when told to: for tests of time-based decisions."""
+
+    def __init__(self, start: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> float:
+        self.t += seconds
+        return self.t
+
+
+def rfc3339(t: float, *, precise: bool = False) -> str:
+    """Unix seconds as RFC 3339 UTC, with milliseconds (microseconds if `precise`) only when there are any.
+
+    `precise` is for agent clock readings that order reports, where two lines a millisecond apart
+    must still compare in order.
+    """
+    if precise:
+        return units.format_time(datetime.fromtimestamp(t, timezone.utc))
+    dt = datetime.fromtimestamp(round(t, 3), timezone.utc)
+    return units.format_time(dt.replace(microsecond=dt.microsecond // 1000 * 1000))
+
+
+def parse(text: object) -> float | None:
+    """An RFC 3339 string as Unix seconds; None for anything else (absent or malformed)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return units.parse_time(text).timestamp()
+    except ValueError:
+        return None
+
+
+def seconds(duration: object) -> float | None:
+    """A Go duration string as seconds; None when absent or malformed."""
+    if not isinstance(duration, str) or not duration:
+        return None
+    try:
+        return units.parse_duration_ns(duration) / units.NS_PER_SECOND
+    except ValueError:
+        return None
+
+
+def duration(secs: float) -> str:
+    """Seconds as a Go duration string, at millisecond precision (`1m30.5s`)."""
+    return units.format_duration(int(round(secs * 1000)) * 1_000_000)

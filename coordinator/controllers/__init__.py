@@ -1,0 +1,13 @@
+"""What moves Jobs toward their spec: controllers (level-triggered, idempotent) and their pure parts.
+
+- `attempts.py`: the Attempt state machine (pure): phases, how agent reports fold into status.
+- `job.py`: the Job controller's decision (pure): (Job, Attempts, now) → status and actions.
+- `job_controller.py`: performs those decisions, driven by the cache, wake-ups and a resync.
+- `placement.py`: performs `scheduler.place_all` for waiting attempts.
+- `lease.py`: expired node leases → NotReady nodes and Lost attempts.
+- `assignment.py`: an Attempt and its Job compiled into the wire Assignment.
+- `cache.py`, `objects.py`, `workqueue.py`: the watch-fed view of the store, CAS writes, the work queue.
+- `plane.py`: wires them together for `main.py`.
+
+See docs/adr/0009-controllers.md for why they are shaped this way.
+"""

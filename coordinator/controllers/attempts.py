@@ -1,0 +1,230 @@
+"""The Attempt state machine: phases, and how an agent's report folds into an Attempt's status.
+
+Pure: a report and the stored object in, the next status out (or None: nothing changes). The agent
+stream (`agents.py`) performs the write. Folding is idempotent and order-safe, because reconnects
+resend everything (Hello carries every attempt the agent knows): the same report twice, or an older
+report after a newer one, changes nothing. Nothing here counts anything; the Job controller derives
+its counts from the set of Attempt objects, so a resent report can never be counted twice.
+
+Legal transitions (anything else is ignored):
+
+    Pending -> Provisioning            the scheduler placed it (scheduler, not an agent report)
+    Provisioning -> Materializing -> Initializing -> StartingSidecars -> Running -> Stopping
+        (an agent may skip steps; never go back, except Checkpointing <-> Running)
+    any non-terminal -> Succeeded | Failed | Lost | Cancelled    (terminal: never left)
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clock import parse, rfc3339
+
+
+class AttemptPhase(str, enum.Enum):
+    """Where one attempt (one run of one Job index) stands; the words of common.proto's AttemptPhase."""
+
+    PENDING = "Pending"
+    """Created by the job controller, not yet placed on a node."""
+    PROVISIONING = "Provisioning"
+    """Placed on a node; the assignment is on its way to the agent, or the agent reserves capacity."""
+    MATERIALIZING = "Materializing"
+    """The agent fetches the image, code, inputs and volumes, and restores a checkpoint."""
+    INITIALIZING = "Initializing"
+    """The init command runs."""
+    STARTING_SIDECARS = "StartingSidecars"
+    """Sidecars start and become ready."""
+    RUNNING = "Running"
+    """The main command runs."""
+    CHECKPOINTING = "Checkpointing"
+    """A checkpoint is being taken while the program keeps running."""
+    STOPPING = "Stopping"
+    """The program was asked to stop or has exited; outputs are collected."""
+    SUCCEEDED = "Succeeded"
+    """Terminal: exit 0 and every output committed."""
+    FAILED = "Failed"
+    """Terminal: a customer failure (non-zero exit, OOM, init command, sidecar); counts against backoffLimit."""
+    LOST = "Lost"
+    """Terminal: lost capacity (lease expired, drain, preemption, agent fault); counts against maxAttempts."""
+    CANCELLED = "Cancelled"
+    """Terminal: stopped on purpose (cancel, suspend, deadline); counts against nothing."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+    @classmethod
+    def parse(cls, value: object) -> "AttemptPhase":
+        """The stored word; an absent phase is Pending (an attempt is created before anything happens)."""
+        try:
+            return cls(value) if value else cls.PENDING
+        except ValueError:
+            return cls.PENDING
+
+
+TERMINAL = frozenset({AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST, AttemptPhase.CANCELLED})
+
+_RANK = {
+    AttemptPhase.PENDING: 0, AttemptPhase.PROVISIONING: 1, AttemptPhase.MATERIALIZING: 2,
+    AttemptPhase.INITIALIZING: 3, AttemptPhase.STARTING_SIDECARS: 4, AttemptPhase.RUNNING: 5,
+    AttemptPhase.CHECKPOINTING: 5, AttemptPhase.STOPPING: 6,
+}
+
+PROTO_PHASES = {
+    1: AttemptPhase.PENDING, 2: AttemptPhase.PROVISIONING, 3: AttemptPhase.MATERIALIZING,
+    4: AttemptPhase.INITIALIZING, 5: AttemptPhase.STARTING_SIDECARS, 6: AttemptPhase.RUNNING,
+    7: AttemptPhase.CHECKPOINTING, 8: AttemptPhase.STOPPING, 9: AttemptPhase.SUCCEEDED, 10: AttemptPhase.FAILED,
+    11: AttemptPhase.LOST, 12: AttemptPhase.CANCELLED,
+}
+"""common.proto AttemptPhase numbers to phases (0, unspecified, is absent on purpose)."""
+PHASE_NUMBERS = {phase: number for number, phase in PROTO_PHASES.items()}
+
+INFRA_STOP_REASONS = frozenset({"Drained", "Preempted", "Reclaimed", "NodeLost"})
+"""Stops the coordinator asks for because capacity goes away: the attempt is recorded Lost and replaced."""
+MAX_UNIT_SAMPLES = 64
+MAX_MESSAGE_LINES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One AttemptUpdate from an agent, decoded from the wire (times as Unix seconds, None if unset)."""
+
+    phase: AttemptPhase
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    start_time: float | None = None
+    finish_time: float | None = None
+    oom_killed: bool = False
+    time: float | None = None
+    """Agent clock when observed: orders reports from one agent."""
+    inputs_ready_time: float | None = None
+    restored_from_seq: int = 0
+    outputs: tuple[dict[str, Any], ...] = ()
+    """{name, path, rank, uri, sha256, size} per committed output."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """One Progress line from an agent."""
+
+    stage: str = ""
+    units_completed: int = 0
+    units_total: int = 0
+    metrics: dict[str, str] = field(default_factory=dict)
+    step: int = 0
+    total_steps: int = 0
+    tokens_per_second: str = ""
+    gpu_memory_bytes: int = 0
+    time: float | None = None
+
+
+def phase_of(attempt: dict[str, Any]) -> AttemptPhase:
+    return AttemptPhase.parse((attempt.get("status") or {}).get("phase"))
+
+
+def scrub(message: str, lines: int = MAX_MESSAGE_LINES) -> str:
+    """At most the last `lines` non-empty lines: a customer exit's message is a log tail, not a log."""
+    kept = [line.rstrip() for line in (message or "").splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])[:2048]
+
+
+def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str, Any] | None:
+    """The attempt's next status after `report`, or None when the report changes nothing."""
+    status = dict(attempt.get("status") or {})
+    current = AttemptPhase.parse(status.get("phase"))
+    if current.terminal:
+        return None  # terminal phases are never left; a resend after the end is a no-op
+    seen = parse(status.get("reportTime"))
+    if report.time is not None and seen is not None and report.time < seen:
+        return None  # older than what we have: a resend from before a reconnect
+    phase = report.phase
+    if not phase.terminal:
+        if _RANK[phase] < _RANK[current] and not (phase is AttemptPhase.RUNNING
+                                                  and current is AttemptPhase.CHECKPOINTING):
+            return None
+    reason = report.reason
+    stop = (attempt.get("spec") or {}).get("stop") or {}
+    if phase is AttemptPhase.FAILED and stop:
+        # A program that exits non-zero on the SIGTERM we sent was stopped, not failed: it must not
+        # count against backoffLimit.
+        phase, reason = AttemptPhase.CANCELLED, ""
+    if phase is AttemptPhase.CANCELLED:
+        if not stop:
+            # Nobody asked for the stop: the capacity went away under the attempt.
+            phase, reason = AttemptPhase.LOST, reason or "AgentFault"
+        elif stop.get("reason") in INFRA_STOP_REASONS:
+            phase, reason = AttemptPhase.LOST, stop["reason"]
+        else:
+            reason = reason or stop.get("reason") or "Cancelled"
+    elif phase is AttemptPhase.FAILED:
+        reason = reason or ("OOMKilled" if report.oom_killed else "Error")
+    elif phase is AttemptPhase.SUCCEEDED:
+        reason = reason or "Completed"
+    elif phase is AttemptPhase.LOST:
+        reason = reason or "AgentFault"
+    status["phase"] = phase.value
+    status["reason"] = reason
+    if report.message:
+        status["message"] = scrub(report.message)
+    if report.exit_code is not None:
+        status["exitCode"] = report.exit_code
+    if report.oom_killed:
+        status["oomKilled"] = True
+    for key, value in (("startTime", report.start_time), ("inputsReadyTime", report.inputs_ready_time)):
+        if value is not None and key not in status:
+            status[key] = rfc3339(value)
+    if phase is AttemptPhase.RUNNING and "startTime" not in status:
+        status["startTime"] = rfc3339(report.time if report.time is not None else now)
+    if phase.terminal:
+        status["finishTime"] = rfc3339(report.finish_time if report.finish_time is not None else now)
+        if phase is AttemptPhase.LOST:
+            status.setdefault("lostTime", rfc3339(now))
+    if report.restored_from_seq:
+        status["restoredFromSeq"] = report.restored_from_seq
+    if report.outputs:
+        merged = {(o.get("name"), o.get("rank", 0)): o for o in status.get("outputs") or []}
+        merged.update({(o.get("name"), o.get("rank", 0)): dict(o) for o in report.outputs})
+        status["outputs"] = sorted(merged.values(), key=lambda o: (str(o.get("name")), o.get("rank", 0)))
+    if report.time is not None:
+        status["reportTime"] = rfc3339(report.time, precise=True)
+    return None if status == (attempt.get("status") or {}) else status
+
+
+def fold_progress(attempt: dict[str, Any], report: ProgressReport) -> dict[str, Any] | None:
+    """The attempt's next status after a progress line, or None when it is not newer.
+
+    Successive lines give unit timings: when `units.completed` grows by n over t seconds (agent
+    clock), each of those units took t/n; the newest MAX_UNIT_SAMPLES timings are kept, so the Job's
+    unitMetrics p50/p95 come from what the program actually did. A resent line has the same time
+    and is ignored, so nothing is sampled twice.
+    """
+    status = dict(attempt.get("status") or {})
+    previous = status.get("progress") or {}
+    before = parse(previous.get("time"))
+    if report.time is not None and before is not None and report.time <= before:
+        return None
+    progress: dict[str, Any] = {}
+    if report.stage:
+        progress["stage"] = report.stage
+    units: dict[str, int] = {"completed": report.units_completed}
+    if report.units_total:
+        units["total"] = report.units_total
+    progress["units"] = units
+    if report.metrics:
+        progress["metrics"] = dict(sorted(report.metrics.items()))
+    for key, value in (("step", report.step), ("totalSteps", report.total_steps),
+                       ("tokensPerSecond", report.tokens_per_second), ("gpuMemoryBytes", report.gpu_memory_bytes)):
+        if value:
+            progress[key] = value
+    if report.time is not None:
+        progress["time"] = rfc3339(report.time, precise=True)
+    done_before = (previous.get("units") or {}).get("completed")
+    if (report.time is not None and before is not None and isinstance(done_before, int)
+            and report.units_completed > done_before):
+        per_unit_ms = int(round((report.time - before) * 1000 / (report.units_completed - done_before)))
+        samples = list(status.get("unitSamplesMs") or []) + [per_unit_ms]
+        status["unitSamplesMs"] = samples[-MAX_UNIT_SAMPLES:]
+    status["progress"] = progress
+    return None if status == (attempt.get("status") or {}) else status

@@ -1,0 +1,188 @@
+"""A watch-fed copy of what the controllers read: Jobs, Attempts, nodes and their leases.
+
+The store stays the only shared memory: this cache is derived from it (a list, then a watch from the
+list's revision), rebuilt on every start, and never written to except with the result of a write
+that the store has just made durable (`apply`, so that a controller reads its own writes before the
+watch delivers them). Revisions order everything: an event older than what the cache holds for a
+key is dropped, and a deleted key keeps a tombstone (its delete revision) so that an older value never comes back.
+
+Indexes answer the controllers' questions without scans: the attempts of a Job, the attempts on a
+node, an attempt by its wire id. Listeners are plain callbacks on the event loop (key, old, new);
+they only mark work, they never await.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+import orjson
+
+from ..errors import NodusError
+from ..store.base import EventType, Store
+
+log = logging.getLogger("nodus.cache")
+
+JOBS, ATTEMPTS, NODES, LEASES = "jobs/", "attempts/", "_nodes/", "_leases/"
+PREFIXES = (JOBS, ATTEMPTS, NODES, LEASES)
+_MAX_TOMBSTONES = 20_000
+Listener = Callable[[str, "dict[str, Any] | None", "dict[str, Any] | None"], None]
+
+
+def decode(key: str, value: bytes, revision: int) -> dict[str, Any]:
+    obj = orjson.loads(value)
+    if isinstance(obj.get("metadata"), dict):
+        obj["metadata"]["resourceVersion"] = str(revision)
+    return obj
+
+
+def job_key(project: str, name: str) -> str:
+    return f"{JOBS}{project}/{name}"
+
+
+def attempt_key(project: str, name: str) -> str:
+    return f"{ATTEMPTS}{project}/{name}"
+
+
+def owner_of(attempt: dict[str, Any]) -> tuple[str, str]:
+    """(project, job name) of an Attempt."""
+    return attempt["metadata"].get("namespace", ""), (attempt.get("spec") or {}).get("job", "")
+
+
+class Cache:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._revisions: dict[str, int] = {}
+        self._tombstones: dict[str, int] = {}
+        self._by_job: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._by_node: dict[str, set[str]] = defaultdict(set)
+        self._by_id: dict[str, str] = {}
+        self._listeners: dict[str, list[Listener]] = defaultdict(list)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.synced = asyncio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for prefix in PREFIXES:
+            revision = await self._load(prefix)
+            self._tasks.append(asyncio.create_task(self._follow(prefix, revision), name=f"cache:{prefix}"))
+        self.synced.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _load(self, prefix: str) -> int:
+        result = await self._store.list(prefix)
+        for rec in result.records:
+            self.apply(rec.key, decode(rec.key, rec.value, rec.revision), rec.revision)
+        return result.revision
+
+    async def _follow(self, prefix: str, revision: int) -> None:
+        while True:
+            try:
+                async for ev in self._store.watch(prefix, revision):
+                    revision = ev.revision
+                    if ev.type is EventType.DELETE:
+                        self.apply(ev.key, None, ev.revision)
+                    else:
+                        self.apply(ev.key, decode(ev.key, ev.value, ev.revision), ev.revision)
+                return  # the store closed
+            except asyncio.CancelledError:
+                raise
+            except NodusError as e:
+                if e.reason != "Expired":
+                    raise
+                log.warning("cache %s fell behind compaction; listing again", prefix)
+                revision = await self._relist(prefix)
+
+    async def _relist(self, prefix: str) -> int:
+        result = await self._store.list(prefix)
+        present = {rec.key for rec in result.records}
+        for key in [k for k in self._objects if k.startswith(prefix) and k not in present]:
+            self.apply(key, None, result.revision)
+        for rec in result.records:
+            self.apply(rec.key, decode(rec.key, rec.value, rec.revision), rec.revision)
+        return result.revision
+
+    # -- updates ----------------------------------------------------------------------------------
+    def listen(self, prefix: str, listener: Listener) -> None:
+        self._listeners[prefix].append(listener)
+
+    def apply(self, key: str, obj: dict[str, Any] | None, revision: int) -> bool:
+        """Takes a value the store holds at `revision` (None: deleted); False if it is older than ours."""
+        known = self._revisions.get(key, self._tombstones.get(key))
+        if known is not None and revision <= known:
+            return False
+        old = self._objects.get(key)
+        if obj is None:
+            self._objects.pop(key, None)
+            self._revisions.pop(key, None)
+            self._tombstones[key] = revision
+            if len(self._tombstones) > _MAX_TOMBSTONES:
+                # Writes that old are long settled: forget the oldest half.
+                keep = sorted(self._tombstones.items(), key=lambda kv: kv[1])[_MAX_TOMBSTONES // 2:]
+                self._tombstones = dict(keep)
+            if old is None:
+                return False
+        else:
+            self._objects[key] = obj
+            self._revisions[key] = revision
+            self._tombstones.pop(key, None)
+        if key.startswith(ATTEMPTS):
+            self._index_attempt(key, old, obj)
+        for prefix, listeners in self._listeners.items():
+            if key.startswith(prefix):
+                for listener in listeners:
+                    try:
+                        listener(key, old, obj)
+                    except Exception:  # noqa: BLE001 - one bad listener must not stop the cache
+                        log.exception("cache listener failed for %s", key)
+        return True
+
+    def _index_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if old is not None:
+            self._by_job[owner_of(old)].discard(key)
+            node = (old.get("spec") or {}).get("node")
+            if node:
+                self._by_node[node].discard(key)
+            self._by_id.pop((old.get("spec") or {}).get("id", ""), None)
+        if new is not None:
+            self._by_job[owner_of(new)].add(key)
+            spec = new.get("spec") or {}
+            if spec.get("node"):
+                self._by_node[spec["node"]].add(key)
+            if spec.get("id"):
+                self._by_id[spec["id"]] = key
+
+    # -- reads ------------------------------------------------------------------------------------
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self._objects.get(key)
+
+    def revision(self, key: str) -> int | None:
+        return self._revisions.get(key)
+
+    def under(self, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(k, v) for k, v in self._objects.items() if k.startswith(prefix)]
+
+    def job(self, project: str, name: str) -> dict[str, Any] | None:
+        return self._objects.get(job_key(project, name))
+
+    def attempts_of(self, project: str, job: str) -> list[dict[str, Any]]:
+        return self._values(self._by_job.get((project, job), ()))
+
+    def attempts_on(self, node: str) -> list[dict[str, Any]]:
+        return self._values(self._by_node.get(node, ()))
+
+    def attempt_by_id(self, attempt_id: str) -> dict[str, Any] | None:
+        key = self._by_id.get(attempt_id)
+        return self._objects.get(key) if key else None
+
+    def attempts(self) -> list[dict[str, Any]]:
+        return [v for k, v in self._objects.items() if k.startswith(ATTEMPTS)]
+
+    def _values(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        return [self._objects[k] for k in sorted(keys) if k in self._objects]

@@ -1,0 +1,388 @@
+"""The Job controller's decision: from (Job, its Attempts, now) to the next status and the actions.
+
+Pure and level-triggered: `decide` reads the whole picture every time and returns what the Job's
+status should be and which steps move the world toward the spec; it never depends on having seen an
+event. Running it again on its own result does nothing (no actions, the same status): every time
+it writes is either taken from an attempt or sticky once written (timeoutStartTime, startTime,
+completionTime, a condition's lastTransitionTime). Counts are derived from the Attempt objects, so
+a report resent by an agent after a reconnect cannot count twice. `job_controller.py` performs the
+actions.
+
+What counts against what (spec/job.md): a Failed attempt (non-zero exit, OOM) is a customer failure,
+counted across all indexes against `backoffLimit`; a Lost attempt (lease expired, drained, agent
+fault) is lost capacity, counted per index against `recovery.maxAttempts`, and both get a new
+attempt (number + 1) while their budget lasts. Cancelled attempts (cancel, suspend, deadline) count
+against nothing.
+"""
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..clock import duration, parse, rfc3339, seconds
+from ..errors import REGISTRY
+from .attempts import AttemptPhase, scrub
+from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
+
+STOP_GRACE_SECONDS = 30
+"""SIGTERM to SIGKILL for attempts the controller stops (Kubernetes' default grace period)."""
+
+
+class JobPhase(str, enum.Enum):
+    """A Job's run-to-completion phase: a summary of its attempts, not the state machine itself.
+
+    Pending → Queued → Provisioning → Running → Succeeded | Failed | Cancelled, and Suspended from any
+    non-terminal phase while spec.state is Suspended (back to Queued on resume). Terminal phases are
+    never left.
+    """
+
+    PENDING = "Pending"
+    """Accepted; the controller has not created its attempts yet."""
+    QUEUED = "Queued"
+    """Attempts wait for capacity; none is placed yet."""
+    PROVISIONING = "Provisioning"
+    """An attempt is placed and its node prepares it; no main command runs yet."""
+    RUNNING = "Running"
+    """At least one attempt's main command runs."""
+    SUSPENDED = "Suspended"
+    """spec.state is Suspended: attempts are stopped and capacity freed until it is Running again."""
+    SUCCEEDED = "Succeeded"
+    """Terminal: every index (spec.completions) succeeded."""
+    FAILED = "Failed"
+    """Terminal: backoffLimit, recovery.maxAttempts, timeout or queueTimeout ran out (see reason)."""
+    CANCELLED = "Cancelled"
+    """Terminal: spec.state is Cancelled; stopped for good."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+    @classmethod
+    def parse(cls, value: object) -> "JobPhase":
+        try:
+            return cls(value) if value else cls.PENDING
+        except ValueError:
+            return cls.PENDING
+
+
+TERMINAL_PHASES = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
+
+
+def terminal_phases() -> frozenset[JobPhase]:
+    return TERMINAL_PHASES
+
+
+# -- ranges -------------------------------------------------------------------------------------------
+
+def compress_ranges(indexes: Iterable[int]) -> str:
+    """`[0, 1, 2, 3, 5]` → `"0-3,5"`: the succeeded indexes as compressed ranges (Kubernetes' format)."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(indexes)):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def expand_ranges(text: str) -> set[int]:
+    """The inverse of compress_ranges."""
+    out: set[int] = set()
+    for part in filter(None, (text or "").split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+# -- what decide sees and says --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    """The parts of an Attempt object the decision reads."""
+
+    name: str
+    job_uid: str
+    index: int
+    number: int
+    phase: AttemptPhase
+    reason: str
+    message: str
+    exit_code: int | None
+    oom_killed: bool
+    node: str
+    created: float | None
+    provisioned: float | None
+    started: float | None
+    stop_requested: bool
+    obj: dict[str, Any]
+
+    @property
+    def placed(self) -> bool:
+        return bool(self.node)
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> "AttemptView":
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        return cls(name=obj["metadata"]["name"], job_uid=spec.get("jobUID", ""), index=int(spec.get("index", 0)),
+                   number=int(spec.get("number", 1)), phase=AttemptPhase.parse(status.get("phase")),
+                   reason=status.get("reason", ""), message=status.get("message", ""),
+                   exit_code=status.get("exitCode"), oom_killed=bool(status.get("oomKilled")),
+                   node=spec.get("node", ""), created=parse(obj["metadata"].get("creationTimestamp")),
+                   provisioned=parse(status.get("provisioningTime")), started=parse(status.get("startTime")),
+                   stop_requested=bool(spec.get("stop")), obj=obj)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAttempt:
+    index: int
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopAttempt:
+    """Stop a live attempt: an unplaced one becomes Cancelled at once; a placed one gets spec.stop."""
+
+    name: str
+    reason: str
+    grace_seconds: int = STOP_GRACE_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAttempt:
+    """Delete a finished (or never placed) attempt of a Job that is gone."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteJob:
+    """ttlSecondsAfterFinished has passed."""
+
+
+Action = CreateAttempt | StopAttempt | DeleteAttempt | DeleteJob
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    status: dict[str, Any] | None
+    """The Job's next status; None when it does not change."""
+    actions: tuple[Action, ...]
+    wake_at: float | None
+    """When time alone would change the decision (a deadline, a TTL, a queue timeout)."""
+
+
+# -- decide ---------------------------------------------------------------------------------------------
+
+def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
+    """Attempts whose Job is gone (or was recreated): stop the live ones, delete the rest."""
+    actions: list[Action] = []
+    for a in attempts:
+        if a.phase.terminal or not a.placed:
+            actions.append(DeleteAttempt(a.name))
+        elif not a.stop_requested:
+            actions.append(StopAttempt(a.name, "JobDeleted"))
+    return tuple(actions)
+
+
+def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> Decision:
+    meta, spec = job["metadata"], job.get("spec") or {}
+    prev: dict[str, Any] = job.get("status") or {}
+    mine = [a for a in attempts if a.job_uid == meta.get("uid")]
+    actions: list[Action] = list(collect_orphans([a for a in attempts if a.job_uid != meta.get("uid")]))
+    completions = int(spec.get("completions") or 1)
+    parallelism = int(spec.get("parallelism") or 1)
+    backoff_limit = int(spec.get("backoffLimit", 6))
+    recovery = spec.get("recovery") or {}
+    max_attempts = int(recovery.get("maxAttempts") or 3)
+    timeout = seconds(spec.get("timeout"))
+    ttl = spec.get("ttlSecondsAfterFinished")
+    state = spec.get("state") or "Running"
+    queue_timeout = seconds((spec.get("placement") or {}).get("queueTimeout"))
+
+    succeeded = {a.index for a in mine if a.phase is AttemptPhase.SUCCEEDED and a.index < completions}
+    live = [a for a in mine if not a.phase.terminal]
+    failures = sorted((a for a in mine if a.phase is AttemptPhase.FAILED), key=lambda a: (a.created or 0, a.number))
+    losses = Counter(a.index for a in mine if a.phase is AttemptPhase.LOST)
+
+    status = dict(prev)
+    conditions = list(prev.get("conditions") or [])
+    generation = int(meta.get("generation") or 1)
+    timeout_start = parse(prev.get("timeoutStartTime")) or _earliest(a.provisioned for a in mine)
+    suspended_for = seconds(prev.get("suspendedDuration")) or 0.0
+    wake: list[float] = []
+
+    phase = JobPhase.parse(prev.get("phase"))
+    reason, message = prev.get("reason", ""), prev.get("message", "")
+    creates: list[CreateAttempt] = []
+    stopping: set[str] = set()
+
+    def stop_all(why: str) -> None:
+        for a in live:
+            if not a.stop_requested:
+                actions.append(StopAttempt(a.name, why))
+                if not a.placed:
+                    stopping.add(a.name)
+
+    resuming = not phase.terminal and state == "Running" and condition(conditions, "Suspended") == "True"
+    if resuming:
+        # Suspended time since timeoutStartTime does not count against spec.timeout.
+        since = parse(condition_time(conditions, "Suspended")) or now
+        if timeout_start is not None:
+            suspended_for += max(0.0, now - max(since, timeout_start))
+        conditions = set_condition(conditions, "Suspended", "False", "Resumed", "", now, generation)
+
+    if not phase.terminal:
+        verdict = _verdict(spec, mine, live, succeeded, failures, losses, completions, backoff_limit, max_attempts,
+                           timeout, timeout_start, suspended_for, queue_timeout, state, now)
+        if verdict is not None:
+            phase, reason, message = verdict
+            status["completionTime"] = rfc3339(now)
+            conditions = set_condition(conditions, _TERMINAL_CONDITION[phase], "True", reason, message, now,
+                                        generation)
+            if condition(conditions, "Suspended") == "True":  # cancelled while suspended
+                conditions = set_condition(conditions, "Suspended", "False", "JobFinished", "", now, generation)
+            if phase is JobPhase.SUCCEEDED:
+                reason, message = "", ""  # status.reason says why a Job failed or stopped; the condition says done
+    if phase.terminal:
+        stop_all(reason or "Completed")
+        finished = parse(status.get("completionTime")) or now
+        if isinstance(ttl, int):
+            if now >= finished + ttl:
+                actions.append(DeleteJob())
+            else:
+                wake.append(finished + ttl)
+    elif state == "Suspended":
+        stop_all("Suspended")
+        phase, reason = JobPhase.SUSPENDED, "Suspended"
+        message = "spec.state is Suspended: attempts are stopped and capacity freed; set it to Running to resume"
+        if condition(conditions, "Suspended") != "True":
+            conditions = set_condition(conditions, "Suspended", "True", "Suspended", message, now, generation)
+    else:
+        live_indexes = {a.index for a in live}
+        free = parallelism - len(live_indexes)
+        numbers = Counter[int]()
+        for a in mine:
+            numbers[a.index] = max(numbers[a.index], a.number)
+        for i in range(completions):
+            if free <= 0:
+                break
+            if i not in succeeded and i not in live_indexes:
+                creates.append(CreateAttempt(i, numbers[i] + 1))
+                free -= 1
+        actions.extend(creates)
+        phase, reason, message = _running_phase(live, creates), "", ""
+        if phase is JobPhase.QUEUED:
+            waiting = [a for a in live if not a.placed]
+            explain = next((((a.obj.get("status") or {}).get("placement") or {}).get("explain") for a in waiting
+                            if ((a.obj.get("status") or {}).get("placement") or {}).get("explain")), "")
+            message = f"waiting for capacity: {explain}" if explain else ""
+        if timeout is not None and timeout_start is not None:
+            wake.append(timeout_start + timeout + suspended_for)
+        if queue_timeout:
+            wake.extend(a.created + queue_timeout for a in live if not a.placed and a.created is not None)
+
+    # -- the derived status fields ----------------------------------------------------------------
+    remaining = [a for a in live if a.name not in stopping]
+    status["phase"] = phase.value
+    put(status, "reason", reason)
+    put(status, "message", message)
+    put(status, "fix", REGISTRY[reason].fix if reason in REGISTRY else "")
+    status["active"] = len({a.index for a in remaining} | {c.index for c in creates})
+    status["succeeded"] = len(succeeded)
+    status["failed"] = len(failures)
+    put(status, "completedIndexes", compress_ranges(succeeded))
+    numbers_all = [a.number for a in mine] + [c.number for c in creates]
+    status["attempts"] = {"current": max(numbers_all, default=0), "max": max_attempts,
+                          "total": len(mine) + len(creates)}
+    if timeout_start is not None:
+        status["timeoutStartTime"] = rfc3339(timeout_start)
+        if timeout is not None:
+            status["timeoutTime"] = rfc3339(timeout_start + timeout + suspended_for)
+    if suspended_for:
+        status["suspendedDuration"] = duration(suspended_for)
+    started = parse(prev.get("startTime")) or _earliest(a.started for a in mine)
+    if started is not None:
+        status["startTime"] = rfc3339(started)
+    put(status, "progress", progress_of(mine))
+    put(status, "unitMetrics", unit_metrics(mine, status.get("progress")))
+    put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
+    ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
+             if (a.obj.get("status") or {}).get("inputsReadyTime")]
+    if ready:
+        status["inputsReadyTime"] = ready[-1].obj["status"]["inputsReadyTime"]
+    status["conditions"] = [{**c, "observedGeneration": generation} for c in conditions]
+    if not status["conditions"]:
+        del status["conditions"]
+    status["observedGeneration"] = generation
+    future = [t for t in wake if t > now]
+    return Decision(None if status == prev else status, tuple(actions), min(future) if future else None)
+
+
+def _verdict(spec: dict[str, Any], mine: list[AttemptView], live: list[AttemptView], succeeded: set[int],
+             failures: list[AttemptView], losses: Counter[int], completions: int, backoff_limit: int,
+             max_attempts: int, timeout: float | None, timeout_start: float | None, suspended_for: float,
+             queue_timeout: float | None, state: str, now: float) -> tuple[JobPhase, str, str] | None:
+    """Whether the Job ends now: (terminal phase, reason, message), or None."""
+    if state == "Cancelled":
+        return JobPhase.CANCELLED, "Cancelled", "spec.state is Cancelled: the Job was stopped for good"
+    if len(succeeded) >= completions:
+        return JobPhase.SUCCEEDED, "Completed", f"{completions} of {completions} indexes succeeded"
+    if len(failures) > backoff_limit:
+        last = failures[-1]
+        exit_text = f"exit code {last.exit_code}" if last.exit_code is not None else last.reason or "failed"
+        if last.oom_killed:
+            exit_text += " (OOMKilled)"
+        tail = scrub(last.message)
+        return (JobPhase.FAILED, "BackoffLimitExceeded",
+                f"{len(failures)} customer failures exceed spec.backoffLimit {backoff_limit}; the last: index "
+                f"{last.index} attempt {last.number}, {exit_text}" + (f":\n{tail}" if tail else ""))
+    over = sorted(i for i, n in losses.items() if n > max_attempts)
+    on_interruption = (spec.get("recovery") or {}).get("onInterruption")
+    if over or (on_interruption == "Fail" and losses):
+        index = over[0] if over else min(losses)
+        last = max((a for a in mine if a.index == index and a.phase is AttemptPhase.LOST), key=lambda a: a.number)
+        if over:
+            why = (f"index {index} lost its capacity {losses[index]} times, more than spec.recovery.maxAttempts "
+                   f"{max_attempts}")
+        else:
+            why = f"index {index} lost its capacity and spec.recovery.onInterruption is Fail"
+        return JobPhase.FAILED, "MaxAttemptsExceeded", f"{why}; the last: attempt {last.number} on node " \
+                                                       f"{last.node or '?'}, {last.reason or 'Lost'}"
+    if timeout is not None and timeout_start is not None and state != "Suspended" \
+            and now >= timeout_start + timeout + suspended_for:
+        return (JobPhase.FAILED, "DeadlineExceeded",
+                f"the Job ran longer than spec.timeout {duration(timeout)} from {rfc3339(timeout_start)}"
+                + (f" (not counting {duration(suspended_for)} suspended)" if suspended_for else ""))
+    if queue_timeout and state == "Running":
+        for a in sorted(live, key=lambda a: a.index):
+            if not a.placed and a.created is not None and now >= a.created + queue_timeout:
+                explain = ((a.obj.get("status") or {}).get("placement") or {}).get("explain") or "no node fits"
+                return (JobPhase.FAILED, "CapacityUnavailable",
+                        f"index {a.index} waited spec.placement.queueTimeout {duration(queue_timeout)} for "
+                        f"capacity: {explain}")
+    return None
+
+
+_TERMINAL_CONDITION = {JobPhase.SUCCEEDED: "Complete", JobPhase.FAILED: "Failed", JobPhase.CANCELLED: "Cancelled"}
+
+
+def _running_phase(live: list[AttemptView], creates: list[CreateAttempt]) -> JobPhase:
+    if any(a.phase in (AttemptPhase.RUNNING, AttemptPhase.CHECKPOINTING)
+           or (a.phase is AttemptPhase.STOPPING and a.started is not None) for a in live):
+        return JobPhase.RUNNING
+    if any(a.placed for a in live):
+        return JobPhase.PROVISIONING
+    if live or creates:
+        return JobPhase.QUEUED
+    return JobPhase.PENDING
+
+
+def _earliest(times: Iterable[float | None]) -> float | None:
+    return min((t for t in times if t is not None), default=None)

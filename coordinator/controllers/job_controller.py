@@ -1,0 +1,185 @@
+"""The Job controller's executor: it runs `job.decide` for a Job and performs what it says.
+
+Driven by the cache (a Job or one of its Attempts changed: the Job's key is queued), by the wake-up
+time each decision returns (deadlines, TTLs, queue timeouts) and by a periodic resync that queues
+every Job and every Attempt owner, so a missed trigger is only ever late, never lost. Everything it
+reads is in the store, so a restarted coordinator simply decides again from there.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+from ..api.attempt import INDEX_LABEL, JOB_LABEL, attempt_name
+from ..api.kinds import resolve
+from ..clock import Clock, rfc3339
+from ..errors import NodusError
+from ..identity import SYSTEM
+from ..resources import ResourceService
+from .attempts import AttemptPhase, phase_of
+from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
+from .job import (Action, AttemptView, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans,
+                  decide)
+from .objects import Objects, new_uid
+from .workqueue import WorkQueue
+
+log = logging.getLogger("nodus.controllers.job")
+
+RESYNC_SECONDS = 30.0
+
+
+def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dict[str, Any]:
+    """The Attempt object for one index: Pending, labelled and owned by its Job."""
+    meta, spec = job["metadata"], job.get("spec") or {}
+    resources = {k: v for k, v in (spec.get("resources") or {}).items() if k != "nodes"}
+    attempt_spec: dict[str, Any] = {
+        "id": "att-" + secrets.token_hex(8), "job": meta["name"], "jobUID": meta["uid"], "index": index,
+        "number": number, "runtime": "oci" if spec.get("image") else "process",
+        "command": list(spec.get("command") or []) + list(spec.get("args") or []), "resources": resources,
+    }
+    if spec.get("image"):
+        attempt_spec["image"] = spec["image"]
+    constraints = {k: v for k, v in (spec.get("placement") or {}).items() if k in ("regions", "offerings") and v}
+    if constraints:
+        attempt_spec["placement"] = constraints
+    return {
+        "apiVersion": "nodus.dev/v1", "kind": "Attempt",
+        "metadata": {
+            "name": attempt_name(meta["name"], index, number), "namespace": meta["namespace"], "uid": new_uid(),
+            "generation": 1, "creationTimestamp": rfc3339(now),
+            "labels": {JOB_LABEL: meta["name"], INDEX_LABEL: str(index)},
+            "ownerReferences": [{"apiVersion": "nodus.dev/v1", "kind": "Job", "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": attempt_spec,
+        "status": {"phase": AttemptPhase.PENDING.value},
+    }
+
+
+def stop(reason: str, grace_seconds: int, now: float) -> Any:
+    """The mutation that stops an attempt: an unplaced one ends Cancelled at once (no agent has it);
+    a placed one gets spec.stop, which its node's stream turns into a Cancel."""
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if phase_of(obj).terminal or (obj.get("spec") or {}).get("stop"):
+            return None
+        if not obj["spec"].get("node"):
+            obj["status"] = {**(obj.get("status") or {}), "phase": AttemptPhase.CANCELLED.value, "reason": reason,
+                             "finishTime": rfc3339(now)}
+            return obj
+        obj["spec"]["stop"] = {"reason": reason, "graceSeconds": grace_seconds, "time": rfc3339(now)}
+        obj["metadata"]["generation"] = int(obj["metadata"].get("generation") or 1) + 1
+        return obj
+    return mutate
+
+
+def _deletable(obj: dict[str, Any]) -> bool:
+    return phase_of(obj).terminal or not (obj.get("spec") or {}).get("node")
+
+
+class JobController:
+    def __init__(self, cache: Cache, objects: Objects, service: ResourceService, clock: Clock,
+                 workers: int = 4) -> None:
+        self.cache, self.objects, self.service, self.clock = cache, objects, service, clock
+        self.queue: WorkQueue[str] = WorkQueue()
+        self.workers = workers
+        self._failures: dict[str, int] = {}
+        self._jobs = resolve("jobs")
+        cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        cache.listen(ATTEMPTS, self._on_attempt)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        project, job = owner_of(new or old)  # type: ignore[arg-type]
+        self.queue.add(job_key(project, job))
+
+    async def run(self) -> None:
+        await self.cache.synced.wait()
+        tasks = [asyncio.create_task(self._worker(), name=f"job-controller-{i}") for i in range(self.workers)]
+        try:
+            while True:
+                self.resync()
+                await asyncio.sleep(RESYNC_SECONDS)
+        finally:
+            self.queue.close()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def resync(self) -> None:
+        for key, _ in self.cache.under(JOBS):
+            self.queue.add(key)
+        for attempt in self.cache.attempts():
+            self.queue.add(job_key(*owner_of(attempt)))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - log, retry later; one Job must not stop the others
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                log.exception("reconciling %s failed (%d in a row); retrying", key, failures)
+                self.queue.add_after(key, min(60.0, 0.5 * 2 ** failures))
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile(self, key: str) -> None:
+        project, _, name = key[len(JOBS):].partition("/")
+        job = self.cache.job(project, name)
+        attempts = [AttemptView.of(a) for a in self.cache.attempts_of(project, name)]
+        now = self.clock.now()
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            await self._execute(job, project, collect_orphans(attempts), now)
+            return
+        decision = decide(job, attempts, now)
+        await self._execute(job, project, decision.actions, now)
+        if decision.status is not None:
+            written = await self._write_status(job, project, decision.status)
+            if not written:
+                self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
+                return
+        if any(isinstance(a, DeleteJob) for a in decision.actions):
+            await self._delete_job(project, name)
+            self.queue.add(key)  # and then its attempts, as orphans
+        if decision.wake_at is not None:
+            self.queue.add_after(key, decision.wake_at - self.clock.now())
+
+    async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action, ...],
+                       now: float) -> None:
+        creates = []
+        for action in actions:
+            if isinstance(action, StopAttempt):
+                await self.objects.mutate(attempt_key(project, action.name),
+                                          stop(action.reason, action.grace_seconds, now))
+            elif isinstance(action, DeleteAttempt):
+                await self.objects.delete(attempt_key(project, action.name), _deletable)
+            elif isinstance(action, CreateAttempt) and job is not None:
+                obj = new_attempt(job, action.index, action.number, now)
+                creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
+        if creates:
+            await asyncio.gather(*creates)  # one group commit for a wave of new attempts
+
+    async def _write_status(self, job: dict[str, Any], project: str, status: dict[str, Any]) -> bool:
+        name = job["metadata"]["name"]
+        try:
+            written, _ = await self.service.replace(SYSTEM, self._jobs, project, name, {**job, "status": status},
+                                                    subresource="status")
+        except NodusError as e:
+            if e.reason in ("Conflict", "NotFound"):
+                return False
+            raise
+        self.cache.apply(job_key(project, name), written, int(written["metadata"]["resourceVersion"]))
+        return True
+
+    async def _delete_job(self, project: str, name: str) -> None:
+        try:
+            await self.service.delete(SYSTEM, self._jobs, project, name)
+        except NodusError as e:
+            if e.reason != "NotFound":
+                raise
+        log.info("deleted Job %s/%s: ttlSecondsAfterFinished passed", project, name)

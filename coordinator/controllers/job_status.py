@@ -1,0 +1,115 @@
+"""The parts of a Job's status derived from its Attempts, and the conditions helpers (pure).
+
+Kept apart from `job.py` so that the decision reads as the state machine it is: `decide` says what
+phase the Job is in and what to do; these say what its progress, unit timings and outputs are.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..clock import parse, rfc3339
+from .attempts import AttemptPhase
+
+if TYPE_CHECKING:
+    from .job import AttemptView
+
+
+def put(status: dict[str, Any], key: str, value: Any) -> None:
+    """Sets `key`, or removes it when the value is empty (an empty field is left out, not written)."""
+    if value:
+        status[key] = value
+    else:
+        status.pop(key, None)
+
+
+def condition(conditions: list[dict[str, Any]], type_: str) -> str | None:
+    return next((c.get("status") for c in conditions if c.get("type") == type_), None)
+
+
+def condition_time(conditions: list[dict[str, Any]], type_: str) -> str | None:
+    return next((c.get("lastTransitionTime") for c in conditions if c.get("type") == type_), None)
+
+
+def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
+                  now: float, generation: int) -> list[dict[str, Any]]:
+    """Sets one condition; lastTransitionTime moves only when its status changes (API conventions)."""
+    out, found = [], False
+    for c in conditions:
+        if c.get("type") == type_:
+            found = True
+            moved = c.get("status") != status
+            c = {"type": type_, "status": status, "reason": reason, "message": message,
+                 "lastTransitionTime": rfc3339(now) if moved else c.get("lastTransitionTime", rfc3339(now)),
+                 "observedGeneration": generation}
+            if not message:
+                del c["message"]
+        out.append(c)
+    if not found:
+        c = {"type": type_, "status": status, "reason": reason, "message": message,
+             "lastTransitionTime": rfc3339(now), "observedGeneration": generation}
+        if not message:
+            del c["message"]
+        out.append(c)
+    return out
+
+
+# -- progress, unit metrics and outputs, from the attempts ------------------------------------------------
+
+def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
+    """Units summed over the newest reporting attempt of each index; stage and metrics from the latest line."""
+    newest: dict[int, tuple[int, dict[str, Any]]] = {}
+    for a in mine:
+        p = (a.obj.get("status") or {}).get("progress")
+        if p and (a.index not in newest or a.number > newest[a.index][0]):
+            newest[a.index] = (a.number, p)
+    if not newest:
+        return {}
+    lines = [p for _, p in newest.values()]
+    latest = max(lines, key=lambda p: parse(p.get("time")) or 0.0)
+    out: dict[str, Any] = {}
+    if latest.get("stage"):
+        out["stage"] = latest["stage"]
+    if latest.get("metrics"):
+        out["metrics"] = dict(latest["metrics"])
+    totals = [(p.get("units") or {}).get("total") for p in lines]
+    units: dict[str, int] = {"completed": sum(int((p.get("units") or {}).get("completed") or 0) for p in lines)}
+    if all(isinstance(t, int) and t > 0 for t in totals):
+        units["total"] = sum(int(t) for t in totals)  # type: ignore[arg-type]
+    out["units"] = units
+    return out
+
+
+def unit_metrics(mine: list[AttemptView], progress: dict[str, Any] | None) -> dict[str, Any]:
+    samples = sorted(s for a in mine for s in (a.obj.get("status") or {}).get("unitSamplesMs") or []
+                     if isinstance(s, int))
+    out: dict[str, Any] = {}
+    if progress and (progress.get("units") or {}).get("completed") is not None:
+        out["completed"] = progress["units"]["completed"]
+    if samples:
+        out["p50Ms"] = percentile(samples, 50)
+        out["p95Ms"] = percentile(samples, 95)
+    return out
+
+
+def percentile(ordered: list[int], p: int) -> int:
+    """Nearest rank."""
+    rank = max(1, -(-len(ordered) * p // 100))
+    return ordered[rank - 1]
+
+
+def committed_outputs(committed: Any, mine: list[AttemptView], completions: int) -> list[dict[str, Any]]:
+    """Committed outputs only accumulate: those already in status stay (an attempt may be gone, or
+    the output was committed by other means), and each succeeded attempt's outputs are added."""
+    out: dict[tuple[int, str, int], dict[str, Any]] = {
+        (int(o.get("index") or 0), str(o.get("name")), int(o.get("rank") or 0)): o
+        for o in committed or [] if isinstance(o, dict)}
+    for a in sorted(mine, key=lambda a: (a.index, a.number)):
+        if a.phase is not AttemptPhase.SUCCEEDED or a.index >= completions:
+            continue
+        for o in (a.obj.get("status") or {}).get("outputs") or []:
+            item = {"index": a.index, "name": o.get("name", ""), "path": o.get("path", ""),
+                    "sha256": o.get("sha256", ""), "size": int(o.get("size") or 0)}
+            if o.get("rank"):
+                item["rank"] = o["rank"]
+            out[(a.index, item["name"], int(o.get("rank") or 0))] = item
+    return [out[k] for k in sorted(out)]

@@ -1,0 +1,79 @@
+"""Node leases: an expired lease makes its node NotReady and its attempts Lost (reason NodeLost).
+
+Level-triggered on the injected clock: every tick compares each lease with `now`, marks a lease
+that ran out `expired` (so the grace a restarted coordinator gives leases no longer applies to it),
+and sweeps every non-terminal attempt on a node whose lease is expired into Lost. The Job controller
+then replaces them, counted against recovery.maxAttempts. A heartbeat of the node's session renews
+the lease again (the node comes back Ready); the agent stream then cancels the attempts that were
+replaced meanwhile, so nothing runs twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..clock import rfc3339
+from .attempts import AttemptPhase, phase_of
+from .cache import LEASES, attempt_key
+from .objects import Objects
+
+log = logging.getLogger("nodus.controllers.lease")
+
+
+def lost(node: str, now: float) -> Any:
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if phase_of(obj).terminal or (obj.get("spec") or {}).get("node") != node:
+            return None
+        status = dict(obj.get("status") or {})
+        status.update(phase=AttemptPhase.LOST.value, reason="NodeLost",
+                      message=f'node "{node}" stopped renewing its lease', lostTime=rfc3339(now),
+                      finishTime=rfc3339(now))
+        obj["status"] = status
+        return obj
+    return mutate
+
+
+class LeaseController:
+    def __init__(self, registry: Any, objects: Objects) -> None:
+        self.registry = registry
+        self.objects = objects
+
+    @property
+    def tick_seconds(self) -> float:
+        return max(0.05, min(1.0, self.registry.leases.duration / 5))
+
+    async def run(self) -> None:
+        await self.registry.cache.synced.wait()
+        while True:
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep checking; the next tick retries
+                log.exception("lease check failed")
+            await asyncio.sleep(self.tick_seconds)
+
+    async def check(self) -> list[str]:
+        """One pass; returns the nodes whose lease expired in it."""
+        leases = self.registry.leases
+        now = leases.clock.now()
+        expired_now = []
+        for name in self.registry.names():
+            lease = self.registry.lease(name)
+            if lease is not None and not lease.get("expired") and now >= leases.expiry(lease):
+                def expire(doc: dict[str, Any]) -> dict[str, Any] | None:
+                    if doc.get("expired") or now < leases.expiry(doc):
+                        return None  # renewed meanwhile
+                    doc.update(expired=True, expiredTime=rfc3339(now))
+                    return doc
+                if await self.objects.mutate(LEASES + name, expire) is not None:
+                    expired_now.append(name)
+                    log.warning("node %s: lease expired; its attempts are Lost", name)
+                lease = self.registry.lease(name)
+            if lease is None or lease.get("expired"):
+                for attempt in self.registry.cache.attempts_on(name):
+                    if not phase_of(attempt).terminal:
+                        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+                        await self.objects.mutate(key, lost(name, now))
+        return expired_now

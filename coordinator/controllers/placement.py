@@ -1,0 +1,119 @@
+"""The scheduler's executor: places waiting attempts, one pass at a time.
+
+One task does every placement, so two attempts never take the same capacity: a pass reads the nodes
+and the reservations of live placed attempts (derived from the Attempt objects, so they survive a
+restart), decides every waiting attempt at once with `scheduler.place_all` (oldest first), and writes
+each binding (spec.node, spec.gpuIndexes, phase Provisioning) with compare-and-swap. An attempt that
+fits nowhere gets `status.placement.explain` (written only when it changes) and waits; a pass runs
+again whenever something that could make room changes: a new waiting attempt, a placed attempt that
+ended or went away, a node that registered, was cordoned or uncordoned, or whose readiness changed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..clock import Clock, parse, rfc3339
+from ..scheduler import Placement, Request, place_all
+from .attempts import AttemptPhase, phase_of
+from .cache import ATTEMPTS, LEASES, NODES
+from .objects import Objects
+
+log = logging.getLogger("nodus.controllers.placement")
+
+
+def _waiting(obj: dict[str, Any] | None) -> bool:
+    if obj is None:
+        return False
+    spec = obj.get("spec") or {}
+    return not spec.get("node") and not spec.get("stop") and not phase_of(obj).terminal
+
+
+def _holding(obj: dict[str, Any] | None) -> bool:
+    return obj is not None and bool((obj.get("spec") or {}).get("node")) and not phase_of(obj).terminal
+
+
+def bind(placement: Placement, now: float) -> Any:
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if not _waiting(obj):
+            return None
+        obj["spec"]["node"] = placement.node
+        if placement.gpu_indexes:
+            obj["spec"]["gpuIndexes"] = list(placement.gpu_indexes)
+        status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("reason", "message")}
+        status.update(phase=AttemptPhase.PROVISIONING.value, provisioningTime=rfc3339(now),
+                      placement={"explain": placement.explain})
+        obj["status"] = status
+        obj["metadata"]["generation"] = int(obj["metadata"].get("generation") or 1) + 1
+        return obj
+    return mutate
+
+
+def explain(placement: Placement) -> Any:
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        status = dict(obj.get("status") or {})
+        if not _waiting(obj) or (status.get("placement") or {}).get("explain") == placement.explain:
+            return None
+        status.update(reason="WaitingForCapacity", placement={"explain": placement.explain})
+        obj["status"] = status
+        return obj
+    return mutate
+
+
+class PlacementController:
+    def __init__(self, registry: Any, objects: Objects, clock: Clock) -> None:
+        self.registry, self.objects, self.clock = registry, objects, clock
+        self.cache = registry.cache
+        self._waiting: set[str] = set()
+        self._dirty = asyncio.Event()
+        self.cache.listen(ATTEMPTS, self._on_attempt)
+        self.cache.listen(NODES, lambda key, old, new: self._dirty.set())
+        self.cache.listen(LEASES, self._on_lease)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if _waiting(new):
+            if key not in self._waiting:
+                self._waiting.add(key)
+                self._dirty.set()
+        else:
+            self._waiting.discard(key)
+            if _holding(old) and not _holding(new):
+                self._dirty.set()  # capacity came free
+
+    def _on_lease(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        leases = self.registry.leases
+        if leases.fresh(old) != leases.fresh(new):
+            self._dirty.set()
+
+    async def run(self) -> None:
+        await self.cache.synced.wait()
+        for key, obj in self.cache.under(ATTEMPTS):
+            self._on_attempt(key, None, obj)
+        self._dirty.set()
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.place()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next change retries
+                log.exception("placement pass failed")
+                await asyncio.sleep(0.5)
+                self._dirty.set()
+
+    async def place(self) -> None:
+        """One pass over every waiting attempt."""
+        waiting = [(key, obj) for key in list(self._waiting) if _waiting(obj := self.cache.get(key) or None)]
+        if not waiting:
+            return
+        waiting.sort(key=lambda kv: (parse(kv[1]["metadata"].get("creationTimestamp")) or 0.0,
+                                     kv[1]["metadata"].get("namespace", ""), kv[1]["spec"].get("job", ""),
+                                     int(kv[1]["spec"].get("index", 0)), int(kv[1]["spec"].get("number", 1))))
+        requests = [(key, Request.of(obj["spec"].get("resources"), obj["spec"].get("image"),
+                                     obj["spec"].get("placement"))) for key, obj in waiting]
+        decisions = place_all(requests, self.registry.views(), self.registry.reservations())
+        now = self.clock.now()
+        writes = [self.objects.mutate(str(key), bind(p, now) if p.node else explain(p)) for key, p in decisions.items()]
+        await asyncio.gather(*writes)

@@ -1,0 +1,62 @@
+"""The control plane's moving parts, wired once: the cache, the controllers, AgentService and
+NodeService. `main.py` builds one, registers its gRPC services, starts it and stops it."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import grpc
+
+from ..agents import AgentServicer
+from ..agents import add_to_server as add_agent_service
+from ..clock import Clock
+from ..grpc_api import AGENT_SERVICE, NODE_SERVICE
+from ..nodes import NodeRegistry
+from ..nodes import add_to_server as add_node_service
+from ..resources import ResourceService
+from ..store.base import Store
+from ..vault import Vault
+from .cache import Cache
+from .job_controller import JobController
+from .lease import LeaseController
+from .objects import Objects
+from .placement import PlacementController
+
+log = logging.getLogger("nodus.controllers")
+
+
+class ControlPlane:
+    def __init__(self, store: Store, service: ResourceService, vault: Vault, clock: Clock, *,
+                 lease_duration: float, heartbeat_interval: float) -> None:
+        self.cache = Cache(store)
+        self.objects = Objects(store, self.cache)
+        self.registry = NodeRegistry(self.cache, self.objects, clock, lease_duration, heartbeat_interval)
+        self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock)
+        self.jobs = JobController(self.cache, self.objects, service, clock)
+        self.placement = PlacementController(self.registry, self.objects, clock)
+        self.leases = LeaseController(self.registry, self.objects)
+        self._identity = service.identity
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def servicers(self) -> list[tuple[str, Callable[[grpc.aio.Server], None]]]:
+        return [(AGENT_SERVICE, lambda server: add_agent_service(server, self.agents)),
+                (NODE_SERVICE, lambda server: add_node_service(server, self.registry, self._identity))]
+
+    async def start(self, controllers: bool = True) -> None:
+        """Loads the cache from the store, then starts every controller (unless told not to)."""
+        await self.cache.start()
+        if not controllers:
+            log.warning("controllers are off: Jobs are stored but never run")
+            return
+        for name, run in (("job-controller", self.jobs.run), ("placement", self.placement.run),
+                          ("leases", self.leases.run)):
+            self._tasks.append(asyncio.create_task(run(), name=name))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for session in list(self.agents.sessions.values()):
+            session.end()
+        await self.cache.stop()

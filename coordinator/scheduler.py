@@ -1,0 +1,305 @@
+"""Placement, first version: which node an attempt goes to, as a pure function.
+
+An attempt fits a node when the node is Ready (its lease holds) and not cordoned, is in one of the
+`placement.regions` and sold as one of the `placement.offerings` (when the Job names any), offers the runtime
+the Job needs (`process` for a Job without an image, `oci` for one with an image), and its free
+capacity (inventory minus what live attempts reserve) covers the request: cpu, memory, disk, and
+`gpu.count` GPUs of the right type (a family such as H100 matches any H100 variant and never another
+family; `exact` pins the variant), each with at least `minMemory`, linked by NVLink when asked.
+Nothing fits: the attempt waits (the Job controller fails it after `placement.queueTimeout`).
+
+Free capacity is derived from the Attempt objects in the store (their `spec.node`, `spec.resources`
+and `spec.gpuIndexes`), never from memory, so it survives a restart of the coordinator.
+
+The seam for pricing: every node that fits becomes a `Candidate`, and a `Scorer` ranks candidates.
+Offerings, prices and profiles (Cost, Speed, Balanced) arrive with the pricing issue as scorers (and
+candidate filters) passed to `place`; nothing else here changes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+from .api import units
+
+PROCESS, OCI = "process", "oci"
+"""Runtime words: a Job without an image needs `process`; one with an image needs `oci`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """An amount of a node's capacity."""
+
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+    gpus: int = 0
+
+    def __add__(self, other: "Amount") -> "Amount":
+        return Amount(self.cpu_millis + other.cpu_millis, self.memory_bytes + other.memory_bytes,
+                      self.disk_bytes + other.disk_bytes, self.gpus + other.gpus)
+
+    def __sub__(self, other: "Amount") -> "Amount":
+        return Amount(self.cpu_millis - other.cpu_millis, self.memory_bytes - other.memory_bytes,
+                      self.disk_bytes - other.disk_bytes, self.gpus - other.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One accelerator of a node, as its agent reported it."""
+
+    index: int
+    name: str
+    memory_bytes: int = 0
+    nvlink_links: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What placement needs to know about a node."""
+
+    name: str
+    ready: bool
+    """The lease holds."""
+    cordoned: bool
+    runtimes: frozenset[str]
+    capacity: Amount
+    gpus: tuple[Gpu, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    region: str = ""
+    offering: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one attempt asks for."""
+
+    runtime: str = PROCESS
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+    gpu_count: int = 0
+    gpu_types: tuple[str, ...] = ()
+    gpu_exact: bool = False
+    gpu_min_memory: int = 0
+    nvlink: bool = False
+    regions: tuple[str, ...] = ()
+    """Region classes the node must be in; empty: any."""
+    offerings: tuple[str, ...] = ()
+    """Offering ids the node must be sold as; empty: any."""
+
+    @property
+    def amount(self) -> Amount:
+        return Amount(self.cpu_millis, self.memory_bytes, self.disk_bytes, self.gpu_count)
+
+    @classmethod
+    def of(cls, resources: Mapping[str, Any] | None, image: str | None,
+           placement: Mapping[str, Any] | None = None) -> "Request":
+        """The request of a Job's (or an Attempt's) `resources`, `image` and `placement` (regions and
+        offerings; the rest of placement is the pricing issue's). Unset floors ask for nothing."""
+        resources = resources or {}
+        placement = placement or {}
+        gpu = resources.get("gpu") or {}
+        return cls(runtime=OCI if image else PROCESS,
+                   cpu_millis=_millis(resources.get("cpu")), memory_bytes=_bytes(resources.get("memory")),
+                   disk_bytes=_bytes(resources.get("disk")),
+                   gpu_count=int(gpu.get("count") or (1 if gpu.get("type") else 0)),
+                   gpu_types=tuple(gpu.get("type") or ()), gpu_exact=bool(gpu.get("exact")),
+                   gpu_min_memory=_bytes(gpu.get("minMemory")), nvlink=gpu.get("interconnect") == "NVLink",
+                   regions=tuple(placement.get("regions") or ()), offerings=tuple(placement.get("offerings") or ()))
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one live attempt holds on its node."""
+
+    node: str
+    amount: Amount
+    gpu_indexes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node the request fits, with what would be left and the GPUs it would get."""
+
+    node: NodeView
+    free_after: Amount
+    gpu_indexes: tuple[int, ...]
+
+
+Scorer = Callable[[Request, Candidate], tuple[float, ...]]
+"""Ranks a candidate; the highest tuple wins (ties go to the node name, alphabetically)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The decision for one request: a node (and its GPUs), or None with why nothing fits."""
+
+    node: str | None
+    gpu_indexes: tuple[int, ...] = ()
+    explain: str = ""
+
+
+def _millis(value: Any) -> int:
+    if value in (None, ""):
+        return 0
+    try:
+        return int(math.ceil(units.parse_quantity(value) * 1000))
+    except (ValueError, ArithmeticError):
+        return 0
+
+
+def _bytes(value: Any) -> int:
+    if value in (None, ""):
+        return 0
+    try:
+        return int(math.ceil(units.parse_quantity(value)))
+    except (ValueError, ArithmeticError):
+        return 0
+
+
+# -- GPU names (the catalog of the pricing issue will replace these rules) -------------------------
+
+_BRANDS = {"nvidia", "tesla", "geforce", "quadro"}
+_JOINED = {"rtx", "gtx", "titan"}
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in name.lower().replace("_", " ").replace("-", " ").split() if w not in _BRANDS]
+
+
+def gpu_family(name: str) -> str:
+    """`NVIDIA H100 80GB HBM3` → `H100`; `A100-SXM4-80GB` → `A100`; `NVIDIA GeForce RTX 4090` → `RTX-4090`."""
+    words = _words(name)
+    if not words:
+        return ""
+    if words[0] in _JOINED and len(words) > 1:
+        return f"{words[0]}-{words[1]}".upper()
+    return words[0].upper()
+
+
+def gpu_variant(name: str) -> str:
+    """The whole product name, normalized: `NVIDIA H100 80GB HBM3` → `h100-80gb-hbm3`."""
+    return "-".join(_words(name))
+
+
+def gpu_matches(gpu_name: str, wanted: Iterable[str], exact: bool) -> bool:
+    """A GPU matches when any wanted type names its family (or, with `exact`, its variant)."""
+    for want in wanted:
+        if exact and gpu_variant(want) == gpu_variant(gpu_name):
+            return True
+        if not exact and gpu_family(want) == gpu_family(gpu_name):
+            return True
+    return False
+
+
+def _quantity(n: int) -> str:
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if (n >= size and n % size == 0) or n >= 10 * size:
+            return f"{Decimal(n) / size:.4g}{unit}"
+    return str(n)
+
+
+# -- fitting ------------------------------------------------------------------------------------------
+
+def free_on(node: NodeView, reservations: Iterable[Reservation]) -> tuple[Amount, frozenset[int]]:
+    """What is left on `node` after its reservations: an amount and the free GPU indexes."""
+    held, used = Amount(), set[int]()
+    for r in reservations:
+        if r.node == node.name:
+            held = held + r.amount
+            used.update(r.gpu_indexes)
+    return node.capacity - held, frozenset(g.index for g in node.gpus) - used
+
+
+def fit(request: Request, node: NodeView, reservations: Iterable[Reservation]) -> Candidate | str:
+    """A Candidate, or the reason (in a customer's words) why the request does not fit the node."""
+    if not node.ready:
+        return "NotReady"
+    if node.cordoned:
+        return "cordoned"
+    if request.regions and node.region not in request.regions:
+        return f"region {node.region or 'unset'} is not in {', '.join(request.regions)}"
+    if request.offerings and node.offering not in request.offerings:
+        return f"offering {node.offering or 'unset'} is not in {', '.join(request.offerings)}"
+    if request.runtime not in node.runtimes:
+        need = "an image needs the oci runtime" if request.runtime == OCI else "no image needs the process runtime"
+        return f"{need} (node offers {', '.join(sorted(node.runtimes)) or 'none'})"
+    free, free_gpus = free_on(node, reservations)
+    for label, want, have, fmt in (("cpu", request.cpu_millis, free.cpu_millis, lambda m: f"{m / 1000:g}"),
+                                   ("memory", request.memory_bytes, free.memory_bytes, _quantity),
+                                   ("disk", request.disk_bytes, free.disk_bytes, _quantity)):
+        if want > have:
+            return f"{label}: wants {fmt(want)}, {fmt(max(have, 0))} free"
+    chosen: tuple[int, ...] = ()
+    if request.gpu_count:
+        usable = [g for g in node.gpus if g.index in free_gpus
+                  and (not request.gpu_types or gpu_matches(g.name, request.gpu_types, request.gpu_exact))
+                  and g.memory_bytes >= request.gpu_min_memory
+                  and (not request.nvlink or g.nvlink_links > 0)]
+        if len(usable) < request.gpu_count:
+            kind = "/".join(request.gpu_types) or "any"
+            extra = (f" with ≥{_quantity(request.gpu_min_memory)}" if request.gpu_min_memory else "") + \
+                (" on NVLink" if request.nvlink else "")
+            return f"gpu: wants {request.gpu_count} × {kind}{extra}, {len(usable)} free"
+        chosen = tuple(sorted(g.index for g in usable)[:request.gpu_count])
+    return Candidate(node, free - request.amount, chosen)
+
+
+def spread(request: Request, candidate: Candidate) -> tuple[float, ...]:
+    """Prefer the node with the most capacity left after the placement.
+
+    Why spread, in this first version: without prices every node costs the same, so the best node is
+    the one where the attempt contends least for what is not reserved (memory bandwidth, disk and
+    network I/O, CPU beyond the floor) and where a lost node takes the fewest attempts with it. Free
+    GPUs count first (they are the scarce part), then the mean free fraction of cpu, memory and
+    disk. The pricing issue's Cost profile will bin-pack instead, as a different Scorer.
+    """
+    node, left = candidate.node, candidate.free_after
+    fractions = [have / total for have, total in ((left.cpu_millis, node.capacity.cpu_millis),
+                                                  (left.memory_bytes, node.capacity.memory_bytes),
+                                                  (left.disk_bytes, node.capacity.disk_bytes)) if total > 0]
+    return (float(left.gpus) if request.gpu_count else 0.0,
+            sum(fractions) / len(fractions) if fractions else 0.0)
+
+
+def place(request: Request, nodes: Sequence[NodeView], reservations: Sequence[Reservation],
+          scorer: Scorer = spread) -> Placement:
+    """The best node for `request`, deterministically (same inputs, same answer)."""
+    candidates: list[Candidate] = []
+    refusals: list[str] = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        result = fit(request, node, reservations)
+        if isinstance(result, Candidate):
+            candidates.append(result)
+        else:
+            refusals.append(f"{node.name}: {result}")
+    if not candidates:
+        if not nodes:
+            return Placement(None, explain="no node has registered")
+        shown = "; ".join(refusals[:5]) + (f"; and {len(refusals) - 5} more" if len(refusals) > 5 else "")
+        return Placement(None, explain=f"no node fits: {shown}")
+    best = max(candidates, key=lambda c: (scorer(request, c), _reverse(c.node.name)))
+    of = (f"the most free capacity of {len(candidates)} fitting nodes" if len(candidates) > 1
+          else "the only fitting node")
+    return Placement(best.node.name, best.gpu_indexes, explain=f"{best.node.name}: {of}")
+
+
+def _reverse(name: str) -> tuple[int, ...]:
+    """Sorts names backwards, so that `max` breaks a tie toward the alphabetically first node."""
+    return tuple(-ord(c) for c in name)
+
+
+def place_all(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[NodeView],
+              reservations: Sequence[Reservation], scorer: Scorer = spread) -> dict[Hashable, Placement]:
+    """Places requests in order, each seeing the capacity the earlier ones took (one scheduling pass)."""
+    held = list(reservations)
+    out: dict[Hashable, Placement] = {}
+    for key, request in requests:
+        placement = place(request, nodes, held, scorer)
+        out[key] = placement
+        if placement.node is not None:
+            held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
+    return out

@@ -1,0 +1,240 @@
+"""CLI commands over the blob routes: `nodus outputs get|list`, `nodus logs`, `nodus volume push`.
+
+    nodus outputs get JOB OUTPUT [--index I] [--rank R] [-o FILE|-]
+    nodus outputs list JOB
+    nodus logs JOB [--index I] [--attempt N] [-f]
+    nodus volume push NAME DIR
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import requests
+
+from .client import CliError, Client
+
+CHUNK = 1 << 20
+JOBS = "/apis/nodus.dev/v1/namespaces/{ns}/jobs/{name}"
+VOLUMES = "/apis/nodus.dev/v1/namespaces/{ns}/volumes/{name}"
+
+
+def _namespace(client: Client, args: argparse.Namespace) -> str:
+    return getattr(args, "namespace", None) or client.namespace
+
+
+def _send(client: Client, method: str, path: str, *, params: dict[str, Any] | None = None,
+          data: IO[bytes] | None = None, headers: dict[str, str] | None = None,
+          missing_ok: str = "") -> requests.Response:
+    """A streamed request (no read timeout: a log follow or an upload may take long); errors as CliError,
+    except a 404 whose details.kind is `missing_ok`, which is returned."""
+    try:
+        resp = client.session.request(method, client.server + path, params=params, data=data, headers=headers,
+                                      stream=True, timeout=(30, None))
+    except requests.exceptions.SSLError as e:
+        raise CliError(f"TLS error talking to {client.server}: {e}",
+                       "use the kubeconfig the coordinator wrote (it carries its CA)") from None
+    except requests.exceptions.ConnectionError:
+        raise CliError(f"cannot reach the coordinator at {client.server}",
+                       "start it (`nodus-coordinator --data-dir DIR`) or check the kubeconfig's server") from None
+    if missing_ok and resp.status_code == 404:
+        try:
+            if (resp.json().get("details") or {}).get("kind") == missing_ok:
+                return resp
+        except ValueError:
+            pass
+    if resp.status_code >= 400:
+        raise client._error(resp)
+    return resp
+
+
+# -- outputs -----------------------------------------------------------------------------------------
+
+def _filename(resp: requests.Response, fallback: str) -> str:
+    m = re.search(r'filename="([^"/\\]+)"', resp.headers.get("Content-Disposition", ""))
+    return m.group(1) if m else fallback
+
+
+def cmd_outputs_get(client: Client, args: argparse.Namespace) -> int:
+    path = JOBS.format(ns=_namespace(client, args), name=args.job) + f"/outputs/{args.output}"
+    params: dict[str, Any] = {"index": args.index}
+    if args.rank is not None:
+        params["rank"] = args.rank
+    resp = _send(client, "GET", path, params=params)
+    expected = resp.headers.get("X-Content-SHA256", "")
+    target = args.output_file or _filename(resp, f"{args.job}-{args.output}-{args.index}")
+    digest = hashlib.sha256()
+    size = 0
+    if target == "-":
+        for data in resp.iter_content(CHUNK):
+            digest.update(data)
+            size += len(data)
+            sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        dest = Path(target)
+        tmp = dest.with_name(dest.name + ".part")
+        with open(tmp, "wb") as f:
+            for data in resp.iter_content(CHUNK):
+                digest.update(data)
+                size += len(data)
+                f.write(data)
+        if expected and digest.hexdigest() != expected:
+            tmp.unlink(missing_ok=True)
+        else:
+            os.replace(tmp, dest)
+    if expected and digest.hexdigest() != expected:
+        raise CliError(f"the download's sha256 {digest.hexdigest()} is not the committed {expected}",
+                       "download it again")
+    if target != "-":
+        print(f"{target}: {size} bytes, sha256 {digest.hexdigest()}", file=sys.stderr)
+    return 0
+
+
+def cmd_outputs_list(client: Client, args: argparse.Namespace) -> int:
+    job = client.request("GET", JOBS.format(ns=_namespace(client, args), name=args.job)).json()
+    outputs = (job.get("status") or {}).get("outputs") or []
+    if not outputs:
+        print(f"job {args.job} has no committed outputs yet.", file=sys.stderr)
+        return 0
+    rows = [["NAME", "INDEX", "RANK", "SIZE", "SHA256", "PATH"]]
+    rows += [[str(o.get("name", "")), str(o.get("index", 0)), str(o.get("rank", 0)), str(o.get("size", "")),
+              str(o.get("sha256", ""))[:12], str(o.get("path", ""))] for o in outputs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+# -- logs --------------------------------------------------------------------------------------------
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    path = JOBS.format(ns=_namespace(client, args), name=args.job) + "/log"
+    params: dict[str, Any] = {"index": args.index}
+    if args.attempt is not None:
+        params["attempt"] = args.attempt
+    if args.follow:
+        params["follow"] = "true"
+    waited = False
+    while True:
+        # With -f, wait for the index's attempt rather than fail on a Job that was just created.
+        resp = _send(client, "GET", path, params=params, missing_ok="attempts" if args.follow else "")
+        if resp.status_code != 404:
+            break
+        if not waited:
+            print(f"waiting for job {args.job} index {args.index} to get an attempt…", file=sys.stderr)
+            waited = True
+        time.sleep(1.0)
+    out = sys.stdout.buffer
+    try:
+        for data in resp.iter_content(None):
+            out.write(data)
+            out.flush()
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+# -- volumes -----------------------------------------------------------------------------------------
+
+class _Hashing:
+    """A write-only file that hashes and counts what passes to the file under it."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.raw.write(data)
+        self.digest.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _reset_owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    # The uploader's uid and user name mean nothing on the node, and the same tree should archive the same.
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack(src: Path, dest: IO[bytes]) -> tuple[str, int, int]:
+    """Archives the tree under `src` as tar.zst into `dest` (relative names, sorted, owners cleared);
+    returns (sha256, size, files)."""
+    import zstandard
+
+    hashing = _Hashing(dest)
+    files = 0
+    with zstandard.ZstdCompressor(level=3).stream_writer(hashing, closefd=False) as zw:  # type: ignore[arg-type]
+        with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            for dirpath, dirnames, filenames in os.walk(src):
+                dirnames.sort()
+                base = Path(dirpath)
+                for name in sorted(dirnames) + sorted(filenames):
+                    path = base / name
+                    tar.add(path, arcname=str(path.relative_to(src)), recursive=False, filter=_reset_owner)
+                    files += path.is_file() and not path.is_symlink()
+    return hashing.digest.hexdigest(), hashing.size, files
+
+
+def cmd_volume_push(client: Client, args: argparse.Namespace) -> int:
+    src = Path(args.dir)
+    if not src.is_dir():
+        raise CliError(f"{args.dir} is not a directory", "pass the directory whose content the volume holds")
+    with tempfile.TemporaryFile(prefix="nodus-volume-") as archive:
+        sha256, size, files = pack(src, archive)
+        archive.seek(0)
+        resp = _send(client, "POST", VOLUMES.format(ns=_namespace(client, args), name=args.name) + "/revisions",
+                     data=archive, headers={"Content-Type": "application/zstd", "X-Content-SHA256": sha256,
+                                            "Content-Length": str(size)})
+    revision = resp.json()
+    if revision.get("sha256") != sha256:
+        raise CliError(f"the coordinator stored sha256 {revision.get('sha256')}, not the archive's {sha256}",
+                       "push again")
+    verb = "pushed" if revision.get("created") else "unchanged (same content as the latest revision)"
+    print(f"volume/{args.name} revision {revision['revision']} {verb}: {revision.get('files', files)} files, "
+          f"{revision.get('size', size)} bytes, sha256 {sha256}")
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Registers `outputs`, `logs` and `volume` on the CLI's subparsers."""
+    outputs = sub.add_parser("outputs", help="download a Job's committed outputs")
+    outputs_sub = outputs.add_subparsers(dest="action", required=True)
+    get = outputs_sub.add_parser("get", help="download one output")
+    get.add_argument("job")
+    get.add_argument("output", help='the declared output name ("outputs" for /nodus/outputs)')
+    get.add_argument("--index", type=int, default=0, help="the Job index that produced it (default 0)")
+    get.add_argument("--rank", type=int, help="the gang rank (outputs with fromRanks: All)")
+    get.add_argument("-o", "--output-file", help="where to write it (default: the server's file name; - for stdout)")
+    get.set_defaults(func=cmd_outputs_get)
+    listing = outputs_sub.add_parser("list", help="list a Job's committed outputs")
+    listing.add_argument("job")
+    listing.set_defaults(func=cmd_outputs_list)
+
+    logs = sub.add_parser("logs", help="print an attempt's log")
+    logs.add_argument("job")
+    logs.add_argument("--index", type=int, default=0, help="the Job index (default 0)")
+    logs.add_argument("--attempt", type=int, help="the attempt number (default: the latest)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the attempt ends")
+    logs.set_defaults(func=cmd_logs)
+
+    volume = sub.add_parser("volume", help="datasets with immutable revisions")
+    volume_sub = volume.add_subparsers(dest="action", required=True)
+    push = volume_sub.add_parser("push", help="upload a directory as the volume's next revision "
+                                              "(creates the volume if it does not exist)")
+    push.add_argument("name")
+    push.add_argument("dir")
+    push.set_defaults(func=cmd_volume_push)
