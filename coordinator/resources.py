@@ -28,6 +28,7 @@ from .vault import Vault
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _MAX_PATCH_RETRIES = 8
+_MAX_PAGE = 1 << 31
 
 
 def utc_now() -> str:
@@ -85,11 +86,13 @@ def _decode_continue(token: str) -> tuple[int, str]:
                          fix="pass the `continue` value of the previous page unchanged") from None
 
 
-def _parse_rv(text: str | None, field: str = "resourceVersion") -> int | None:
-    if text in (None, ""):
+def _parse_rv(text: Any, field: str = "resourceVersion") -> int | None:
+    if text is None or text == "":
         return None
     try:
-        value = int(text)  # type: ignore[arg-type]
+        if not isinstance(text, str) or not text.isdigit():
+            raise ValueError(text)  # a resourceVersion is an opaque string of digits, never a number
+        value = int(text)
     except ValueError:
         raise NodusError("BadRequest", f"{field} {text!r} is not a valid resource version",
                          fix="pass a resourceVersion returned by the API") from None
@@ -169,6 +172,12 @@ class ResourceService:
                    resource_version_match: str = "") -> ListPage:
         if project:
             await self._authorize(caller, info, project, "list", Role.VIEWER)
+        if limit < 0:
+            raise NodusError("BadRequest", f"limit {limit} is negative", fix="pass limit=0 (everything) or a page size")
+        limit = min(limit, _MAX_PAGE)  # a page larger than any keyspace here means "everything"
+        if resource_version_match not in ("", "Exact", "NotOlderThan"):
+            raise NodusError("BadRequest", f"resourceVersionMatch {resource_version_match!r} is not supported",
+                             fix="use resourceVersionMatch=NotOlderThan or Exact (with a resourceVersion)")
         snapshot: int | None = None
         start_after: str | None = None
         if continue_token:
@@ -412,8 +421,15 @@ class ResourceService:
                 if not isinstance(patch, dict):
                     raise NodusError("BadRequest", "a merge patch must be a JSON object")
                 new = merge_patch(base, patch)
-                precondition = _parse_rv((patch.get("metadata") or {}).get("resourceVersion"))
+                patch_meta = patch.get("metadata")
+                if patch_meta is not None and not isinstance(patch_meta, dict):
+                    raise NodusError("BadRequest", "metadata in the patch must be an object",
+                                     fix='send {"metadata": {...}} or leave metadata out')
+                precondition = _parse_rv((patch_meta or {}).get("resourceVersion"), "metadata.resourceVersion")
             elif patch_type == "json":
+                if not isinstance(patch, list):
+                    raise NodusError("BadRequest", "a JSON patch must be an array of operations",
+                                     fix='send [{"op": "replace", "path": "/spec/...", "value": ...}]')
                 try:
                     new = jsonpatch.apply_patch(base, patch)
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as e:

@@ -36,6 +36,12 @@ _FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
 SERVICE: web.AppKey[ResourceService] = web.AppKey("service", ResourceService)
 
 
+def _header_text(text: str) -> str:
+    """A warning as header-safe text: field names are customer input: quotes escaped, controls and non-ASCII as \\x escapes."""
+    safe = text.encode("ascii", "backslashreplace").decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(ch if 32 <= ord(ch) < 127 else "\\x%02x" % ord(ch) for ch in safe)
+
+
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
 
@@ -86,6 +92,13 @@ class Gateway:
         self.service = service
         self.openapi = discovery.build_openapi()
         self.ready = False
+        self._watches: set[asyncio.Task[Any]] = set()
+
+    async def close_watches(self, app: web.Application) -> None:
+        """on_shutdown: open watches would hold a graceful stop for up to an hour; end them now
+        (clients re-watch from their last resourceVersion, as they do after any disconnect)."""
+        for task in list(self._watches):
+            task.cancel()
 
     # -- helpers ----------------------------------------------------------------------------------
     async def _caller(self, request: web.Request) -> Caller:
@@ -143,7 +156,7 @@ class Gateway:
                  warnings: tuple[str, ...] = ()) -> web.Response:
         headers = {}
         if warnings:
-            headers["Warning"] = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warnings)
+            headers["Warning"] = ", ".join('299 - "' + _header_text(w) + '"' for w in warnings)
         if tables.wants_table(request.headers.get("Accept", "")):
             return _json(tables.table(info, [obj], {"resourceVersion": obj["metadata"].get("resourceVersion", "")}),
                          status, headers)
@@ -270,6 +283,9 @@ class Gateway:
             error = e
         await response.prepare(request)
         WATCHERS.labels("rest").inc()
+        task = asyncio.current_task()
+        if task is not None:
+            self._watches.add(task)
         try:
             if error is not None:
                 await response.write(orjson.dumps({"type": "ERROR", "object": error.to_status(rid)}) + b"\n")
@@ -286,6 +302,8 @@ class Gateway:
         except (ConnectionResetError, ConnectionError):
             pass
         finally:
+            if task is not None:
+                self._watches.discard(task)
             WATCHERS.labels("rest").dec()
             if stream is not None:
                 await stream.aclose()  # type: ignore[attr-defined]
@@ -340,7 +358,13 @@ class Gateway:
                     options = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     raise NodusError("BadRequest", "the DeleteOptions body is not valid JSON") from None
-            dry_run = self._dry_run(request) or "All" in (options.get("dryRun") or [])
+                if not isinstance(options, dict) or not isinstance(options.get("preconditions") or {}, dict):
+                    raise NodusError("BadRequest", "the DELETE body must be a DeleteOptions object",
+                                     fix='send {"propagationPolicy": "Background"} or no body')
+            dry = options.get("dryRun") or []
+            if not isinstance(dry, list) or any(v != "All" for v in dry):
+                raise NodusError("BadRequest", "DeleteOptions.dryRun must be a list holding only \"All\"")
+            dry_run = self._dry_run(request) or bool(dry)
             precondition = str(((options.get("preconditions") or {}).get("resourceVersion")) or "")
             obj = await self.service.delete(caller, info, project, name, dry_run=dry_run, precondition=precondition)
             return self._respond(request, info, obj, 200)
@@ -351,6 +375,7 @@ def make_app(service: ResourceService) -> tuple[web.Application, Gateway]:
     gateway = Gateway(service)
     app = web.Application(middlewares=[_middleware], client_max_size=MAX_BODY)
     app[SERVICE] = service
+    app.on_shutdown.append(gateway.close_watches)
     r = app.router
     r.add_get("/healthz", gateway.healthz)
     r.add_get("/livez", gateway.healthz)
