@@ -213,7 +213,7 @@ def test_registry() -> None:
     job = resolve("jobs")
     assert job.api_version == "nodus.dev/v1" and job.namespaced and job.has_status
     columns = {c.name: c for c in job.columns}
-    assert [c.name for c in job.columns if c.priority == 0] == ["Phase", "Completions", "Cost", "Age"]
+    assert [c.name for c in job.columns if c.priority == 0] == ["Phase", "Completions", "Progress", "Cost", "Age"]
     assert [c.name for c in job.columns if c.priority == 1] == ["Reason", "Active", "Failed"]
     obj = {"metadata": {"creationTimestamp": "2025-01-01T00:00:00Z"}, "spec": {"completions": 4},
            "status": {"phase": "Running", "succeeded": 1, "cost": {"totalUSD": "1.20"}, "active": 2}}

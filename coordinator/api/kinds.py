@@ -109,6 +109,15 @@ def _training_progress(obj: dict[str, Any]) -> str:
     return stage
 
 
+def _job_progress(obj: dict[str, Any]) -> str:
+    """`train 120/1000`: what the program last reported through $NODUS_PROGRESS."""
+    stage = _get(obj, "status.progress.stage") or ""
+    done, total = _get(obj, "status.progress.units.completed"), _get(obj, "status.progress.units.total")
+    if done is not None:
+        return f"{stage} {done}/{total}".strip() if total else f"{stage} {done}".strip()
+    return stage
+
+
 def _secret_keys(obj: dict[str, Any]) -> int:
     keys = _get(obj, "status.keys")
     if isinstance(keys, list):
@@ -142,6 +151,8 @@ KINDS: tuple[KindInfo, ...] = (
     KindInfo("Job", "jobs", "job", GROUP, "v1", ("nj",), ("nodus", "all"), True, True, (
         _phase(),
         Column("Completions", "string", "Completions is succeeded/completions.", 0, _completions),
+        Column("Progress", "string", "Progress is the stage and units the program last reported.", 0,
+               _job_progress),
         _cost(),
         _age(),
         _col("Reason", "status.reason", "Reason says why the Job failed, stopped or is suspended.", priority=1),

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, checkpoint, data
+from . import attempts, checkpoint, data, up
 from .client import CliError, Client, default_kubeconfig
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -241,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data.add_parsers(sub)  # outputs, logs, volume
     checkpoint.add_parser(sub)  # save, restore, verify, ls
+    up.add_parser(sub)  # coordinator + local agent
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)

@@ -1,0 +1,86 @@
+"""`nodus up`: the development all-in-one — a coordinator and one local agent on loopback.
+
+Embedded SQLite, the process runtime, HTTPS REST and gRPC on loopback; it prints the kubeconfig to
+use and stays in the foreground until Ctrl-C (or SIGTERM), then stops both daemons.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .client import CliError
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise CliError(f"the coordinator exited with {proc.returncode}; its log: {log}",
+                           "check the log; another process may hold the ports (--http-listen/--grpc-listen)")
+        if time.monotonic() > deadline:
+            raise CliError(f"the coordinator did not start within {timeout:.0f}s; its log: {log}")
+        time.sleep(0.05)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data = Path(args.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    (data / "endpoints.json").unlink(missing_ok=True)
+    coord_log, agent_log = data / "coordinator.log", data / "agent.log"
+    coordinator = subprocess.Popen(
+        [str(bin_dir / "nodus-coordinator"), "--data-dir", str(data / "coordinator"),
+         "--http-listen", args.http_listen, "--grpc-listen", args.grpc_listen],
+        stdout=open(coord_log, "ab"), stderr=subprocess.STDOUT)
+    procs = [coordinator]
+    try:
+        _wait_for(data / "coordinator" / "endpoints.json", coordinator, coord_log)
+        import orjson
+        grpc = orjson.loads((data / "coordinator" / "endpoints.json").read_bytes())["grpc"]
+        agent = subprocess.Popen(
+            [str(bin_dir / "nodus-agent"), "--coordinator", grpc, "--node", args.node,
+             "--work-dir", str(data / "agent"), "--join-token-file", str(data / "coordinator" / "join-token"),
+             "--runtime", "process"],
+            stdout=open(agent_log, "ab"), stderr=subprocess.STDOUT)
+        procs.append(agent)
+        kubeconfig = data / "coordinator" / "kubeconfig"
+        print(f"nodus up: coordinator and agent {args.node!r} running (logs in {data})", flush=True)
+        print(f"  export KUBECONFIG={kubeconfig}", flush=True)
+        print("  nodus apply -f examples/job.yaml && nodus get jobs", flush=True)
+        stop = {"now": False}
+
+        def _stop(*_: object) -> None:
+            stop["now"] = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        while not stop["now"]:
+            for p in procs:
+                if p.poll() is not None:
+                    raise CliError(f"{Path(p.args[0]).name} exited with {p.returncode}; logs in {data}")
+            time.sleep(0.2)
+        return 0
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    up = sub.add_parser("up", help="run a coordinator and a local agent on loopback (development)")
+    up.add_argument("--data-dir", default=os.environ.get("NODUS_UP_DIR", ".nodus"),
+                    help="where both keep their state (default ./.nodus)")
+    up.add_argument("--http-listen", default="127.0.0.1:8080")
+    up.add_argument("--grpc-listen", default="127.0.0.1:7070")
+    up.add_argument("--node", default="local")
+    up.set_defaults(func=cmd_up, operator=True)
