@@ -32,7 +32,7 @@ from .gateway.app import make_app
 from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
 from .resources import ResourceService
 from .store.sqlite import SqliteStore
-from .tls import TlsFiles, ensure_tls
+from .tls import TlsFiles, ensure_tls, write_private
 from .vault import Vault, load_or_create_key
 
 log = logging.getLogger("nodus.coordinator")
@@ -67,16 +67,6 @@ class Endpoints:
     http: str
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def kubeconfig(server: str, ca_pem: bytes | None, token: str) -> dict[str, Any]:
     import base64
     cluster: dict[str, Any] = {"server": server}
@@ -107,10 +97,10 @@ async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFil
     if not token:
         token, _ = await identity.create_token(ALL_PROJECTS, Role.ADMIN, subject="admin")
     ca_pem = tls.ca.read_bytes() if tls.ca is not None else None
-    _write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token), sort_keys=False).encode())
+    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token), sort_keys=False).encode())
     join = data_dir / "join-token"
     if not join.exists():
-        _write_private(join, (await identity.create_join_token()).encode() + b"\n")
+        write_private(join, (await identity.create_join_token()).encode() + b"\n")
 
 
 async def _compact_loop(store: SqliteStore, interval: float) -> None:
@@ -170,7 +160,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     bound_http = http_port or runner.addresses[0][1]
     endpoints = Endpoints(f"{_client_host(grpc_host)}:{bound_grpc}", f"https://{_client_host(http_host)}:{bound_http}")
     await bootstrap(data_dir, identity, endpoints.http, tls)
-    _write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
+    write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
     gateway.ready = True
     grpc_api.set_serving(grpc_server)
     log.info("nodus-coordinator ready: REST %s, gRPC %s, data %s", endpoints.http, endpoints.grpc, data_dir)

@@ -33,7 +33,8 @@ class TlsFiles:
         return ctx
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
+    """Writes a secret file atomically (temp file, fsync, rename) with mode 0600 from the start."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -100,8 +101,8 @@ def ensure_tls(data_dir: Path, extra_hosts: list[str]) -> TlsFiles:
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(tls_dir / "ca.key", _key_pem(ca_key))
-    _write_private(files.key, _key_pem(key))
+    write_private(tls_dir / "ca.key", _key_pem(ca_key))
+    write_private(files.key, _key_pem(key))
     assert files.ca is not None
     files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

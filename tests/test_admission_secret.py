@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nodus.coordinator.resources import merge_patch as merged  # the API's own RFC 7386
 from nodus.coordinator.api import admission
 from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.errors import NodusError
@@ -22,16 +23,6 @@ class Store:
         return None
 
 
-def merged(base: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(base, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merged(out.get(key), value)
-    return out
 
 
 def create(obj: dict[str, Any], **kw: Any) -> admission.Admitted:

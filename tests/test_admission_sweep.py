@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from nodus.coordinator.resources import merge_patch as merged  # the API's own RFC 7386
 from nodus.coordinator.api import admission
 from nodus.coordinator.api.kinds import KINDS, resolve, sweep_cell_count
 from nodus.coordinator.api.sweep import MAX_CELLS
@@ -36,16 +37,6 @@ class Store:
 SECRET = {"metadata": {"name": "wandb"}, "status": {"version": 1, "versionID": "v1", "keys": ["WANDB_API_KEY"]}}
 
 
-def merged(base: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(base, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merged(out.get(key), value)
-    return out
 
 
 def create(obj: dict[str, Any], **kw: Any) -> admission.Admitted:
