@@ -71,6 +71,8 @@ class Attempt:
     """The stop asked for: reason, grace_seconds, phase."""
     log_done: bool = False
     """The log was shipped to its end (eof acknowledged)."""
+    restored_from_seq: int = 0
+    """The checkpoint restored before the command; 0 if none."""
     # -- not persisted ---------------------------------------------------------------------------
     acked: bool = False
     terminal_seq: tuple[int, int] | None = None
@@ -79,7 +81,7 @@ class Attempt:
     supervisor_ended: bool = False
 
     PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
-                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done")
+                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq")
 
     @classmethod
     def of(cls, a: agent_pb2.Assignment) -> "Attempt":
@@ -120,6 +122,8 @@ class Attempt:
                             ("inputs_ready_time", self.inputs_ready_time)):
             if value is not None:
                 getattr(u, name).CopyFrom(timestamp(value))
+        if self.restored_from_seq:
+            u.restored_from_seq = self.restored_from_seq
         for o in self.outputs:
             u.outputs.add(name=o["name"], path=o["path"], uri=o["uri"], sha256=o["sha256"], size_bytes=o["size"])
         return u

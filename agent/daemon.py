@@ -25,7 +25,7 @@ from typing import Any
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
-from . import reconcile, sdnotify, shipping
+from . import reconcile, recovery, sdnotify, shipping
 from .aio import wait_event
 from .attempts import Attempt, Stage, observe
 from .backoff import Backoff
@@ -111,6 +111,10 @@ class Agent:
         self._sock: socket.socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._work_dir_lock = -1
+        self.checkpoint_tasks: dict[str, asyncio.Task[None]] = {}
+        """At most one checkpoint (or suspend) in flight per attempt (recovery.py)."""
+        self.last_commits: dict[str, agent_pb2.CheckpointCommit] = {}
+        """Each attempt's latest CheckpointCommit, resent in Hello (a commit lost with a stream)."""
 
     # -- life --------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -298,6 +302,8 @@ class Agent:
         hello = agent_pb2.Hello(node_id=session.node_id, session_id=session.session_id, epoch=session.epoch)
         for att in self.attempts.values():
             obs = hello.attempts.add(status=att.update())
+            if (commit := self.last_commits.get(att.id)) is not None:
+                obs.checkpoint.CopyFrom(commit)
             v = self.volatile.get(att.id)
             if v and v.progress and (p := v.progress.message(att.id)) is not None:
                 obs.progress.CopyFrom(p)
@@ -322,17 +328,14 @@ class Agent:
             live = [i for i, a in self.attempts.items() if a.live]
             self.apply(reconcile.cancel(msg.cancel, live, self.cfg.stop_grace))
         elif kind == "suspend":
-            s = msg.suspend
-            log.warning("attempt %s: suspend without a checkpoint (checkpoints are not supported by this agent "
-                        "yet); stopping it", s.attempt_id)
-            live = [i for i, a in self.attempts.items() if a.live]
-            self.apply(reconcile.cancel(agent_pb2.Cancel(attempt_id=s.attempt_id, reason=s.reason or "Suspended",
-                                                         grace_seconds=s.grace_seconds), live, self.cfg.stop_grace))
+            recovery.on_suspend(self, msg.suspend)  # checkpoint, then stop
+        elif kind == "checkpoint_request":
+            recovery.on_checkpoint_request(self, msg.checkpoint_request)
         elif kind == "lease_renewal":
             self.renew_lease(msg.lease_renewal)
         elif kind == "ack":
             self.on_ack(stream_id, msg.ack.seq)
-        elif kind in ("checkpoint_request", "gang_plan"):
+        elif kind == "gang_plan":
             log.warning("%s for %s ignored: not supported by this agent yet", kind,
                         getattr(msg, kind).attempt_id)
 
@@ -411,6 +414,13 @@ class Agent:
             self.report(att)
             await self.materializer.materialize(a, layout)
             att.inputs_ready_time = time.time()
+            try:
+                att.restored_from_seq = await recovery.restore_before_start(self, a, layout)
+            except recovery.CheckpointFailed as e:
+                log.warning("attempt %s: %s", att.id, e)
+                self._note_in_log(layout, f"restore failed: {e}")
+                self.finish(att, L.FAILED, "RestoreFailed", f"the checkpoint could not be restored: {e}")
+                return
             await asyncio.to_thread(self.runtime.write_spec, a, layout)
             att.stage = Stage.SUPERVISED
             v.spawning = True
@@ -565,6 +575,7 @@ class Agent:
         gone = [a for a in self.attempts.values() if a.stage == Stage.DONE and a.acked and a.log_done]
         for att in gone:
             del self.attempts[att.id]
+            self.last_commits.pop(att.id, None)
             v = self.volatile.pop(att.id, None)
             if v and v.log_task:
                 v.log_task.cancel()

@@ -25,6 +25,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from nodus.proto.nodus.v1 import agent_pb2, agent_pb2_grpc
 
 from .clock import Clock, parse, rfc3339
+from . import checkpoints
 from .controllers import assignment
 from .controllers.attempts import (PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_progress, fold_report,
                                    phase_of)
@@ -137,14 +138,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.sessions[session.node] = session
         reader: asyncio.Task[None] | None = None
         differ: asyncio.Task[None] | None = None
+        cadence: asyncio.Task[None] | None = None
         try:
             await session.open(first)
             reader = asyncio.create_task(session.read(request_iterator), name=f"agent-read:{session.node}")
             differ = asyncio.create_task(session.follow(), name=f"agent-diff:{session.node}")
+            cadence = asyncio.create_task(session.checkpoint_cadence(), name=f"agent-cadence:{session.node}")
             async for message in session.outbound():
                 yield message
         finally:
-            for task in (reader, differ):
+            for task in (reader, differ, cadence):
                 if task is not None:
                     task.cancel()
             if self.sessions.get(session.node) is session:
@@ -200,12 +203,16 @@ class Session:
         for observation in first.hello.attempts:
             attempt_id = observation.status.attempt_id
             self._known.add(attempt_id)
+            if observation.HasField("checkpoint"):  # before the status: a suspended attempt has ended since
+                await checkpoints.commit(self.cache, self.service.objects, observation.checkpoint,
+                                         self.service.clock.now())
             reported[attempt_id] = await self._update(observation.status, from_hello=True)
             if observation.HasField("progress"):
                 await self._progress(observation.progress)
         assignments, cancels = await self._desired(reported)
         self.send(full_state=agent_pb2.FullState(assignments=assignments, cancels=cancels, lease=self._lease()))
         self.send(ack=agent_pb2.Ack(seq=first.seq))
+        self.dirty.set()  # what FullState cannot say (a pending Suspend) follows from the first diff
 
     async def read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
         try:
@@ -228,6 +235,12 @@ class Session:
             self.send(lease_renewal=self._lease())
         elif kind == "attempt_update":
             await self._update(message.attempt_update)
+            if message.attempt_update.reason == "SuspendFailed":
+                await checkpoints.suspend_failed(self.cache, self.service.objects, message.attempt_update.attempt_id,
+                                                 checkpoints.rules.SUSPEND_TRIES)
+        elif kind == "checkpoint_commit":
+            await checkpoints.commit(self.cache, self.service.objects, message.checkpoint_commit,
+                                     self.service.clock.now())
         elif kind == "progress":
             await self._progress(message.progress)
         elif kind == "ack":
@@ -235,7 +248,7 @@ class Session:
             return
         elif kind == "hello":
             raise NodusError("BadRequest", "Hello may only open a stream", fix="open a new stream to resync")
-        # checkpoint_commit and probe_result land with checkpoints and gangs: acknowledged, not used yet.
+        # probe_result lands with gangs: acknowledged, not used yet.
         self.send(ack=agent_pb2.Ack(seq=message.seq))
 
     async def _update(self, update: agent_pb2.AttemptUpdate, from_hello: bool = False) -> Any:
@@ -293,14 +306,16 @@ class Session:
             if phase_of(attempt).terminal:
                 continue
             wanted.add(spec["id"])
-            if spec.get("stop"):
+            if spec.get("stop") and checkpoints.suspend_message(attempt) is not None and spec["id"] in self._known:
+                pass  # keep it running: the Suspend (checkpoint, then stop) follows FullState from _diff
+            elif spec.get("stop"):
                 if spec["id"] not in self._known:
                     await self._never_started(attempt)
                     continue
                 cancels.append(agent_pb2.Cancel(attempt_id=spec["id"], reason=spec["stop"].get("reason", "Cancelled"),
                                                 grace_seconds=int(spec["stop"].get("graceSeconds") or 0)))
                 self._said[spec["id"]] = "cancel"
-            else:
+            if not spec.get("stop") or self._said.get(spec["id"]) != "cancel":
                 built = await self._assignment(attempt)
                 if built is not None:
                     assignments.append(built)
@@ -329,6 +344,17 @@ class Session:
             except Exception:  # noqa: BLE001 - the next change retries; a reconnect resyncs anyway
                 log.exception("node %s: sending desired state failed", self.node)
 
+    async def checkpoint_cadence(self) -> None:
+        """Sends Periodic CheckpointRequests as they fall due (recovery.checkpoint.interval)."""
+        asked: dict[str, tuple[int, float]] = {}
+        while True:
+            await asyncio.sleep(checkpoints.CADENCE_TICK)
+            try:
+                for request in checkpoints.due_requests(self.cache, self.node, self.service.clock.now(), asked):
+                    self.send(checkpoint_request=request)
+            except Exception:  # noqa: BLE001 - the next tick tries again
+                log.exception("node %s: checkpoint cadence failed", self.node)
+
     async def _diff(self) -> None:
         on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
         for attempt_id, attempt in on_node.items():
@@ -341,6 +367,10 @@ class Session:
             if spec.get("stop"):
                 if attempt_id not in self._known:
                     await self._never_started(attempt)
+                elif attempt_id not in self._finished and (suspend := checkpoints.suspend_message(attempt)) is not None:
+                    if said != f"suspend:{suspend.seq}" and said != "cancel":
+                        self._said[attempt_id] = f"suspend:{suspend.seq}"
+                        self.send(suspend=suspend)  # checkpoint, then stop
                 elif said != "cancel" and attempt_id not in self._finished:
                     self._cancel(attempt_id, spec["stop"].get("reason", "Cancelled"),
                                  int(spec["stop"].get("graceSeconds") or 0))
@@ -379,7 +409,9 @@ class Session:
         if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
             return None  # its Job is gone: the Job controller stops and deletes it
         try:
-            return await assignment.build(attempt, job, self.service.vault, self._output_of(project))
+            built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
+            checkpoints.prepare(built, attempt, job, self.cache.attempts_of(project, attempt["spec"]["job"]))
+            return built
         except NodusError as e:
             log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], e.message)
             await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),

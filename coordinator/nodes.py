@@ -21,6 +21,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from nodus.proto.nodus.v1 import common_pb2, node_pb2, node_pb2_grpc
 
+from . import checkpoints
 from .clock import Clock, parse, rfc3339
 from .controllers.attempts import PHASE_NUMBERS, phase_of
 from .controllers.cache import LEASES, NODES, Cache, attempt_key
@@ -297,9 +298,13 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     @_rpc("reclaim")
     async def Reclaim(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
-        raise NodusError("MethodNotAllowed", "Reclaim lands with checkpoints (issue 4): it must send a preemption "
-                         "checkpoint request before the capacity goes, and checkpoints do not exist yet",
-                         fix="use Drain with a grace period to move the attempts off the node now")
+        if request.grace_seconds < 0:
+            raise NodusError("BadRequest", "grace_seconds must not be negative")
+        registry = self.registry
+        doc = await registry.set_cordon(request.name, True, request.message or "reclaimed", draining=True)
+        await checkpoints.reclaim(registry.cache, registry.objects, request.name, int(request.grace_seconds or 30),
+                                  registry.clock.now())
+        return node_proto(registry, doc)
 
     @_rpc("listattempts")
     async def ListAttempts(self, caller: Caller, request: Any, context: Any) -> Any:

@@ -314,8 +314,8 @@ def test_suspend_then_resume(coordinator: Coordinator, agent: FakeAgent) -> None
     agent.update(a.attempt_id, RUNNING)
     wait_job(c, "sr", phase_is("Running"))
     patch_state(c, "sr", "Suspended")
-    cancel = agent.expect("cancel")
-    assert cancel.reason == "Suspended"
+    suspend = agent.expect("suspend")  # continuity Checkpointed (the default): checkpoint, then stop
+    assert suspend.attempt_id == a.attempt_id and suspend.reason == "Suspended" and suspend.seq == 1
     agent.finish(a.attempt_id, CANCELLED, reason="Suspended")
     s = wait_job(c, "sr", lambda j: j["status"].get("phase") == "Suspended" and j["status"]["active"] == 0)["status"]
     assert s["reason"] == "Suspended"

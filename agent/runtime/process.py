@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from ..cgroups import DEFAULT_FS, Cgroup
+from ..checkpointing import handshake_dir, handshake_env
 from ..inputs import working_dir
 from ..layout import AttemptLayout, safe_name
 from ..statefile import read_json, write_json
@@ -73,6 +74,7 @@ def attempt_env(a: agent_pb2.Assignment, layout: AttemptLayout, base: Mapping[st
     env.update({"NODUS_STATE_DIR": str(layout.state), "NODUS_INPUTS_DIR": str(layout.inputs),
                 "NODUS_OUTPUTS_DIR": str(layout.outputs), "NODUS_PROGRESS": str(layout.progress),
                 "NODUS_READY_FILE": str(layout.ready / "main")})
+    env.update(handshake_env(layout))  # the checkpoint handshake's request and answer files (recovery)
     if a.secrets:
         env["NODUS_SECRETS_DIR"] = str(layout.secrets)
     for vol in a.volumes:
@@ -135,6 +137,8 @@ def supervisor_spec(a: agent_pb2.Assignment, layout: AttemptLayout, env: dict[st
         "stop_grace": stop_grace,
         "secret_env_names": sorted(secret_names),
         "user": user.as_spec() if user else None,
+        "checkpoint": {"paths": list(a.checkpoint.paths), "max_size_bytes": a.checkpoint.max_size_bytes,
+                       "integration": a.checkpoint.integration} if a.HasField("checkpoint") else None,
     }
 
 
@@ -222,13 +226,14 @@ class ProcessRuntime:
         layout = self.layout(a.attempt_id)
         layout.make()
         layout.progress.touch()
+        handshake_dir(layout).mkdir(exist_ok=True)
         if self.user is not None:
             # The attempt directory is the default working directory: the workload may create files
             # there, but (sticky bit) not move or remove what the agent put there.
             os.chown(layout.root, 0, self.user.gid)
             layout.root.chmod(0o1770)
             layout.run.chmod(0o711)  # the workload reaches its own entries in run/, lists nothing
-            for d in (layout.state, layout.outputs, layout.tmp, layout.ready, layout.progress):
+            for d in (layout.state, layout.outputs, layout.tmp, layout.ready, layout.progress, handshake_dir(layout)):
                 os.chown(d, self.user.uid, self.user.gid)
         return layout
 

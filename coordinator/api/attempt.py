@@ -71,6 +71,7 @@ ATTEMPT_SPEC = Obj(description="AttemptSpec is what the coordinator decided for 
         "reason": _s("Reason is why: Cancelled, Suspended, DeadlineExceeded, BackoffLimitExceeded, Drained, …"),
         "graceSeconds": _i("GraceSeconds is the time between SIGTERM and SIGKILL."),
         "time": _s("Time is when the stop was requested."),
+        "checkpointSeq": _i("CheckpointSeq asks for a checkpoint with this seq before the stop (a Suspend)."),
     }),
 })
 
@@ -90,6 +91,24 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
     "lostTime": _s("LostTime is when the coordinator recorded the attempt Lost."),
     "reportTime": _s("ReportTime is the agent's clock at its latest report (orders reports)."),
     "restoredFromSeq": _i("RestoredFromSeq is the checkpoint restored before the command; 0 if none."),
+    "checkpoints": List(description="Checkpoints are the checkpoints this attempt committed, newest last (at most "
+                                    "8); the coordinator refused any from a superseded attempt or epoch.",
+                        items=Obj(description="CommittedCheckpoint is one committed checkpoint's manifest.", fields={
+                            "seq": _i("Seq is the checkpoint sequence number."),
+                            "sha256": _s("SHA256 is the archive's digest, hex."),
+                            "size": _i("Size is the archive's size in bytes."),
+                            "uri": _s("URI is where the archive is (blob://sha256/<hex>)."),
+                            "time": _s("Time is when it committed."),
+                            "epoch": _i("Epoch is the gang epoch that wrote it."),
+                            "paths": List(description="Paths are the saved paths.", items=Str()),
+                            "pause": _s("Pause is how long the program was held for the local copy."),
+                            "reason": _s("Reason is Periodic, Suspend or Preemption."),
+                            "format": _s("Format is Snapshot or Dcp."),
+                        })),
+    "suspendFailed": Obj(description="SuspendFailed records failed suspend checkpoints.", fields={
+        "generation": _i("Generation is the Job generation whose suspend failed."),
+        "tries": _i("Tries is how many checkpoint tries failed."),
+    }),
     "outputs": List(description="Outputs are the committed outputs.", items=Obj(
         description="AttemptOutput is one committed output.", fields={
             "name": _s("Name is the declared output (outputs for /nodus/outputs)."),

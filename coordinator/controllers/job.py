@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 from ..clock import duration, parse, rfc3339, seconds
 from ..errors import REGISTRY
+from . import checkpoints as ckpt
 from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 
@@ -152,6 +153,8 @@ class StopAttempt:
     name: str
     reason: str
     grace_seconds: int = STOP_GRACE_SECONDS
+    checkpoint_seq: int = 0
+    """Checkpoint first (a Suspend with this seq), then stop; 0 stops at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +212,11 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
     succeeded = {a.index for a in mine if a.phase is AttemptPhase.SUCCEEDED and a.index < completions}
     live = [a for a in mine if not a.phase.terminal]
     failures = sorted((a for a in mine if a.phase is AttemptPhase.FAILED), key=lambda a: (a.created or 0, a.number))
-    losses = Counter(a.index for a in mine if a.phase is AttemptPhase.LOST)
+    # A lost attempt that ran recovery.minProgressDuration made progress: it does not use up maxAttempts.
+    min_progress = seconds(recovery.get("minProgressDuration")) or ckpt.DEFAULT_MIN_PROGRESS
+    fail_on_loss = recovery.get("onInterruption") == "Fail"  # then every loss counts (and fails the Job)
+    losses = Counter(a.index for a in mine if a.phase is AttemptPhase.LOST
+                     and (fail_on_loss or not ckpt.made_progress(a, min_progress)))
 
     status = dict(prev)
     conditions = list(prev.get("conditions") or [])
@@ -259,11 +266,22 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
             else:
                 wake.append(finished + ttl)
     elif state == "Suspended":
-        stop_all("Suspended")
-        phase, reason = JobPhase.SUSPENDED, "Suspended"
-        message = "spec.state is Suspended: attempts are stopped and capacity freed; set it to Running to resume"
-        if condition(conditions, "Suspended") != "True":
-            conditions = set_condition(conditions, "Suspended", "True", "Suspended", message, now, generation)
+        stops, failed = ckpt.suspend(spec, live, mine, generation)
+        actions.extend(stops)
+        stopping.update(a.name for a in live if not a.placed and not a.stop_requested)
+        if failed:
+            phase, reason = JobPhase.RUNNING, "SuspendFailed"
+            message = (f"the suspend checkpoint failed {failed} times (the first try and two retries); the Job keeps "
+                       f"running: set spec.state to Running, or to Suspended again to retry")
+            status["suspendFailures"] = failed
+            if condition(conditions, "SuspendFailed") != "True":
+                conditions = set_condition(conditions, "SuspendFailed", "True", "SuspendFailed", message, now,
+                                           generation)
+        else:
+            phase, reason = JobPhase.SUSPENDED, "Suspended"
+            message = "spec.state is Suspended: attempts are stopped and capacity freed; set it to Running to resume"
+            if condition(conditions, "Suspended") != "True":
+                conditions = set_condition(conditions, "Suspended", "True", "Suspended", message, now, generation)
     else:
         live_indexes = {a.index for a in live}
         free = parallelism - len(live_indexes)
@@ -289,6 +307,10 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
             wake.extend(a.created + queue_timeout for a in live if not a.placed and a.created is not None)
 
     # -- the derived status fields ----------------------------------------------------------------
+    if state != "Suspended":
+        status.pop("suspendFailures", None)  # counts the current customer suspend only
+        if condition(conditions, "SuspendFailed") == "True":
+            conditions = set_condition(conditions, "SuspendFailed", "False", "Resumed", "", now, generation)
     remaining = [a for a in live if a.name not in stopping]
     status["phase"] = phase.value
     put(status, "reason", reason)
@@ -313,6 +335,10 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
     put(status, "progress", progress_of(mine))
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress")))
     put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
+    objs = [a.obj for a in mine]
+    put(status, "checkpoint", ckpt.job_checkpoint_status(spec, objs))
+    storage = ckpt.storage_bytes(objs, status.get("outputs"))
+    put(status, "storage", {"bytes": storage} if storage else None)
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
              if (a.obj.get("status") or {}).get("inputsReadyTime")]
     if ready:

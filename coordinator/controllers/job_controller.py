@@ -58,7 +58,7 @@ def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dic
     }
 
 
-def stop(reason: str, grace_seconds: int, now: float) -> Any:
+def stop(reason: str, grace_seconds: int, now: float, checkpoint_seq: int = 0) -> Any:
     """The mutation that stops an attempt: an unplaced one ends Cancelled at once (no agent has it);
     a placed one gets spec.stop, which its node's stream turns into a Cancel."""
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -69,6 +69,8 @@ def stop(reason: str, grace_seconds: int, now: float) -> Any:
                              "finishTime": rfc3339(now)}
             return obj
         obj["spec"]["stop"] = {"reason": reason, "graceSeconds": grace_seconds, "time": rfc3339(now)}
+        if checkpoint_seq:
+            obj["spec"]["stop"]["checkpointSeq"] = checkpoint_seq  # a Suspend: checkpoint, then stop
         obj["metadata"]["generation"] = int(obj["metadata"].get("generation") or 1) + 1
         return obj
     return mutate
@@ -155,7 +157,7 @@ class JobController:
         for action in actions:
             if isinstance(action, StopAttempt):
                 await self.objects.mutate(attempt_key(project, action.name),
-                                          stop(action.reason, action.grace_seconds, now))
+                                          stop(action.reason, action.grace_seconds, now, action.checkpoint_seq))
             elif isinstance(action, DeleteAttempt):
                 await self.objects.delete(attempt_key(project, action.name), _deletable)
             elif isinstance(action, CreateAttempt) and job is not None:

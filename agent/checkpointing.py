@@ -1,0 +1,269 @@
+"""Checkpoints of a running attempt, and restores before a replacement starts (ADR 0012).
+
+A snapshot is taken in three steps, so the program is held only for a local copy:
+
+1. **Consistent point.** A program that opted in (`NODUS_CHECKPOINT_SIGNAL=1` in its environment) gets
+   the handshake: the agent writes the request file (`$NODUS_CHECKPOINT_REQUEST`, JSON `{"seq": N}`)
+   and sends SIGUSR1 to the main command; the program saves what it must, writes the seq to
+   `$NODUS_CHECKPOINT_DONE`, and leaves its state paths alone until the request file is gone. A
+   program that did not opt in, or does not answer within the handshake timeout, is frozen: the
+   attempt's cgroup freezer (v1 `freezer.state`, v2 `cgroup.freeze`), or SIGSTOP of its process
+   group where no freezer is available.
+2. **Local copy** of the state paths into a staging directory under `run/` (`cp -a --reflink=auto`,
+   a reflink where the filesystem has them), then the program is released (thawed, request removed).
+   The hold is the pause reported in CheckpointCommit.pause.
+3. **Archive and upload** from the copy, with the program running: `checkpoint.archive` writes the
+   tar.zst (sha256 while streaming, maxSize enforced), then the blob store takes it by digest.
+
+Restore fetches the archive by digest, and `checkpoint.restore` verifies it before extracting
+anything and refuses unsafe members. Saved paths are the contract's (`/nodus/state`); the process
+runtime maps `/nodus/<x>` onto the attempt's own directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from nodus.checkpoint import archive
+from nodus.checkpoint import restore as restore_archive
+
+from .cgroups import Cgroup
+from .layout import AttemptLayout
+
+OPT_IN_ENV = "NODUS_CHECKPOINT_SIGNAL"
+REQUEST_ENV = "NODUS_CHECKPOINT_REQUEST"
+DONE_ENV = "NODUS_CHECKPOINT_DONE"
+HANDSHAKE_TIMEOUT = 30.0
+"""How long a program that opted in has to answer before it is frozen instead."""
+CONTRACT_ROOT = "/nodus"
+
+
+class CheckpointFailed(Exception):
+    """A snapshot or a restore could not be done; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A checkpoint archived locally, ready to upload."""
+
+    seq: int
+    archive: Path
+    sha256: str
+    size: int
+    paths: tuple[str, ...]
+    """The saved paths as the Job named them (/nodus/state)."""
+    pause: float
+    """Seconds the program was held (handshake wait, or frozen) for the local copy."""
+    method: str
+    """handshake, freeze, sigstop or none."""
+    files: int
+
+
+def handshake_dir(layout: AttemptLayout) -> Path:
+    return layout.run / "checkpoint"
+
+
+def handshake_env(layout: AttemptLayout) -> dict[str, str]:
+    d = handshake_dir(layout)
+    return {REQUEST_ENV: str(d / "request.json"), DONE_ENV: str(d / "done")}
+
+
+def physical(layout: AttemptLayout, path: str) -> Path:
+    """Where a contract path lives for the process runtime: /nodus/state → <attempt>/state."""
+    norm = os.path.normpath(path)
+    if norm == CONTRACT_ROOT:
+        return layout.root
+    if norm.startswith(CONTRACT_ROOT + "/"):
+        return layout.root / norm[len(CONTRACT_ROOT) + 1:]
+    return Path(norm)
+
+
+class Hold:
+    """Holds the program at a consistent point for the local copy; `release` lets it go."""
+
+    def __init__(self, layout: AttemptLayout, seq: int, *, opted_in: bool, main_pid: int | None,
+                 cgroup: Cgroup | None, handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+        self.layout, self.seq, self.opted_in, self.main_pid, self.cgroup = layout, seq, opted_in, main_pid, cgroup
+        self.handshake_timeout = handshake_timeout
+        self.method = "none"
+        self.started = 0.0
+
+    def acquire(self) -> None:
+        self.started = time.monotonic()
+        if self.opted_in and self.main_pid and self._handshake():
+            self.method = "handshake"
+            return
+        if self.cgroup is not None and self.cgroup.usable and self.cgroup.freeze(True):
+            self.method = "freeze"
+            self._wait_frozen()
+            return
+        if self.main_pid and _killpg(self.main_pid, signal.SIGSTOP):
+            self.method = "sigstop"
+
+    def release(self) -> float:
+        if self.method == "freeze":
+            assert self.cgroup is not None
+            self.cgroup.freeze(False)
+        elif self.method == "sigstop" and self.main_pid:
+            _killpg(self.main_pid, signal.SIGCONT)
+        env = handshake_env(self.layout)
+        for key in (REQUEST_ENV, DONE_ENV):
+            Path(env[key]).unlink(missing_ok=True)
+        return time.monotonic() - self.started
+
+    def _handshake(self) -> bool:
+        env = handshake_env(self.layout)
+        request, done = Path(env[REQUEST_ENV]), Path(env[DONE_ENV])
+        request.parent.mkdir(parents=True, exist_ok=True)
+        done.unlink(missing_ok=True)
+        tmp = request.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"seq": self.seq}))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, request)
+        try:
+            os.kill(self.main_pid or 0, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            return False
+        deadline = time.monotonic() + self.handshake_timeout
+        while time.monotonic() < deadline:
+            try:
+                if done.read_text().strip() in (str(self.seq), ""):
+                    return True
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
+        request.unlink(missing_ok=True)  # no answer: it falls back to the freeze
+        return False
+
+    def _wait_frozen(self, timeout: float = 5.0) -> None:
+        """cgroup v2 freezes asynchronously: wait until cgroup.events says frozen."""
+        assert self.cgroup is not None
+        events = self.cgroup.paths.get("unified")
+        if events is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if "frozen 1" in (events / "cgroup.events").read_text():
+                    return
+            except OSError:
+                return
+            time.sleep(0.002)
+
+
+def _killpg(pid: int, sig: int) -> bool:
+    try:
+        os.killpg(pid, sig)  # the main command leads its own process group (start_new_session)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    cp = shutil.which("cp")
+    if cp:
+        r = subprocess.run([cp, "-a", "--reflink=auto", str(src), str(dst)], capture_output=True)
+        if r.returncode == 0:
+            return
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+class _FileSink:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return len(data)
+
+
+def take(layout: AttemptLayout, seq: int, paths: list[str], *, opted_in: bool, main_pid: int | None,
+         cgroup: Cgroup | None, max_size: int | None = None, level: int = archive.DEFAULT_LEVEL,
+         handshake_timeout: float = HANDSHAKE_TIMEOUT) -> Snapshot:
+    """Hold, copy, release, archive. Blocking (run it on a thread). Raises CheckpointFailed."""
+    paths = list(paths) or [CONTRACT_ROOT + "/state"]
+    staging = layout.run / f"checkpoint-{seq}.d"
+    out = layout.run / f"checkpoint-{seq}.tar.zst"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    names: list[str] = []
+    hold = Hold(layout, seq, opted_in=opted_in, main_pid=main_pid, cgroup=cgroup, handshake_timeout=handshake_timeout)
+    try:
+        hold.acquire()
+        try:
+            for p in paths:
+                name = archive.member_name(p)
+                src = physical(layout, p)
+                if not src.exists():
+                    raise CheckpointFailed(f"checkpoint path {p} does not exist")
+                _copy(src, staging / name)
+                names.append(name)
+        finally:
+            pause = hold.release()  # before compression and upload: the program never waits for those
+        plan = archive.scan(names, root=staging)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            info = archive.write(plan, _FileSink(fd), level=level, max_size=max_size)
+        finally:
+            os.close(fd)
+    except CheckpointFailed:
+        out.unlink(missing_ok=True)
+        raise
+    except Exception as e:  # noqa: BLE001 - every library failure is a failed checkpoint with a reason
+        out.unlink(missing_ok=True)
+        raise CheckpointFailed(f"{type(e).__name__}: {e}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Snapshot(seq, out, info.sha256, info.size, tuple(paths), pause, hold.method, info.files)
+
+
+def restore(layout: AttemptLayout, archive_path: Path, sha256: str, size: int | None = None,
+            max_size: int | None = None, chown: Callable[[Path], Any] | None = None) -> None:
+    """Restores a checkpoint into the attempt's paths; the digest is checked before anything is written."""
+    staging = layout.run / "restore.d"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        restore_archive(archive_path, staging, sha256=sha256 or None, size=size or None, max_size=max_size)
+        tops = sorted(staging.iterdir())
+        for top in tops:
+            if top.name != CONTRACT_ROOT.strip("/"):
+                # The process runtime shares the host: a checkpoint never writes outside the attempt.
+                raise CheckpointFailed(f"checkpoint member {top.name}/ is outside {CONTRACT_ROOT}; the process "
+                                       f"runtime restores only {CONTRACT_ROOT} paths")
+        for top in tops:
+            for child in sorted(top.iterdir()):
+                _merge(child, physical(layout, f"{CONTRACT_ROOT}/{child.name}"))
+    except CheckpointFailed:
+        raise
+    except Exception as e:  # noqa: BLE001 - DigestMismatch, UnsafeArchive, CorruptArchive, NoSpace …
+        raise CheckpointFailed(f"{type(e).__name__}: {e}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if chown is not None:
+        for root, dirs, files in os.walk(layout.state):
+            for n in [*dirs, *files]:
+                chown(Path(root) / n)
+
+
+def _merge(src: Path, dst: Path) -> None:
+    if src.is_dir() and not src.is_symlink():
+        dst.mkdir(parents=True, exist_ok=True)
+        for child in src.iterdir():
+            _merge(child, dst / child.name)
+        return
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    os.replace(src, dst)

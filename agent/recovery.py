@@ -1,0 +1,191 @@
+"""The agent's half of recovery: restore before a replacement starts, checkpoint on request, suspend.
+
+The coordinator decides when (periodic cadence, suspend, preemption) and numbers every checkpoint;
+the agent takes it (`checkpointing.take`, on a thread), uploads the archive with BlobService.Put and
+reports CheckpointCommit. The coordinator commits it, or refuses it when the attempt was superseded
+(fencing is the coordinator's: the agent cannot know). A Suspend is a checkpoint, then a stop; when
+the checkpoint fails after the first try and two retries, the attempt keeps running and the agent
+reports `SuspendFailed` (an AttemptUpdate in phase Running), so the customer's work is never stopped
+without its state.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Coroutine
+
+from google.protobuf import duration_pb2
+
+from nodus.proto.nodus.v1 import agent_pb2, common_pb2
+
+from . import layout as L
+from .attempts import Stage, timestamp
+from .cgroups import Cgroup
+from .checkpointing import OPT_IN_ENV, CheckpointFailed, restore, take
+
+__all__ = ["CheckpointFailed", "checkpoint", "on_checkpoint_request", "on_suspend", "restore_before_start"]
+from .statefile import read_json
+
+if TYPE_CHECKING:
+    from .daemon import Agent
+
+log = logging.getLogger("nodus.agent.recovery")
+
+SUSPEND_TRIES = 3
+"""The first try and two retries (spec/job.md, status.suspendFailures)."""
+RETRY_DELAY = 1.0
+PREEMPTION_REASONS = frozenset({"Preempted", "Reclaimed", "Drained"})
+"""Stops because the capacity goes: the checkpoint is best effort within the grace, the stop is not."""
+
+
+async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: L.AttemptLayout) -> int:
+    """Restores `a.restore_from` into the attempt's state paths; returns its seq (0: nothing to restore)."""
+    ref = a.restore_from
+    if not a.HasField("restore_from") or not ref.sha256:
+        return 0
+    dest = layout.run / f"restore-{ref.seq}.tar.zst"
+    try:
+        await agent.link.blobs.get(ref.sha256, dest)
+        user = agent.runtime.user
+        chown = (lambda p: _lchown(p, user.uid, user.gid)) if user is not None else None
+        max_size = a.checkpoint.max_size_bytes or None
+        await asyncio.to_thread(restore, layout, dest, ref.sha256, ref.size_bytes or None, max_size, chown)
+    except CheckpointFailed:
+        raise
+    except Exception as e:  # noqa: BLE001 - a missing blob, a digest mismatch on the wire …
+        raise CheckpointFailed(f"checkpoint {ref.seq} could not be fetched: {type(e).__name__}: {e}") from None
+    finally:
+        dest.unlink(missing_ok=True)
+    log.info("attempt %s: restored checkpoint %d (%d bytes)", a.attempt_id, ref.seq, ref.size_bytes)
+    return int(ref.seq)
+
+
+def _lchown(path: Path, uid: int, gid: int) -> None:
+    os.lchown(path, uid, gid)
+
+
+async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> agent_pb2.CheckpointCommit:
+    """Takes, uploads and reports one checkpoint of a running attempt. Raises CheckpointFailed."""
+    att = agent.attempts.get(attempt_id)
+    if att is None or att.stage != Stage.SUPERVISED or att.stop is not None:
+        raise CheckpointFailed(f"attempt {attempt_id} does not run here")
+    runtime = agent.runtime
+    layout = runtime.layout(attempt_id)
+    status = runtime.read_status(layout) or {}
+    if status.get("phase") != L.RUNNING:
+        raise CheckpointFailed(f"attempt {attempt_id} is {status.get('phase', 'starting')}, not running")
+    spec = read_json(layout.spec) or {}
+    policy = spec.get("checkpoint") or {}
+    freeze_only = policy.get("integration") == agent_pb2.CHECKPOINT_INTEGRATION_NONE
+    opted_in = (spec.get("env") or {}).get(OPT_IN_ENV) == "1" and not freeze_only
+    cgroup = Cgroup.locate(runtime.cgroup_root, runtime.cgroup_name(layout)) if runtime.cgroups else None
+    snap = await asyncio.to_thread(take, layout, seq, list(policy.get("paths") or []), opted_in=opted_in,
+                                   main_pid=status.get("main_pid"), cgroup=cgroup,
+                                   max_size=int(policy.get("max_size_bytes") or 0) or None)
+    try:
+        await agent.link.connected.wait()
+        ref = await agent.link.blobs.put(snap.archive, snap.sha256, snap.size, "application/zstd")
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointFailed(f"upload of checkpoint {seq} failed: {type(e).__name__}: {e}") from None
+    finally:
+        snap.archive.unlink(missing_ok=True)
+    pause = duration_pb2.Duration()
+    pause.FromNanoseconds(int(snap.pause * 1e9))
+    job = att.job or {}
+    commit = agent_pb2.CheckpointCommit(
+        attempt_id=attempt_id, job=common_pb2.JobRef(project=job.get("project", ""), name=job.get("name", ""),
+                                                     uid=job.get("uid", "")),
+        seq=seq, time=timestamp(time.time()), size_bytes=snap.size, sha256=snap.sha256, paths=list(snap.paths),
+        epoch=int(spec.get("gang_epoch") or 0), format=agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
+        pause=pause, uri=getattr(ref, "uri", "") or f"blob://sha256/{snap.sha256}", reason=reason)
+    agent.last_commits[attempt_id] = commit
+    for _ in range(600):  # no stream open (a reconnect): the commit waits for the next one
+        if agent.link.send(checkpoint_commit=commit) is not None:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise CheckpointFailed(f"checkpoint {seq} was uploaded but no stream to the coordinator opened to commit it")
+    log.info("attempt %s: checkpoint %d committed (%d bytes, %s pause %.3fs)", attempt_id, seq, snap.size,
+             snap.method, snap.pause)
+    return commit
+
+
+def on_checkpoint_request(agent: "Agent", r: agent_pb2.CheckpointRequest) -> None:
+    _spawn(agent, r.attempt_id, _requested(agent, r))
+
+
+def on_suspend(agent: "Agent", s: agent_pb2.Suspend) -> None:
+    _spawn(agent, s.attempt_id, _suspend(agent, s), after_running=True)
+
+
+def _spawn(agent: "Agent", attempt_id: str, coro: Coroutine[object, object, None], after_running: bool = False) -> None:
+    """One checkpoint at a time per attempt: a Periodic request meanwhile is dropped (the next one
+    comes); a Suspend waits for the running checkpoint, then takes its own."""
+    running = agent.checkpoint_tasks.get(attempt_id)
+    if running is not None and not running.done():
+        if not after_running:
+            coro.close()
+            log.info("attempt %s: a checkpoint is already being taken; this request is dropped", attempt_id)
+            return
+        coro = _after(running, coro)
+    task = asyncio.get_running_loop().create_task(coro, name=f"checkpoint:{attempt_id}")
+    agent.checkpoint_tasks[attempt_id] = task
+    task.add_done_callback(lambda t: agent.checkpoint_tasks.pop(attempt_id, None)
+                           if agent.checkpoint_tasks.get(attempt_id) is t else None)
+
+
+async def _requested(agent: "Agent", r: agent_pb2.CheckpointRequest) -> None:
+    timeout = None
+    if r.HasField("deadline"):
+        timeout = max(0.0, r.deadline.ToNanoseconds() / 1e9 - time.time())
+    try:
+        await asyncio.wait_for(checkpoint(agent, r.attempt_id, r.seq, r.reason), timeout)
+    except (CheckpointFailed, asyncio.TimeoutError) as e:
+        log.warning("attempt %s: checkpoint %d failed: %s", r.attempt_id, r.seq, e or "deadline passed")
+
+
+async def _suspend(agent: "Agent", s: agent_pb2.Suspend) -> None:
+    att = agent.attempts.get(s.attempt_id)
+    if att is None or not att.live:
+        return
+    deadline = s.checkpoint_deadline.ToNanoseconds() / 1e9 if s.HasField("checkpoint_deadline") else None
+    status = agent.runtime.read_status(agent.runtime.layout(s.attempt_id)) or {}
+    errors: list[str] = []
+    preempted = s.reason in PREEMPTION_REASONS
+    why = agent_pb2.CHECKPOINT_REASON_PREEMPTION if preempted else agent_pb2.CHECKPOINT_REASON_SUSPEND
+    if att.stage == Stage.SUPERVISED and status.get("phase") == L.RUNNING:
+        for n in range(SUSPEND_TRIES):
+            left = None if deadline is None else deadline - time.time()
+            if left is not None and left <= 0:
+                errors = []  # past the deadline the suspend stops without the checkpoint
+                break
+            try:
+                await asyncio.wait_for(checkpoint(agent, s.attempt_id, s.seq, why), left)
+                errors = []
+                break
+            except (CheckpointFailed, asyncio.TimeoutError) as e:
+                errors.append(str(e) or "the checkpoint deadline passed")
+                log.warning("attempt %s: suspend checkpoint try %d failed: %s", s.attempt_id, n + 1, errors[-1])
+                if n + 1 < SUSPEND_TRIES:
+                    await asyncio.sleep(RETRY_DELAY)
+    if errors and preempted:
+        log.warning("attempt %s: no checkpoint before the capacity goes: %s", s.attempt_id, errors[-1])
+    elif errors:
+        u = att.update()
+        u.reason = "SuspendFailed"
+        u.message = f"{len(errors)} checkpoint tries failed; the attempt keeps running: {errors[-1]}"[:2048]
+        agent.link.send(attempt_update=u)
+        return
+    agent.stop(s.attempt_id, s.reason or "Suspended", float(s.grace_seconds or agent.cfg.stop_grace), L.CANCELLED)
+
+
+async def _after(running: "asyncio.Task[None]", coro: Coroutine[object, object, None]) -> None:
+    try:
+        await asyncio.wait({running})
+    except asyncio.CancelledError:
+        coro.close()
+        raise
+    await coro

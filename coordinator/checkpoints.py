@@ -1,0 +1,214 @@
+"""The coordinator's checkpoint store: commits from agents, fenced, and what an assignment restores.
+
+Archives live in the embedded blob store (`blob://sha256/<hex>`: every node reads the same
+checkpoints); the commit record (the manifest's fields: seq, time, size, sha256, paths, attempt,
+epoch, format, pause, reason) is written on the Attempt that took it, in the same compare-and-swap
+that checks the fence, so a commit from a superseded attempt or an older epoch can never become the
+latest (controllers/checkpoints.py says what is refused). The Job controller derives
+`status.checkpoint` and `status.storage` from there.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from google.protobuf import duration_pb2
+
+from nodus.proto.nodus.v1 import agent_pb2
+
+from .api.units import parse_quantity
+from .clock import parse, rfc3339
+from .controllers import checkpoints as rules
+from .controllers.attempts import phase_of
+from .controllers.cache import Cache, attempt_key
+from .controllers.objects import Objects
+
+log = logging.getLogger("nodus.checkpoints")
+
+REASONS = {agent_pb2.CHECKPOINT_REASON_PERIODIC: "Periodic", agent_pb2.CHECKPOINT_REASON_SUSPEND: "Suspend",
+           agent_pb2.CHECKPOINT_REASON_PREEMPTION: "Preemption"}
+FORMATS = {agent_pb2.CHECKPOINT_FORMAT_DCP: "Dcp"}
+_INTEGRATIONS = {"Auto": agent_pb2.CHECKPOINT_INTEGRATION_AUTO, "None": agent_pb2.CHECKPOINT_INTEGRATION_NONE,
+                 "HFTrainer": agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER}
+BLOB_URI = "blob://sha256/"
+
+
+def commit_of(c: agent_pb2.CheckpointCommit) -> rules.Commit:
+    return rules.Commit(attempt_id=c.attempt_id, job_uid=c.job.uid, seq=int(c.seq), sha256=c.sha256.lower(),
+                        size=int(c.size_bytes), uri=c.uri or BLOB_URI + c.sha256.lower(),
+                        time=c.time.ToNanoseconds() / 1e9 if (c.time.seconds or c.time.nanos) else 0.0,
+                        epoch=int(c.epoch), paths=tuple(c.paths), pause=c.pause.ToNanoseconds() / 1e9,
+                        reason=REASONS.get(c.reason, ""), format=FORMATS.get(c.format, "Snapshot"))
+
+
+async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, now: float) -> str | None:
+    """Records a commit on its Attempt; returns why it was refused (None: committed)."""
+    record = commit_of(c)
+    if record.time <= 0:
+        record = rules.Commit(**{**{f: getattr(record, f) for f in record.__dataclass_fields__}, "time": now})
+    attempt = cache.attempt_by_id(c.attempt_id)
+    if attempt is None:
+        return f"attempt {c.attempt_id} is unknown"
+    project, name = attempt["metadata"]["namespace"], attempt["metadata"]["name"]
+    why: list[str] = []
+
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        siblings = [s if s["metadata"]["name"] != name else obj
+                    for s in cache.attempts_of(project, obj["spec"]["job"])]
+        refused = rules.refusal(obj, siblings, record)
+        why[:] = [refused] if refused else []
+        if refused:
+            return None
+        return {**obj, "status": rules.with_commit(obj.get("status") or {}, record)}
+    await objects.mutate(attempt_key(project, name), mutate)
+    if why and why[0] != "already committed":
+        log.warning("checkpoint %d of attempt %s refused: %s", record.seq, c.attempt_id, why[0])
+        return why[0]
+    if not why:
+        log.info("checkpoint %d of %s/%s committed (%d bytes, %s)", record.seq, project, name, record.size,
+                 record.reason or "unspecified reason")
+    return None
+
+
+async def suspend_failed(cache: Cache, objects: Objects, attempt_id: str, tries: int) -> None:
+    """Records on the attempt that its suspend checkpoint failed `tries` times for the Job's current spec."""
+    attempt = cache.attempt_by_id(attempt_id)
+    if attempt is None:
+        return
+    project = attempt["metadata"]["namespace"]
+    job = cache.job(project, attempt["spec"]["job"]) or {}
+    generation = int((job.get("metadata") or {}).get("generation") or 1)
+
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if phase_of(obj).terminal:
+            return None
+        obj["status"] = {**(obj.get("status") or {}), "suspendFailed": {"generation": generation, "tries": tries}}
+        stop = (obj.get("spec") or {}).get("stop") or {}
+        if stop.get("checkpointSeq"):
+            obj["spec"].pop("stop")  # it keeps running; a later suspend asks again
+            obj["metadata"]["generation"] = int(obj["metadata"].get("generation") or 1) + 1
+        return obj
+    await objects.mutate(attempt_key(project, attempt["metadata"]["name"]), mutate)
+
+
+def _duration(secs: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(secs * 1e9)))
+    return d
+
+
+def prepare(out: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, Any],
+            siblings: Sequence[dict[str, Any]]) -> None:
+    """Adds recovery to a built Assignment: the checkpoint policy, and for a replacement what it resumes
+    from (continuity Checkpointed: the index's latest committed checkpoint as restore_from;
+    Restartable: the last reported progress units as NODUS_RESUME_UNITS; Ephemeral: nothing)."""
+    spec = job.get("spec") or {}
+    a = attempt["spec"]
+    same = [s for s in rules.index_attempts(siblings, a.get("jobUID", ""), int(a.get("index", 0)))
+            if s["spec"].get("id") != a.get("id")]
+    mode = rules.continuity(spec)
+    if mode == "Checkpointed":
+        policy = (spec.get("recovery") or {}).get("checkpoint") or {}
+        out.checkpoint.CopyFrom(agent_pb2.CheckpointPolicy(
+            paths=policy.get("paths") or ["/nodus/state"], interval=_duration(rules.interval(spec, same)),
+            max_size_bytes=_size(policy.get("maxSize")),
+            format=agent_pb2.CHECKPOINT_FORMAT_DCP if policy.get("format") == "Dcp"
+            else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
+            integration=_INTEGRATIONS.get(policy.get("integration") or "Auto", agent_pb2.CHECKPOINT_INTEGRATION_AUTO),
+            store=agent_pb2.Location(uri=BLOB_URI)))
+        top = rules.latest(same)
+        if top is not None:
+            out.restore_from.CopyFrom(agent_pb2.CheckpointRef(
+                seq=int(top["seq"]), manifest=agent_pb2.Location(uri=top.get("uri") or BLOB_URI + top["sha256"]),
+                sha256=top["sha256"], size_bytes=int(top.get("size") or 0),
+                format=agent_pb2.CHECKPOINT_FORMAT_DCP if top.get("format") == "Dcp"
+                else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT, epoch=int(top.get("epoch") or 0)))
+    elif mode == "Restartable":
+        done = [((s.get("status") or {}).get("progress") or {}).get("units", {}).get("completed")
+                for s in sorted(same, key=lambda s: int(s["spec"].get("number", 0)))]
+        units = [d for d in done if isinstance(d, int)]
+        if units:
+            out.env["NODUS_RESUME_UNITS"] = str(max(units))
+
+
+def _size(text: Any) -> int:
+    try:
+        return int(parse_quantity(str(text))) if text else 0
+    except (ValueError, TypeError):
+        return 0
+
+
+def suspend_message(attempt: dict[str, Any]) -> agent_pb2.Suspend | None:
+    """The Suspend for an attempt whose stop asks for a checkpoint first; None for a plain stop."""
+    stop = (attempt.get("spec") or {}).get("stop") or {}
+    if not stop.get("checkpointSeq"):
+        return None
+    out = agent_pb2.Suspend(attempt_id=attempt["spec"]["id"], reason=stop.get("reason", "Suspended"),
+                            seq=int(stop["checkpointSeq"]), grace_seconds=int(stop.get("graceSeconds") or 0))
+    deadline = parse(stop.get("checkpointDeadline"))
+    if deadline is not None:
+        out.checkpoint_deadline.FromNanoseconds(int(deadline * 1e9))  # a preemption's grace
+    return out
+
+
+async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int, now: float) -> int:
+    """A preemption notice for every attempt on `node`: a running attempt of a Checkpointed Job
+    checkpoints (reason Preemption) within the grace and then stops; any other stops at once. Either
+    way the stop reason is Preempted, so the attempt is recorded Lost (counted against
+    recovery.maxAttempts) and replaced elsewhere, restoring the latest checkpoint. Returns how many
+    attempts were asked to checkpoint."""
+    from .controllers.job_controller import stop  # noqa: PLC0415 - the executor's own stop mutation
+
+    asked = 0
+    for attempt in cache.attempts_on(node):
+        if phase_of(attempt).terminal:
+            continue
+        project, spec = attempt["metadata"]["namespace"], attempt["spec"]
+        job = cache.job(project, spec["job"]) or {}
+        seq = 0
+        if phase_of(attempt).value == "Running" and rules.continuity(job.get("spec") or {}) == "Checkpointed":
+            siblings = rules.index_attempts(cache.attempts_of(project, spec["job"]), spec.get("jobUID", ""),
+                                            int(spec.get("index", 0)))
+            seq = rules.next_seq(siblings)
+        mutation = stop("Preempted", grace_seconds, now, seq)
+
+        def noticed(obj: dict[str, Any], mutation: Any = mutation, seq: int = seq) -> dict[str, Any] | None:
+            new = mutation(obj)
+            if new is not None and seq:
+                new["spec"]["stop"]["checkpointDeadline"] = rfc3339(now + grace_seconds)
+            return new
+        if await objects.mutate(attempt_key(project, attempt["metadata"]["name"]), noticed) is not None and seq:
+            asked += 1
+    return asked
+
+
+CADENCE_TICK = 5.0
+"""How often each agent stream checks whether a Periodic checkpoint fell due (intervals are ≥ 1m)."""
+
+
+def due_requests(cache: Cache, node: str, now: float,
+                 asked: dict[str, tuple[int, float]]) -> list[agent_pb2.CheckpointRequest]:
+    """Periodic CheckpointRequests due on `node` now. `asked` (attempt id → (seq, when)) is the
+    stream's memory of what it asked, so a request is repeated only when its checkpoint never came."""
+    out = []
+    for attempt in cache.attempts_on(node):
+        spec = attempt["spec"]
+        if phase_of(attempt).terminal or spec.get("stop"):
+            asked.pop(spec["id"], None)
+            continue
+        job = cache.job(attempt["metadata"]["namespace"], spec["job"]) or {}
+        if (job.get("metadata") or {}).get("uid") != spec.get("jobUID"):
+            continue
+        siblings = cache.attempts_of(attempt["metadata"]["namespace"], spec["job"])
+        due, _ = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)
+        if not due:
+            continue
+        same = rules.index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
+        seq = rules.next_seq(same)
+        before = asked.get(spec["id"])
+        if before is not None and before[0] == seq and now - before[1] < rules.interval(job.get("spec") or {}, same):
+            continue
+        asked[spec["id"]] = (seq, now)
+        out.append(agent_pb2.CheckpointRequest(attempt_id=spec["id"], reason=agent_pb2.CHECKPOINT_REASON_PERIODIC,
+                                               seq=seq))
+    return out

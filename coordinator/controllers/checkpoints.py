@@ -1,0 +1,234 @@
+"""Recovery decisions: which checkpoint is the latest, which commit is fenced off, when to checkpoint.
+
+Pure: Attempt objects, the Job's spec and `now` in, values out; the agent stream (`agents.py`) and
+the Job controller perform them. Committed checkpoints live on the Attempt that took them
+(`status.checkpoints`, newest last), so the latest checkpoint of an index is derived from the set of
+its Attempts, like every count of the Job controller, and survives a coordinator restart.
+
+Fencing: a commit counts only when it comes from the index's current attempt (the highest number;
+not terminal), at that attempt's gang epoch, for the Job it names, and with a seq above every
+committed seq of the index. A partitioned old attempt (its node lost its lease; a replacement runs
+elsewhere) is never current again, so its late commit can never become the latest.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..clock import duration, parse, rfc3339, seconds
+from .attempts import AttemptPhase, phase_of
+
+RETAINED_PER_ATTEMPT = 8
+"""Committed checkpoints remembered on one Attempt (older ones are superseded by newer seqs)."""
+MIN_INTERVAL = 60.0
+MAX_INTERVAL = 6 * 3600.0
+DEFAULT_MTBI = 24 * 3600.0
+"""Mean time between interruptions assumed until the pricing catalog measures the offering's."""
+DEFAULT_COST = 30.0
+"""Seconds a checkpoint is assumed to cost the program before one was measured."""
+SUSPEND_TRIES = 3
+"""The first try and two retries; after them the Job keeps running with SuspendFailed."""
+DEFAULT_MIN_PROGRESS = 120.0
+"""recovery.minProgressDuration's default (2m)."""
+
+
+def _spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj.get("spec") or {}
+
+
+def _status(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj.get("status") or {}
+
+
+def index_attempts(attempts: Iterable[dict[str, Any]], job_uid: str, index: int) -> list[dict[str, Any]]:
+    return [a for a in attempts if _spec(a).get("jobUID") == job_uid and int(_spec(a).get("index", 0)) == index]
+
+
+def committed(attempts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every committed checkpoint of these attempts, by seq."""
+    out = [c for a in attempts for c in _status(a).get("checkpoints") or []]
+    return sorted(out, key=lambda c: int(c.get("seq", 0)))
+
+
+def latest(attempts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    found = committed(attempts)
+    return found[-1] if found else None
+
+
+def current_attempt(attempts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(attempts, key=lambda a: int(_spec(a).get("number", 0)), default=None)
+
+
+def next_seq(attempts: Iterable[dict[str, Any]]) -> int:
+    """The seq to ask for: above every committed or already requested seq of the index."""
+    attempts = list(attempts)
+    top = max((int(c.get("seq", 0)) for c in committed(attempts)), default=0)
+    asked = max((int((_spec(a).get("stop") or {}).get("checkpointSeq") or 0) for a in attempts), default=0)
+    return max(top, asked) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """A CheckpointCommit as the coordinator records it."""
+
+    attempt_id: str
+    job_uid: str
+    seq: int
+    sha256: str
+    size: int
+    uri: str
+    time: float
+    epoch: int = 0
+    paths: tuple[str, ...] = ()
+    pause: float = 0.0
+    reason: str = ""
+    format: str = "Snapshot"
+
+    def record(self) -> dict[str, Any]:
+        return {"seq": self.seq, "sha256": self.sha256, "size": self.size, "uri": self.uri,
+                "time": rfc3339(self.time, precise=True), "epoch": self.epoch, "paths": list(self.paths),
+                "pause": duration(self.pause), "reason": self.reason,
+                "format": self.format}
+
+
+def refusal(attempt: dict[str, Any] | None, siblings: Sequence[dict[str, Any]], commit: Commit) -> str | None:
+    """Why a commit must not count (None: commit it). `siblings` are the Attempts of the same Job."""
+    if attempt is None:
+        return f"attempt {commit.attempt_id} is unknown"
+    spec = _spec(attempt)
+    if commit.job_uid and spec.get("jobUID") != commit.job_uid:
+        return f"attempt {commit.attempt_id} does not belong to Job uid {commit.job_uid}"
+    same = index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
+    current = current_attempt(same)
+    if current is not None and _spec(current).get("id") != spec.get("id"):
+        return (f"attempt {commit.attempt_id} (number {spec.get('number')}) was superseded by attempt "
+                f"{_spec(current).get('number')} of index {spec.get('index')}")
+    if phase_of(attempt).terminal:
+        return f"attempt {commit.attempt_id} already ended ({phase_of(attempt).value})"
+    if int(spec.get("epoch") or 0) != commit.epoch:
+        return f"epoch {commit.epoch} is not the attempt's gang epoch {int(spec.get('epoch') or 0)}"
+    top = latest(same)
+    if top is not None and commit.seq <= int(top.get("seq", 0)):
+        if commit.seq == int(top.get("seq", 0)) and top.get("sha256") == commit.sha256:
+            return "already committed"  # a resend after a reconnect: nothing to do
+        return f"seq {commit.seq} is not above the latest committed seq {top.get('seq')}"
+    return None
+
+
+def with_commit(status: dict[str, Any], commit: Commit) -> dict[str, Any]:
+    """The attempt's status with the commit recorded (the newest RETAINED_PER_ATTEMPT kept)."""
+    kept = [c for c in status.get("checkpoints") or [] if int(c.get("seq", 0)) != commit.seq]
+    return {**status, "checkpoints": (kept + [commit.record()])[-RETAINED_PER_ATTEMPT:]}
+
+
+# -- cadence --------------------------------------------------------------------------------------
+
+def young_daly(cost: float, mtbi: float) -> float:
+    """The Young–Daly optimum √(2 × cost × MTBI), clamped to the allowed 1m–6h."""
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, math.sqrt(2.0 * max(cost, 0.0) * max(mtbi, 0.0))))
+
+
+def measured_cost(attempts: Iterable[dict[str, Any]]) -> float | None:
+    """Mean pause of the newest committed checkpoints (what a checkpoint costs the program)."""
+    pauses = [seconds(c.get("pause")) for c in committed(attempts)[-5:]]
+    known = [p for p in pauses if p is not None]
+    return sum(known) / len(known) if known else None
+
+
+def interval(spec: dict[str, Any], attempts: Iterable[dict[str, Any]], mtbi: float | None = None) -> float:
+    """The cadence in use: the spec's duration, or Young–Daly for `auto`."""
+    text = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("interval") or "auto"
+    if text != "auto":
+        fixed = seconds(text)
+        if fixed is not None:
+            return min(MAX_INTERVAL, max(MIN_INTERVAL, fixed))
+    cost = measured_cost(attempts)
+    return young_daly(DEFAULT_COST if cost is None else cost, mtbi or DEFAULT_MTBI)
+
+
+def periodic_due(spec: dict[str, Any], attempt: dict[str, Any], siblings: Sequence[dict[str, Any]], now: float,
+                 mtbi: float | None = None) -> tuple[bool, float]:
+    """Whether a Periodic checkpoint of a running attempt is due now, and when the next one is."""
+    if continuity(spec) != "Checkpointed" or phase_of(attempt) is not AttemptPhase.RUNNING:
+        return False, math.inf
+    started = parse(_status(attempt).get("startTime"))
+    if started is None:
+        return False, math.inf
+    spec_a = _spec(attempt)
+    same = index_attempts(siblings, spec_a.get("jobUID", ""), int(spec_a.get("index", 0)))
+    every = interval(spec, same, mtbi)
+    mine = [parse(c.get("time")) for c in _status(attempt).get("checkpoints") or []]
+    last = max([t for t in mine if t is not None] + [started])
+    due_at = last + every
+    return now >= due_at, due_at
+
+
+def continuity(spec: dict[str, Any]) -> str:
+    return (spec.get("recovery") or {}).get("continuity") or "Checkpointed"
+
+
+# -- the Job's view ---------------------------------------------------------------------------------
+
+def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """status.checkpoint: the latest committed checkpoint, the cadence, and what the current attempt restored."""
+    top = latest(mine)
+    current = current_attempt(list(mine))
+    restored = int(_status(current).get("restoredFromSeq") or 0) if current is not None else 0
+    if top is None and not restored:
+        return None
+    out: dict[str, Any] = {}
+    if top is not None:
+        out.update(seq=int(top["seq"]), time=top.get("time"), size=int(top.get("size") or 0))
+    if continuity(spec) == "Checkpointed":
+        out["interval"] = duration(interval(spec, mine))
+    if restored:
+        out["restoredFromSeq"] = restored
+    return out
+
+
+def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]] | None) -> int:
+    return sum(int(c.get("size") or 0) for c in committed(mine)) + sum(int(o.get("size") or 0)
+                                                                      for o in outputs or [])
+
+
+def suspend_failed(attempt: dict[str, Any], generation: int) -> int:
+    """Failed suspend checkpoints recorded on an attempt for this generation of the Job's spec."""
+    failed = _status(attempt).get("suspendFailed") or {}
+    return int(failed.get("tries") or 0) if int(failed.get("generation") or 0) == generation else 0
+
+
+def suspend(spec: dict[str, Any], live: Sequence[Any], mine: Sequence[Any], generation: int) -> tuple[list[Any], int]:
+    """The stops of a customer suspend, and the failures that keep the Job running (0: none).
+
+    `live` and `mine` are the Job controller's AttemptViews. A running attempt of a Checkpointed Job
+    is asked to checkpoint first (StopAttempt.checkpoint_seq: the agent gets a Suspend); one whose
+    suspend checkpoint already failed SUSPEND_TRIES times for this spec generation keeps running."""
+    from .job import StopAttempt  # noqa: PLC0415 - job.py imports this module
+
+    stops: list[Any] = []
+    failed = 0
+    objs = [a.obj for a in mine]
+    for a in live:
+        tries = suspend_failed(a.obj, generation)
+        if tries >= SUSPEND_TRIES:
+            failed = max(failed, tries)
+            continue
+        if a.stop_requested:
+            continue
+        running = a.placed and a.started is not None and phase_of(a.obj) is AttemptPhase.RUNNING
+        seq = 0
+        if running and continuity(spec) == "Checkpointed":
+            seq = next_seq(index_attempts(objs, a.job_uid, a.index))
+        stops.append(StopAttempt(a.name, "Suspended", checkpoint_seq=seq))
+    return stops, failed
+
+
+def made_progress(attempt: Any, min_progress: float) -> bool:
+    """Whether a (Lost) attempt's main command ran at least `min_progress` seconds: such a loss is
+    progress interrupted, not a replacement that failed to get going, and is not counted against
+    recovery.maxAttempts. `attempt` is an AttemptView."""
+    if attempt.started is None:
+        return False
+    ended = parse(_status(attempt.obj).get("finishTime")) or parse(_status(attempt.obj).get("lostTime"))
+    return ended is not None and ended - attempt.started >= min_progress

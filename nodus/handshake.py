@@ -1,0 +1,47 @@
+"""Take part in the checkpoint handshake from inside a Nodus attempt: `from nodus import handshake`.
+
+    handshake.on_checkpoint(lambda seq: save_model(os.environ["NODUS_STATE_DIR"]))
+
+Opt in with `NODUS_CHECKPOINT_SIGNAL=1` in the Job's env. Before a snapshot the agent writes the
+request file ($NODUS_CHECKPOINT_REQUEST, `{"seq": N}`) and sends SIGUSR1; the handler installed here
+calls `save(N)` (write a consistent state under $NODUS_STATE_DIR), answers by writing N to
+$NODUS_CHECKPOINT_DONE, and then holds the program until the agent has copied the state (it removes
+the request file), so nothing changes the state mid-copy. Compression and upload happen after the
+program continues. A program that never answers is frozen for the copy instead (ADR 0012). Outside an
+attempt (the variables unset) this does nothing, so the same program runs anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any, Callable
+
+REQUEST_ENV = "NODUS_CHECKPOINT_REQUEST"
+DONE_ENV = "NODUS_CHECKPOINT_DONE"
+
+
+def on_checkpoint(save: Callable[[int], Any], *, hold_timeout: float = 300.0) -> bool:
+    """Installs the SIGUSR1 handler; returns False outside a Nodus attempt."""
+    request, done = os.environ.get(REQUEST_ENV), os.environ.get(DONE_ENV)
+    if not request or not done:
+        return False
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            with open(request) as f:
+                seq = int(json.load(f)["seq"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # a stale signal: no request pending
+        save(seq)
+        tmp = f"{done}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(seq))
+        os.replace(tmp, done)
+        deadline = time.monotonic() + hold_timeout
+        while os.path.exists(request) and time.monotonic() < deadline:
+            time.sleep(0.005)  # the agent copies the state now
+
+    signal.signal(signal.SIGUSR1, handler)
+    return True

@@ -1,0 +1,212 @@
+"""The agent's snapshot and restore of an attempt's state: handshake, freeze and SIGSTOP holds, the
+copy released before compression, and restores that verify before they write."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from nodus.agent.cgroups import Cgroup
+from nodus.agent.checkpointing import CheckpointFailed, handshake_env, physical, restore, take
+from nodus.agent.layout import AttemptLayout
+
+HANDSHAKE = r"""
+import json, os, signal, sys, time
+state = sys.argv[1]
+def on_request(*_):
+    seq = json.load(open(os.environ["NODUS_CHECKPOINT_REQUEST"]))["seq"]
+    with open(os.path.join(state, "model.bin"), "w") as f:
+        f.write(f"consistent at {seq}")
+    with open(os.environ["NODUS_CHECKPOINT_DONE"], "w") as f:
+        f.write(str(seq))
+signal.signal(signal.SIGUSR1, on_request)
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+SLEEPER = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.01)\n"
+
+
+def attempt(tmp_path: Path, name: str = "a") -> AttemptLayout:
+    layout = AttemptLayout(tmp_path / name)
+    for d in (layout.state, layout.run):
+        d.mkdir(parents=True, exist_ok=True)
+    return layout
+
+
+def spawn(code: str, layout: AttemptLayout, *args: str, preexec=None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **handshake_env(layout)}
+    handshake_dir = Path(env["NODUS_CHECKPOINT_REQUEST"]).parent
+    handshake_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=preexec)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+def state_of(proc: subprocess.Popen[bytes]) -> str:
+    return Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1].split()[0]
+
+
+def test_physical_paths_map_the_contract_into_the_attempt(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    assert physical(layout, "/nodus/state") == layout.state
+    assert physical(layout, "/nodus/state/sub/") == layout.state / "sub"
+    assert physical(layout, "/data/ckpt") == Path("/data/ckpt")
+
+
+def test_a_program_that_opted_in_gets_the_handshake(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    (layout.state / "model.bin").write_text("torn")
+    proc = spawn(HANDSHAKE, layout, str(layout.state))
+    try:
+        snap = take(layout, 7, ["/nodus/state"], opted_in=True, main_pid=proc.pid, cgroup=None)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert snap.method == "handshake" and snap.seq == 7 and snap.paths == ("/nodus/state",)
+    assert hashlib.sha256(snap.archive.read_bytes()).hexdigest() == snap.sha256
+    assert snap.size == snap.archive.stat().st_size and snap.pause < 5
+    assert not list(layout.run.glob("checkpoint-*.d")), "the local copy is gone once archived"
+    assert not Path(handshake_env(layout)["NODUS_CHECKPOINT_REQUEST"]).exists(), "released"
+    target = attempt(tmp_path, "b")
+    restore(target, snap.archive, snap.sha256, snap.size)
+    assert (target.state / "model.bin").read_text() == "consistent at 7"
+
+
+def test_a_program_that_does_not_answer_is_held_anyway(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    (layout.state / "counter").write_text("41")
+    proc = spawn(SLEEPER, layout)
+    try:
+        snap = take(layout, 1, ["/nodus/state"], opted_in=True, main_pid=proc.pid, cgroup=None,
+                    handshake_timeout=0.2)
+        assert snap.method == "sigstop"
+        time.sleep(0.05)
+        assert state_of(proc) != "T", "continued before compression and upload"
+    finally:
+        proc.kill()
+        proc.wait()
+    target = attempt(tmp_path, "b")
+    restore(target, snap.archive, snap.sha256)
+    assert (target.state / "counter").read_text() == "41"
+
+
+def test_the_cgroup_freezer_holds_the_attempt_for_the_copy(tmp_path: Path) -> None:
+    cg = Cgroup.create("nodus-tests", f"ckpt-{os.getpid()}")
+    if not cg.usable or ("freezer" not in cg.paths and "unified" not in cg.paths):
+        cg.remove()
+        pytest.skip("no cgroup freezer here")
+    layout = attempt(tmp_path)
+    (layout.state / "w").write_bytes(os.urandom(1 << 16))
+    proc = spawn(SLEEPER, layout, preexec=lambda: cg.attach())
+    try:
+        snap = take(layout, 2, ["/nodus/state"], opted_in=False, main_pid=proc.pid, cgroup=cg)
+        assert snap.method == "freeze"
+        time.sleep(0.05)
+        if "freezer" in cg.paths:
+            assert (cg.paths["freezer"] / "freezer.state").read_text().strip() == "THAWED"
+        assert state_of(proc) in ("S", "R")
+    finally:
+        proc.kill()
+        proc.wait()
+        cg.kill_all()
+        cg.remove()
+    target = attempt(tmp_path, "b")
+    restore(target, snap.archive, snap.sha256)
+    assert (target.state / "w").read_bytes() == (layout.state / "w").read_bytes()
+
+
+def test_a_missing_path_fails_the_checkpoint_with_a_reason(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    with pytest.raises(CheckpointFailed, match="does not exist"):
+        take(layout, 1, ["/nodus/nothing-here"], opted_in=False, main_pid=None, cgroup=None)
+    with pytest.raises(CheckpointFailed, match="ArchiveTooLarge"):
+        (layout.state / "big").write_bytes(os.urandom(1 << 16))
+        take(layout, 2, ["/nodus/state"], opted_in=False, main_pid=None, cgroup=None, max_size=1024)
+    assert not list(layout.run.glob("checkpoint-*")), "nothing half-made is left"
+
+
+def _archive(tmp_path: Path, members: list[tuple[str, bytes]]) -> tuple[Path, str]:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path = tmp_path / "crafted.tar.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_restore_verifies_the_digest_before_writing_anything(tmp_path: Path) -> None:
+    path, sha = _archive(tmp_path, [("nodus/state/x", b"1")])
+    layout = attempt(tmp_path)
+    with pytest.raises(CheckpointFailed, match="DigestMismatch"):
+        restore(layout, path, "0" * 64)
+    assert not (layout.state / "x").exists()
+    restore(layout, path, sha)
+    assert (layout.state / "x").read_bytes() == b"1"
+
+
+@pytest.mark.parametrize("member", ["../escape", "nodus/state/../../escape", "/etc/evil", "elsewhere/file", "zzz/file"])
+def test_restore_refuses_archives_that_leave_the_attempt(tmp_path: Path, member: str) -> None:
+    path, sha = _archive(tmp_path, [("nodus/state/ok", b"ok"), (member, b"evil")])
+    layout = attempt(tmp_path)
+    with pytest.raises(CheckpointFailed):
+        restore(layout, path, sha)
+    assert not (tmp_path / "escape").exists() and not (layout.state / "ok").exists()
+
+
+HELPER = r"""
+import os, sys, time
+from nodus import handshake
+state = sys.argv[1]
+n = 0
+def save(seq):
+    with open(os.path.join(state, "saved"), "w") as f:
+        f.write(f"{seq}:{n}")
+assert handshake.on_checkpoint(save)
+print("ready", flush=True)
+while True:
+    n += 1
+    with open(os.path.join(state, "live.tmp"), "w") as f:
+        f.write(str(n))
+    os.replace(os.path.join(state, "live.tmp"), os.path.join(state, "live"))
+    time.sleep(0.001)
+"""
+
+
+def test_the_program_side_helper_answers_and_holds_until_the_copy_is_done(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    proc = spawn(HELPER, layout, str(layout.state))
+    try:
+        snap = take(layout, 4, ["/nodus/state"], opted_in=True, main_pid=proc.pid, cgroup=None)
+        assert snap.method == "handshake"
+        time.sleep(0.05)
+        assert int((layout.state / "live").read_text() or 0) > 0
+    finally:
+        proc.kill()
+        proc.wait()
+    target = attempt(tmp_path, "b")
+    restore(target, snap.archive, snap.sha256)
+    seq, at = (target.state / "saved").read_text().split(":")
+    assert seq == "4"
+    # Held from the answer until the copy ended: the copy saw the state as saved.
+    live = int((target.state / "live").read_text())
+    assert live in (int(at), int(at) - 1)  # the signal may land between the count and its write
+
+
+def test_the_helper_does_nothing_outside_an_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodus import handshake
+    monkeypatch.delenv("NODUS_CHECKPOINT_REQUEST", raising=False)
+    assert handshake.on_checkpoint(lambda seq: None) is False
