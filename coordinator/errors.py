@@ -214,7 +214,7 @@ def unknown_field(path: str) -> Cause:
     return Cause(path, "FieldValueUnknown", "Unknown field: not declared in the schema; remove it or check its spelling")
 
 
-def invalid(kind: str, name: str, causes: list[Cause] | tuple[Cause, ...], *, plural: str | None = None,
+def invalid(kind: str, name: str, causes: list[Cause] | tuple[Cause, ...], *,
             group: str = "nodus.dev", fix: str | None = None) -> NodusError:
     """The 422 for an object with field problems, worded as Kubernetes words it."""
     summary = ", ".join(f"{c.field}: {c.message}" for c in causes)

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
-import orjson
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

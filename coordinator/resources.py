@@ -21,7 +21,7 @@ import orjson
 from .api.admission import admit_create, admit_status, admit_update
 from .api.kinds import KindInfo
 from .errors import NodusError
-from .identity import ALL_PROJECTS, SYSTEM, Caller, Identity, Role
+from .identity import SYSTEM, Caller, Identity, Role
 from .selectors import FieldSelector, LabelSelector
 from .store.base import EventType, Record, Store
 from .vault import Vault
@@ -374,7 +374,7 @@ class ResourceService:
     def _already_exists(self, info: KindInfo, name: str) -> NodusError:
         return NodusError("AlreadyExists", f'{info.plural}.{info.group} "{name}" already exists',
                           name=name, kind=info.plural, group=info.group,
-                          fix=f"choose another name, or change it with `kubectl apply` / `nodus apply`")
+                          fix="choose another name, or change it with `kubectl apply` / `nodus apply`")
 
     async def replace(self, caller: Caller, info: KindInfo, project: str, name: str, obj: Any, *,
                       subresource: str = "", dry_run: bool = False,
@@ -593,7 +593,3 @@ class ResourceService:
             if isinstance(applied.get(field), dict):
                 applied[field] = {k: "" for k in applied[field]}
         annotations["kubectl.kubernetes.io/last-applied-configuration"] = orjson.dumps(applied).decode() + "\n"
-
-
-def caller_projects(caller: Caller) -> str | None:
-    return None if caller.project == ALL_PROJECTS else caller.project

@@ -210,7 +210,7 @@ def _raise_if_invalid(info: KindInfo, obj: dict[str, Any], causes: list[Cause]) 
         return
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     name = meta.get("name") or meta.get("generateName") or ""
-    raise errors.invalid(info.kind, str(name), causes, plural=info.plural, group=info.group)
+    raise errors.invalid(info.kind, str(name), causes, group=info.group)
 
 
 def _assemble(info: KindInfo, metadata: dict[str, Any], body: dict[str, Any], status: Any) -> dict[str, Any]:
