@@ -41,6 +41,7 @@ log = logging.getLogger("nodus.agent")
 
 TOMBSTONES = 512
 PROGRESS_MIN_INTERVAL = 0.5  # at most two Progress messages a second per attempt
+FORGET_BATCH_SECONDS = 0.01  # acknowledged ends within this are forgotten with one state.json write
 
 
 @dataclass(slots=True)
@@ -113,6 +114,9 @@ class Agent:
         self._work_dir_lock = -1
         self.checkpoint_tasks: dict[str, asyncio.Task[None]] = {}
         """At most one checkpoint (or suspend) in flight per attempt (recovery.py)."""
+        self._doomed: list[L.AttemptLayout] = []
+        """Directories of forgotten attempts, removed by the next sweep (or by `load` after a restart)."""
+        self._sweeper: asyncio.Task[None] | None = None
         self.last_commits: dict[str, agent_pb2.CheckpointCommit] = {}
         """Each attempt's latest CheckpointCommit, resent in Hello (a commit lost with a stream)."""
 
@@ -150,6 +154,8 @@ class Agent:
         sdnotify.notify("STOPPING=1")
         self.shutting_down = True
         tasks = [*self._tasks, *(t for v in self.volatile.values() for t in (v.task, v.log_task) if t)]
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
         for t in tasks:
             t.cancel()
         if tasks:
@@ -157,6 +163,9 @@ class Agent:
             if stuck:  # never hang a stop: what they did is in state.json or redone after the restart
                 log.warning("%d tasks did not stop in time: %s", len(stuck), ", ".join(t.get_name() for t in stuck))
         self.persist()
+        for layout in self._doomed:
+            self._remove_dir(layout)
+        self._doomed = []
         await self.link.close()
         await asyncio.to_thread(self.runtime.close)
         if self._sock is not None:
@@ -583,9 +592,23 @@ class Agent:
                                      "finish_time": att.finish_time}
             while len(self.finished) > TOMBSTONES:
                 self.finished.popitem(last=False)
-            self._remove_dir(self.runtime.layout(att.id))
-        if gone:
-            self.persist()
+            self._doomed.append(self.runtime.layout(att.id))
+        if gone and self._sweeper is None:
+            # Ends acknowledged together are forgotten together: one state.json write and one
+            # removal pass for all of them. Until then state.json may still list one whose directory
+            # is gone; a restart meanwhile re-reports its end (a no-op for the coordinator) and
+            # forgets it again, as after a crash between a removal and the write.
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="forget")
+
+    async def _sweep(self) -> None:
+        try:
+            await asyncio.sleep(FORGET_BATCH_SECONDS)
+        finally:
+            self._sweeper = None  # cancelled (shutdown): what is doomed stays for shutdown to remove
+        doomed, self._doomed = self._doomed, []
+        self.persist()
+        if doomed:
+            await asyncio.to_thread(lambda: [self._remove_dir(layout) for layout in doomed])
 
     def _remove_dir(self, layout: L.AttemptLayout) -> None:
         if layout.root.exists():

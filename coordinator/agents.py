@@ -215,9 +215,35 @@ class Session:
         self.dirty.set()  # what FullState cannot say (a pending Suspend) follows from the first diff
 
     async def read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+        """Handles what the agent sends, in order, a batch at a time: the reports that arrived
+        together are folded together (one write per attempt, the attempts' writes in one group
+        commit) and acknowledged, in order, once durable."""
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for message in messages:
+                    inbox.put_nowait(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the transport broke; the agent reconnects
+                inbox.put_nowait(e)
+                return
+            inbox.put_nowait(_END)
+
+        pumper = asyncio.create_task(pump(), name=f"agent-pump:{self.node}")
         try:
-            async for message in messages:
-                await self._handle(message)
+            while True:
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                last = batch[-1]
+                ended = last is _END or isinstance(last, Exception)
+                await self._handle_batch(batch[:-1] if ended else batch)
+                if ended:
+                    if isinstance(last, Exception):
+                        log.info("node %s: stream ended: %s", self.node, last)
+                    break
         except asyncio.CancelledError:
             raise
         except NodusError as e:
@@ -225,7 +251,77 @@ class Session:
             return
         except Exception as e:  # noqa: BLE001 - the transport broke; the agent reconnects
             log.info("node %s: stream ended: %s", self.node, e)
+        finally:
+            pumper.cancel()
         self.end()
+
+    async def _handle_batch(self, batch: list[agent_pb2.AgentMessage]) -> None:
+        """Reports (AttemptUpdate, Progress) are gathered per attempt, in order, and folded at the
+        next message of another kind or the batch's end; everything else is handled as it comes."""
+        group: dict[str, list[agent_pb2.AgentMessage]] = {}
+        pending: list[int] = []
+
+        async def flush() -> None:
+            if group:
+                results = await asyncio.gather(*(self._fold(attempt_id, items) for attempt_id, items in group.items()),
+                                               return_exceptions=True)
+                group.clear()
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+            for seq in pending:
+                self.send(ack=agent_pb2.Ack(seq=seq))
+            pending.clear()
+
+        for message in batch:
+            kind = message.WhichOneof("message")
+            if kind == "progress" or (kind == "attempt_update" and message.attempt_update.reason != "SuspendFailed"):
+                body = message.progress if kind == "progress" else message.attempt_update
+                group.setdefault(body.attempt_id, []).append(message)
+                pending.append(message.seq)
+            elif kind == "ack":
+                self._acked = max(self._acked, message.ack.seq)
+            else:
+                await flush()
+                await self._handle(message)
+        await flush()
+
+    async def _fold(self, attempt_id: str, items: list[agent_pb2.AgentMessage]) -> None:
+        """Folds one attempt's reports, in the order they came, in one write (as `_update` and
+        `_progress` would one by one)."""
+        folds: list[tuple[bool, Any]] = []
+        unwanted = 0
+        for message in items:
+            if message.WhichOneof("message") == "progress":
+                folds.append((False, progress_of(message.progress)))
+                continue
+            report = report_of(message.attempt_update)
+            if report is None:
+                continue
+            if report.phase.terminal:
+                self._finished.add(attempt_id)
+            else:
+                unwanted += 1
+            folds.append((True, report))
+        attempt = self.cache.attempt_by_id(attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            for _ in range(unwanted):
+                # Nobody wants it here (deleted, or placed elsewhere): stop it.
+                self._cancel(attempt_id, "Unassigned", 0)
+            return
+        if not folds:
+            return
+        now = self.service.clock.now()
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            changed = False
+            for is_report, report in folds:
+                status = fold_report(obj, report, now) if is_report else fold_progress(obj, report)
+                if status is not None:
+                    obj, changed = {**obj, "status": status}, True
+            return obj if changed else None
+        await self.service.objects.mutate(key, mutate)
 
     async def _handle(self, message: agent_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("message")

@@ -87,6 +87,9 @@ class JobController:
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self._failures: dict[str, int] = {}
+        self._memo: dict[str, dict[int, tuple[dict[str, Any], AttemptView]]] = {}
+        """Per Job: the AttemptView of each attempt object last seen (by identity; the entry holds the
+        object, so its id cannot be reused while it is there)."""
         self._jobs = resolve("jobs")
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
@@ -133,7 +136,7 @@ class JobController:
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
         job = self.cache.job(project, name)
-        attempts = [AttemptView.of(a) for a in self.cache.attempts_of(project, name)]
+        attempts = self._views(key, self.cache.attempts_of(project, name))
         now = self.clock.now()
         if job is None or job["metadata"].get("deletionTimestamp"):
             await self._execute(job, project, collect_orphans(attempts), now)
@@ -150,6 +153,23 @@ class JobController:
             self.queue.add(key)  # and then its attempts, as orphans
         if decision.wake_at is not None:
             self.queue.add_after(key, decision.wake_at - self.clock.now())
+
+    def _views(self, key: str, objs: list[dict[str, Any]]) -> list[AttemptView]:
+        """The Job's AttemptViews, each parsed again only when its object changed: the cache holds a
+        new object per write, so an unchanged one is the very same object as the last time."""
+        before = self._memo.get(key) or {}
+        now: dict[int, tuple[dict[str, Any], AttemptView]] = {}
+        views = []
+        for obj in objs:
+            hit = before.get(id(obj))
+            view = hit[1] if hit is not None and hit[0] is obj else AttemptView.of(obj)
+            now[id(obj)] = (obj, view)
+            views.append(view)
+        if views:
+            self._memo[key] = now
+        else:
+            self._memo.pop(key, None)
+        return views
 
     async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action, ...],
                        now: float) -> None:
