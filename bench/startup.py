@@ -229,8 +229,11 @@ def wait_idle(cluster: Cluster, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def idle_usage(agent_pid: int, seconds: float) -> tuple[float, float, float, float]:
-    """(agent RSS MB, agent % of a core, agent+children RSS MB, agent+children % of a core)."""
+def idle_usage(agent_pid: int, seconds: float) -> tuple[float, float, float, float, float]:
+    """(agent RSS MB, agent % of a core, agent+children RSS MB, agent+children % of a core,
+    agent+children PSS MB). RSS counts the pages the agent and its zygote share (libpython, .so
+    files) twice; PSS divides each shared page among its sharers, so the family's PSS is its real
+    footprint."""
     agent = psutil.Process(agent_pid)
     family = [agent, *agent.children(recursive=True)]
 
@@ -257,12 +260,21 @@ def idle_usage(agent_pid: int, seconds: float) -> tuple[float, float, float, flo
                 pass
         return total / 1e6
 
+    def pss(ps: list[psutil.Process]) -> float:
+        total = 0
+        for p in ps:
+            try:
+                total += p.memory_full_info().pss
+            except (psutil.Error, AttributeError):
+                pass
+        return total / 1e6
+
     f0, t0 = cpu(family), time.monotonic()
     time.sleep(seconds)
     dt, f1 = time.monotonic() - t0, cpu(family)
     only_agent = {agent.pid}
     return (rss([agent]), 100 * used({k: v for k, v in f0.items() if k in only_agent}, f1) / dt,
-            rss(family), 100 * used(f0, f1) / dt)
+            rss(family), 100 * used(f0, f1) / dt, pss(family))
 
 
 def main() -> None:
@@ -316,10 +328,11 @@ def main() -> None:
         (f"indexes/s ({args.indexes} × `true`, par. {args.parallelism})", f"{rate:.1f}/s", f"≥ {TARGET_RATE:g}/s",
          ok(rate >= TARGET_RATE), f"floor: 1 spawn of `true` = {1000 / floor_true:.0f}/s on one core"),
     ]
-    for label, (a_rss, a_cpu, f_rss, f_cpu) in (("idle, fresh", fresh), ("idle, after runs", after)):
+    for label, (a_rss, a_cpu, f_rss, f_cpu, f_pss) in (("idle, fresh", fresh), ("idle, after runs", after)):
         rows += [
             (f"agent RSS ({label})", f"{a_rss:.1f} MB", f"≤ {TARGET_RSS_MB:g} MB", ok(a_rss <= TARGET_RSS_MB),
-             f"with zygote: {f_rss:.1f} MB"),
+             f"with zygote: RSS {f_rss:.1f} MB (shared pages twice), PSS {f_pss:.1f} MB "
+             f"{ok(f_pss <= TARGET_RSS_MB)}"),
             (f"agent CPU ({label})", f"{a_cpu:.2f} %", f"≤ {TARGET_CPU_PCT:g} %", ok(a_cpu <= TARGET_CPU_PCT),
              f"with zygote: {f_cpu:.2f} % of a core"),
         ]
