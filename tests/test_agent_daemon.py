@@ -63,6 +63,11 @@ print('finished', flush=True)
 """
 
 
+def _marker_written(marker: Path) -> bool:
+    """The workload appends one line `ATTEMPT PID`; the file exists before the line is in it."""
+    return marker.exists() and marker.read_text().endswith("\n")
+
+
 def waiting(attempt_id: str, tmp_path: Path) -> tuple[agent_pb2.Assignment, Path, Path]:
     marker, go = tmp_path / f"{attempt_id}.marker", tmp_path / f"{attempt_id}.go"
     a = assignment(attempt_id, WAIT_FOR_GO)
@@ -217,7 +222,7 @@ def test_kill9_agent_readopts_and_never_runs_twice(fake: FakeCoordinator, agent:
     a, marker, go = waiting("a-survivor", tmp_path)
     fake.assign(a, push=False)
     agent.start()
-    wait_for(lambda: marker.exists(), 15, what="the attempt to start")
+    wait_for(lambda: _marker_written(marker), 15, what="the attempt to start")
     wait_for(lambda: "RUNNING" in fake.phases("a-survivor"), 10, what="RUNNING")
     workload_pid = int(marker.read_text().split()[1])
     assert agent.signal(signal.SIGKILL) == -signal.SIGKILL
@@ -240,7 +245,7 @@ def test_sigterm_stops_the_agent_and_leaves_workloads_running(fake: FakeCoordina
     a, marker, go = waiting("a-term", tmp_path)
     fake.assign(a, push=False)
     agent.start()
-    wait_for(lambda: marker.exists(), 15, what="the attempt to start")
+    wait_for(lambda: _marker_written(marker), 15, what="the attempt to start")
     workload_pid = int(marker.read_text().split()[1])
     assert agent.signal(signal.SIGTERM) == 0
     os.kill(workload_pid, 0)
