@@ -312,3 +312,12 @@ def test_unknown_paths_and_methods_answer_status(c: Coordinator) -> None:
     big["metadata"]["annotations"] = {"pad": "x" * (4 * 1024 * 1024)}
     r = s.post(c.url(JOBS), json=big)
     assert r.status_code == 413 and r.json()["reason"] == "RequestEntityTooLarge"
+
+
+def test_secret_status_cannot_be_rewritten(c: Coordinator) -> None:
+    s = c.session()
+    assert create(c, {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "st-1"},
+                      "stringData": {"K": "v"}}, SECRETS).status_code == 201
+    r = s.patch(c.url(f"{SECRETS}/st-1/status"), data=b'{"status":{"version":9}}', headers=MERGE)
+    assert r.status_code == 404
+    assert s.get(c.url(f"{SECRETS}/st-1")).json()["status"]["version"] == 1

@@ -180,7 +180,9 @@ KINDS: tuple[KindInfo, ...] = (
                  _phase(),
                  _age(),
              )),
-    KindInfo("Secret", "secrets", "secret", GROUP, "v1", (), ("nodus",), True, True, (
+    # A Secret's status (versions and their keys) is bookkeeping the resource service owns, kept in step
+    # with the encrypted values; no status subresource, so no one can rewrite it apart from them.
+    KindInfo("Secret", "secrets", "secret", GROUP, "v1", (), ("nodus",), True, False, (
         _col("Version", "status.version", "Version is the latest version.", type="integer"),
         Column("Keys", "integer", "Keys is the number of keys in the latest version.", 0, _secret_keys),
         _age(),
