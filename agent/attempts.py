@@ -29,6 +29,8 @@ PHASES: dict[str, int] = {name: common_pb2.AttemptPhase.Value(f"ATTEMPT_PHASE_{n
     "PROVISIONING", "MATERIALIZING", "INITIALIZING", "STARTING_SIDECARS", "RUNNING", "CHECKPOINTING",
     "STOPPING", "SUCCEEDED", "FAILED", "LOST", "CANCELLED")}
 TERMINAL = L.TERMINAL
+GANG_STEPS = {"Assemble": agent_pb2.GANG_STEP_ASSEMBLE, "Mesh": agent_pb2.GANG_STEP_MESH,
+              "Start": agent_pb2.GANG_STEP_START}
 
 
 class Stage(str, enum.Enum):
@@ -73,6 +75,9 @@ class Attempt:
     """The log was shipped to its end (eof acknowledged)."""
     restored_from_seq: int = 0
     """The checkpoint restored before the command; 0 if none."""
+    gang: dict[str, Any] | None = None
+    """A gang member's facts (gang.py): epoch, rank, size, launcher, the step done, the reserved ports,
+    the latest plan."""
     # -- not persisted ---------------------------------------------------------------------------
     acked: bool = False
     terminal_seq: tuple[int, int] | None = None
@@ -81,7 +86,7 @@ class Attempt:
     supervisor_ended: bool = False
 
     PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
-                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq")
+                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq", "gang")
 
     @classmethod
     def of(cls, a: agent_pb2.Assignment) -> "Attempt":
@@ -110,7 +115,8 @@ class Attempt:
         return self.stage in (Stage.ACCEPTED, Stage.SUPERVISED)
 
     def key(self) -> tuple[Any, ...]:
-        return (self.phase, self.reason, self.exit_code, len(self.outputs), self.inputs_ready_time, self.start_time)
+        return (self.phase, self.reason, self.exit_code, len(self.outputs), self.inputs_ready_time, self.start_time,
+                (self.gang or {}).get("done"))
 
     def update(self, now: float | None = None) -> agent_pb2.AttemptUpdate:
         u = agent_pb2.AttemptUpdate(attempt_id=self.id, phase=PHASES[self.phase], reason=self.reason,
@@ -125,7 +131,13 @@ class Attempt:
         if self.restored_from_seq:
             u.restored_from_seq = self.restored_from_seq
         for o in self.outputs:
-            u.outputs.add(name=o["name"], path=o["path"], uri=o["uri"], sha256=o["sha256"], size_bytes=o["size"])
+            u.outputs.add(name=o["name"], path=o["path"], uri=o["uri"], sha256=o["sha256"], size_bytes=o["size"],
+                          rank=int(o.get("rank") or 0))
+        if self.gang and self.gang.get("done"):
+            g = self.gang
+            u.gang.CopyFrom(agent_pb2.GangMemberReport(
+                epoch=int(g["epoch"]), done=GANG_STEPS[g["done"]], address=g.get("address", ""),
+                port=int(g.get("port") or 0), probe_port=int(g.get("probe_port") or 0)))
         return u
 
 

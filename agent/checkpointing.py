@@ -42,7 +42,16 @@ REQUEST_ENV = "NODUS_CHECKPOINT_REQUEST"
 DONE_ENV = "NODUS_CHECKPOINT_DONE"
 HANDSHAKE_TIMEOUT = 30.0
 """How long a program that opted in has to answer before it is frozen instead."""
+HF_HANDSHAKE_TIMEOUT = 300.0
+"""Integration HFTrainer: the answer comes after the running step ends and Trainer has saved
+`checkpoint-N` (nodus.hf.NodusCheckpointCallback), which takes longer than a plain handler. The
+program keeps training while the agent waits, so the wait costs it nothing but the save itself."""
 CONTRACT_ROOT = "/nodus"
+LISTENER = "listener"
+"""Written into the handshake directory by a helper that polls the request file between steps
+(nodus.hf.NodusCheckpointCallback): the program takes part in the handshake without the opt-in
+variable, and needs no SIGUSR1 (which would end a program, or a launcher like torchrun, that does not
+handle it)."""
 
 
 class CheckpointFailed(Exception):
@@ -70,6 +79,11 @@ def handshake_dir(layout: AttemptLayout) -> Path:
     return layout.run / "checkpoint"
 
 
+def listening(layout: AttemptLayout) -> bool:
+    """Whether a program-side helper that polls the request file announced itself (nodus.hf)."""
+    return (handshake_dir(layout) / LISTENER).exists()
+
+
 def handshake_env(layout: AttemptLayout) -> dict[str, str]:
     d = handshake_dir(layout)
     return {REQUEST_ENV: str(d / "request.json"), DONE_ENV: str(d / "done")}
@@ -89,9 +103,11 @@ class Hold:
     """Holds the program at a consistent point for the local copy; `release` lets it go."""
 
     def __init__(self, layout: AttemptLayout, seq: int, *, opted_in: bool, main_pid: int | None,
-                 cgroup: Cgroup | None, handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+                 cgroup: Cgroup | None, handshake_timeout: float = HANDSHAKE_TIMEOUT, send_signal: bool = True) -> None:
         self.layout, self.seq, self.opted_in, self.main_pid, self.cgroup = layout, seq, opted_in, main_pid, cgroup
         self.handshake_timeout = handshake_timeout
+        self.send_signal = send_signal
+        """Send SIGUSR1 with the request; False for a program that only polls the request file (LISTENER)."""
         self.method = "none"
         self.started = 0.0
 
@@ -127,10 +143,11 @@ class Hold:
         tmp.write_text(json.dumps({"seq": self.seq}))
         os.chmod(tmp, 0o644)
         os.replace(tmp, request)
-        try:
-            os.kill(self.main_pid or 0, signal.SIGUSR1)
-        except (ProcessLookupError, PermissionError):
-            return False
+        if self.send_signal:
+            try:
+                os.kill(self.main_pid or 0, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                return False
         deadline = time.monotonic() + self.handshake_timeout
         while time.monotonic() < deadline:
             try:
@@ -190,29 +207,37 @@ class _FileSink:
         return len(data)
 
 
+def copy_held(layout: AttemptLayout, paths: list[str], staging: Path, hold: Hold) -> tuple[list[str], float]:
+    """Steps 1 and 2: hold the program, copy the paths into `staging`, release it. Returns the archive
+    member names and the pause (seconds held). Raises CheckpointFailed for a missing path."""
+    names: list[str] = []
+    hold.acquire()
+    try:
+        for p in paths:
+            name = archive.member_name(p)
+            src = physical(layout, p)
+            if not src.exists():
+                raise CheckpointFailed(f"checkpoint path {p} does not exist")
+            _copy(src, staging / name)
+            names.append(name)
+    finally:
+        pause = hold.release()  # before compression and upload: the program never waits for those
+    return names, pause
+
+
 def take(layout: AttemptLayout, seq: int, paths: list[str], *, opted_in: bool, main_pid: int | None,
          cgroup: Cgroup | None, max_size: int | None = None, level: int = archive.DEFAULT_LEVEL,
-         handshake_timeout: float = HANDSHAKE_TIMEOUT) -> Snapshot:
+         handshake_timeout: float = HANDSHAKE_TIMEOUT, send_signal: bool = True) -> Snapshot:
     """Hold, copy, release, archive. Blocking (run it on a thread). Raises CheckpointFailed."""
     paths = list(paths) or [CONTRACT_ROOT + "/state"]
     staging = layout.run / f"checkpoint-{seq}.d"
     out = layout.run / f"checkpoint-{seq}.tar.zst"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    names: list[str] = []
-    hold = Hold(layout, seq, opted_in=opted_in, main_pid=main_pid, cgroup=cgroup, handshake_timeout=handshake_timeout)
+    hold = Hold(layout, seq, opted_in=opted_in, main_pid=main_pid, cgroup=cgroup, handshake_timeout=handshake_timeout,
+                send_signal=send_signal)
     try:
-        hold.acquire()
-        try:
-            for p in paths:
-                name = archive.member_name(p)
-                src = physical(layout, p)
-                if not src.exists():
-                    raise CheckpointFailed(f"checkpoint path {p} does not exist")
-                _copy(src, staging / name)
-                names.append(name)
-        finally:
-            pause = hold.release()  # before compression and upload: the program never waits for those
+        names, pause = copy_held(layout, paths, staging, hold)
         plan = archive.scan(names, root=staging)
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:

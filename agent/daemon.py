@@ -26,6 +26,7 @@ from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
 from . import reconcile, recovery, sdnotify, shipping
+from .gang import Gangs
 from .aio import wait_event
 from .attempts import Attempt, Stage, observe
 from .backoff import Backoff
@@ -118,6 +119,7 @@ class Agent:
         """Directories of forgotten attempts, removed by the next sweep (or by `load` after a restart)."""
         self._sweeper: asyncio.Task[None] | None = None
         self.last_commits: dict[str, agent_pb2.CheckpointCommit] = {}
+        self.gangs = Gangs(self, cfg.advertise_address or _default_address())
         """Each attempt's latest CheckpointCommit, resent in Hello (a commit lost with a stream)."""
 
     # -- life --------------------------------------------------------------------------------------
@@ -304,6 +306,8 @@ class Agent:
             v.task = asyncio.get_running_loop().create_task(shipping.upload_outputs(self, att), name=f"upload:{att.id}")
         if not att.log_done:
             v.log_task = asyncio.get_running_loop().create_task(shipping.ship_log(self, att), name=f"log:{att.id}")
+        if att.gang and att.live:
+            self.gangs.adopt(att)
 
     # -- the conversation --------------------------------------------------------------------------
     def hello(self, session: agent_pb2.RegisterResponse, stream_id: int, hello_seq: int) -> agent_pb2.Hello:
@@ -329,8 +333,12 @@ class Agent:
             if fs.HasField("lease"):
                 self.renew_lease(fs.lease)
             live = [i for i, a in self.attempts.items() if a.live]
+            known = set(self.attempts)
             self.apply(reconcile.full_state(fs, self.attempts.keys(), live, self.finished.keys(),
                                             self.cfg.stop_grace))
+            for a in fs.assignments:
+                if a.HasField("gang") and a.attempt_id in known:
+                    self.gangs.on_plan(a.gang)  # a member we already run: its current step
         elif kind == "assignment":
             self.apply(reconcile.assignment(msg.assignment, self.attempts.keys(), self.finished.keys()))
         elif kind == "cancel":
@@ -345,8 +353,7 @@ class Agent:
         elif kind == "ack":
             self.on_ack(stream_id, msg.ack.seq)
         elif kind == "gang_plan":
-            log.warning("%s for %s ignored: not supported by this agent yet", kind,
-                        getattr(msg, kind).attempt_id)
+            self.gangs.on_plan(msg.gang_plan)
 
     def apply(self, actions: list[reconcile.Action]) -> None:
         for action in actions:
@@ -403,6 +410,13 @@ class Agent:
             att.log_done = True
             self.finish(att, L.FAILED, r.reason, str(r))
             return
+        if a.HasField("gang"):
+            try:
+                self.gangs.accept(att, a)
+            except OSError as e:
+                att.log_done = True
+                self.finish(att, L.LOST, "AgentFault", f"the gang member's ports could not be reserved: {e}")
+                return
         log.info("attempt %s accepted (job %s/%s index %d, attempt %d)", att.id, a.job.project, a.job.name,
                  a.index, a.attempt_number)
         self.persist(durable=False)  # an accepted attempt has run nothing: a restart drops it anyway
@@ -491,6 +505,7 @@ class Agent:
         if att.finish_time is None:
             att.finish_time = time.time()
         att.supervisor_ended = True
+        self.gangs.forget(att.id)
         log.info("attempt %s ended: %s %s%s", att.id, phase, reason,
                  f" (exit {att.exit_code})" if att.exit_code is not None else "")
         v = self.volatile.get(att.id)
@@ -534,6 +549,8 @@ class Agent:
             v.proc = None  # reaped
         alive = self.runtime.supervisor_alive(layout)
         status = self.runtime.read_status(layout)
+        if att.gang and not att.gang.get("done") and (status or {}).get("gate") == "waiting":
+            self.gangs.at_gate(att)
         seen = observe(status, alive)
         if seen is None:
             return

@@ -6,6 +6,7 @@
         run/spec.json                what the supervisor runs (written by the agent; no secret values)
         run/status.json              what the supervisor observed (written by the supervisor)
         run/cancel.json              a stop request (written by the agent)
+        run/launch.json              a gang member's launch, opening its gate (written by the agent)
         run/supervisor.lock          flock held by the supervisor for its whole life
         run/progress.jsonl           NODUS_PROGRESS
         run/ready/<name>             NODUS_READY_FILE of the main command and of each sidecar
@@ -88,6 +89,11 @@ class AttemptLayout:
     @property
     def cancel(self) -> Path:
         return self.run / "cancel.json"
+
+    @property
+    def launch(self) -> Path:
+        """A gang member's serialized Launch and rendezvous; the supervisor waits at the gate for it."""
+        return self.run / "launch.json"
 
     @property
     def lock(self) -> Path:

@@ -19,15 +19,17 @@ from typing import TYPE_CHECKING, Coroutine
 
 from google.protobuf import duration_pb2
 
+from nodus.checkpoint.integration import TrainerCheckpoint, find_trainer_checkpoint
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
 from .attempts import Stage, timestamp
 from .cgroups import Cgroup
-from .checkpointing import OPT_IN_ENV, CheckpointFailed, restore, take
+from .checkpointing import (CONTRACT_ROOT, HANDSHAKE_TIMEOUT, HF_HANDSHAKE_TIMEOUT, OPT_IN_ENV, CheckpointFailed,
+                            listening, physical, restore, take)
+from .statefile import read_json
 
 __all__ = ["CheckpointFailed", "checkpoint", "on_checkpoint_request", "on_suspend", "restore_before_start"]
-from .statefile import read_json
 
 if TYPE_CHECKING:
     from .daemon import Agent
@@ -39,6 +41,10 @@ SUSPEND_TRIES = 3
 RETRY_DELAY = 1.0
 PREEMPTION_REASONS = frozenset({"Preempted", "Reclaimed", "Drained"})
 """Stops because the capacity goes: the checkpoint is best effort within the grace, the stop is not."""
+RESUME_FROM_ENV = "NODUS_RESUME_FROM"
+"""Integration HFTrainer/Auto: the restored `checkpoint-N` to pass to `trainer.train(resume_from_checkpoint=…)`."""
+_TRAINER_INTEGRATIONS = frozenset({agent_pb2.CHECKPOINT_INTEGRATION_UNSPECIFIED, agent_pb2.CHECKPOINT_INTEGRATION_AUTO,
+                                   agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER})
 
 
 async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: L.AttemptLayout) -> int:
@@ -60,7 +66,21 @@ async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: 
     finally:
         dest.unlink(missing_ok=True)
     log.info("attempt %s: restored checkpoint %d (%d bytes)", a.attempt_id, ref.seq, ref.size_bytes)
+    if a.checkpoint.integration in _TRAINER_INTEGRATIONS:
+        found = await asyncio.to_thread(trainer_checkpoint, layout, list(a.checkpoint.paths))
+        if found is not None and RESUME_FROM_ENV not in a.env:  # the customer's own value wins
+            # The daemon writes the supervisor's spec (with a.env) only after this returns.
+            a.env[RESUME_FROM_ENV] = found.path
+            log.info("attempt %s: Trainer resumes from %s (step %d)", a.attempt_id, found.path, found.step)
     return int(ref.seq)
+
+
+def trainer_checkpoint(layout: L.AttemptLayout, paths: list[str]) -> TrainerCheckpoint | None:
+    """The newest complete `checkpoint-N` of transformers' Trainer under the attempt's state paths, as
+    the program sees it (the process runtime runs the program on the physical paths)."""
+    found = [c for p in paths or [CONTRACT_ROOT + "/state"]
+             if (c := find_trainer_checkpoint(physical(layout, p))) is not None]
+    return max(found, key=lambda c: c.step, default=None)
 
 
 def _lchown(path: Path, uid: int, gid: int) -> None:
@@ -79,12 +99,19 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
         raise CheckpointFailed(f"attempt {attempt_id} is {status.get('phase', 'starting')}, not running")
     spec = read_json(layout.spec) or {}
     policy = spec.get("checkpoint") or {}
-    freeze_only = policy.get("integration") == agent_pb2.CHECKPOINT_INTEGRATION_NONE
-    opted_in = (spec.get("env") or {}).get(OPT_IN_ENV) == "1" and not freeze_only
+    integration = policy.get("integration")
+    # The handshake for a program that opted in (the variable: SIGUSR1 and the request file) or whose
+    # helper polls the request file (nodus.hf: no signal); never with None. HFTrainer allows for a
+    # Trainer save before the answer.
+    signalled = (spec.get("env") or {}).get(OPT_IN_ENV) == "1"
+    opted_in = integration != agent_pb2.CHECKPOINT_INTEGRATION_NONE and (signalled or listening(layout))
+    hf = integration == agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER
     cgroup = Cgroup.locate(runtime.cgroup_root, runtime.cgroup_name(layout)) if runtime.cgroups else None
     snap = await asyncio.to_thread(take, layout, seq, list(policy.get("paths") or []), opted_in=opted_in,
                                    main_pid=status.get("main_pid"), cgroup=cgroup,
-                                   max_size=int(policy.get("max_size_bytes") or 0) or None)
+                                   max_size=int(policy.get("max_size_bytes") or 0) or None,
+                                   handshake_timeout=HF_HANDSHAKE_TIMEOUT if hf else HANDSHAKE_TIMEOUT,
+                                   send_signal=signalled)
     try:
         await agent.link.connected.wait()
         ref = await agent.link.blobs.put(snap.archive, snap.sha256, snap.size, "application/zstd")
@@ -99,7 +126,8 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
         attempt_id=attempt_id, job=common_pb2.JobRef(project=job.get("project", ""), name=job.get("name", ""),
                                                      uid=job.get("uid", "")),
         seq=seq, time=timestamp(time.time()), size_bytes=snap.size, sha256=snap.sha256, paths=list(snap.paths),
-        epoch=int(spec.get("gang_epoch") or 0), format=agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
+        epoch=int((att.gang or {}).get("epoch") or 0), rank=int((att.gang or {}).get("rank") or 0),
+        format=agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
         pause=pause, uri=getattr(ref, "uri", "") or f"blob://sha256/{snap.sha256}", reason=reason)
     agent.last_commits[attempt_id] = commit
     for _ in range(600):  # no stream open (a reconnect): the commit waits for the next one

@@ -77,7 +77,8 @@ async def upload_outputs(agent: "Agent", att: Attempt) -> None:
                                                   f"{ref.sha256}, the agent {out['sha256']}")
             return
         att.outputs.append({"name": out["name"], "path": out["path"], "sha256": out["sha256"],
-                            "size": int(out["size"]), "uri": ref.uri or f"blob://sha256/{out['sha256']}"})
+                            "size": int(out["size"]), "uri": ref.uri or f"blob://sha256/{out['sha256']}",
+                            "rank": int((att.gang or {}).get("rank") or 0)})
         agent.persist()
     agent.finish(att, L.SUCCEEDED, str(fields.get("reason") or "Completed"), str(fields.get("message") or ""),
                 finish_time=fields.get("finish_time") or time.time())

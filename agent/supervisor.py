@@ -11,6 +11,11 @@ Because the supervisor, not the agent, is the workload's parent, killing the age
 neither kills nor orphans the work; a restarted agent re-reads status.json and watches the lock.
 The supervisor never talks to the coordinator: uploads, logs and progress are the agent's.
 
+A gang member (spec.json has `gang`) stops at a gate after its sidecars: it writes `"gate":
+"waiting"` and runs nothing more until the agent writes `run/launch.json` (a serialized
+`launchers.model.Launch` with rank 0's endpoint and a wait budget). Then it writes `"gate": "open"`
+and runs the launch: files → wait for the head → setup steps → the main step → teardown steps.
+
 It is single-threaded (init and sidecar output is pumped through one select loop), so moving each
 child into the attempt's cgroup (and then to the workload user) in `preexec_fn` before exec is safe.
 """
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from nodus.launchers.model import Launch, Role
+
 from .cgroups import Cgroup
 from .layout import (CANCELLED, FAILED, INITIALIZING, LOST, RUNNING, SPAWNED, STARTING_SIDECARS, STOPPING,
                      SUCCEEDED, AttemptLayout)
@@ -41,8 +48,72 @@ from .outputs import collect_outputs
 from .statefile import read_json, write_json
 
 PREFIX_INIT = b"[init] "
+PREFIX_SETUP = b"[setup] "
+PREFIX_TEARDOWN = b"[teardown] "
+GATE_POLL = 0.1
+"""Seconds between looks for launch.json at the gate (a stop is noticed as often)."""
+TEARDOWN_TIMEOUT = 60.0
+"""Seconds one teardown step may run before it is killed."""
 MESSAGE_LINES = 3
 LINE_LIMIT = 400
+
+
+@dataclass(frozen=True, slots=True)
+class GangLaunch:
+    """run/launch.json: one gang member's steps and where its gang meets."""
+
+    launch: Launch
+    head: str
+    """Rank 0's rendezvous endpoint, host:port (an IPv6 host in brackets)."""
+    head_timeout_s: float
+    """How long `launch.waits_for_head` may wait for `head` to accept connections."""
+
+    @classmethod
+    def parse(cls, raw: Any) -> GangLaunch:
+        """The launch the agent wrote; a ValueError names what is wrong with it."""
+        if not isinstance(raw, dict):
+            raise ValueError("launch.json is not an object")
+        try:
+            launch = Launch(launcher=str(raw["launcher"]), rank=int(raw["rank"]), role=Role(raw["role"]),
+                            argv=_words(raw["argv"], "argv"), env=_text_map(raw.get("env") or {}, "env"),
+                            setup=tuple(_words(s, "setup") for s in raw.get("setup") or ()),
+                            teardown=tuple(_words(s, "teardown") for s in raw.get("teardown") or ()),
+                            files=_text_map(raw.get("files") or {}, "files"),
+                            runs_command=bool(raw.get("runs_command", True)),
+                            waits_for_head=bool(raw.get("waits_for_head", False)))
+            head = str(raw.get("head") or "")
+            timeout = float(raw.get("head_timeout_s") or 0)
+        except KeyError as e:
+            raise ValueError(f"launch.json has no {e.args[0]!r}") from None
+        if not launch.argv:
+            raise ValueError("launch.json has an empty argv")
+        if not all(p.startswith("/") for p in launch.files):
+            raise ValueError("launch.json names a file by a relative path")
+        if launch.waits_for_head:
+            split_endpoint(head)  # a ValueError when it is not host:port
+        return cls(launch, head, timeout)
+
+
+def _words(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise ValueError(f"launch.json: {what} must be a list of strings")
+    return tuple(value)
+
+
+def _text_map(value: Any, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"launch.json: {what} must map names to strings")
+    return dict(value)
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """("host", port) of "host:port" or "[v6]:port"."""
+    host, sep, port = endpoint.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"not a host:port endpoint: {endpoint!r}")
+    return host, int(port)
 
 
 class Stop(Exception):
@@ -91,6 +162,8 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.children: list[Child] = []
         self.sidecars: list[Child] = []
+        self.teardown: list[tuple[tuple[str, ...], dict[str, str]]] = []
+        """A gang member's teardown steps and their env, armed once its first launch step starts."""
         self.stop_signalled = False
         self.log_fd = os.open(layout.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.cgroup = Cgroup(0)
@@ -302,8 +375,10 @@ class Supervisor:
             self.terminate(sidecar, grace)
 
     # -- the attempt -------------------------------------------------------------------------------
-    def env(self, extra: dict[str, str] | None = None, secret: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(self.spec.get("env") or {})
+    def env(self, extra: dict[str, str] | None = None, secret: dict[str, str] | None = None,
+            base: dict[str, str] | None = None) -> dict[str, str]:
+        """`base` (the spec's env unless given), then the secret env, `extra` and `secret` on top."""
+        env = dict((self.spec.get("env") or {}) if base is None else base)
         env.update(self.secret_env)
         env.update(extra or {})
         env.update(secret or {})
@@ -358,7 +433,10 @@ class Supervisor:
             for sc in sidecars:
                 if not self._start_sidecar(sc):
                     return
-        self._run_main()
+        if self.spec.get("gang"):
+            self._run_launch(self._await_launch())
+        else:
+            self._run_main()
 
     def _run_init(self, init: dict[str, Any]) -> bool:
         timeout = float(init.get("timeout") or 1800)
@@ -419,14 +497,20 @@ class Supervisor:
 
     def _run_main(self) -> None:
         argv = list(self.spec.get("command") or [])
+        self._main_step(argv, self.env({"NODUS_READY_FILE": str(self.layout.ready / "main")}))
+
+    def _main_step(self, argv: list[str], env: dict[str, str], service: bool = False) -> None:
+        """Runs the main command (or a gang member's main step) to its end and finishes the attempt.
+
+        A `service` (a Ray worker) is only ever meant to end by a stop: exiting on its own loses the member.
+        """
         oom_before = self.cgroup.oom_kills()
-        ready = self.layout.ready / "main"
-        env = self.env({"NODUS_READY_FILE": str(ready)})
         try:
             main = self.spawn("main", argv, env, None)
         except OSError as e:
             code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC) else 127
             self.note(f"command could not start: {argv[:1]}: {e.strerror or e}")
+            self.run_teardown()
             self.stop_sidecars()
             self.finish(FAILED, "Error", f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}",
                         exit_code=code)
@@ -439,15 +523,20 @@ class Supervisor:
             self.set(phase=STOPPING)
             self.terminate(main, stop.grace)
             self.status["exit_code"] = main.exit_code
-            raise
+            raise  # run() stops the rest (teardown included) and finishes with the stop's phase
         code = main.exit_code
         assert code is not None
         self.set(phase=STOPPING, exit_code=code)
         self.signal_group(main, signal.SIGKILL)  # what the command left behind in its group
-        self.stop_sidecars()
         oom = code != 0 and self.cgroup.oom_kills() > oom_before
+        self.run_teardown()
+        self.stop_sidecars()
         self.cgroup.kill_all()
-        if oom:
+        if service:
+            lines = [f"the {argv[0]} service of this gang member exited on its own with code {code}",
+                     *self.main_tail()[-(MESSAGE_LINES - 1):]]
+            self.finish(LOST, "GangMemberExited", "\n".join(lines), exit_code=code, oom_killed=oom)
+        elif oom:
             self.finish(FAILED, "OOMKilled", "the command was killed by the kernel's OOM killer (memory limit "
                         f"{(self.spec.get('resources') or {}).get('memory_bytes', 0)} bytes)", exit_code=code,
                         oom_killed=True)
@@ -461,8 +550,124 @@ class Supervisor:
             else:
                 self.finish(SUCCEEDED, "Completed", "", exit_code=code, outputs=outputs)
 
+    # -- a gang member -----------------------------------------------------------------------------
+    def _await_launch(self) -> GangLaunch:
+        """Waits at the gate (interruptibly, pumping sidecar output) until the agent writes launch.json."""
+        gang = self.spec["gang"]
+        self.set(gate="waiting")
+        self.note(f"gang member rank {gang.get('rank')} (epoch {gang.get('epoch')}): waiting at the gate")
+        while (raw := read_json(self.layout.launch)) is None:
+            self.wait(GATE_POLL)
+        self.check_stop()  # a stop that came with the launch wins: nothing of the launch starts
+        launch = GangLaunch.parse(raw)  # a bad launch.json is the agent's fault: run() ends LOST AgentFault
+        if launch.launch.rank != gang.get("rank"):
+            raise ValueError(f"launch.json is for rank {launch.launch.rank}, this member is rank {gang.get('rank')}")
+        self.set(gate="open")
+        self.note(f"the gate is open: {launch.launch.launcher} {launch.launch.role}")
+        return launch
+
+    def _run_launch(self, gl: GangLaunch) -> None:
+        launch = gl.launch
+        env = self.env({"NODUS_READY_FILE": str(self.layout.ready / "main")}, base=launch.env)
+        self._write_launch_files(launch.files)
+        if launch.waits_for_head and not self._await_head(gl.head, gl.head_timeout_s):
+            return
+        self.teardown = [(step, env) for step in launch.teardown]
+        for number, step in enumerate(launch.setup, 1):
+            if not self._run_setup(number, list(step), env):
+                return
+        self._main_step(list(launch.argv), env, service=not launch.runs_command)
+
+    def _write_launch_files(self, files: dict[str, str]) -> None:
+        user = self.spec.get("user")
+        for name, text in files.items():
+            path = Path(name)
+            missing = [p for p in path.parents if not p.exists()]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # O_NOFOLLOW: the supervisor may be root, and the path may be in a directory the workload writes.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                data = memoryview(text.encode())
+                while data:
+                    data = data[os.write(fd, data):]
+                if user:
+                    os.fchown(fd, user["uid"], user["gid"])
+            finally:
+                os.close(fd)
+            if user:
+                for d in missing:
+                    os.chown(d, user["uid"], user["gid"])
+
+    def _await_head(self, head: str, timeout: float) -> bool:
+        """Polls rank 0's endpoint until it accepts a TCP connection; False (and LOST) after `timeout`."""
+        host, port = split_endpoint(head)
+        self.note(f"waiting up to {timeout:g}s for the gang's head at {head}")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if _accepts(host, port, max(0.05, min(1.0, left))):
+                self.note(f"the gang's head at {head} accepts connections")
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                message = (f"rank 0's rendezvous endpoint {head} did not accept connections within "
+                           f"{timeout:g}s")
+                self.note(message)
+                self.stop_sidecars()
+                self.cgroup.kill_all()
+                self.finish(LOST, "RendezvousTimeout", message)
+                return False
+            self.wait(min(0.2, left))
+
+    def _run_setup(self, number: int, argv: list[str], env: dict[str, str]) -> bool:
+        """One setup step to its end; False (and FAILED LaunchFailed) when it fails.
+
+        What a step leaves running (`ray start --head`'s daemons) stays: the main step needs it.
+        """
+        try:
+            child = self.spawn("setup", argv, env, PREFIX_SETUP)
+        except OSError as e:
+            self._fail_launch(f"setup step {number} ({argv[0] if argv else ''}) could not start: {e.strerror or e}")
+            return False
+        while child.exit_code is None:
+            self.wait(3600, [child])
+        self.drain(child)
+        if child.exit_code != 0:
+            lines = list(child.tail)[-(MESSAGE_LINES - 1):]
+            self._fail_launch("\n".join([f"setup step {number} ({argv[0]}) exited with code {child.exit_code}",
+                                         *lines]))
+            return False
+        return True
+
+    def _fail_launch(self, message: str) -> None:
+        self.note(message.splitlines()[0])
+        self.run_teardown()
+        self.stop_sidecars()
+        self.cgroup.kill_all()
+        self.finish(FAILED, "LaunchFailed", message)
+
+    def run_teardown(self) -> None:
+        """The armed teardown steps, once, each bounded; their failures are logged, never the result."""
+        steps, self.teardown = self.teardown, []
+        for number, (argv, env) in enumerate(steps, 1):
+            name = f"teardown step {number} ({argv[0] if argv else ''})"
+            try:
+                child = self.spawn("teardown", list(argv), env, PREFIX_TEARDOWN)
+            except OSError as e:
+                self.note(f"{name} could not start: {e.strerror or e}")
+                continue
+            self.wait(TEARDOWN_TIMEOUT, [child], interruptible=False)
+            if child.exit_code is None:
+                self.note(f"{name} did not end within {TEARDOWN_TIMEOUT:g}s; killed")
+                self.terminate(child, 0)
+            else:
+                self.drain(child)
+                self.signal_group(child, signal.SIGKILL)
+                if child.exit_code != 0:
+                    self.note(f"{name} exited with code {child.exit_code}")
+
     def main_tail(self) -> list[str]:
-        """The last lines the main command wrote (init, sidecar and Nodus lines left out)."""
+        """The last lines the main command wrote (init, setup, teardown, sidecar and Nodus lines left out)."""
         try:
             with open(self.layout.log, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
@@ -471,15 +676,16 @@ class Supervisor:
             return []
         lines = [ln.decode(errors="replace").rstrip() for ln in data.split(b"\n")]
         own = [ln[:LINE_LIMIT] for ln in lines
-               if ln.strip() and not ln.startswith(("[init] ", "[sidecar ", "[nodus] "))]
+               if ln.strip() and not ln.startswith(("[init] ", "[setup] ", "[teardown] ", "[sidecar ", "[nodus] "))]
         return own[-MESSAGE_LINES:]
 
     def _stop_everything(self, grace: float) -> None:
         for child in self.children:
-            if child.name == "main" or child.name == "init":
+            if child.name in ("main", "init", "setup"):
                 if child.exit_code is None:
                     self.terminate(child, grace)
                 self.signal_group(child, signal.SIGKILL)
+        self.run_teardown()
         self.stop_sidecars()
         self.cgroup.kill_all()
 
@@ -504,6 +710,15 @@ def _listening(pid: int) -> bool:
         except psutil.Error:
             continue
     return False
+
+
+def _accepts(host: str, port: int, timeout: float) -> bool:
+    """Whether host:port accepts a TCP connection within `timeout` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _notify_address(text: str | None) -> str | None:

@@ -16,7 +16,12 @@ the two sides alternating who goes first:
   cpu-s = CPU seconds spent (all threads; the anchor's processes), which other load on the
   machine does not move, printed beside wall-clock MB/s, which it does;
   compression ratio = unpacked / archive bytes.
-  freeze pause: needs the agent's cgroup freezer; printed as n/a until it lands.
+  freeze pause: the agent's hold of a running program for a checkpoint (agent/checkpointing.py
+           `copy_held` with the cgroup freezer: freeze, `cp -a --reflink=auto` of the state into
+           staging, thaw) of a process that keeps writing into the data set, beside a plain
+           `cp -a` of the same directory; target: the pause no longer than the copy (ratio ≤ 1.0).
+           Needs root and a cgroup freezer (v1 `freezer` or v2 `cgroup.freeze`); without one the
+           bench says so and prints the copy time only.
 
 A benchmark, not a test: it asserts nothing.
 """
@@ -36,6 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from nodus.agent.cgroups import Cgroup  # noqa: E402
+from nodus.agent.checkpointing import Hold, copy_held  # noqa: E402
+from nodus.agent.layout import AttemptLayout  # noqa: E402
 from nodus.checkpoint import LocalStore  # noqa: E402
 
 MiB = 1 << 20
@@ -129,6 +137,82 @@ def _timed(fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t, _cpu() - c
 
 
+WRITER = """
+import os, sys, time
+path = os.path.join(sys.argv[1], "live")
+print("ready", flush=True)
+n = 0
+while True:  # a program whose state changes all the time
+    n += 1
+    with open(path + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(path + ".tmp", path)
+    time.sleep(0.001)
+"""
+
+
+def freeze_pause(work: Path, runs: int) -> tuple[list[float] | None, list[float], str]:
+    """(freeze pauses or None, plain `cp -a` seconds, why there is no pause) of the same data dir."""
+    data = work / "data"
+    copies: list[float] = []
+    pauses: list[float] = []
+    why = ""
+    cg = Cgroup.create("nodus-bench", f"ckpt-{os.getpid()}") if os.geteuid() == 0 else None
+    if cg is None:
+        why = "not root: no cgroup to freeze"
+    elif not ("freezer" in cg.paths or "unified" in cg.paths):
+        why = "no cgroup freezer here (" + ("; ".join(cg.missing) or "v1 freezer not mounted") + ")"
+    proc = None
+    try:
+        if not why:
+            assert cg is not None
+            proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data)], stdout=subprocess.PIPE,
+                                    start_new_session=True, preexec_fn=cg.attach)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        layout = AttemptLayout(work / "attempt")
+        for run in range(runs):
+            staging, plain = layout.run / f"checkpoint-{run}.d", work / "plain-copy"
+            for d in (staging, plain):
+                shutil.rmtree(d, ignore_errors=True)
+            staging.mkdir(parents=True)
+
+            def held() -> None:
+                nonlocal why
+                assert cg is not None and proc is not None
+                hold = Hold(layout, run + 1, opted_in=False, main_pid=proc.pid, cgroup=cg)
+                pause = copy_held(layout, [str(data)], staging, hold)[1]
+                if hold.method == "freeze":
+                    pauses.append(pause)
+                else:
+                    why = f"the cgroup could not be frozen (the agent would hold the program by {hold.method})"
+
+            def cp() -> None:
+                subprocess.run(["cp", "-a", str(data), str(plain)], check=True)
+
+            steps = [cp] if why else [held, cp]
+            if run % 2:
+                steps.reverse()
+            for step in steps:
+                wall, _ = _timed(step)
+                if step is cp:
+                    copies.append(wall)
+            for d in (staging, plain):
+                shutil.rmtree(d, ignore_errors=True)
+            log(f"freeze run {run + 1}: " + (f"pause {pauses[-1]:.3f}s, " if pauses and not why else "")
+                + f"cp -a {copies[-1]:.3f}s")
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        if cg is not None:
+            cg.kill_all()
+            cg.remove()
+        shutil.rmtree(work / "attempt", ignore_errors=True)
+        for leftover in ("live", "live.tmp"):
+            (data / leftover).unlink(missing_ok=True)
+    return (None if why else pauses), copies, why
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=1024)
@@ -220,8 +304,17 @@ def main() -> int:
               "above 1 is nodus ahead)")
         print(f"compression ratio: nodus {size / archive_sizes['nodus']:.2f}, "
               f"anchor {size / archive_sizes['anchor']:.2f} (unpacked / archive)")
-        print("freeze pause: n/a until the agent lands (needs the cgroup freezer)")
         print(f"restored tree vs source: {same}")
+
+        log("freeze pause: the agent's hold of a running program beside a plain cp -a of the same data")
+        pauses, copies, why = freeze_pause(work, args.runs)
+        copy = statistics.median(copies)
+        if pauses is None:
+            print(f"freeze pause: n/a, {why}; plain cp -a of the state {copy:.3f}s")
+        else:
+            pause = statistics.median(pauses)
+            print(f"freeze pause: {pause:.3f}s (agent: freeze, cp -a --reflink=auto, thaw) vs plain cp -a {copy:.3f}s; "
+                  f"ratio {pause / copy:.2f} (pause ÷ copy, target ≤ 1.0)")
         return 0
     finally:
         if not args.keep:

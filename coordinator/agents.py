@@ -22,13 +22,14 @@ from typing import Any, AsyncIterator
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from nodus.proto.nodus.v1 import agent_pb2, agent_pb2_grpc
+from nodus.proto.nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 from .clock import Clock, parse, rfc3339
 from . import checkpoints
 from .controllers import assignment
-from .controllers.attempts import (PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_progress, fold_report,
-                                   phase_of)
+from .controllers import gang as gangs
+from .controllers.attempts import (GANG_STEPS, PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_probe,
+                                   fold_progress, fold_report, phase_of)
 from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
 from .controllers.objects import Objects
 from .errors import NodusError, new_request_id
@@ -53,11 +54,54 @@ def _duration(secs: float) -> duration_pb2.Duration:
     return d
 
 
+_PATHS = {common_pb2.NETWORK_PATH_PRIVATE: "Private", common_pb2.NETWORK_PATH_PUBLIC: "Public",
+          common_pb2.NETWORK_PATH_DIRECT: "Direct", common_pb2.NETWORK_PATH_RELAYED: "Relayed"}
+_STEP_NUMBERS = {gangs.ASSEMBLE: agent_pb2.GANG_STEP_ASSEMBLE, gangs.MESH: agent_pb2.GANG_STEP_MESH,
+                 gangs.START: agent_pb2.GANG_STEP_START}
+_LAUNCHERS = {"Plain": common_pb2.LAUNCHER_PLAIN, "Torchrun": common_pb2.LAUNCHER_TORCHRUN,
+              "Ray": common_pb2.LAUNCHER_RAY, "Verl": common_pb2.LAUNCHER_VERL,
+              "Accelerate": common_pb2.LAUNCHER_ACCELERATE, "Deepspeed": common_pb2.LAUNCHER_DEEPSPEED}
+
+
+def _gang_report(u: agent_pb2.AttemptUpdate) -> dict[str, Any] | None:
+    if not u.HasField("gang"):
+        return None
+    g = u.gang
+    step = GANG_STEPS[g.done] if 0 <= g.done < len(GANG_STEPS) else ""
+    return {"epoch": g.epoch, "done": step, "address": g.address, "port": g.port, "probePort": g.probe_port}
+
+
+def probe_of(p: agent_pb2.ProbeResult) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if p.rtt_ms:
+        out["rttMs"] = p.rtt_ms
+    if p.bus_gbps:
+        out["busGbps"] = p.bus_gbps
+    if p.path in _PATHS:
+        out["path"] = _PATHS[p.path]
+    if p.HasField("measured_time"):
+        out["measuredTime"] = rfc3339(p.measured_time.ToNanoseconds() / 1e9)
+    if p.error:
+        out["error"] = p.error[:500]
+    return out
+
+
+def plan_message(plan: gangs.Plan, config: gangs.GangConfig) -> agent_pb2.GangPlan:
+    return agent_pb2.GangPlan(
+        attempt_id=plan.attempt_id, gang_id=plan.gang_id, epoch=plan.epoch, rank=plan.rank, size=plan.size,
+        gpus_per_node=plan.gpus_per_node, launcher=_LAUNCHERS.get(plan.launcher, common_pb2.LAUNCHER_PLAIN),
+        rendezvous_address=plan.rendezvous_address, rendezvous_port=plan.rendezvous_port,
+        step=_STEP_NUMBERS[plan.step],
+        peers=[agent_pb2.GangPeer(rank=r, address=a, port=p, probe_port=pp) for r, a, p, pp in plan.peers],
+        probe_max_bytes=config.probe_max_bytes, probe_budget=_duration(config.probe_budget_seconds),
+        startup_timeout=_duration(plan.startup_timeout))
+
+
 def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:
     phase = PROTO_PHASES.get(u.phase)
     if phase is None:
         return None
-    return Report(phase=phase, exit_code=u.exit_code if u.HasField("exit_code") else None, reason=u.reason,
+    return Report(gang=_gang_report(u), phase=phase, exit_code=u.exit_code if u.HasField("exit_code") else None, reason=u.reason,
                   message=u.message, start_time=_seconds(u.start_time), finish_time=_seconds(u.finish_time),
                   oom_killed=u.oom_killed, time=_seconds(u.time), inputs_ready_time=_seconds(u.inputs_ready_time),
                   restored_from_seq=u.restored_from_seq,
@@ -74,8 +118,9 @@ def progress_of(p: agent_pb2.Progress) -> ProgressReport:
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, registry: NodeRegistry, objects: Objects, identity: Identity, vault: Vault,
-                 clock: Clock) -> None:
+                 clock: Clock, gang_config: gangs.GangConfig = gangs.GangConfig()) -> None:
         self.registry, self.objects, self.identity, self.vault, self.clock = registry, objects, identity, vault, clock
+        self.gang_config = gang_config
         self.cache: Cache = registry.cache
         self.sessions: dict[str, Session] = {}
         self.cache.listen(ATTEMPTS, self._on_attempt)
@@ -86,6 +131,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             node = ((obj or {}).get("spec") or {}).get("node")
             if node and node in self.sessions:
                 self.sessions[node].dirty.set()
+        obj = new or old or {}
+        if (obj.get("spec") or {}).get("gang"):
+            # A member's report can move every member's step: wake the streams of the whole gang.
+            for sibling in self.cache.attempts_of(obj["metadata"]["namespace"], obj["spec"].get("job", "")):
+                node = (sibling.get("spec") or {}).get("node")
+                if node and node in self.sessions:
+                    self.sessions[node].dirty.set()
 
     def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         session = self.sessions.get(key[len(NODES):])
@@ -170,6 +222,8 @@ class Session:
         """attempt id → "assign" or "cancel": what this stream told the agent."""
         self._finished: set[str] = set()
         """Attempts the agent reported ended: nothing left to stop."""
+        self._plans: dict[str, tuple[int, str]] = {}
+        """attempt id → (epoch, step) of the last GangPlan this stream sent."""
         self._known: set[str] = set()
         """Attempts the agent has: those its Hello reported and those assigned on this stream. A stop
         for an attempt outside this set is settled here, since no agent will ever report it."""
@@ -344,8 +398,21 @@ class Session:
             return
         elif kind == "hello":
             raise NodusError("BadRequest", "Hello may only open a stream", fix="open a new stream to resync")
-        # probe_result lands with gangs: acknowledged, not used yet.
+        elif kind == "probe_result":
+            await self._probe(message.probe_result)
         self.send(ack=agent_pb2.Ack(seq=message.seq))
+
+    async def _probe(self, result: agent_pb2.ProbeResult) -> None:
+        attempt = self.cache.attempt_by_id(result.attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            return
+        probe = probe_of(result)
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_probe(obj, int(result.epoch), probe)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"]),
+                                          mutate)
 
     async def _update(self, update: agent_pb2.AttemptUpdate, from_hello: bool = False) -> Any:
         """Folds one report into its Attempt (durably) and returns the report's phase."""
@@ -476,6 +543,11 @@ class Session:
                     self._said[attempt_id] = "assign"
                     self._known.add(attempt_id)
                     self.send(assignment=built)
+            elif said == "assign" and spec.get("gang") and attempt_id not in self._finished:
+                self._send_plan(attempt)
+        for attempt_id in list(self._plans):
+            if attempt_id not in on_node:
+                del self._plans[attempt_id]
         for attempt_id, said in list(self._said.items()):
             if attempt_id not in on_node:
                 if said == "assign" and attempt_id not in self._finished:
@@ -506,13 +578,31 @@ class Session:
             return None  # its Job is gone: the Job controller stops and deletes it
         try:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
-            checkpoints.prepare(built, attempt, job, self.cache.attempts_of(project, attempt["spec"]["job"]))
+            siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
+            checkpoints.prepare(built, attempt, job, siblings)
+            plan = gangs.plan_for(attempt, siblings, job, self.service.gang_config)
+            if plan is not None:
+                built.gang.CopyFrom(plan_message(plan, self.service.gang_config))
+                self._plans[attempt["spec"]["id"]] = (plan.epoch, plan.step)
             return built
         except NodusError as e:
             log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], e.message)
             await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),
                                               _fail("InvalidAssignment", e.message, self.service.clock.now()))
             return None
+
+    def _send_plan(self, attempt: dict[str, Any]) -> None:
+        """Tells a gang member its next step when it changed (every member's report can change it)."""
+        project = attempt["metadata"]["namespace"]
+        job = self.cache.job(project, attempt["spec"]["job"])
+        if job is None:
+            return
+        plan = gangs.plan_for(attempt, self.cache.attempts_of(project, attempt["spec"]["job"]), job,
+                              self.service.gang_config)
+        if plan is None or self._plans.get(plan.attempt_id) == (plan.epoch, plan.step):
+            return
+        self._plans[plan.attempt_id] = (plan.epoch, plan.step)
+        self.send(gang_plan=plan_message(plan, self.service.gang_config))
 
     def _output_of(self, project: str) -> Any:
         def find(job: str, output: str, index: int) -> dict[str, Any] | None:

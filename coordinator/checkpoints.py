@@ -9,18 +9,19 @@ latest (controllers/checkpoints.py says what is refused). The Job controller der
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from google.protobuf import duration_pb2
 
 from nodus.proto.nodus.v1 import agent_pb2
 
 from .api.units import parse_quantity
-from .clock import parse, rfc3339
+from .clock import Clock, parse, rfc3339
 from .controllers import checkpoints as rules
 from .controllers.attempts import phase_of
-from .controllers.cache import Cache, attempt_key
+from .controllers.cache import ATTEMPTS, JOBS, Cache, attempt_key
 from .controllers.objects import Objects
 
 log = logging.getLogger("nodus.checkpoints")
@@ -193,7 +194,8 @@ def due_requests(cache: Cache, node: str, now: float,
     out = []
     for attempt in cache.attempts_on(node):
         spec = attempt["spec"]
-        if phase_of(attempt).terminal or spec.get("stop"):
+        if phase_of(attempt).terminal or spec.get("stop") or int((spec.get("gang") or {}).get("rank") or 0):
+            # A gang's Snapshot checkpoint is rank 0's state (every rank holds the same replica).
             asked.pop(spec["id"], None)
             continue
         job = cache.job(attempt["metadata"]["namespace"], spec["job"]) or {}
@@ -212,3 +214,73 @@ def due_requests(cache: Cache, node: str, now: float,
         out.append(agent_pb2.CheckpointRequest(attempt_id=spec["id"], reason=agent_pb2.CHECKPOINT_REASON_PERIODIC,
                                                seq=seq))
     return out
+
+
+# -- retention ---------------------------------------------------------------------------------------
+
+RETENTION_TICK = 60.0
+"""How often the retention sweep looks for checkpoints whose time is up (retainAfterFinish is hours)."""
+
+
+class Blobs(Protocol):
+    """What the sweep needs of the embedded blob store (blobs.BlobStore)."""
+
+    async def delete(self, sha256: str) -> bool: ...
+
+
+class Retention:
+    """Deletes the checkpoints of finished Jobs once `recovery.checkpoint.retainAfterFinish` has passed
+    since completionTime, or `ttlSecondsAfterFinished` when that comes first, and of Jobs that are gone.
+
+    Level-triggered: each sweep reads the Jobs and Attempts as they are (controllers/checkpoints.py
+    `release` decides) and first deletes the archives, then the records on the Attempts, so a crash
+    between the two only repeats the first step (deleting a missing blob is a no-op). The Job
+    controller derives status.checkpoint and status.storage from the same clock, and deletes a Job past
+    its TTL once its records are gone. A Job deleted by hand takes its Attempts (and their records)
+    with it at once; their archives are remembered from the deletion event and deleted on the next
+    sweep, so only a coordinator that stops in between leaves them behind.
+    """
+
+    def __init__(self, cache: Cache, objects: Objects, blobs: Blobs, clock: Clock,
+                 tick: float = RETENTION_TICK) -> None:
+        self.cache, self.objects, self.blobs, self.clock, self.tick = cache, objects, blobs, clock, tick
+        self._forgotten: set[str] = set()
+        """Archives of Attempts deleted with their records (their Job was deleted)."""
+        cache.listen(ATTEMPTS, self._on_attempt)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is None and old is not None:
+            self._forgotten.update(str(c["sha256"]) for c in (old.get("status") or {}).get("checkpoints") or []
+                                   if c.get("sha256"))
+
+    async def run(self) -> None:
+        await self.cache.synced.wait()
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next sweep tries again
+                log.exception("checkpoint retention sweep failed; retrying in %.0fs", self.tick)
+            await asyncio.sleep(self.tick)
+
+    async def sweep(self) -> rules.Release:
+        """One pass: deletes what is due now; returns what it found due."""
+        jobs = [obj for _, obj in self.cache.under(JOBS)]
+        due = rules.release(self.cache.job, self.cache.attempts(), jobs, self.clock.now())
+        # Archives of deleted Attempts go unless something that is still here names them.
+        forgotten = rules.unnamed(self._forgotten, [*self.cache.attempts(), *jobs])
+        self._forgotten = set()
+        for digest in sorted(set(due.digests) | forgotten):
+            await self.blobs.delete(digest)
+        for project, name in due.attempts:
+            await self.objects.mutate(attempt_key(project, name), _drop_checkpoints)
+        if due.attempts or forgotten:
+            log.info("retention: deleted %d checkpoint archives (%d bytes) of %d attempts",
+                     len(due.digests) + len(forgotten), due.bytes, len(due.attempts))
+        return due
+
+
+def _drop_checkpoints(obj: dict[str, Any]) -> dict[str, Any] | None:
+    status = rules.without_checkpoints(obj.get("status") or {})
+    return None if status is None else {**obj, "status": status}

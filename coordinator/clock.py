@@ -8,6 +8,7 @@ a deadline of two seconds survives a round trip through the store.
 """
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timezone
 from typing import Protocol
@@ -28,6 +29,34 @@ class SystemClock:
 
     def now(self) -> float:
         return time.time()
+
+
+class OffsetClock:
+    """The wall clock plus the seconds written in a file (re-read when the file changes): drills and
+    integration tests move a running coordinator's time forward without waiting."""
+
+    def __init__(self, path: "os.PathLike[str] | str") -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._offset = 0.0
+
+    def offset(self) -> float:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return 0.0
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            try:
+                with open(self.path) as f:
+                    self._offset = float(f.read().strip() or 0)
+            except (OSError, ValueError):
+                return self._offset
+            self._stamp = stamp
+        return self._offset
+
+    def now(self) -> float:
+        return time.time() + self.offset()
 
 
 class ManualClock:

@@ -73,6 +73,9 @@ _CODES = (
     Code("BackoffLimitExceeded", 422, "FAILED_PRECONDITION",
          "read the failed attempt's log (`nodus logs JOB --index I`), fix the program, then create the Job again "
          "(or raise spec.backoffLimit for flaky work)"),
+    Code("GangAssemblyTimeout", 504, "DEADLINE_EXCEEDED",
+         "see why a member never became ready (its log: nodus logs JOB; an init command, input or sidecar that "
+         "waits), then raise spec.distributed.startupTimeout or maxAssemblyRetries, or create the Job again"),
     Code("MaxAttemptsExceeded", 503, "UNAVAILABLE",
          "capacity was lost more often than spec.recovery.maxAttempts allows: create the Job again, raise "
          "recovery.maxAttempts, or widen placement"),

@@ -275,7 +275,7 @@ _health: health.aio.HealthServicer | None = None
 
 _served: list[str] = []
 """Services registered through `start(servicers=…)`, marked SERVING with the built-in ones."""
-AGENT_SERVICE, NODE_SERVICE = SERVICE_NAMES[2], SERVICE_NAMES[3]
+AGENT_SERVICE, NODE_SERVICE, GANG_SERVICE = SERVICE_NAMES[2], SERVICE_NAMES[3], SERVICE_NAMES[4]
 
 
 async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
@@ -312,6 +312,5 @@ def set_serving(server: grpc.aio.Server) -> None:
     if _health is None:
         return
     loop = asyncio.get_running_loop()
-    # GangService stays NOT_SERVING until its implementation lands.
     for name in ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE,) + tuple(_served):
         loop.create_task(_health.set(name, health_pb2.HealthCheckResponse.SERVING))

@@ -25,7 +25,8 @@ from nodus import config as daemon_config
 from . import grpc_api
 from .api import units
 from .blobs import BlobStore
-from .clock import SystemClock
+from .clock import OffsetClock, SystemClock
+from .controllers.gang import GangConfig
 from .controllers.plane import ControlPlane
 from .gateway import downloads
 from .gateway.app import make_app
@@ -49,6 +50,10 @@ DEFAULTS = {
     "heartbeat_interval": "3s",
     "controllers": "on",
     "log_level": "INFO",
+    "gang_probe": "on",
+    "gang_probe_bytes": "16Mi",
+    "gang_probe_budget": "30s",
+    "clock_offset_file": "",
 }
 
 
@@ -138,7 +143,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     service = ResourceService(store, identity, vault)
     lease, heartbeat = _lease_settings(args)
-    plane = ControlPlane(store, service, vault, SystemClock(), lease_duration=lease, heartbeat_interval=heartbeat)
+    clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
+    blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
+    plane = ControlPlane(store, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
+                         gangs=_gang_settings(args), blobs=blobs)
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -148,7 +156,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     else:
         tls = ensure_tls(data_dir, [http_host])
 
-    blobs = BlobStore(data_dir)  # outputs, logs and volume revisions (docs/adr/0011-blob-store.md)
     grpc_server, bound_grpc = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
                                                    servicers=plane.servicers())
     app, gateway = make_app(service)
@@ -199,6 +206,19 @@ def _lease_settings(args: argparse.Namespace) -> tuple[float, float]:
     return lease, heartbeat
 
 
+def _gang_settings(args: argparse.Namespace) -> GangConfig:
+    try:
+        size = int(units.parse_quantity(str(args.gang_probe_bytes)))
+        budget = units.parse_duration_ns(str(args.gang_probe_budget)) / units.NS_PER_SECOND
+    except (ValueError, ArithmeticError) as e:
+        raise SystemExit(f"--gang-probe-bytes / --gang-probe-budget: {e}") from None
+    if not 8 <= size <= 1 << 30:
+        raise SystemExit(f"--gang-probe-bytes must be between 8 and 1Gi (got {args.gang_probe_bytes})")
+    if not 1 <= budget <= 30:
+        raise SystemExit(f"--gang-probe-budget must be between 1s and 30s (got {args.gang_probe_budget})")
+    return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nodus-coordinator", description="The Nodus control plane.")
     p.add_argument("--config", help="YAML file of settings (keys as the long flags, without --)")
@@ -216,6 +236,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--controllers", choices=("on", "off"),
                    help="off serves the API (and agents) without running the Job, placement and lease controllers: "
                         "for a replica that does not lead, or for tests of the API's own semantics (default on)")
+    p.add_argument("--gang-probe", choices=("on", "off"),
+                   help="measure a gang's network (RTT between members, all-reduce bus bandwidth) before it starts "
+                        "(default on)")
+    p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")
+    p.add_argument("--gang-probe-budget", help="time budget of one probe, at most 30s (default 30s)")
+    p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to the wall "
+                   "clock (re-read when it changes), to see timeouts, TTLs and leases play out without waiting")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p

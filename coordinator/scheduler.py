@@ -18,7 +18,7 @@ candidate filters) passed to `place`; nothing else here changes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
@@ -89,6 +89,10 @@ class Request:
     """Region classes the node must be in; empty: any."""
     offerings: tuple[str, ...] = ()
     """Offering ids the node must be sold as; empty: any."""
+    prefer_node: str = ""
+    """A gang rank's node of the previous epoch: taken when it still fits."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes a gang rank must not use again (its member never assembled there, or the node was lost)."""
 
     @property
     def amount(self) -> Amount:
@@ -108,7 +112,9 @@ class Request:
                    gpu_count=int(gpu.get("count") or (1 if gpu.get("type") else 0)),
                    gpu_types=tuple(gpu.get("type") or ()), gpu_exact=bool(gpu.get("exact")),
                    gpu_min_memory=_bytes(gpu.get("minMemory")), nvlink=gpu.get("interconnect") == "NVLink",
-                   regions=tuple(placement.get("regions") or ()), offerings=tuple(placement.get("offerings") or ()))
+                   regions=tuple(placement.get("regions") or ()), offerings=tuple(placement.get("offerings") or ()),
+                   prefer_node=str(placement.get("preferNode") or ""),
+                   avoid_nodes=tuple(placement.get("avoidNodes") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,8 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation]) -
     """A Candidate, or the reason (in a customer's words) why the request does not fit the node."""
     if not node.ready:
         return "NotReady"
+    if node.name in request.avoid_nodes:
+        return "this rank did not assemble there last time"
     if node.cordoned:
         return "cordoned"
     if request.regions and node.region not in request.regions:
@@ -303,3 +311,81 @@ def place_all(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[Node
         if placement.node is not None:
             held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
     return out
+
+
+# -- gangs ----------------------------------------------------------------------------------------------
+
+PROVIDER_LABELS = ("nodus.dev/provider", "provider")
+
+
+def provider_of(node: NodeView) -> str:
+    return next((node.labels[k] for k in PROVIDER_LABELS if node.labels.get(k)), "")
+
+
+def localities(nodes: Sequence[NodeView], network: str) -> list[tuple[str, list[NodeView]]]:
+    """The node groups a gang may span: Global, one group; Regional, one per region class;
+    Colocated, one per provider and region."""
+    if network == "Global":
+        return [("anywhere", list(nodes))]
+    groups: dict[str, list[NodeView]] = {}
+    for node in nodes:
+        if network == "Regional":
+            key = node.region or "no region"
+        else:
+            key = f"{provider_of(node) or 'no provider'}/{node.region or 'no region'}"
+        groups.setdefault(key, []).append(node)
+    return sorted(groups.items())
+
+
+def place_gang(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[NodeView],
+               reservations: Sequence[Reservation], network: str = "Regional",
+               scorer: Scorer = spread) -> dict[Hashable, Placement]:
+    """All or nothing: every member (in rank order) on a node of its own, all within one locality
+    (`network`), a rank on its previous node when that still fits; else none is placed and each
+    says why. Deterministic: localities are tried by the most preferred nodes they hold, then by name."""
+    size = len(requests)
+    preferred = {r.prefer_node for _, r in requests if r.prefer_node}
+    groups = localities(nodes, network)
+    groups.sort(key=lambda g: -sum(1 for n in g[1] if n.name in preferred))
+    why: list[str] = []
+    for label, group in groups:
+        held = list(reservations)
+        used: set[str] = set()
+        out: dict[Hashable, Placement] = {}
+        for rank, (key, request) in enumerate(requests):
+            free = [n for n in group if n.name not in used]
+            placement = None
+            if request.prefer_node:
+                mine = [n for n in free if n.name == request.prefer_node]
+                if mine and isinstance(fit(request, mine[0], held), Candidate):
+                    placement = place(request, mine, held, scorer)
+                    placement = Placement(placement.node, placement.gpu_indexes,
+                                          explain=f"{placement.node}: rank {rank} keeps its node")
+            if placement is None:
+                placement = place(request, free, held, scorer)
+            if placement.node is None:
+                where = "" if network == "Global" else f" in {label}"
+                why.append(f"{label}: rank {rank} fits no free node{where} ({placement.explain})"
+                           if free else f"{label}: only {len(group)} nodes for {size} ranks")
+                break
+            used.add(placement.node)
+            held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
+            out[key] = Placement(placement.node, placement.gpu_indexes,
+                                 explain=f"{placement.explain}; gang of {size} placed all at once ({network})")
+        else:
+            return out
+    if any(r.avoid_nodes for _, r in requests):
+        # Avoiding where a rank failed to assemble is a preference: better there again than nowhere.
+        again = place_gang([(k, replace(r, avoid_nodes=())) for k, r in requests], nodes, reservations, network,
+                           scorer)
+        if all(p.node for p in again.values()):
+            return again
+    if not nodes:
+        reason = "no node has registered"
+    else:
+        shown = "; ".join(why[:4]) + (f"; and {len(why) - 4} more" if len(why) > 4 else "")
+        reason = f"a gang of {size} needs {size} nodes at once within one {_LOCALITY.get(network, network)}: {shown}"
+    return {key: Placement(None, explain=reason) for key, _ in requests}
+
+
+_LOCALITY = {"Global": "network", "Regional": "region class", "Colocated": "provider and region"}

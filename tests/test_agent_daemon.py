@@ -112,7 +112,8 @@ def test_register_hello_full_state_and_a_run_to_success(fake: FakeCoordinator, a
     assert fake.log("a-ok") == "".join(f"step {i}\n" for i in range(4))
     # acknowledged and shipped: forgotten, its directory removed, a tombstone kept
     wait_for(lambda: "a-ok" not in agent.state().get("attempts", {}), 10, what="the attempt to be forgotten")
-    assert not (agent.work_dir / "attempts" / "a-ok").exists()
+    # state.json forgets it first, then the directory goes (off the event loop)
+    wait_for(lambda: not (agent.work_dir / "attempts" / "a-ok").exists(), 10, what="its directory to be removed")
     assert [i for i, _ in agent.state()["finished"]] == ["a-ok"]
 
 

@@ -2,8 +2,10 @@
 copy released before compression, and restores that verify before they write."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -210,3 +212,79 @@ def test_the_helper_does_nothing_outside_an_attempt(monkeypatch: pytest.MonkeyPa
     from nodus import handshake
     monkeypatch.delenv("NODUS_CHECKPOINT_REQUEST", raising=False)
     assert handshake.on_checkpoint(lambda seq: None) is False
+
+
+# -- integration HFTrainer / Auto: where Trainer resumes ----------------------------------------------
+
+class _Blobs:
+    def __init__(self, archive: Path) -> None:
+        self.archive = archive
+
+    async def get(self, sha256: str, dest: Path) -> None:
+        dest.write_bytes(self.archive.read_bytes())
+
+
+class _Agent:
+    """What restore_before_start reads of the daemon: the link's blob client and the runtime's user."""
+
+    def __init__(self, archive: Path) -> None:
+        self.link = type("Link", (), {"blobs": _Blobs(archive)})()
+        self.runtime = type("Runtime", (), {"user": None})()
+
+
+def _trainer_checkpoint(d: Path, step: int, *, complete: bool) -> None:
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"weights")
+    (d / "optimizer.pt").write_bytes(b"adam")
+    if complete:  # Trainer writes trainer_state.json last
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+
+
+def _restore_trainer_state(tmp_path: Path, integration: int, env: dict[str, str] | None = None):
+    from nodus.agent import recovery
+    from nodus.proto.nodus.v1 import agent_pb2
+
+    source = attempt(tmp_path, "old")
+    _trainer_checkpoint(source.state / "out" / "checkpoint-100", 100, complete=True)
+    _trainer_checkpoint(source.state / "out" / "checkpoint-200", 200, complete=False)  # killed mid-save
+    snap = take(source, 3, ["/nodus/state"], opted_in=False, main_pid=None, cgroup=None)
+    a = agent_pb2.Assignment(attempt_id="att-2", env=env or {},
+                             checkpoint=agent_pb2.CheckpointPolicy(paths=["/nodus/state"], integration=integration),
+                             restore_from=agent_pb2.CheckpointRef(seq=3, sha256=snap.sha256, size_bytes=snap.size))
+    layout = attempt(tmp_path, "new")
+    seq = asyncio.run(recovery.restore_before_start(_Agent(snap.archive), a, layout))  # type: ignore[arg-type]
+    assert seq == 3 and (layout.state / "out" / "checkpoint-200" / "optimizer.pt").exists()
+    return a, layout
+
+
+@pytest.mark.parametrize("integration", ["CHECKPOINT_INTEGRATION_HF_TRAINER", "CHECKPOINT_INTEGRATION_AUTO"])
+def test_trainer_resumes_from_the_newest_complete_checkpoint(tmp_path: Path, integration: str) -> None:
+    from nodus.proto.nodus.v1 import agent_pb2
+
+    a, layout = _restore_trainer_state(tmp_path, getattr(agent_pb2, integration))
+    assert a.env["NODUS_RESUME_FROM"] == str(layout.state / "out" / "checkpoint-100")
+
+
+def test_integration_none_passes_no_resume_path(tmp_path: Path) -> None:
+    from nodus.proto.nodus.v1 import agent_pb2
+
+    a, _ = _restore_trainer_state(tmp_path, agent_pb2.CHECKPOINT_INTEGRATION_NONE)
+    assert "NODUS_RESUME_FROM" not in a.env
+
+
+def test_the_customers_own_resume_path_wins(tmp_path: Path) -> None:
+    from nodus.proto.nodus.v1 import agent_pb2
+
+    a, _ = _restore_trainer_state(tmp_path, agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER,
+                                  env={"NODUS_RESUME_FROM": "/mine"})
+    assert a.env["NODUS_RESUME_FROM"] == "/mine"
+
+
+def test_the_resume_path_reaches_the_supervisors_environment(tmp_path: Path) -> None:
+    """The daemon writes the supervisor's spec from the Assignment after restore_before_start returns."""
+    from nodus.agent.runtime.process import attempt_env
+    from nodus.proto.nodus.v1 import agent_pb2
+
+    a, layout = _restore_trainer_state(tmp_path, agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER)
+    env = attempt_env(a, layout, {})
+    assert env["NODUS_RESUME_FROM"] == str(layout.state / "out" / "checkpoint-100")

@@ -219,6 +219,18 @@ def test_a_first_attempt_restores_nothing() -> None:
     assert not out.HasField("restore_from") and out.HasField("checkpoint")
 
 
+@pytest.mark.parametrize("integration, wire", [(None, agent_pb2.CHECKPOINT_INTEGRATION_AUTO),
+                                               ("Auto", agent_pb2.CHECKPOINT_INTEGRATION_AUTO),
+                                               ("None", agent_pb2.CHECKPOINT_INTEGRATION_NONE),
+                                               ("HFTrainer", agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER)])
+def test_the_integration_reaches_the_agent(integration: str | None, wire: int) -> None:
+    policy = {"integration": integration} if integration else {}
+    w, second = _replacement(recovery={"maxAttempts": 3, "checkpoint": policy})
+    out = agent_pb2.Assignment()
+    store.prepare(out, second, w.job, list(w.attempts.values()))
+    assert out.checkpoint.integration == wire
+
+
 def test_restartable_passes_the_progress_cursor_and_ephemeral_nothing() -> None:
     w, second = _replacement(recovery={"maxAttempts": 3, "continuity": "Restartable"})
     out = agent_pb2.Assignment()

@@ -129,7 +129,9 @@ def supervisor_spec(a: agent_pb2.Assignment, layout: AttemptLayout, env: dict[st
         "working_dir": str(working_dir(a, layout)),
         "init": init,
         "sidecars": sidecars,
-        "outputs": [{"name": o.name, "path": o.path} for o in a.outputs],
+        # fromRanks Zero (the default) is collected on rank 0 only; All on every rank, as rank-N.
+        "outputs": [{"name": o.name, "path": o.path} for o in a.outputs
+                    if not a.HasField("gang") or a.gang.rank == 0 or o.all_ranks],
         "resources": {"memory_bytes": a.resources.memory_bytes, "cpu_millis": a.resources.cpu_millis},
         "cgroup_root": cgroup_root,
         "cgroup_name": cgroup_name or layout.root.name,
@@ -139,6 +141,9 @@ def supervisor_spec(a: agent_pb2.Assignment, layout: AttemptLayout, env: dict[st
         "user": user.as_spec() if user else None,
         "checkpoint": {"paths": list(a.checkpoint.paths), "max_size_bytes": a.checkpoint.max_size_bytes,
                        "integration": a.checkpoint.integration} if a.HasField("checkpoint") else None,
+        # A gang member waits at its gate after the init command and sidecars until the agent writes
+        # run/launch.json (the launcher's steps, once the gang assembled).
+        "gang": {"epoch": a.gang.epoch, "rank": a.gang.rank} if a.HasField("gang") else None,
     }
 
 

@@ -21,6 +21,7 @@ from .schema import Bool, Int, KindSchema, List, Map, Obj, Str
 
 JOB_LABEL = "nodus.dev/job"
 INDEX_LABEL = "nodus.dev/index"
+RANK_LABEL = "nodus.dev/rank"
 PHASES = ("Pending", "Provisioning", "Materializing", "Initializing", "StartingSidecars", "Running", "Checkpointing",
           "Stopping", "Succeeded", "Failed", "Lost", "Cancelled")
 """The AttemptPhase vocabulary of common.proto, in CamelCase words (controllers/attempts.py defines the enum)."""
@@ -53,6 +54,14 @@ ATTEMPT_SPEC = Obj(description="AttemptSpec is what the coordinator decided for 
     "index": _i("Index is the Job index this attempt runs (NODUS_INDEX)."),
     "number": _i("Number is the attempt number within the index, from 1 (NODUS_ATTEMPT_NUMBER)."),
     "node": _s("Node is the node the scheduler placed the attempt on; empty while Pending."),
+    "epoch": _i("Epoch is the gang epoch of a gang member (the fencing token of its checkpoints); 0 otherwise."),
+    "gang": Obj(description="Gang places a member in its gang: epoch, rank and size.", fields={
+        "epoch": _i("Epoch is the gang epoch, from 1 (NODUS_GANG_EPOCH)."),
+        "rank": _i("Rank is the member's node rank, 0..size-1 (NODUS_RANK)."),
+        "size": _i("Size is the number of members (NODUS_NODES)."),
+    }),
+    "env": Map(description="Env is what the attempt knows from its creation (a gang member's rank variables).",
+               values=Str()),
     "gpuIndexes": List(description="GPUIndexes are the host GPU indexes reserved on the node.", items=Int()),
     "runtime": _s("Runtime is process (no image) or oci (an image): what the node must offer."),
     "image": _s("Image is the Job's image; empty runs in the node's own environment."),
@@ -66,6 +75,8 @@ ATTEMPT_SPEC = Obj(description="AttemptSpec is what the coordinator decided for 
     "placement": Obj(description="Placement is the Job's hard placement constraints.", fields={
         "regions": List(description="Regions are the region classes the node must be in.", items=Str()),
         "offerings": List(description="Offerings are the offering ids the node must be sold as.", items=Str()),
+        "preferNode": _s("PreferNode is a gang rank's node of the previous epoch, taken when it still fits."),
+        "avoidNodes": List(description="AvoidNodes are nodes a gang rank must not use again.", items=Str()),
     }),
     "stop": Obj(description="Stop is set when the coordinator wants the attempt stopped.", fields={
         "reason": _s("Reason is why: Cancelled, Suspended, DeadlineExceeded, BackoffLimitExceeded, Drained, …"),
@@ -105,6 +116,20 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
                             "reason": _s("Reason is Periodic, Suspend or Preemption."),
                             "format": _s("Format is Snapshot or Dcp."),
                         })),
+    "gang": Obj(description="Gang is what the member's agent reported of its gang steps.", fields={
+        "epoch": _i("Epoch is the gang epoch the report is for."),
+        "done": _s("Done is the last step finished: Assemble (prepared, ports reserved) or Mesh (probed)."),
+        "address": _s("Address is the member's advertised address."),
+        "port": _i("Port is the rendezvous port the member reserved (rank 0's is MASTER_PORT)."),
+        "probePort": _i("ProbePort is the port of the member's probe echo."),
+        "probe": Obj(description="Probe is the member's network measurement.", fields={
+            "rttMs": _s("RTTMs is the slowest median round trip to another member, in milliseconds."),
+            "busGbps": _s("BusGbps is the all-reduce bus bandwidth in Gbit/s."),
+            "path": _s("Path is Private, Public, Direct or Relayed."),
+            "measuredTime": _s("MeasuredTime is when it was measured."),
+            "error": _s("Error says what could not be measured."),
+        }),
+    }),
     "suspendFailed": Obj(description="SuspendFailed records failed suspend checkpoints.", fields={
         "generation": _i("Generation is the Job generation whose suspend failed."),
         "tries": _i("Tries is how many checkpoint tries failed."),

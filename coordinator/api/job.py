@@ -472,8 +472,18 @@ def distributed_rules(spec: dict[str, Any], at: str) -> list[Cause]:
     if not isinstance(dist, dict):
         return []
     causes: list[Cause] = []
+    for field in ("completions", "parallelism"):
+        value = spec.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value != 1:
+            causes.append(errors.invalid_value(f"{at}.{field}", value,
+                                               "must be 1 for a distributed Job: one gang runs the command on "
+                                               "every node (create one Job per gang, or a Sweep)"))
     per_node = dist.get("gpusPerNode")
     count = get(spec, "resources.gpu.count")
+    if dist.get("launcher") == "Verl" and not (per_node or count):
+        causes.append(errors.invalid_value(f"{at}.distributed.launcher", "Verl",
+                                           "needs GPUs: set distributed.gpusPerNode or resources.gpu.count "
+                                           "(verl places its workers on GPUs)"))
     if per_node is not None and count is not None and per_node != count:
         causes.append(errors.invalid_value(f"{at}.distributed.gpusPerNode", per_node,
                                            f"must equal {at}.resources.gpu.count ({count})"))

@@ -33,10 +33,12 @@ _EGRESS = {"Deny": agent_pb2.EGRESS_POLICY_DENY, "AllowList": agent_pb2.EGRESS_P
 
 
 def identity_env(attempt: dict[str, Any]) -> dict[str, str]:
+    """The identity variables, and a gang member's variables known from its creation (spec.env)."""
     spec = attempt["spec"]
     return {"NODUS_INDEX": str(spec["index"]), "JOB_COMPLETION_INDEX": str(spec["index"]),
             "NODUS_PROJECT": attempt["metadata"]["namespace"], "NODUS_JOB": spec["job"],
-            "NODUS_ATTEMPT": spec["id"], "NODUS_ATTEMPT_NUMBER": str(spec["number"])}
+            "NODUS_ATTEMPT": spec["id"], "NODUS_ATTEMPT_NUMBER": str(spec["number"]),
+            **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
 
 
 def _duration(text: Any) -> duration_pb2.Duration | None:

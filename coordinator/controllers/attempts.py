@@ -103,6 +103,8 @@ class Report:
     restored_from_seq: int = 0
     outputs: tuple[dict[str, Any], ...] = ()
     """{name, path, rank, uri, sha256, size} per committed output."""
+    gang: dict[str, Any] | None = None
+    """{epoch, done, address, port, probePort}: the gang step a member finished (GangMemberReport)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +189,45 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         merged = {(o.get("name"), o.get("rank", 0)): o for o in status.get("outputs") or []}
         merged.update({(o.get("name"), o.get("rank", 0)): dict(o) for o in report.outputs})
         status["outputs"] = sorted(merged.values(), key=lambda o: (str(o.get("name")), o.get("rank", 0)))
+    if report.gang:
+        status["gang"] = fold_gang(status.get("gang") or {}, report.gang)
     if report.time is not None:
         status["reportTime"] = rfc3339(report.time, precise=True)
+    return None if status == (attempt.get("status") or {}) else status
+
+
+GANG_STEPS = ("", "Assemble", "Mesh", "Start")
+
+
+def fold_gang(before: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """A member's gang report folded in: a newer epoch replaces the record; within an epoch the
+    finished step only moves forward and the addresses stay as first reported (ports are reserved)."""
+    epoch = int(report.get("epoch") or 0)
+    if epoch < int(before.get("epoch") or 0):
+        return before
+    out = dict(before) if epoch == int(before.get("epoch") or 0) else {}
+    out["epoch"] = epoch
+    done = report.get("done") or ""
+    if GANG_STEPS.index(done) > GANG_STEPS.index(out.get("done") or ""):
+        out["done"] = done
+    for key in ("address", "port", "probePort"):
+        if report.get(key) and not out.get(key):
+            out[key] = report[key]
+    return out
+
+
+def fold_probe(attempt: dict[str, Any], epoch: int, probe: dict[str, Any]) -> dict[str, Any] | None:
+    """A member's probe result recorded in status.gang.probe (only for the member's current epoch)."""
+    status = dict(attempt.get("status") or {})
+    gang = dict(status.get("gang") or {})
+    if AttemptPhase.parse(status.get("phase")).terminal or epoch != int(((attempt.get("spec") or {}).get("gang") or {})
+                                                                          .get("epoch") or 0):
+        return None
+    if int(gang.get("epoch") or 0) not in (0, epoch):
+        return None
+    gang["epoch"] = epoch
+    gang["probe"] = probe
+    status["gang"] = gang
     return None if status == (attempt.get("status") or {}) else status
 
 

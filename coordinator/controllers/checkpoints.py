@@ -12,9 +12,10 @@ elsewhere) is never current again, so its late commit can never become the lates
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..clock import duration, parse, rfc3339, seconds
 from .attempts import AttemptPhase, phase_of
@@ -31,6 +32,16 @@ SUSPEND_TRIES = 3
 """The first try and two retries; after them the Job keeps running with SuspendFailed."""
 DEFAULT_MIN_PROGRESS = 120.0
 """recovery.minProgressDuration's default (2m)."""
+DEFAULT_RETAIN = 168 * 3600.0
+"""recovery.checkpoint.retainAfterFinish's default (168h)."""
+RELEASE_GRACE = 600.0
+"""How long a Job past ttlSecondsAfterFinished waits for the retention sweep to delete its checkpoints
+before it is deleted anyway (a sweep runs every minute; past this one is not running, and waiting
+longer would keep the Job forever)."""
+FREE_STORAGE_BYTES = 10 * 2**30
+"""status.storage's free inclusion per Job (billedBytes is the share above it). The spec names a free
+inclusion without a number, so this is the operator's to set; 10 GiB until a coordinator setting
+carries it here."""
 
 
 def _spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +112,8 @@ def refusal(attempt: dict[str, Any] | None, siblings: Sequence[dict[str, Any]], 
         return f"attempt {commit.attempt_id} does not belong to Job uid {commit.job_uid}"
     same = index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
     current = current_attempt(same)
-    if current is not None and _spec(current).get("id") != spec.get("id"):
+    # Gang members share their number (the epoch): only a higher number supersedes.
+    if current is not None and int(_spec(current).get("number", 0)) > int(spec.get("number", 0)):
         return (f"attempt {commit.attempt_id} (number {spec.get('number')}) was superseded by attempt "
                 f"{_spec(current).get('number')} of index {spec.get('index')}")
     if phase_of(attempt).terminal:
@@ -187,9 +199,104 @@ def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]]) 
     return out
 
 
-def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]] | None) -> int:
-    return sum(int(c.get("size") or 0) for c in committed(mine)) + sum(int(o.get("size") or 0)
-                                                                      for o in outputs or [])
+def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]] | None,
+                  checkpoints: bool = True) -> int:
+    """Checkpoints (unless released: `checkpoints` False) plus outputs, in bytes."""
+    kept = sum(int(c.get("size") or 0) for c in committed(mine)) if checkpoints else 0
+    return kept + sum(int(o.get("size") or 0) for o in outputs or [])
+
+
+def storage_status(total: int, free: int = FREE_STORAGE_BYTES) -> dict[str, int] | None:
+    """status.storage: the bytes a Job owns and the share above the free inclusion."""
+    return {"bytes": total, "billedBytes": max(0, total - free)} if total else None
+
+
+# -- retention ----------------------------------------------------------------------------------------
+
+def retain_after_finish(spec: dict[str, Any]) -> float:
+    text = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("retainAfterFinish")
+    found = seconds(text)
+    return DEFAULT_RETAIN if found is None else max(0.0, found)
+
+
+def release_time(job: dict[str, Any]) -> float | None:
+    """When a finished Job's checkpoints go: completionTime plus retainAfterFinish, or its
+    ttlSecondsAfterFinished when that comes first (deleting the Job deletes its checkpoints). None
+    while the Job has not finished."""
+    finished = parse(_status(job).get("completionTime"))
+    if finished is None:
+        return None
+    spec = _spec(job)
+    keep = retain_after_finish(spec)
+    ttl = spec.get("ttlSecondsAfterFinished")
+    if isinstance(ttl, int) and not isinstance(ttl, bool):
+        keep = min(keep, float(ttl))
+    return finished + keep
+
+
+def released(job: dict[str, Any] | None, job_uid: str, now: float) -> bool:
+    """Whether checkpoints taken for Job uid `job_uid` are to be deleted: the Job is gone (deleted,
+    being deleted, or recreated under a new uid) or its release time has passed."""
+    if job is None or (job.get("metadata") or {}).get("uid") != job_uid or (job.get("metadata") or {}).get(
+            "deletionTimestamp"):
+        return True
+    at = release_time(job)
+    return at is not None and now >= at
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One retention sweep's work: delete these blobs, then drop the records from these Attempts."""
+
+    attempts: tuple[tuple[str, str], ...]
+    """(project, attempt name) of every Attempt whose checkpoint records go."""
+    digests: tuple[str, ...]
+    """Blobs to delete: released records' archives that nothing kept still names."""
+    bytes: int
+
+
+def release(jobs: Callable[[str, str], dict[str, Any] | None], attempts: Iterable[dict[str, Any]],
+            others: Iterable[dict[str, Any]], now: float) -> Release:
+    """What to delete now. `jobs(project, name)` looks a Job up; `attempts` are every Attempt;
+    `others` are the objects (Jobs) whose mention of a digest keeps its blob. Blobs are content
+    addressed, so a released archive is kept while any other record or object still names it (two
+    checkpoints, of one Job or two, can be the same bytes)."""
+    going: list[tuple[str, str]] = []
+    doomed: dict[str, int] = {}
+    kept: list[dict[str, Any]] = []
+    for a in attempts:
+        records = _status(a).get("checkpoints") or []
+        if not records:
+            continue
+        meta, spec = a["metadata"], _spec(a)
+        project = meta.get("namespace", "")
+        if released(jobs(project, spec.get("job", "")), spec.get("jobUID", ""), now):
+            going.append((project, meta["name"]))
+            for c in records:
+                if c.get("sha256"):
+                    doomed[str(c["sha256"])] = int(c.get("size") or 0)
+        else:
+            kept.append(a)
+    free = unnamed(set(doomed), [*kept, *others])
+    return Release(tuple(sorted(going)), tuple(sorted(free)), sum(doomed[d] for d in free))
+
+
+def unnamed(digests: set[str], objs: Iterable[dict[str, Any]]) -> set[str]:
+    """The digests no object mentions anywhere (a record, an output, a source blob)."""
+    left = set(digests)
+    for obj in objs:
+        if not left:
+            break
+        text = json.dumps(obj)
+        left = {d for d in left if d not in text}
+    return left
+
+
+def without_checkpoints(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The Attempt's status once its checkpoints were deleted (None: nothing to change)."""
+    if not status.get("checkpoints"):
+        return None
+    return {k: v for k, v in status.items() if k != "checkpoints"}
 
 
 def suspend_failed(attempt: dict[str, Any], generation: int) -> int:

@@ -194,7 +194,10 @@ def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
     return tuple(actions)
 
 
-def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> Decision:
+def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
+           extra_verdict: tuple[JobPhase, str, str] | None = None) -> Decision:
+    """`extra_verdict` ends the Job for a reason only its caller knows (a gang that never assembled),
+    unless it is cancelled or done anyway."""
     meta, spec = job["metadata"], job.get("spec") or {}
     prev: dict[str, Any] = job.get("status") or {}
     mine = [a for a in attempts if a.job_uid == meta.get("uid")]
@@ -248,6 +251,8 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
     if not phase.terminal:
         verdict = _verdict(spec, mine, live, succeeded, failures, losses, completions, backoff_limit, max_attempts,
                            timeout, timeout_start, suspended_for, queue_timeout, state, now)
+        if extra_verdict is not None and (verdict is None or verdict[0] is JobPhase.FAILED):
+            verdict = extra_verdict
         if verdict is not None:
             phase, reason, message = verdict
             status["completionTime"] = rfc3339(now)
@@ -260,11 +265,17 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
     if phase.terminal:
         stop_all(reason or "Completed")
         finished = parse(status.get("completionTime")) or now
+        held = any((a.obj.get("status") or {}).get("checkpoints") for a in mine)
         if isinstance(ttl, int):
-            if now >= finished + ttl:
+            # The retention sweep deletes the checkpoints first (they go at the TTL too); a Job is
+            # deleted once none is left, or after RELEASE_GRACE if no sweep runs.
+            if now >= finished + ttl + (ckpt.RELEASE_GRACE if held else 0.0):
                 actions.append(DeleteJob())
             else:
-                wake.append(finished + ttl)
+                wake.append(finished + ttl + (ckpt.RELEASE_GRACE if held and now >= finished + ttl else 0.0))
+        retain_until = finished + ckpt.retain_after_finish(spec)
+        if held and retain_until > now:
+            wake.append(retain_until)  # status.checkpoint and status.storage drop the checkpoints then
     elif state == "Suspended":
         stops, failed = ckpt.suspend(spec, live, mine, generation)
         actions.extend(stops)
@@ -336,9 +347,9 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float) -> 
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress")))
     put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
     objs = [a.obj for a in mine]
-    put(status, "checkpoint", ckpt.job_checkpoint_status(spec, objs))
-    storage = ckpt.storage_bytes(objs, status.get("outputs"))
-    put(status, "storage", {"bytes": storage} if storage else None)
+    released = phase.terminal and ckpt.released({**job, "status": status}, meta.get("uid", ""), now)
+    put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs))
+    put(status, "storage", ckpt.storage_status(ckpt.storage_bytes(objs, status.get("outputs"), not released)))
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
              if (a.obj.get("status") or {}).get("inputsReadyTime")]
     if ready:

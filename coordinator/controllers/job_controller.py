@@ -12,7 +12,7 @@ import logging
 import secrets
 from typing import Any
 
-from ..api.attempt import INDEX_LABEL, JOB_LABEL, attempt_name
+from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
 from ..api.kinds import resolve
 from ..clock import Clock, rfc3339
 from ..errors import NodusError
@@ -20,6 +20,7 @@ from ..identity import SYSTEM
 from ..resources import ResourceService
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
+from .gang import CreateMember, GangConfig, decide_gang, is_gang
 from .job import (Action, AttemptView, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans,
                   decide)
 from .objects import Objects, new_uid
@@ -58,6 +59,35 @@ def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dic
     }
 
 
+def gang_env(spec: dict[str, Any], member: CreateMember) -> dict[str, str]:
+    """The gang variables a member knows from its creation (its init command sees them); rendezvous
+    variables come with the start (launchers/contract.py)."""
+    from .gang import topology  # noqa: PLC0415 - one import site for the controller
+
+    topo = topology(spec)
+    per_node = int(topo.get("gpusPerNode") or 0)
+    return {"NODUS_RANK": str(member.rank), "NODUS_NODES": str(member.size), "NODUS_GPUS_PER_NODE": str(per_node),
+            "NODUS_WORLD_SIZE": str(member.size * max(per_node, 1)), "NODUS_GANG_EPOCH": str(member.epoch)}
+
+
+def new_member(job: dict[str, Any], member: CreateMember, now: float) -> dict[str, Any]:
+    """The Attempt of one gang rank: index 0, numbered by its epoch, with spec.gang."""
+    obj = new_attempt(job, 0, member.epoch, now)
+    meta = job["metadata"]
+    obj["metadata"]["name"] = f"{meta['name']}-{member.epoch}-r{member.rank}"
+    obj["metadata"]["labels"][RANK_LABEL] = str(member.rank)
+    obj["spec"]["epoch"] = member.epoch
+    obj["spec"]["gang"] = {"epoch": member.epoch, "rank": member.rank, "size": member.size}
+    placement = dict(obj["spec"].get("placement") or {})
+    if member.prefer_node:
+        placement["preferNode"] = member.prefer_node
+    if member.avoid_nodes:
+        placement["avoidNodes"] = list(member.avoid_nodes)
+    if placement:
+        obj["spec"]["placement"] = placement
+    return obj
+
+
 def stop(reason: str, grace_seconds: int, now: float, checkpoint_seq: int = 0) -> Any:
     """The mutation that stops an attempt: an unplaced one ends Cancelled at once (no agent has it);
     a placed one gets spec.stop, which its node's stream turns into a Cancel."""
@@ -82,8 +112,9 @@ def _deletable(obj: dict[str, Any]) -> bool:
 
 class JobController:
     def __init__(self, cache: Cache, objects: Objects, service: ResourceService, clock: Clock,
-                 workers: int = 4) -> None:
+                 workers: int = 4, gangs: GangConfig = GangConfig()) -> None:
         self.cache, self.objects, self.service, self.clock = cache, objects, service, clock
+        self.gangs = gangs
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self._failures: dict[str, int] = {}
@@ -141,7 +172,10 @@ class JobController:
         if job is None or job["metadata"].get("deletionTimestamp"):
             await self._execute(job, project, collect_orphans(attempts), now)
             return
-        decision = decide(job, attempts, now)
+        if is_gang(job.get("spec") or {}):
+            decision = decide_gang(job, attempts, now, self.gangs)
+        else:
+            decision = decide(job, attempts, now)
         await self._execute(job, project, decision.actions, now)
         if decision.status is not None:
             written = await self._write_status(job, project, decision.status)
@@ -171,7 +205,7 @@ class JobController:
             self._memo.pop(key, None)
         return views
 
-    async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action, ...],
+    async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action | CreateMember, ...],
                        now: float) -> None:
         creates = []
         for action in actions:
@@ -182,6 +216,10 @@ class JobController:
                 await self.objects.delete(attempt_key(project, action.name), _deletable)
             elif isinstance(action, CreateAttempt) and job is not None:
                 obj = new_attempt(job, action.index, action.number, now)
+                creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
+            elif isinstance(action, CreateMember) and job is not None:
+                obj = new_member(job, action, now)
+                obj["spec"]["env"] = gang_env(job.get("spec") or {}, action)
                 creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
         if creates:
             await asyncio.gather(*creates)  # one group commit for a wave of new attempts

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from ..clock import Clock, parse, rfc3339
-from ..scheduler import Placement, Request, place_all
+from ..scheduler import Placement, Request, Reservation, place_all, place_gang
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, LEASES, NODES
 from .objects import Objects
@@ -32,6 +32,10 @@ def _waiting(obj: dict[str, Any] | None) -> bool:
 
 def _holding(obj: dict[str, Any] | None) -> bool:
     return obj is not None and bool((obj.get("spec") or {}).get("node")) and not phase_of(obj).terminal
+
+
+def _request(obj: dict[str, Any]) -> Request:
+    return Request.of(obj["spec"].get("resources"), obj["spec"].get("image"), obj["spec"].get("placement"))
 
 
 def bind(placement: Placement, now: float) -> Any:
@@ -104,16 +108,40 @@ class PlacementController:
                 self._dirty.set()
 
     async def place(self) -> None:
-        """One pass over every waiting attempt."""
+        """One pass over every waiting attempt, oldest first; a gang's members as one unit (all or nothing)."""
         waiting = [(key, obj) for key in list(self._waiting) if _waiting(obj := self.cache.get(key) or None)]
         if not waiting:
             return
         waiting.sort(key=lambda kv: (parse(kv[1]["metadata"].get("creationTimestamp")) or 0.0,
                                      kv[1]["metadata"].get("namespace", ""), kv[1]["spec"].get("job", ""),
-                                     int(kv[1]["spec"].get("index", 0)), int(kv[1]["spec"].get("number", 1))))
-        requests = [(key, Request.of(obj["spec"].get("resources"), obj["spec"].get("image"),
-                                     obj["spec"].get("placement"))) for key, obj in waiting]
-        decisions = place_all(requests, self.registry.views(), self.registry.reservations())
+                                     int(kv[1]["spec"].get("index", 0)), int(kv[1]["spec"].get("number", 1)),
+                                     int((kv[1]["spec"].get("gang") or {}).get("rank", 0))))
+        nodes, held = self.registry.views(), list(self.registry.reservations())
+        decisions: dict[str, Placement] = {}
+        singles: list[tuple[str, Request]] = []
+        gangs: dict[tuple[str, str, int], list[tuple[str, dict[str, Any]]]] = {}
+        for key, obj in waiting:
+            gang = obj["spec"].get("gang")
+            if gang:
+                gangs.setdefault((obj["metadata"].get("namespace", ""), obj["spec"].get("jobUID", ""),
+                                  int(gang.get("epoch") or 0)), []).append((key, obj))
+            else:
+                singles.append((key, _request(obj)))
+        # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
+        # would starve behind a stream of single attempts otherwise.
+        for (project, uid, _epoch), members in gangs.items():
+            size = int(members[0][1]["spec"]["gang"].get("size") or len(members))
+            if len(members) < size:
+                continue  # the rest of the epoch is being created: place it whole
+            job = self.cache.job(project, members[0][1]["spec"].get("job", "")) or {}
+            network = (((job.get("spec") or {}).get("distributed") or {}).get("network")) or "Regional"
+            placed = place_gang([(key, _request(obj)) for key, obj in members], nodes, held, network)
+            decisions.update(placed)
+            for (key, obj) in members:
+                p = placed[key]
+                if p.node is not None:
+                    held.append(Reservation(p.node, _request(obj).amount, p.gpu_indexes))
+        decisions.update(place_all(singles, nodes, held))
         now = self.clock.now()
         writes = [self.objects.mutate(str(key), bind(p, now) if p.node else explain(p)) for key, p in decisions.items()]
         await asyncio.gather(*writes)

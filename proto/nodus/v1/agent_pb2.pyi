@@ -214,16 +214,18 @@ class OutputCommit(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class GangMemberReport(_message.Message):
-    __slots__ = ("epoch", "done", "address", "port")
+    __slots__ = ("epoch", "done", "address", "port", "probe_port")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     done: GangStep
     address: str
     port: int
-    def __init__(self, epoch: _Optional[int] = ..., done: _Optional[_Union[GangStep, str]] = ..., address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    probe_port: int
+    def __init__(self, epoch: _Optional[int] = ..., done: _Optional[_Union[GangStep, str]] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., probe_port: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("attempt_id", "stage", "units_completed", "units_total", "metrics", "step", "total_steps", "tokens_per_second", "gpu_memory_bytes", "time")
@@ -569,7 +571,7 @@ class Egress(_message.Message):
     def __init__(self, policy: _Optional[_Union[EgressPolicy, str]] = ..., allow: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GangPlan(_message.Message):
-    __slots__ = ("attempt_id", "gang_id", "epoch", "rank", "size", "gpus_per_node", "launcher", "rendezvous_address", "rendezvous_port", "step", "peers")
+    __slots__ = ("attempt_id", "gang_id", "epoch", "rank", "size", "gpus_per_node", "launcher", "rendezvous_address", "rendezvous_port", "step", "peers", "probe_max_bytes", "probe_budget", "startup_timeout")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     GANG_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -581,6 +583,9 @@ class GangPlan(_message.Message):
     RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROBE_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     gang_id: str
     epoch: int
@@ -592,17 +597,22 @@ class GangPlan(_message.Message):
     rendezvous_port: int
     step: GangStep
     peers: _containers.RepeatedCompositeFieldContainer[GangPeer]
-    def __init__(self, attempt_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., size: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., launcher: _Optional[_Union[_common_pb2.Launcher, str]] = ..., rendezvous_address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., step: _Optional[_Union[GangStep, str]] = ..., peers: _Optional[_Iterable[_Union[GangPeer, _Mapping]]] = ...) -> None: ...
+    probe_max_bytes: int
+    probe_budget: _duration_pb2.Duration
+    startup_timeout: _duration_pb2.Duration
+    def __init__(self, attempt_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., size: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., launcher: _Optional[_Union[_common_pb2.Launcher, str]] = ..., rendezvous_address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., step: _Optional[_Union[GangStep, str]] = ..., peers: _Optional[_Iterable[_Union[GangPeer, _Mapping]]] = ..., probe_max_bytes: _Optional[int] = ..., probe_budget: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., startup_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class GangPeer(_message.Message):
-    __slots__ = ("rank", "address", "port")
+    __slots__ = ("rank", "address", "port", "probe_port")
     RANK_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     address: str
     port: int
-    def __init__(self, rank: _Optional[int] = ..., address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    probe_port: int
+    def __init__(self, rank: _Optional[int] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., probe_port: _Optional[int] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("attempt_id", "reason", "grace_seconds")

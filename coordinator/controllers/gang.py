@@ -1,0 +1,506 @@
+"""Gangs: a distributed Job's members decided as one, as a pure function.
+
+A gang Job (spec.distributed) runs one index as `nodes` member attempts, one per node, created
+together for an epoch (rank 0..n-1, attempt number = epoch). The Job's own rules — backoffLimit,
+recovery.maxAttempts with minProgressDuration, timeout, queueTimeout, suspend, cancel, TTL — are the
+Job controller's (`job.decide`), applied to the gang as if each epoch were one attempt: `epoch_view`
+folds an epoch's members into that one AttemptView, `decide_gang` runs `decide` on those views and
+turns its actions back into member actions. What only a gang has lives here:
+
+- an epoch is all or nothing: when one member ends any other way than succeeding, the others are
+  stopped (GangRestart) and the epoch ends as a whole; when every member that runs the command
+  succeeded, the members that only serve it (a Ray worker) are stopped (GangCompleted);
+- what an ended epoch counts as: Lost (infrastructure: recovery.maxAttempts) when any member was
+  lost — a peer's crash after a lost node is the loss, not a customer failure — else Failed
+  (backoffLimit) when a member failed, else Succeeded or Cancelled;
+- assembly is bounded: an epoch whose members are all placed but not all started after
+  distributed.startupTimeout is stopped (AssemblyTimeout) and placed again, at most
+  maxAssemblyRetries times; then the Job fails with GangAssemblyTimeout and holds nothing;
+- ranks keep their node across epochs unless that node is the one that was lost, or its member
+  never assembled;
+- the gang's steps: every member assembles (prepares and reserves ports), then meshes (the probe),
+  then starts through the launcher; `plan_for` is the step each member is told, derived from what
+  the members reported, so a resent report or a reconnect changes nothing;
+- status.gang and status.topology.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..clock import parse, rfc3339, seconds
+from .attempts import AttemptPhase
+from .job import (Action, AttemptView, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans,
+                  decide)
+
+VIRTUAL_PREFIX = "gang-epoch:"
+DEFAULT_STARTUP_TIMEOUT = 15 * 60.0
+DEFAULT_ASSEMBLY_RETRIES = 2
+ASSEMBLE, MESH, START = "Assemble", "Mesh", "Start"
+STEPS = (ASSEMBLE, MESH, START)
+SERVICE_LAUNCHERS = frozenset({"Ray", "Verl"})
+"""Launchers whose ranks above 0 serve the head instead of running the command."""
+PATH_ORDER = ("Private", "Direct", "Public", "Relayed")
+"""Network paths, best first: the weakest of a gang is the last one any pair uses."""
+
+RESTART_REASONS = {"GangRestart", "GangCompleted", "AssemblyTimeout"}
+
+
+@dataclass(frozen=True, slots=True)
+class GangConfig:
+    """Operator settings of gangs (coordinator flags)."""
+
+    probe: bool = True
+    """Run the mesh probe (phase Meshing) before the command starts."""
+    probe_max_bytes: int = 16 << 20
+    probe_budget_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class CreateMember:
+    """Create the attempt of one rank of an epoch."""
+
+    epoch: int
+    rank: int
+    size: int
+    prefer_node: str = ""
+    """The node the rank used in the previous epoch (ranks stay with their node)."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes this rank must not use (its member there never assembled)."""
+
+
+# -- what a member is ---------------------------------------------------------------------------------
+
+def is_gang(spec: Mapping[str, Any]) -> bool:
+    return isinstance(spec.get("distributed"), dict)
+
+
+def gang_of(view: AttemptView) -> dict[str, Any]:
+    return (view.obj.get("spec") or {}).get("gang") or {}
+
+
+def epoch_of(view: AttemptView) -> int:
+    return int(gang_of(view).get("epoch") or 0)
+
+
+def rank_of(view: AttemptView) -> int:
+    return int(gang_of(view).get("rank") or 0)
+
+
+def report_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the member's agent reported of its gang steps (status.gang)."""
+    return (obj.get("status") or {}).get("gang") or {}
+
+
+def done_step(obj: Mapping[str, Any], epoch: int) -> str:
+    report = report_of(obj)
+    return str(report.get("done") or "") if int(report.get("epoch") or 0) == epoch else ""
+
+
+def runs_command(launcher: str, rank: int) -> bool:
+    """Whether this rank's exit is the gang's result (a Ray/Verl worker only serves the head)."""
+    return rank == 0 or launcher not in SERVICE_LAUNCHERS
+
+
+def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """status.topology: resolved once (it never changes across epochs)."""
+    if prev:
+        return dict(prev)
+    dist = spec.get("distributed") or {}
+    gpu = (spec.get("resources") or {}).get("gpu") or {}
+    per_node = int(dist.get("gpusPerNode") or gpu.get("count") or (1 if gpu.get("type") else 0))
+    if dist.get("totalGPUs"):
+        nodes, resolved = int(dist["totalGPUs"]) // max(per_node, 1), "TotalGPUs"
+    else:
+        nodes, resolved = int(dist.get("nodes") or 2), "Nodes"
+    out = {"nodes": nodes, "gpusPerNode": per_node, "totalGPUs": nodes * per_node,
+           "network": dist.get("network") or "Regional", "resolvedFrom": resolved}
+    if gpu.get("type"):
+        out["accelerator"] = str(gpu["type"][0])
+    return out
+
+
+# -- one epoch seen as one attempt --------------------------------------------------------------------
+
+def _latest(times: Iterable[float | None]) -> float | None:
+    found = [t for t in times if t is not None]
+    return max(found) if found else None
+
+
+def _earliest(times: Iterable[float | None]) -> float | None:
+    found = [t for t in times if t is not None]
+    return min(found) if found else None
+
+
+def _finished(view: AttemptView) -> float:
+    return parse((view.obj.get("status") or {}).get("finishTime")) or float("inf")
+
+
+def broken(members: Sequence[AttemptView], launcher: str) -> AttemptView | None:
+    """The member whose end ends the epoch early (lost or failed, or a service that quit), or None."""
+    ended = sorted((m for m in members if m.phase in (AttemptPhase.FAILED, AttemptPhase.LOST)), key=_finished)
+    lost = [m for m in ended if m.phase is AttemptPhase.LOST]
+    if lost:
+        return lost[0]
+    if ended:
+        return ended[0]
+    early = [m for m in members if m.phase is AttemptPhase.CANCELLED and m.reason not in RESTART_REASONS
+             and not m.stop_requested]
+    return early[0] if early else None
+
+
+def completed(members: Sequence[AttemptView], launcher: str, size: int) -> bool:
+    """Every rank that runs the command succeeded."""
+    by_rank = {rank_of(m): m for m in members}
+    return all(r in by_rank and by_rank[r].phase is AttemptPhase.SUCCEEDED
+               for r in range(size) if runs_command(launcher, r))
+
+
+def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launcher: str, size: int) -> AttemptView:
+    """The epoch as one attempt of index 0 numbered `epoch`, for `job.decide`."""
+    live = [m for m in members if not m.phase.terminal]
+    first = broken(members, launcher)
+    full = len({rank_of(m) for m in members}) >= size
+    all_placed = full and all(m.placed for m in members)
+    all_started = full and all(m.started is not None for m in members)
+    by_rank = sorted(members, key=rank_of)
+    rank0 = next((m for m in by_rank if rank_of(m) == 0), by_rank[0])
+    exit_code: int | None = None
+    reason, message, oom = "", "", False
+    if not live:
+        if completed(members, launcher, size):
+            phase, reason = AttemptPhase.SUCCEEDED, "Completed"
+        elif first is not None:
+            phase = first.phase if first.phase in (AttemptPhase.FAILED, AttemptPhase.LOST) else AttemptPhase.LOST
+            reason = first.reason or ("GangMemberExited" if phase is AttemptPhase.LOST else "Error")
+            message = f"rank {rank_of(first)} on node {first.node or '?'}: {first.message or first.reason}".strip()
+            exit_code, oom = first.exit_code, first.oom_killed
+        else:
+            timed_out = any(m.reason == "AssemblyTimeout" for m in members)
+            phase = AttemptPhase.CANCELLED
+            reason = "AssemblyTimeout" if timed_out else (rank0.reason or "Cancelled")
+    elif first is not None or completed(members, launcher, size):
+        phase = AttemptPhase.STOPPING
+    elif all_started and all(m.phase in (AttemptPhase.RUNNING, AttemptPhase.CHECKPOINTING) for m in live):
+        phase = AttemptPhase.RUNNING
+    elif all_placed:
+        phase = AttemptPhase.PROVISIONING
+    else:
+        phase = AttemptPhase.PENDING
+    placed = all_placed or any(m.placed for m in live) and phase is AttemptPhase.STOPPING
+    node = rank0.node if (all_placed or placed) else ""
+    if not live and first is not None and first.node:
+        node = first.node  # where the epoch broke: the Job's message names that node
+    started = _latest(m.started for m in members) if all_started else None
+    status: dict[str, Any] = {"phase": phase.value}
+    for key, value in (("reason", reason), ("message", message)):
+        if value:
+            status[key] = value
+    if exit_code is not None:
+        status["exitCode"] = exit_code
+    if started is not None:
+        status["startTime"] = rfc3339(started)
+    if not live:
+        end = _latest(parse((m.obj.get("status") or {}).get("finishTime")) for m in members)
+        if end is not None:
+            status["finishTime"] = rfc3339(end)
+            if phase is AttemptPhase.LOST:
+                status["lostTime"] = rfc3339(end)
+    provisioned = _latest(m.provisioned for m in members) if all_placed else None
+    if provisioned is not None:
+        status["provisioningTime"] = rfc3339(provisioned)
+    explain = next((((m.obj.get("status") or {}).get("placement") or {}).get("explain") for m in members
+                    if not m.placed and ((m.obj.get("status") or {}).get("placement") or {}).get("explain")), "")
+    if explain:
+        status["placement"] = {"explain": explain}
+    rank0_status = rank0.obj.get("status") or {}
+    for key in ("progress", "unitSamplesMs", "restoredFromSeq"):
+        if rank0_status.get(key):
+            status[key] = rank0_status[key]
+    ready = _latest(parse((m.obj.get("status") or {}).get("inputsReadyTime")) for m in members)
+    if ready is not None and all((m.obj.get("status") or {}).get("inputsReadyTime") for m in members):
+        status["inputsReadyTime"] = rfc3339(ready)
+    outputs = [o for m in by_rank for o in (m.obj.get("status") or {}).get("outputs") or []]
+    if outputs:
+        status["outputs"] = outputs
+    checkpoints = sorted((c for m in members for c in (m.obj.get("status") or {}).get("checkpoints") or []),
+                         key=lambda c: int(c.get("seq", 0)))
+    if checkpoints:
+        status["checkpoints"] = checkpoints
+    failed_suspends = [(m.obj.get("status") or {}).get("suspendFailed") for m in members]
+    failed_suspends = [f for f in failed_suspends if f]
+    if failed_suspends:
+        status["suspendFailed"] = max(failed_suspends, key=lambda f: int(f.get("tries") or 0))
+    stop = next(((m.obj.get("spec") or {}).get("stop") for m in live if (m.obj.get("spec") or {}).get("stop")), None)
+    name = f"{VIRTUAL_PREFIX}{epoch}"
+    created = _earliest(m.created for m in members)
+    obj = {"metadata": {"name": name, "creationTimestamp": rfc3339(created) if created is not None else None},
+           "spec": {"jobUID": job_uid, "index": 0, "number": epoch, "epoch": epoch, "node": node,
+                    **({"stop": stop} if stop and live and all((m.obj.get("spec") or {}).get("stop") for m in live)
+                       else {})},
+           "status": status}
+    return AttemptView(name=name, job_uid=job_uid, index=0, number=epoch, phase=phase, reason=reason,
+                       message=message, exit_code=exit_code, oom_killed=oom, node=node, created=created,
+                       provisioned=provisioned, started=started,
+                       stop_requested=bool(live) and all(m.stop_requested for m in live), obj=obj)
+
+
+# -- decide --------------------------------------------------------------------------------------------
+
+def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
+                config: GangConfig = GangConfig()) -> Decision:
+    meta, spec = job["metadata"], job.get("spec") or {}
+    prev = job.get("status") or {}
+    uid = meta.get("uid", "")
+    dist = spec.get("distributed") or {}
+    launcher = dist.get("launcher") or "Plain"
+    topo = topology(spec, prev.get("topology"))
+    size = int(topo["nodes"])
+    startup = seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT
+    retries = int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES))
+
+    mine = [a for a in attempts if a.job_uid == uid]
+    actions: list[Action | CreateMember] = list(collect_orphans([a for a in attempts if a.job_uid != uid]))
+    epochs: dict[int, list[AttemptView]] = {}
+    for a in mine:
+        epochs.setdefault(epoch_of(a), []).append(a)
+    views = {e: epoch_view(uid, e, members, launcher, size) for e, members in sorted(epochs.items())}
+    current = max(epochs, default=0)
+    wake: list[float] = []
+
+    # The gang's own stops, before the Job's rules see the epoch.
+    members = epochs.get(current, [])
+    live = [m for m in members if not m.phase.terminal]
+    missing = sorted(set(range(size)) - {rank_of(m) for m in members}) if members else []
+    if members and missing and live:
+        # A crash between creating the ranks of an epoch: create the rest (same epoch).
+        actions.extend(CreateMember(current, r, size) for r in missing)
+    elif live:
+        first = broken(members, launcher)
+        if first is not None:
+            actions.extend(StopAttempt(m.name, "GangRestart") for m in live if not m.stop_requested)
+        elif completed(members, launcher, size):
+            actions.extend(StopAttempt(m.name, "GangCompleted") for m in live if not m.stop_requested)
+        elif all(m.placed for m in members) and not all(m.started is not None for m in members):
+            since = _latest(m.provisioned for m in members)
+            if since is not None:
+                if now >= since + startup:
+                    actions.extend(StopAttempt(m.name, "AssemblyTimeout") for m in live if not m.stop_requested)
+                else:
+                    wake.append(since + startup)
+
+    timeouts = [e for e, v in views.items() if v.phase is AttemptPhase.CANCELLED and v.reason == "AssemblyTimeout"]
+    verdict = None
+    if len(timeouts) > retries:
+        last = epochs[timeouts[-1]]
+        stuck = sorted(rank_of(m) for m in last if done_step(m.obj, timeouts[-1]) == "")
+        verdict = (JobPhase.FAILED, "GangAssemblyTimeout",
+                   f"the gang did not assemble within spec.distributed.startupTimeout {dist.get('startupTimeout') or '15m'} "
+                   f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
+                   f"maxAssemblyRetries {retries}); the last time rank(s) {', '.join(map(str, stuck)) or '?'} never "
+                   f"became ready")
+    decision = decide(job, list(views.values()), now, extra_verdict=verdict)
+    for action in decision.actions:
+        if isinstance(action, CreateAttempt):
+            actions.extend(_new_epoch(action.number, size, epochs, views))
+        elif isinstance(action, StopAttempt) and action.name.startswith(VIRTUAL_PREFIX):
+            epoch = int(action.name[len(VIRTUAL_PREFIX):])
+            stoppers = [m for m in epochs.get(epoch, []) if not m.phase.terminal and not m.stop_requested]
+            for m in sorted(stoppers, key=rank_of):
+                # A suspend's checkpoint is rank 0's (format Snapshot); the others just stop.
+                seq = action.checkpoint_seq if rank_of(m) == 0 else 0
+                actions.append(replace(action, name=m.name, checkpoint_seq=seq))
+        elif isinstance(action, DeleteAttempt) and action.name.startswith(VIRTUAL_PREFIX):
+            epoch = int(action.name[len(VIRTUAL_PREFIX):])
+            actions.extend(DeleteAttempt(m.name) for m in epochs.get(epoch, []))
+        else:
+            actions.append(action)
+    status = dict(decision.status if decision.status is not None else prev)
+    status["topology"] = topo
+    gang = gang_status(status, epochs, views, current, size, launcher, config, prev.get("gang") or {})
+    status["gang"] = gang
+    wake_at = min([t for t in ([decision.wake_at] if decision.wake_at else []) + wake if t > now], default=None)
+    return Decision(None if status == prev else status, tuple(actions), wake_at)  # type: ignore[arg-type]
+
+
+def _new_epoch(epoch: int, size: int, epochs: Mapping[int, Sequence[AttemptView]],
+               views: Mapping[int, AttemptView]) -> list[CreateMember]:
+    """The ranks of a new epoch: each keeps its previous node unless that node lost it or its member
+    never assembled there (then it avoids that node)."""
+    before = max((e for e in epochs if e < epoch), default=0)
+    prev = {rank_of(m): m for m in epochs.get(before, [])}
+    out = []
+    for rank in range(size):
+        m = prev.get(rank)
+        prefer, avoid = "", ()
+        if m is not None and m.node:
+            if m.phase is AttemptPhase.LOST:
+                avoid = (m.node,)
+            elif m.reason == "AssemblyTimeout" and done_step(m.obj, before) == "":
+                avoid = (m.node,)
+            else:
+                prefer = m.node
+        out.append(CreateMember(epoch, rank, size, prefer, avoid))
+    return out
+
+
+# -- status.gang ------------------------------------------------------------------------------------------
+
+def _phase_word(phase: AttemptPhase) -> str:
+    return phase.value
+
+
+def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[AttemptView]],
+                views: Mapping[int, AttemptView], current: int, size: int, launcher: str, config: GangConfig,
+                prev: Mapping[str, Any]) -> dict[str, Any]:
+    members = sorted(epochs.get(current, []), key=rank_of)
+    live = [m for m in members if not m.phase.terminal]
+    job_phase = JobPhase.parse(job_status.get("phase"))
+    restarts = sum(1 for e, v in views.items() if e < current
+                   and (v.phase in (AttemptPhase.LOST, AttemptPhase.FAILED) or v.reason == "AssemblyTimeout"))
+    assembled = [m for m in members if done_step(m.obj, current) in (ASSEMBLE, MESH, START)]
+    meshed = [m for m in members if done_step(m.obj, current) in (MESH, START)]
+    started = [m for m in members if m.started is not None]
+    ready = meshed if config.probe else assembled
+    view = views.get(current)
+    if not members:
+        phase = "Done" if job_phase.terminal else "Queued"
+    elif job_phase.terminal or job_phase is JobPhase.SUSPENDED or (view is not None and view.stop_requested):
+        if not live:
+            phase = "Done"
+        elif all(m.phase is AttemptPhase.STOPPING for m in live):
+            phase = "Releasing"
+        else:
+            phase = "Stopping"
+    elif view is not None and (view.phase is AttemptPhase.STOPPING or (view.phase.terminal and view.phase is not AttemptPhase.SUCCEEDED)):
+        phase = "Recovering"
+    elif view is not None and view.phase is AttemptPhase.SUCCEEDED:
+        phase = "Done"
+    elif not all(m.placed for m in members) or len(members) < size:
+        phase = "Queued"
+    elif len(assembled) < size:
+        phase = "Assembling"
+    elif config.probe and len(meshed) < size:
+        phase = "Meshing"
+    elif len(started) < size or not all(m.phase in (AttemptPhase.RUNNING, AttemptPhase.CHECKPOINTING) for m in live):
+        phase = "Starting"
+    else:
+        phase = "Running"
+    out: dict[str, Any] = {"epoch": current, "phase": phase, "size": size, "ready": len(ready),
+                           "started": len(started), "restarts": restarts}
+    rank0 = next((m for m in members if rank_of(m) == 0), None)
+    if rank0 is not None and len(assembled) == size:
+        report = report_of(rank0.obj)
+        if report.get("address") and report.get("port"):
+            out["rendezvous"] = f"{_host(str(report['address']))}:{report['port']}"
+    rows = []
+    probes = []
+    for m in members:
+        report = report_of(m.obj)
+        row: dict[str, Any] = {"rank": rank_of(m), "attempt": (m.obj.get("spec") or {}).get("id", ""),
+                               "phase": _phase_word(m.phase)}
+        offering = (m.obj.get("spec") or {}).get("offering") or ""
+        region = (m.obj.get("spec") or {}).get("regionClass") or ""
+        if offering:
+            row["offering"] = offering
+        if region:
+            row["regionClass"] = region
+        probe = report.get("probe") or {}
+        if int(report.get("epoch") or 0) == current and probe:
+            probes.append(probe)
+            if probe.get("path"):
+                row["path"] = probe["path"]
+        rows.append(row)
+    out["members"] = rows
+    if probes:
+        out["probe"] = weakest(probes)
+        out["transport"] = out["probe"].get("path", "")
+        if not out["transport"]:
+            del out["transport"]
+    elif prev.get("epoch") == current and prev.get("probe"):
+        out["probe"] = prev["probe"]
+    return out
+
+
+def weakest(probes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The gang's probe: the slowest pair's RTT, the lowest bus bandwidth and the weakest path."""
+    rtts = [float(p["rttMs"]) for p in probes if _number(p.get("rttMs"))]
+    buses = [float(p["busGbps"]) for p in probes if _number(p.get("busGbps"))]
+    paths = [p.get("path") for p in probes if p.get("path") in PATH_ORDER]
+    times = [p.get("measuredTime") for p in probes if p.get("measuredTime")]
+    out: dict[str, Any] = {}
+    if rtts:
+        out["rttMs"] = f"{max(rtts):.3f}"
+    if buses:
+        out["busGbps"] = f"{min(buses):.3f}"
+    if paths:
+        out["path"] = max(paths, key=PATH_ORDER.index)
+    if times:
+        out["measuredTime"] = max(times)
+    return out
+
+
+def _number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+# -- the plan each member is told ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The GangPlan of one member, as plain values (agents.py turns it into the proto)."""
+
+    attempt_id: str
+    gang_id: str
+    epoch: int
+    rank: int
+    size: int
+    gpus_per_node: int
+    launcher: str
+    step: str
+    rendezvous_address: str = ""
+    rendezvous_port: int = 0
+    peers: tuple[tuple[int, str, int, int], ...] = ()
+    """(rank, address, port, probe port) of every member, rank 0 first."""
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+
+
+def plan_for(attempt: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], job: Mapping[str, Any],
+             config: GangConfig) -> Plan | None:
+    """The step `attempt` (a gang member) should take now, from what its epoch's members reported."""
+    gang = (attempt.get("spec") or {}).get("gang") or {}
+    if not gang:
+        return None
+    epoch, rank = int(gang.get("epoch") or 0), int(gang.get("rank") or 0)
+    spec = job.get("spec") or {}
+    topo = topology(spec, (job.get("status") or {}).get("topology"))
+    size = int(gang.get("size") or topo["nodes"])
+    dist = spec.get("distributed") or {}
+    same = [s for s in siblings if int(((s.get("spec") or {}).get("gang") or {}).get("epoch") or 0) == epoch
+            and (s.get("spec") or {}).get("jobUID") == (attempt.get("spec") or {}).get("jobUID")]
+    by_rank = {int(((s.get("spec") or {}).get("gang") or {}).get("rank") or 0): s for s in same}
+    base = Plan(attempt_id=(attempt.get("spec") or {}).get("id", ""), gang_id=f"{(job.get('metadata') or {}).get('uid', '')}",
+                epoch=epoch, rank=rank, size=size, gpus_per_node=int(topo.get("gpusPerNode") or 0),
+                launcher=dist.get("launcher") or "Plain", step=ASSEMBLE,
+                startup_timeout=seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT)
+    if len(by_rank) < size:
+        return base
+    steps = [done_step(by_rank[r], epoch) for r in range(size)]
+    if any(s == "" for s in steps):
+        return base
+    peers = []
+    for r in range(size):
+        report = report_of(by_rank[r])
+        peers.append((r, str(report.get("address") or ""), int(report.get("port") or 0),
+                      int(report.get("probePort") or 0)))
+    rank0 = peers[0]
+    step = MESH if config.probe and any(s == ASSEMBLE for s in steps) else START
+    return replace(base, step=step, rendezvous_address=rank0[1], rendezvous_port=rank0[2], peers=tuple(peers))

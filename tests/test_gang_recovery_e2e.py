@@ -1,0 +1,215 @@
+"""Gangs that lose a member or never assemble, end to end on loopback with real daemons.
+
+The coordinator runs on a clock the test moves forward (--clock-offset-file), so a 60 s lease, a
+1 minute checkpoint interval and a 5 minute startupTimeout play out in seconds: the clock moves in
+steps shorter than the lease, and agents heartbeat every second, so no healthy node looks lost.
+
+- Killing one member's agent and workload mid-run: its node's lease expires, the gang is stopped
+  as a whole and restarts at epoch 2 (rank 1 on another node, rank 0 on its own), every member
+  restores the latest checkpoint, status.gang.restarts is 1, and the Job succeeds.
+- A member that never becomes ready: the gang is placed again after startupTimeout (that rank on
+  another node), and after maxAssemblyRetries fails with GangAssemblyTimeout, holding nothing.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import pytest
+
+from conftest import Coordinator, job
+from nodus.agent.testing import AgentProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
+ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
+BIN = Path(sys.executable).parent
+AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+STEP = 20.0
+"""Seconds of coordinator time per step: a third of the lease."""
+
+
+class Clock:
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0.0
+        path.write_text("0")
+
+    def advance(self, seconds: float) -> None:
+        """Moves the coordinator's clock forward in steps the agents' heartbeats keep up with."""
+        while seconds > 0:
+            step = min(STEP, seconds)
+            self.offset += step
+            seconds -= step
+            self.path.write_text(str(self.offset))
+            time.sleep(1.2)  # a heartbeat (every 1 s) renews every lease at the new time
+
+
+@pytest.fixture(scope="module")
+def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
+    return Clock(tmp_path_factory.mktemp("clock") / "offset")
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
+    coordinator = Coordinator(tmp_path_factory.mktemp("gang-recovery") / "data").start(extra_args=(
+        "--lease-duration", "60s", "--heartbeat-interval", "1s", "--clock-offset-file", str(clock.path),
+        "--gang-probe", "off"))
+    try:
+        yield coordinator
+    finally:
+        coordinator.stop()
+
+
+@pytest.fixture(scope="module")
+def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
+    token = (c.data_dir / "join-token").read_text().strip()
+    root = tmp_path_factory.mktemp("recovery-agents")
+    started = [AgentProcess(root / f"n{i}", c.grpc, token, node=f"rec-n{i}", env=AGENT_ENV,
+                            extra_args=("--advertise-address", "127.0.0.1")).start() for i in range(3)]
+    try:
+        for a in started:
+            wait_for(lambda a=a: "registered node" in a.log() or a.proc.poll() is not None, 30, what="registration")
+            assert a.proc.poll() is None, a.log()[-3000:]
+        yield started
+    finally:
+        for a in started:
+            if a.proc is not None:
+                a.reap()
+
+
+def create(c: Coordinator, name: str, **spec: Any) -> None:
+    r = c.session().post(c.url(JOBS), json=job(name, **spec))
+    assert r.status_code == 201, r.text
+
+
+def get(c: Coordinator, name: str) -> dict[str, Any]:
+    r = c.session().get(c.url(f"{JOBS}/{name}"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def attempts(c: Coordinator, name: str) -> list[dict[str, Any]]:
+    return c.session().get(c.url(ATTEMPTS), params={"labelSelector": f"nodus.dev/job={name}"}).json()["items"]
+
+
+def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float = 120,
+             what: str = "", tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        if tick is not None:
+            tick()
+        obj = get(c, name)
+        return obj if predicate(obj) else None
+    try:
+        return wait_for(check, timeout, interval=0.2, what=what or f"Job {name}")
+    except Exception:
+        print(get(c, name).get("status"))
+        raise
+
+
+def kill_agent_and_workload(a: AgentProcess) -> None:
+    """kill -9 of the agent and everything it started (the node is gone)."""
+    root = psutil.Process(a.proc.pid)
+    family = [root, *root.children(recursive=True)]
+    for p in family:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    a.proc.wait()
+    a.proc = None
+
+
+STEPPER = textwrap.dedent("""
+    import json, os, sys, time
+    from nodus import progress
+    state = os.path.join(os.environ["NODUS_STATE_DIR"], "step")
+    step = int(open(state).read()) if os.path.exists(state) else 0
+    rank = os.environ["NODUS_RANK"]
+    print(f"rank {rank} epoch {os.environ['NODUS_GANG_EPOCH']} starts at step {step}", flush=True)
+    if os.environ.get("NODUS_RANK") == "0":
+        with open(os.path.join(os.environ["NODUS_OUTPUTS_DIR"], f"start-epoch-{os.environ['NODUS_GANG_EPOCH']}"), "w") as f:
+            f.write(str(step))
+    while step < int(sys.argv[1]):
+        step += 1
+        with open(state + ".tmp", "w") as f:
+            f.write(str(step))
+        os.replace(state + ".tmp", state)
+        progress.report(stage="train", completed=step, total=int(sys.argv[1]))
+        time.sleep(0.25)
+""")
+
+
+def test_losing_a_member_restarts_the_whole_gang_at_epoch_2_from_the_latest_checkpoint(
+        c: Coordinator, agents: list[AgentProcess], clock: Clock, tmp_path: Path) -> None:
+    script = tmp_path / "stepper.py"
+    script.write_text(STEPPER)
+    create(c, "lose-one", command=[sys.executable, str(script), "160"], distributed={"nodes": 2},
+           recovery={"checkpoint": {"interval": "1m", "format": "Snapshot"}})
+    first = wait_job(c, "lose-one", lambda o: ((o.get("status") or {}).get("gang") or {}).get("phase") == "Running",
+                     what="the gang to run")
+    members = {m["rank"]: m for m in first["status"]["gang"]["members"]}
+    by_id = {a["spec"]["id"]: a for a in attempts(c, "lose-one")}
+    node_of = {r: by_id[m["attempt"]]["spec"]["node"] for r, m in members.items()}
+    wait_for(lambda: ((get(c, "lose-one").get("status") or {}).get("progress") or {}).get("units", {})
+             .get("completed", 0) >= 8, 60, what="some progress")
+    clock.advance(61)  # the checkpoint interval passes: rank 0 snapshots its state
+    done = wait_job(c, "lose-one", lambda o: ((o.get("status") or {}).get("checkpoint") or {}).get("seq", 0) >= 1,
+                    what="a committed checkpoint")
+    saved_at = done["status"]["progress"]["units"]["completed"]
+    victim = next(a for a in agents if a.node == node_of[1])
+    kill_agent_and_workload(victim)
+    # rank 1's node stops heartbeating: past its lease it is lost, and the gang restarts as a whole
+    second = wait_job(c, "lose-one", lambda o: ((o.get("status") or {}).get("gang") or {}).get("epoch") == 2,
+                      what="epoch 2", tick=lambda: clock.advance(STEP))
+    assert second["status"]["gang"]["restarts"] == 1, second["status"]["gang"]
+    end = wait_job(c, "lose-one", lambda o: (o.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+                   timeout=180, what="the Job to end")
+    status = end["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 1, status["gang"]
+    epoch2 = [a for a in attempts(c, "lose-one") if a["spec"]["gang"]["epoch"] == 2]
+    assert len(epoch2) == 2 and all(a["status"].get("restoredFromSeq", 0) >= 1 for a in epoch2), epoch2
+    nodes2 = {a["spec"]["gang"]["rank"]: a["spec"]["node"] for a in epoch2}
+    assert nodes2[0] == node_of[0], "rank 0 keeps its node"
+    assert nodes2[1] not in (node_of[1], node_of[0]), "rank 1 moved off the lost node"
+    lost = [a for a in attempts(c, "lose-one") if a["spec"]["gang"]["epoch"] == 1 and a["spec"]["gang"]["rank"] == 1]
+    assert lost[0]["status"]["phase"] == "Lost", lost[0]["status"]
+    assert saved_at > 0
+    # the node comes back (a new agent on it): the next test has three nodes again
+    registrations = victim.log().count("registered node")
+    victim.start()
+    wait_for(lambda: victim.log().count("registered node") > registrations, 30, what="the node to come back")
+
+
+def test_a_member_that_never_becomes_ready_is_re_placed_then_the_job_fails_holding_nothing(
+        c: Coordinator, agents: list[AgentProcess], clock: Clock) -> None:
+    live = [a for a in agents if a.proc is not None]
+    assert len(live) >= 2
+    create(c, "never-ready", command=["true"],
+           initCommand={"command": ["sh", "-c", '[ "$NODUS_RANK" != 1 ] || exec sleep 100000']},
+           distributed={"nodes": 2, "startupTimeout": "5m", "maxAssemblyRetries": 1})
+    first = wait_job(c, "never-ready",
+                     lambda o: ((o.get("status") or {}).get("gang") or {}).get("phase") == "Assembling",
+                     what="the gang to assemble")
+    assert first["status"]["gang"]["ready"] <= 1
+    clock.advance(301)
+    second = wait_job(c, "never-ready", lambda o: ((o.get("status") or {}).get("gang") or {}).get("epoch") == 2
+                      and o["status"]["gang"]["phase"] == "Assembling", what="the re-placement")
+    assert second["status"]["phase"] != "Failed"
+    clock.advance(301)
+    end = wait_job(c, "never-ready", lambda o: (o.get("status") or {}).get("phase") == "Failed", what="the failure")
+    status = end["status"]
+    assert status["reason"] == "GangAssemblyTimeout", status
+    assert "rank(s) 1 never became ready" in status["message"], status["message"]
+    assert "startupTimeout" in status["fix"]
+    wait_for(lambda: all(a["status"]["phase"] in ("Cancelled", "Succeeded", "Failed", "Lost")
+                         for a in attempts(c, "never-ready")), 30, what="every member to end")
+    assert len(attempts(c, "never-ready")) == 4  # two epochs of two ranks
+    wait_job(c, "never-ready", lambda o: o["status"]["gang"]["phase"] == "Done", what="the gang to hold nothing")

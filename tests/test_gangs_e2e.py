@@ -1,0 +1,175 @@
+"""Gangs end to end on loopback: a real coordinator and four real agents (four "nodes" on one host).
+
+What a user would notice: a 2-node Torchrun gang runs a real torch.distributed all-reduce over gloo
+and succeeds; a 4-node Plain gang starts every rank with the same rendezvous and its own rank;
+status.gang tells the epoch, the members, the rendezvous and the probe; losing a member restarts
+the whole gang at epoch 2; GangService shows the same gang to operators over grpcurl-able gRPC.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+import pytest
+
+from conftest import Coordinator, job
+from nodus.agent.testing import AgentProcess, wait_for
+from nodus.proto.nodus.v1 import gang_pb2, gang_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
+BIN = Path(sys.executable).parent
+AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def registered(a: AgentProcess, timeout: float = 30) -> None:
+    wait_for(lambda: "registered node" in a.log() or a.proc.poll() is not None, timeout,
+             what=f"agent {a.node} to register")
+    assert a.proc.poll() is None, f"nodus-agent exited {a.proc.returncode}:\n{a.log()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    coordinator = Coordinator(tmp_path_factory.mktemp("gang-coordinator") / "data").start(extra_args=(
+        "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe-bytes", "1Mi",
+        "--gang-probe-budget", "10s"))
+    try:
+        yield coordinator
+    finally:
+        coordinator.stop()
+
+
+@pytest.fixture(scope="module")
+def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
+    token = (c.data_dir / "join-token").read_text().strip()
+    root = tmp_path_factory.mktemp("gang-agents")
+    started = [AgentProcess(root / f"n{i}", c.grpc, token, node=f"gang-n{i}", env=AGENT_ENV,
+                            extra_args=("--advertise-address", "127.0.0.1")).start() for i in range(4)]
+    try:
+        for a in started:
+            registered(a)
+        yield started
+    finally:
+        for a in started:
+            a.reap()
+
+
+def create(c: Coordinator, name: str, **spec: Any) -> dict[str, Any]:
+    r = c.session().post(c.url(JOBS), json=job(name, **spec))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def get(c: Coordinator, name: str) -> dict[str, Any]:
+    r = c.session().get(c.url(f"{JOBS}/{name}"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float = 120,
+             what: str = "") -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = get(c, name)
+        return obj if predicate(obj) else None
+    try:
+        return wait_for(check, timeout, interval=0.1, what=what or f"Job {name}")
+    except Exception:
+        print(get(c, name).get("status"))
+        raise
+
+
+def ended(c: Coordinator, name: str, timeout: float = 180) -> dict[str, Any]:
+    return wait_job(c, name, lambda o: (o.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"),
+                    timeout, what=f"Job {name} to end")
+
+
+ALL_REDUCE = textwrap.dedent("""
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    expected = world * (world + 1) / 2
+    print(f"rank {rank} of {world}: all_reduce gave {t.item()} (expected {expected})", flush=True)
+    out = os.environ.get("NODUS_OUTPUTS_DIR")
+    if out and rank == 0:
+        with open(os.path.join(out, "sum.txt"), "w") as f:
+            f.write(str(t.item()))
+    dist.destroy_process_group()
+    sys.exit(0 if t.item() == expected else 3)
+""")
+
+
+def test_a_two_node_torchrun_gang_all_reduces_over_gloo(c: Coordinator, agents: list[AgentProcess],
+                                                        tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "all_reduce.py"
+    script.write_text(ALL_REDUCE)
+    create(c, "torchrun-pair", command=["python3", str(script)], distributed={"nodes": 2, "launcher": "Torchrun"})
+    done = ended(c, "torchrun-pair")
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    gang = status["gang"]
+    assert gang["epoch"] == 1 and gang["size"] == 2 and gang["restarts"] == 0, gang
+    assert gang["phase"] == "Done", gang
+    assert gang["rendezvous"].startswith("127.0.0.1:"), gang
+    assert sorted(m["rank"] for m in gang["members"]) == [0, 1]
+    assert {m["phase"] for m in gang["members"]} == {"Succeeded"}
+    assert status["topology"]["nodes"] == 2 and status["topology"]["resolvedFrom"] == "Nodes"
+    assert gang["probe"].get("rttMs"), gang  # measured before the command started
+    assert any(o["name"] == "outputs" for o in status.get("outputs") or []), status
+
+
+def test_a_four_node_plain_gang_starts_every_rank_with_one_rendezvous(c: Coordinator, agents: list[AgentProcess],
+                                                                     tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    line = ('echo "$NODUS_RANK $NODUS_NODES $NODUS_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $NODUS_RENDEZVOUS '
+            f'$NODUS_GANG_EPOCH" > {marks}/rank-$NODUS_RANK')
+    create(c, "plain-four", command=["sh", "-c", line], resources={"nodes": 4})
+    status = ended(c, "plain-four")["status"]
+    assert status["phase"] == "Succeeded", status
+    rows = sorted((marks / f"rank-{r}").read_text().split() for r in range(4))
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+    assert {tuple(r[1:]) for r in rows} == {(
+        "4", "4", "127.0.0.1", status["gang"]["rendezvous"].split(":")[1], status["gang"]["rendezvous"], "1")}
+    nodes = {a["spec"]["node"] for a in c.session().get(
+        c.url("/apis/nodus.dev/v1/namespaces/default/attempts"),
+        params={"labelSelector": "nodus.dev/job=plain-four"}).json()["items"]}
+    assert len(nodes) == 4, nodes  # one member per node
+
+
+def test_a_gang_larger_than_the_fleet_waits_whole_and_says_why(c: Coordinator, agents: list[AgentProcess]) -> None:
+    create(c, "too-big", command=["true"], distributed={"nodes": 5})
+    status = wait_job(c, "too-big", lambda o: "needs 5 nodes" in ((o.get("status") or {}).get("message") or ""),
+                      what="the gang to wait for capacity")["status"]
+    assert status["phase"] == "Queued" and status["gang"]["phase"] == "Queued", status
+    attempts = c.session().get(c.url("/apis/nodus.dev/v1/namespaces/default/attempts"),
+                               params={"labelSelector": "nodus.dev/job=too-big"}).json()["items"]
+    assert len(attempts) == 5 and not any(a["spec"].get("node") for a in attempts)  # all or nothing
+    r = c.session().delete(c.url(f"{JOBS}/too-big"))
+    assert r.status_code == 200, r.text
+
+
+def test_gang_service_shows_the_gang_to_operators(c: Coordinator, agents: list[AgentProcess]) -> None:
+    create(c, "svc-pair", command=["true"], distributed={"nodes": 2})
+    ended(c, "svc-pair")
+    with grpc.insecure_channel(c.grpc) as channel:
+        stub = gang_pb2_grpc.GangServiceStub(channel)
+        md = (("authorization", f"Bearer {c.token}"),)
+        gang = stub.GetGang(gang_pb2.GetGangRequest(project="default", job="svc-pair"), metadata=md, timeout=10)
+        assert gang.size == 2 and gang.epoch == 1 and gang.phase == gang_pb2.GANG_PHASE_DONE
+        assert sorted(m.rank for m in gang.members) == [0, 1]
+        assert len({m.node for m in gang.members}) == 2 and all(m.node for m in gang.members)
+        listed = stub.ListGangs(gang_pb2.ListGangsRequest(project="default"), metadata=md, timeout=10)
+        assert "svc-pair" in {g.job.name for g in listed.gangs}
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetGang(gang_pb2.GetGangRequest(project="default", job="nope"), metadata=md, timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
