@@ -52,19 +52,23 @@ async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: 
     ref = a.restore_from
     if not a.HasField("restore_from") or not ref.sha256:
         return 0
-    dest = layout.run / f"restore-{ref.seq}.tar.zst"
-    try:
-        await agent.link.blobs.get(ref.sha256, dest)
-        user = agent.runtime.user
-        chown = (lambda p: _lchown(p, user.uid, user.gid)) if user is not None else None
-        max_size = a.checkpoint.max_size_bytes or None
-        await asyncio.to_thread(restore, layout, dest, ref.sha256, ref.size_bytes or None, max_size, chown)
-    except CheckpointFailed:
-        raise
-    except Exception as e:  # noqa: BLE001 - a missing blob, a digest mismatch on the wire …
-        raise CheckpointFailed(f"checkpoint {ref.seq} could not be fetched: {type(e).__name__}: {e}") from None
-    finally:
-        dest.unlink(missing_ok=True)
+    # A Dcp checkpoint is every rank's part, merged into the same paths: the highest rank first, so
+    # that rank 0's copy of a file both wrote wins (torch.distributed.checkpoint's metadata is rank 0's).
+    parts = list(reversed(ref.parts)) or [ref]
+    user = agent.runtime.user
+    chown = (lambda p: _lchown(p, user.uid, user.gid)) if user is not None else None
+    max_size = a.checkpoint.max_size_bytes or None
+    for i, part in enumerate(parts):
+        dest = layout.run / f"restore-{ref.seq}-{i}.tar.zst"
+        try:
+            await agent.link.blobs.get(part.sha256, dest)
+            await asyncio.to_thread(restore, layout, dest, part.sha256, part.size_bytes or None, max_size, chown)
+        except CheckpointFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - a missing blob, a digest mismatch on the wire …
+            raise CheckpointFailed(f"checkpoint {ref.seq} could not be fetched: {type(e).__name__}: {e}") from None
+        finally:
+            dest.unlink(missing_ok=True)
     log.info("attempt %s: restored checkpoint %d (%d bytes)", a.attempt_id, ref.seq, ref.size_bytes)
     if a.checkpoint.integration in _TRAINER_INTEGRATIONS:
         found = await asyncio.to_thread(trainer_checkpoint, layout, list(a.checkpoint.paths))
@@ -127,7 +131,8 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
                                                      uid=job.get("uid", "")),
         seq=seq, time=timestamp(time.time()), size_bytes=snap.size, sha256=snap.sha256, paths=list(snap.paths),
         epoch=int((att.gang or {}).get("epoch") or 0), rank=int((att.gang or {}).get("rank") or 0),
-        format=agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
+        format=agent_pb2.CHECKPOINT_FORMAT_DCP if policy.get("format") == agent_pb2.CHECKPOINT_FORMAT_DCP
+        else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
         pause=pause, uri=getattr(ref, "uri", "") or f"blob://sha256/{snap.sha256}", reason=reason)
     agent.last_commits[attempt_id] = commit
     for _ in range(600):  # no stream open (a reconnect): the commit waits for the next one

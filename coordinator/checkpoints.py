@@ -10,6 +10,7 @@ latest (controllers/checkpoints.py says what is refused). The Job controller der
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any, Protocol, Sequence
 
@@ -20,7 +21,7 @@ from nodus.proto.nodus.v1 import agent_pb2
 from .api.units import parse_quantity
 from .clock import Clock, parse, rfc3339
 from .controllers import checkpoints as rules
-from .controllers.attempts import phase_of
+from .controllers.attempts import AttemptPhase, phase_of
 from .controllers.cache import ATTEMPTS, JOBS, Cache, attempt_key
 from .controllers.objects import Objects
 
@@ -50,6 +51,9 @@ async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, 
     attempt = cache.attempt_by_id(c.attempt_id)
     if attempt is None:
         return f"attempt {c.attempt_id} is unknown"
+    gang = (attempt.get("spec") or {}).get("gang") or {}
+    if record.format == "Dcp" and int(gang.get("size") or 1) > 1:
+        record = dataclasses.replace(record, rank=int(gang.get("rank") or 0), ranks=int(gang["size"]))
     project, name = attempt["metadata"]["namespace"], attempt["metadata"]["name"]
     why: list[str] = []
 
@@ -69,6 +73,26 @@ async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, 
         log.info("checkpoint %d of %s/%s committed (%d bytes, %s)", record.seq, project, name, record.size,
                  record.reason or "unspecified reason")
     return None
+
+
+def _gang_due(spec: dict[str, Any], attempt: dict[str, Any], same: Sequence[dict[str, Any]],
+              now: float) -> tuple[bool, int]:
+    """For one member of a Dcp gang: whether to ask it for a part now, and which seq. A seq some
+    member of the epoch already stored is asked of the others (so the parts meet); otherwise a new
+    seq, when rank 0's cadence is due."""
+    gang = attempt["spec"]["gang"]
+    epoch = [s for s in same if ((s.get("spec") or {}).get("gang") or {}).get("epoch") == gang.get("epoch")
+             and not phase_of(s).terminal]
+    stored = {int(c.get("seq", 0)) for s in epoch for c in (s.get("status") or {}).get("checkpoints") or []}
+    mine = {int(c.get("seq", 0)) for c in (attempt.get("status") or {}).get("checkpoints") or []}
+    pending = sorted(stored - mine)
+    if pending:
+        return phase_of(attempt) is AttemptPhase.RUNNING, pending[-1]
+    rank0 = next((s for s in epoch if int(((s.get("spec") or {}).get("gang") or {}).get("rank") or 0) == 0), None)
+    if rank0 is None:
+        return False, 0
+    due, _ = rules.periodic_due(spec, rank0, same, now)
+    return due and phase_of(attempt) is AttemptPhase.RUNNING, rules.next_seq(same)
 
 
 async def suspend_failed(cache: Cache, objects: Objects, attempt_id: str, tries: int) -> None:
@@ -119,17 +143,23 @@ def prepare(out: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, A
             store=agent_pb2.Location(uri=BLOB_URI)))
         top = rules.latest(same)
         if top is not None:
-            out.restore_from.CopyFrom(agent_pb2.CheckpointRef(
-                seq=int(top["seq"]), manifest=agent_pb2.Location(uri=top.get("uri") or BLOB_URI + top["sha256"]),
-                sha256=top["sha256"], size_bytes=int(top.get("size") or 0),
-                format=agent_pb2.CHECKPOINT_FORMAT_DCP if top.get("format") == "Dcp"
-                else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT, epoch=int(top.get("epoch") or 0)))
+            ref = _ref(top)
+            ref.parts.extend(_ref(p) for p in top.get("parts") or [])
+            out.restore_from.CopyFrom(ref)
     elif mode == "Restartable":
         done = [((s.get("status") or {}).get("progress") or {}).get("units", {}).get("completed")
                 for s in sorted(same, key=lambda s: int(s["spec"].get("number", 0)))]
         units = [d for d in done if isinstance(d, int)]
         if units:
             out.env["NODUS_RESUME_UNITS"] = str(max(units))
+
+
+def _ref(record: dict[str, Any]) -> agent_pb2.CheckpointRef:
+    return agent_pb2.CheckpointRef(
+        seq=int(record["seq"]), manifest=agent_pb2.Location(uri=record.get("uri") or BLOB_URI + record["sha256"]),
+        sha256=record["sha256"], size_bytes=int(record.get("size") or 0),
+        format=agent_pb2.CHECKPOINT_FORMAT_DCP if record.get("format") == "Dcp" else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
+        epoch=int(record.get("epoch") or 0))
 
 
 def _size(text: Any) -> int:
@@ -194,19 +224,28 @@ def due_requests(cache: Cache, node: str, now: float,
     out = []
     for attempt in cache.attempts_on(node):
         spec = attempt["spec"]
-        if phase_of(attempt).terminal or spec.get("stop") or int((spec.get("gang") or {}).get("rank") or 0):
-            # A gang's Snapshot checkpoint is rank 0's state (every rank holds the same replica).
+        if phase_of(attempt).terminal or spec.get("stop"):
             asked.pop(spec["id"], None)
             continue
         job = cache.job(attempt["metadata"]["namespace"], spec["job"]) or {}
         if (job.get("metadata") or {}).get("uid") != spec.get("jobUID"):
             continue
         siblings = cache.attempts_of(attempt["metadata"]["namespace"], spec["job"])
-        due, _ = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)
+        same = rules.index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
+        gang = spec.get("gang") or {}
+        if gang:
+            # A gang's Snapshot is rank 0's state (every rank holds the same replica); a Dcp checkpoint
+            # is every rank's part of the same seq, asked when rank 0's cadence says so.
+            dcp = (((job.get("spec") or {}).get("recovery") or {}).get("checkpoint") or {}).get("format") == "Dcp"
+            if not dcp and int(gang.get("rank") or 0):
+                asked.pop(spec["id"], None)
+                continue
+            due, seq = _gang_due(job.get("spec") or {}, attempt, same, now) if dcp else \
+                (rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], rules.next_seq(same))
+        else:
+            due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], rules.next_seq(same)
         if not due:
             continue
-        same = rules.index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
-        seq = rules.next_seq(same)
         before = asked.get(spec["id"])
         if before is not None and before[0] == seq and now - before[1] < rules.interval(job.get("spec") or {}, same):
             continue

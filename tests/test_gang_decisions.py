@@ -227,3 +227,45 @@ def test_ranks_keep_their_node_and_avoiding_a_node_is_only_a_preference() -> Non
     assert moved["r1"].node == "c"
     only = place_gang([("r0", Request()), ("r1", Request(avoid_nodes=("a", "b")))], nodes[:2], [])
     assert {only["r0"].node, only["r1"].node} == {"a", "b"}  # better there again than nowhere
+
+
+# -- Dcp checkpoints of a gang --------------------------------------------------------------------------
+
+def dcp_part(epoch: int, rank: int, seq: int, size: int = 10) -> dict[str, Any]:
+    from nodus.coordinator.controllers.checkpoints import Commit
+    return Commit(f"att-{epoch}-{rank}", "u1", seq, f"{rank}{seq}" * 8, size, f"blob://sha256/{rank}{seq}", T0 + seq,
+                  epoch=epoch, format="Dcp", rank=rank, ranks=2).record()
+
+
+def with_parts(view: AttemptView, *parts: dict[str, Any]) -> dict[str, Any]:
+    obj = {**view.obj, "status": {**view.obj["status"], "checkpoints": list(parts)}}
+    return obj
+
+
+def test_a_dcp_checkpoint_counts_only_once_every_rank_stored_its_part() -> None:
+    from nodus.coordinator.controllers.checkpoints import complete, latest
+    rank0 = with_parts(member(1, 0), dcp_part(1, 0, 1), dcp_part(1, 0, 2))
+    rank1 = with_parts(member(1, 1), dcp_part(1, 1, 1, size=5))
+    found = complete([rank0, rank1])
+    assert [c["seq"] for c in found] == [1]  # seq 2 lacks rank 1's part
+    top = latest([rank0, rank1])
+    assert top["size"] == 15 and [p["rank"] for p in top["parts"]] == [0, 1]
+    assert latest([rank0]) is None
+
+
+def test_every_rank_commits_its_own_part_of_a_seq_and_fencing_still_holds() -> None:
+    from nodus.coordinator.controllers.checkpoints import Commit, refusal
+    rank0 = with_parts(member(1, 0), dcp_part(1, 0, 1))
+    rank1 = member(1, 1).obj
+
+    def part(rank: int, seq: int, epoch: int = 1) -> Commit:
+        return Commit(f"att-{epoch}-{rank}", "u1", seq, f"{rank}{seq}" * 8, 10, "", T0, epoch=epoch, format="Dcp",
+                      rank=rank, ranks=2)
+    assert refusal(rank1, [rank0, rank1], part(1, 1)) is None  # the other part of seq 1
+    assert refusal(rank0, [rank0, rank1], part(0, 1)) == "already committed"
+    done1 = with_parts(member(1, 1), dcp_part(1, 1, 1))
+    other = Commit("att-1-1", "u1", 1, "ff" * 32, 10, "", T0, epoch=1, format="Dcp", rank=1, ranks=2)
+    assert "not above" in refusal(done1, [rank0, done1], other)  # a different part for a seq it stored
+    newer = member(2, 0).obj
+    assert "superseded" in refusal(rank1, [rank0, rank1, newer], part(1, 2))
+    assert "epoch" in refusal(rank1, [rank0, rank1], part(1, 2, epoch=2))

@@ -173,3 +173,57 @@ def test_gang_service_shows_the_gang_to_operators(c: Coordinator, agents: list[A
         with pytest.raises(grpc.RpcError) as e:
             stub.GetGang(gang_pb2.GetGangRequest(project="default", job="nope"), metadata=md, timeout=10)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+DCP = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    rank, world = int(os.environ["NODUS_RANK"]), int(os.environ["NODUS_NODES"])
+    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                            rank=rank, world_size=world)
+    ckpt = os.path.join(os.environ["NODUS_STATE_DIR"], "dcp")
+    state = {"w": torch.zeros(4), "step": torch.tensor(0)}
+    if os.path.exists(os.path.join(ckpt, ".metadata")):
+        dcp.load(state, checkpoint_id=ckpt)
+        with open(os.path.join(sys.argv[1], f"resumed-{rank}"), "w") as f:
+            f.write(f"{int(state['step'])} {float(state['w'].sum())}")
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.exit(0)
+    state["w"] += 1.5
+    state["step"] = torch.tensor(7)
+    dcp.save(state, checkpoint_id=ckpt)
+    with open(os.path.join(sys.argv[1], f"saved-{rank}"), "w") as f:
+        f.write("7")
+    while True:
+        time.sleep(0.5)  # until suspended
+""")
+
+
+def test_a_dcp_gang_suspends_with_every_ranks_part_and_resumes_from_all_of_them(
+        c: Coordinator, agents: list[AgentProcess], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "dcp_job.py"
+    script.write_text(DCP)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    create(c, "dcp-pair", command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
+           recovery={"checkpoint": {"interval": "6h"}})
+    assert get(c, "dcp-pair")["spec"]["recovery"]["checkpoint"]["format"] == "Dcp"  # the gang default
+    wait_for(lambda: (marks / "saved-0").exists() and (marks / "saved-1").exists(), 90, what="both ranks to save")
+    r = c.session().patch(c.url(f"{JOBS}/dcp-pair"), json={"spec": {"state": "Suspended"}},
+                          headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    suspended = wait_job(c, "dcp-pair", lambda o: (o.get("status") or {}).get("phase") == "Suspended"
+                         and ((o["status"].get("gang") or {}).get("phase") == "Done"), what="the suspend")
+    assert suspended["status"]["checkpoint"]["seq"] >= 1, suspended["status"]  # both parts stored
+    r = c.session().patch(c.url(f"{JOBS}/dcp-pair"), json={"spec": {"state": "Running"}},
+                          headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    status = ended(c, "dcp-pair")["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 0, status["gang"]
+    # each rank loaded the whole torch.distributed.checkpoint: its own part and the other rank's
+    assert (marks / "resumed-0").read_text() == "7 6.0" and (marks / "resumed-1").read_text() == "7 6.0"

@@ -140,7 +140,8 @@ def supervisor_spec(a: agent_pb2.Assignment, layout: AttemptLayout, env: dict[st
         "secret_env_names": sorted(secret_names),
         "user": user.as_spec() if user else None,
         "checkpoint": {"paths": list(a.checkpoint.paths), "max_size_bytes": a.checkpoint.max_size_bytes,
-                       "integration": a.checkpoint.integration} if a.HasField("checkpoint") else None,
+                       "integration": a.checkpoint.integration,
+                       "format": a.checkpoint.format} if a.HasField("checkpoint") else None,
         # A gang member waits at its gate after the init command and sidecars until the agent writes
         # run/launch.json (the launcher's steps, once the gang assembled).
         "gang": {"epoch": a.gang.epoch, "rank": a.gang.rank} if a.HasField("gang") else None,

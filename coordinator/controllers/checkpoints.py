@@ -62,8 +62,29 @@ def committed(attempts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda c: int(c.get("seq", 0)))
 
 
+def complete(attempts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The committed checkpoints a restore can use, by seq: every Snapshot, and a gang's Dcp checkpoint
+    only once every rank stored its part — then as one record whose `parts` are the ranks' records in
+    rank order (rank 0's digest and uri on top, the sizes summed)."""
+    out: list[dict[str, Any]] = []
+    parts: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for c in committed(attempts):
+        if c.get("format") == "Dcp" and int(c.get("ranks") or 1) > 1:
+            parts.setdefault((int(c.get("epoch") or 0), int(c.get("seq", 0))), {})[int(c.get("rank") or 0)] = c
+        else:
+            out.append(c)
+    for by_rank in parts.values():
+        ranks = int(next(iter(by_rank.values())).get("ranks") or 1)
+        if len(by_rank) < ranks:
+            continue  # a part is still missing: not a checkpoint yet
+        ordered = [by_rank[r] for r in sorted(by_rank)]
+        out.append({**ordered[0], "size": sum(int(p.get("size") or 0) for p in ordered),
+                    "time": max(str(p.get("time") or "") for p in ordered), "parts": ordered})
+    return sorted(out, key=lambda c: int(c.get("seq", 0)))
+
+
 def latest(attempts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    found = committed(attempts)
+    found = complete(attempts)
     return found[-1] if found else None
 
 
@@ -95,12 +116,17 @@ class Commit:
     pause: float = 0.0
     reason: str = ""
     format: str = "Snapshot"
+    rank: int = 0
+    ranks: int = 1
+    """The gang's size for a Dcp part: the checkpoint is complete when that many ranks stored theirs."""
 
     def record(self) -> dict[str, Any]:
-        return {"seq": self.seq, "sha256": self.sha256, "size": self.size, "uri": self.uri,
-                "time": rfc3339(self.time, precise=True), "epoch": self.epoch, "paths": list(self.paths),
-                "pause": duration(self.pause), "reason": self.reason,
-                "format": self.format}
+        out = {"seq": self.seq, "sha256": self.sha256, "size": self.size, "uri": self.uri,
+               "time": rfc3339(self.time, precise=True), "epoch": self.epoch, "paths": list(self.paths),
+               "pause": duration(self.pause), "reason": self.reason, "format": self.format}
+        if self.ranks > 1:
+            out.update(rank=self.rank, ranks=self.ranks)
+        return out
 
 
 def refusal(attempt: dict[str, Any] | None, siblings: Sequence[dict[str, Any]], commit: Commit) -> str | None:
@@ -120,11 +146,18 @@ def refusal(attempt: dict[str, Any] | None, siblings: Sequence[dict[str, Any]], 
         return f"attempt {commit.attempt_id} already ended ({phase_of(attempt).value})"
     if int(spec.get("epoch") or 0) != commit.epoch:
         return f"epoch {commit.epoch} is not the attempt's gang epoch {int(spec.get('epoch') or 0)}"
-    top = latest(same)
+    own = {int(c.get("seq", 0)): c for c in _status(attempt).get("checkpoints") or []}
+    if commit.seq in own and own[commit.seq].get("sha256") == commit.sha256:
+        return "already committed"  # a resend after a reconnect: nothing to do
+    # Every rank of a Dcp gang commits its own part of the same seq; the seq must be new for this
+    # attempt and above every checkpoint a restore could already use.
+    top = latest(same) if commit.ranks > 1 else (committed(same) or [None])[-1]
     if top is not None and commit.seq <= int(top.get("seq", 0)):
         if commit.seq == int(top.get("seq", 0)) and top.get("sha256") == commit.sha256:
-            return "already committed"  # a resend after a reconnect: nothing to do
+            return "already committed"
         return f"seq {commit.seq} is not above the latest committed seq {top.get('seq')}"
+    if commit.seq in own or (own and commit.seq < max(own)):
+        return f"seq {commit.seq} is not above this attempt's latest committed seq {max(own)}"
     return None
 
 

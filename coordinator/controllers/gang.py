@@ -306,9 +306,10 @@ def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float
         elif isinstance(action, StopAttempt) and action.name.startswith(VIRTUAL_PREFIX):
             epoch = int(action.name[len(VIRTUAL_PREFIX):])
             stoppers = [m for m in epochs.get(epoch, []) if not m.phase.terminal and not m.stop_requested]
+            dcp = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("format") == "Dcp"
             for m in sorted(stoppers, key=rank_of):
-                # A suspend's checkpoint is rank 0's (format Snapshot); the others just stop.
-                seq = action.checkpoint_seq if rank_of(m) == 0 else 0
+                # A suspend's checkpoint: every rank's part (Dcp), or rank 0's state (Snapshot).
+                seq = action.checkpoint_seq if rank_of(m) == 0 or dcp else 0
                 actions.append(replace(action, name=m.name, checkpoint_seq=seq))
         elif isinstance(action, DeleteAttempt) and action.name.startswith(VIRTUAL_PREFIX):
             epoch = int(action.name[len(VIRTUAL_PREFIX):])

@@ -547,20 +547,22 @@ class CheckpointPolicy(_message.Message):
     def __init__(self, paths: _Optional[_Iterable[str]] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_size_bytes: _Optional[int] = ..., format: _Optional[_Union[CheckpointFormat, str]] = ..., integration: _Optional[_Union[CheckpointIntegration, str]] = ..., store: _Optional[_Union[Location, _Mapping]] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
-    __slots__ = ("seq", "manifest", "sha256", "size_bytes", "format", "epoch")
+    __slots__ = ("seq", "manifest", "sha256", "size_bytes", "format", "epoch", "parts")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     manifest: Location
     sha256: str
     size_bytes: int
     format: CheckpointFormat
     epoch: int
-    def __init__(self, seq: _Optional[int] = ..., manifest: _Optional[_Union[Location, _Mapping]] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[_Union[CheckpointFormat, str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[CheckpointRef]
+    def __init__(self, seq: _Optional[int] = ..., manifest: _Optional[_Union[Location, _Mapping]] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[_Union[CheckpointFormat, str]] = ..., epoch: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ...) -> None: ...
 
 class Egress(_message.Message):
     __slots__ = ("policy", "allow")
