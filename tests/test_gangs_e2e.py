@@ -49,7 +49,8 @@ def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     token = (c.data_dir / "join-token").read_text().strip()
     root = tmp_path_factory.mktemp("gang-agents")
     started = [AgentProcess(root / f"n{i}", c.grpc, token, node=f"gang-n{i}", env=AGENT_ENV,
-                            extra_args=("--advertise-address", "127.0.0.1")).start() for i in range(4)]
+                            extra_args=("--advertise-address", "127.0.0.1", "--region", "us-test",
+                                        "--offering", "cpu-small")).start() for i in range(4)]
     try:
         for a in started:
             registered(a)
@@ -122,6 +123,7 @@ def test_a_two_node_torchrun_gang_all_reduces_over_gloo(c: Coordinator, agents: 
     assert gang["rendezvous"].startswith("127.0.0.1:"), gang
     assert sorted(m["rank"] for m in gang["members"]) == [0, 1]
     assert {m["phase"] for m in gang["members"]} == {"Succeeded"}
+    assert {(m["offering"], m["regionClass"]) for m in gang["members"]} == {("cpu-small", "us-test")}
     assert status["topology"]["nodes"] == 2 and status["topology"]["resolvedFrom"] == "Nodes"
     assert gang["probe"].get("rttMs"), gang  # measured before the command started
     assert any(o["name"] == "outputs" for o in status.get("outputs") or []), status

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conftest import BIN, Coordinator, job
+from nodus.agent.testing import wait_for
 
 RS = "nodus.v1.ResourceService"
 # grpcurl prints response fields by their proto names (resource_version), not their JSON names.
@@ -334,3 +335,19 @@ def test_other_project_editor_sees_nothing_of_default(shared_coordinator: Coordi
     seen = {e["object"]["metadata"].get("namespace") for e in watch.events if e["type"] != "BOOKMARK"}
     assert seen == {"a"}, watch.events
     assert not events_for(watch.events, "gc-hidden")
+
+
+def test_operators_read_a_gang_with_grpcurl(shared_coordinator: Coordinator) -> None:
+    c = shared_coordinator
+    call(c, "Create", job_create("grpcurl-gang", command=["true"], distributed={"nodes": 3}))
+    gang = wait_for(lambda: (g := json.loads(grpcurl(c, "nodus.v1.GangService/GetGang",
+                                                     {"project": "default", "job": "grpcurl-gang"},
+                                                     token=c.token).stdout)).get("size") and g)
+    assert gang["size"] == 3 and gang["epoch"] == "1" and gang["phase"] == "GANG_PHASE_QUEUED", gang
+    assert sorted(m.get("rank", 0) for m in gang["members"]) == [0, 1, 2]  # created together, none placed
+    listed = json.loads(grpcurl(c, "nodus.v1.GangService/ListGangs", {"project": "default"}, token=c.token).stdout)
+    assert "grpcurl-gang" in [g["job"]["name"] for g in listed["gangs"]]
+    result = grpcurl(c, "nodus.v1.GangService/GetGang", {"project": "default", "job": "grpcurl-gang"},
+                     token=None, check=False)
+    assert result.returncode == 64 + UNAUTHENTICATED, result
+    call(c, "Delete", {"kind": "jobs", "project": "default", "name": "grpcurl-gang"})

@@ -420,3 +420,12 @@ def test_secret_data_base64_is_never_shown(shared_coordinator: Coordinator) -> N
     shown = kubectl(c, "get", "secret", "kc-secret-data", "-o", "json").stdout
     assert encoded not in shown and "kc-secret-bytes-91e" not in shown, shown
     assert json.loads(shown)["status"]["keys"] == ["KEY"]
+
+
+def test_the_gang_example_is_accepted_and_its_gang_defaults_are_stored(shared_coordinator: Coordinator) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "gang.yaml"
+    out = kubectl(shared_coordinator, "apply", "--dry-run=server", "-f", str(example), "-o", "json")
+    stored = json.loads(out.stdout)
+    dist = stored["spec"]["distributed"]
+    assert dist == {"nodes": 2, "launcher": "Torchrun", "startupTimeout": "10m0s", "maxAssemblyRetries": 2,
+                    "network": "Regional", "transport": "Auto"}, dist

@@ -54,6 +54,8 @@ ATTEMPT_SPEC = Obj(description="AttemptSpec is what the coordinator decided for 
     "index": _i("Index is the Job index this attempt runs (NODUS_INDEX)."),
     "number": _i("Number is the attempt number within the index, from 1 (NODUS_ATTEMPT_NUMBER)."),
     "node": _s("Node is the node the scheduler placed the attempt on; empty while Pending."),
+    "offering": _s("Offering is the offering key of the node it was placed on."),
+    "regionClass": _s("RegionClass is the region class of the node it was placed on."),
     "epoch": _i("Epoch is the gang epoch of a gang member (the fencing token of its checkpoints); 0 otherwise."),
     "gang": Obj(description="Gang places a member in its gang: epoch, rank and size.", fields={
         "epoch": _i("Epoch is the gang epoch, from 1 (NODUS_GANG_EPOCH)."),

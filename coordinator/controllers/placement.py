@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from ..clock import Clock, parse, rfc3339
-from ..scheduler import Placement, Request, Reservation, place_all, place_gang
+from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, LEASES, NODES
 from .objects import Objects
@@ -38,11 +38,17 @@ def _request(obj: dict[str, Any]) -> Request:
     return Request.of(obj["spec"].get("resources"), obj["spec"].get("image"), obj["spec"].get("placement"))
 
 
-def bind(placement: Placement, now: float) -> Any:
+def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
         if not _waiting(obj):
             return None
         obj["spec"]["node"] = placement.node
+        if node is not None:
+            # The customer-facing words for where it runs (status.gang.members, status.placement).
+            if node.offering:
+                obj["spec"]["offering"] = node.offering
+            if node.region:
+                obj["spec"]["regionClass"] = node.region
         if placement.gpu_indexes:
             obj["spec"]["gpuIndexes"] = list(placement.gpu_indexes)
         status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("reason", "message")}
@@ -143,5 +149,7 @@ class PlacementController:
                     held.append(Reservation(p.node, _request(obj).amount, p.gpu_indexes))
         decisions.update(place_all(singles, nodes, held))
         now = self.clock.now()
-        writes = [self.objects.mutate(str(key), bind(p, now) if p.node else explain(p)) for key, p in decisions.items()]
+        by_name = {n.name: n for n in nodes}
+        writes = [self.objects.mutate(str(key), bind(p, now, by_name.get(p.node)) if p.node else explain(p))
+                  for key, p in decisions.items()]
         await asyncio.gather(*writes)
