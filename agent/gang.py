@@ -33,6 +33,7 @@ from nodus.launchers.registry import launch
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
+from .launch import GangLaunch
 from .statefile import read_json, write_json
 
 if TYPE_CHECKING:
@@ -253,12 +254,8 @@ class Gangs:
             self.agent.stop(att.id, "LaunchFailed", 0, L.FAILED)
             return
         m.release()  # the program binds the rendezvous port now
-        write_json(layout.launch, {
-            "launcher": steps.launcher, "rank": steps.rank, "role": steps.role.value, "argv": list(steps.argv),
-            "env": dict(steps.env), "setup": [list(s) for s in steps.setup],
-            "teardown": [list(s) for s in steps.teardown], "files": dict(steps.files),
-            "runs_command": steps.runs_command, "waits_for_head": steps.waits_for_head,
-            "head": rendezvous.endpoint, "head_timeout_s": member.startup_timeout_s}, mode=0o600)
+        write_json(layout.launch, GangLaunch(steps, rendezvous.endpoint, member.startup_timeout_s).to_json(),
+                   mode=0o600)
         g["done"] = "Start"
         self.agent.persist()
         self.agent.report(att)

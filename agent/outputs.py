@@ -13,10 +13,12 @@ from .archive import MEDIA_TYPE, pack_dir, sha256_file
 from .layout import AttemptLayout
 
 
-def collect_outputs(layout: AttemptLayout, declared: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
-    """Returns (outputs, problem); a declared path that does not exist is the problem."""
+def collect_outputs(layout: AttemptLayout, declared: Iterable[dict[str, Any]],
+                    default: bool = True) -> tuple[list[dict[str, Any]], str]:
+    """Returns (outputs, problem); a declared path that does not exist is the problem. `default` adds
+    the outputs directory (not for a gang rank above 0: fromRanks Zero is the default)."""
     wanted = list(declared)
-    if not any(o.get("name") == "outputs" for o in wanted):
+    if default and not any(o.get("name") == "outputs" for o in wanted):
         wanted.append({"name": "outputs", "path": "/nodus/outputs"})
     done: list[dict[str, Any]] = []
     for out in wanted:

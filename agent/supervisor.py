@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from nodus.launchers.model import Launch, Role
-
 from .cgroups import Cgroup
+from .launch import GangLaunch, split_endpoint
 from .layout import (CANCELLED, FAILED, INITIALIZING, LOST, RUNNING, SPAWNED, STARTING_SIDECARS, STOPPING,
                      SUCCEEDED, AttemptLayout)
 from .outputs import collect_outputs
@@ -56,64 +55,6 @@ TEARDOWN_TIMEOUT = 60.0
 """Seconds one teardown step may run before it is killed."""
 MESSAGE_LINES = 3
 LINE_LIMIT = 400
-
-
-@dataclass(frozen=True, slots=True)
-class GangLaunch:
-    """run/launch.json: one gang member's steps and where its gang meets."""
-
-    launch: Launch
-    head: str
-    """Rank 0's rendezvous endpoint, host:port (an IPv6 host in brackets)."""
-    head_timeout_s: float
-    """How long `launch.waits_for_head` may wait for `head` to accept connections."""
-
-    @classmethod
-    def parse(cls, raw: Any) -> GangLaunch:
-        """The launch the agent wrote; a ValueError names what is wrong with it."""
-        if not isinstance(raw, dict):
-            raise ValueError("launch.json is not an object")
-        try:
-            launch = Launch(launcher=str(raw["launcher"]), rank=int(raw["rank"]), role=Role(raw["role"]),
-                            argv=_words(raw["argv"], "argv"), env=_text_map(raw.get("env") or {}, "env"),
-                            setup=tuple(_words(s, "setup") for s in raw.get("setup") or ()),
-                            teardown=tuple(_words(s, "teardown") for s in raw.get("teardown") or ()),
-                            files=_text_map(raw.get("files") or {}, "files"),
-                            runs_command=bool(raw.get("runs_command", True)),
-                            waits_for_head=bool(raw.get("waits_for_head", False)))
-            head = str(raw.get("head") or "")
-            timeout = float(raw.get("head_timeout_s") or 0)
-        except KeyError as e:
-            raise ValueError(f"launch.json has no {e.args[0]!r}") from None
-        if not launch.argv:
-            raise ValueError("launch.json has an empty argv")
-        if not all(p.startswith("/") for p in launch.files):
-            raise ValueError("launch.json names a file by a relative path")
-        if launch.waits_for_head:
-            split_endpoint(head)  # a ValueError when it is not host:port
-        return cls(launch, head, timeout)
-
-
-def _words(value: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
-        raise ValueError(f"launch.json: {what} must be a list of strings")
-    return tuple(value)
-
-
-def _text_map(value: Any, what: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise ValueError(f"launch.json: {what} must map names to strings")
-    return dict(value)
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """("host", port) of "host:port" or "[v6]:port"."""
-    host, sep, port = endpoint.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"not a host:port endpoint: {endpoint!r}")
-    return host, int(port)
 
 
 class Stop(Exception):
@@ -544,7 +485,9 @@ class Supervisor:
             lines = self.main_tail() or [f"the command exited with code {code}"]
             self.finish(FAILED, "Error", "\n".join(lines), exit_code=code)
         else:
-            outputs, problem = collect_outputs(self.layout, self.spec.get("outputs") or [])
+            gang = self.spec.get("gang") or {}
+            outputs, problem = collect_outputs(self.layout, self.spec.get("outputs") or [],
+                                               default=int(gang.get("rank") or 0) == 0)
             if problem:
                 self.finish(FAILED, "OutputMissing", problem, exit_code=code)
             else:

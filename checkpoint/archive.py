@@ -192,11 +192,11 @@ class _Digest:
         return n
 
 
-def _header(e: Entry) -> bytes:
+def _header(e: Entry, owner: tuple[int, int] | None = None) -> bytes:
     st = e.st
     info = tarfile.TarInfo(e.name)
     info.mode = stat.S_IMODE(st.st_mode)
-    info.uid, info.gid = st.st_uid, st.st_gid
+    info.uid, info.gid = owner if owner is not None else (st.st_uid, st.st_gid)
     info.mtime = int(st.st_mtime)
     if e.hardlink_to:
         info.type, info.linkname = tarfile.LNKTYPE, e.hardlink_to
@@ -234,25 +234,26 @@ def _chunks(e: Entry) -> Iterator[bytes]:
         yield bytes(pad)
 
 
-def _tar(plan: Plan) -> Iterator[bytes]:
+def _tar(plan: Plan, owner: tuple[int, int] | None = None) -> Iterator[bytes]:
     for e in plan.entries:
-        yield _header(e)
+        yield _header(e, owner)
         if stat.S_ISREG(e.st.st_mode) and not e.hardlink_to:
             yield from _chunks(e)
     yield bytes(2 * tarfile.BLOCKSIZE)  # end of archive: two zero blocks
 
 
 def write(plan: Plan, sink: Sink, *, level: int = DEFAULT_LEVEL, max_size: int | None = None,
-          threads: int = -1) -> ArchiveInfo:
+          threads: int = -1, owner: tuple[int, int] | None = None) -> ArchiveInfo:
     """Stream the plan into `sink` as tar.zst. Raises ArchiveTooLarge past max_size, SourceError for
-    the paths, and the sink's own errors (the caller aborts the upload).
+    the paths, and the sink's own errors (the caller aborts the upload). `owner` (uid, gid) replaces
+    every member's owner: an archive of the same tree is then the same bytes whoever made it.
 
     Three stages: the tar stream is read ahead on a thread, zstd compresses on its workers, and the
     compressed bytes are hashed and written to the sink on another thread."""
     if not 1 <= level <= 22:
         raise CheckpointError(f"zstd level {level} is outside 1..22")
     digest = _Digest(sink, max_size)
-    tar: Prefetch[bytes] = Prefetch(_tar(plan), depth=4, name="checkpoint-read")
+    tar: Prefetch[bytes] = Prefetch(_tar(plan, owner), depth=4, name="checkpoint-read")
     try:
         cctx = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
         out = cctx.stream_writer(cast(IO[bytes], digest), write_size=CHUNK, closefd=False)

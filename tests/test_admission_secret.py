@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 from typing import Any
 
 import pytest

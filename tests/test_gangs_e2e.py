@@ -134,10 +134,17 @@ def test_a_four_node_plain_gang_starts_every_rank_with_one_rendezvous(c: Coordin
     marks = tmp_path / "marks"
     marks.mkdir()
     line = ('echo "$NODUS_RANK $NODUS_NODES $NODUS_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $NODUS_RENDEZVOUS '
-            f'$NODUS_GANG_EPOCH" > {marks}/rank-$NODUS_RANK')
-    create(c, "plain-four", command=["sh", "-c", line], resources={"nodes": 4})
+            f'$NODUS_GANG_EPOCH" > {marks}/rank-$NODUS_RANK; echo "rank $NODUS_RANK" > $NODUS_OUTPUTS_DIR/report.txt')
+    create(c, "plain-four", command=["sh", "-c", line], resources={"nodes": 4},
+           outputs=[{"name": "report", "path": "/nodus/outputs/report.txt", "fromRanks": "All"}])
     status = ended(c, "plain-four")["status"]
     assert status["phase"] == "Succeeded", status
+    outputs = sorted((o["name"], o.get("rank", 0)) for o in status["outputs"])
+    # fromRanks All: every rank's report (rank-N); the outputs directory is rank 0's (fromRanks Zero)
+    assert outputs == [("outputs", 0), ("report", 0), ("report", 1), ("report", 2), ("report", 3)], outputs
+    got = c.run(str(BIN / "nodus"), "--kubeconfig", str(c.kubeconfig), "outputs", "get", "plain-four", "report",
+                "--rank", "2", "-o", str(tmp_path / "report-2"))
+    assert (tmp_path / "report-2").read_bytes() == b"rank 2\n", got.stdout  # a file output comes back as the file
     rows = sorted((marks / f"rank-{r}").read_text().split() for r in range(4))
     assert [r[0] for r in rows] == ["0", "1", "2", "3"]
     assert {tuple(r[1:]) for r in rows} == {(

@@ -16,7 +16,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

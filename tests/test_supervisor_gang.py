@@ -21,7 +21,7 @@ import pytest
 
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.statefile import read_json, write_json
-from nodus.agent.supervisor import GangLaunch, split_endpoint
+from nodus.agent.launch import GangLaunch, split_endpoint
 from nodus.launchers.model import Role
 
 PY = sys.executable
@@ -333,3 +333,11 @@ def test_launch_json_parses_into_a_launch() -> None:
                  "head": "nohost"}):
         with pytest.raises(ValueError):
             GangLaunch.parse(bad)
+
+
+def test_launch_json_round_trips_what_the_agent_writes() -> None:
+    from nodus.launchers.model import Launch, Role
+    launch = Launch("Torchrun", 1, Role.MEMBER, ("torchrun", "--nnodes", "2"), {"MASTER_PORT": "29500"},
+                    setup=(("true",),), files={"/tmp/x": "y"}, waits_for_head=True)
+    gl = GangLaunch(launch, "10.0.0.1:29500", 900)
+    assert GangLaunch.parse(gl.to_json()) == gl

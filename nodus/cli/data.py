@@ -11,14 +11,16 @@ import argparse
 import hashlib
 import os
 import re
+import stat
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
 
 import requests
+
+from nodus.checkpoint import archive
 
 from .client import CliError, Client
 
@@ -145,48 +147,14 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
 
 # -- volumes -----------------------------------------------------------------------------------------
 
-class _Hashing:
-    """A write-only file that hashes and counts what passes to the file under it."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.raw.write(data)
-        self.digest.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-
-def _reset_owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    # The uploader's uid and user name mean nothing on the node, and the same tree should archive the same.
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def pack(src: Path, dest: IO[bytes]) -> tuple[str, int, int]:
-    """Archives the tree under `src` as tar.zst into `dest` (relative names, sorted, owners cleared);
-    returns (sha256, size, files)."""
-    import zstandard
-
-    hashing = _Hashing(dest)
-    files = 0
-    with zstandard.ZstdCompressor(level=3).stream_writer(hashing, closefd=False) as zw:  # type: ignore[arg-type]
-        with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-            for dirpath, dirnames, filenames in os.walk(src):
-                dirnames.sort()
-                base = Path(dirpath)
-                for name in sorted(dirnames) + sorted(filenames):
-                    path = base / name
-                    tar.add(path, arcname=str(path.relative_to(src)), recursive=False, filter=_reset_owner)
-                    files += path.is_file() and not path.is_symlink()
-    return hashing.digest.hexdigest(), hashing.size, files
+    """Archives the tree under `src` as tar.zst into `dest` (relative names, sorted, owners cleared: the
+    uploader's uid means nothing on the node, and the same tree must archive the same, so an unchanged
+    directory pushes no new revision); returns (sha256, size, regular files)."""
+    plan = archive.scan(["."], root=src)
+    info = archive.write(plan, dest, owner=(0, 0))
+    files = sum(1 for e in plan.entries if stat.S_ISREG(e.st.st_mode) and not e.hardlink_to)
+    return info.sha256, info.size, files
 
 
 def cmd_volume_push(client: Client, args: argparse.Namespace) -> int:
