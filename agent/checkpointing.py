@@ -18,6 +18,11 @@ A snapshot is taken in three steps, so the program is held only for a local copy
 Restore fetches the archive by digest, and `checkpoint.restore` verifies it before extracting
 anything and refuses unsafe members. Saved paths are the contract's (`/nodus/state`); the process
 runtime maps `/nodus/<x>` onto the attempt's own directory.
+
+A Job with an S3 Connection (ADR 0014) stores its archives in that bucket instead, through the
+library's S3 store (multipart, parallel parts, abort on failure), each attempt under its own prefix
+with the library's manifest written last: `upload_s3` and `fetch_s3` below, with the credentials the
+assignment brought (never written to disk).
 """
 from __future__ import annotations
 
@@ -31,8 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from nodus.checkpoint import archive
+from nodus.checkpoint import AlreadyCommitted, Manifest, archive
 from nodus.checkpoint import restore as restore_archive
+from nodus.checkpoint.manifest import manifest_key, seq_of_manifest_key
+from nodus.checkpoint.stores import Store, parse_s3_url
 
 from .cgroups import Cgroup
 from .layout import AttemptLayout
@@ -292,3 +299,79 @@ def _merge(src: Path, dst: Path) -> None:
     if dst.is_dir() and not dst.is_symlink():
         shutil.rmtree(dst)
     os.replace(src, dst)
+
+
+# -- S3 (a Job's S3 Connection) ----------------------------------------------------------------------
+
+S3_URI = "s3://"
+
+
+def s3_store(uri: str, credentials: dict[str, str]) -> Store:
+    """The library's S3 store at `uri` with the Location's credentials (the coordinator's names:
+    accessKeyId, secretAccessKey, sessionToken, endpoint, region)."""
+    from nodus.checkpoint.stores.s3 import S3Store  # boto3 is imported only for S3
+
+    bucket, prefix = parse_s3_url(uri)
+    keys = {"access_key_id": credentials.get("accessKeyId", ""),
+            "secret_access_key": credentials.get("secretAccessKey", ""),
+            "session_token": credentials.get("sessionToken", "")}
+    return S3Store(bucket, prefix, endpoint_url=credentials.get("endpoint") or None,
+                   region=credentials.get("region") or None, credentials=keys)
+
+
+def upload_s3(store: Store, snap: Snapshot, *, attempt: str, epoch: int, format: str) -> tuple[str, Manifest]:
+    """Uploads a local snapshot as checkpoint `snap.seq` of `store` and commits its manifest (last, only
+    if that seq has none). Returns the manifest's URI and the manifest. Blocking; raises CheckpointFailed.
+
+    The same attempt asked again for a seq it already committed (its commit was lost with a stream)
+    gets the committed one back: a seq is never overwritten."""
+    try:
+        upload = store.begin_upload(snap.seq, snap.size)
+        try:
+            with open(snap.archive, "rb") as f:
+                while chunk := f.read(archive.CHUNK):
+                    upload.write(chunk)
+            key = upload.commit(snap.sha256)
+        except BaseException:
+            upload.abort()
+            raise
+        manifest = Manifest(seq=snap.seq, time=store.clock(), archive=key, size=snap.size, sha256=snap.sha256,
+                            paths=tuple(archive.member_name(p) for p in snap.paths), files=snap.files,
+                            unpacked_size=0, level=archive.DEFAULT_LEVEL, format=format, attempt=attempt, epoch=epoch)
+        try:
+            store.commit_manifest(snap.seq, manifest.to_json())
+        except AlreadyCommitted:
+            store.delete_key(key)
+            manifest = store.get(snap.seq)
+            if manifest.attempt != attempt:
+                raise CheckpointFailed(f"checkpoint {snap.seq} in {store.url} was committed by attempt "
+                                       f"{manifest.attempt}, not {attempt}") from None
+        except BaseException:
+            store.delete_key(key)
+            raise
+    except CheckpointFailed:
+        raise
+    except Exception as e:  # noqa: BLE001 - StoreError, botocore errors: a failed checkpoint with a reason
+        raise CheckpointFailed(f"{type(e).__name__}: {e}") from None
+    return f"{store.url}/{manifest_key(snap.seq)}", manifest
+
+
+def fetch_s3(manifest_uri: str, credentials: dict[str, str], sha256: str, dest: Path) -> Manifest:
+    """Downloads the archive an s3:// manifest names (parallel ranged GETs) to `dest`, after checking that
+    the manifest commits the digest the coordinator recorded. `restore` then verifies the bytes."""
+    prefix_uri, _, name = manifest_uri.rpartition("/")
+    seq = seq_of_manifest_key(name)
+    if not prefix_uri.startswith(S3_URI) or seq is None:
+        raise CheckpointFailed(f"{manifest_uri} is not a checkpoint manifest (s3://BUCKET/PREFIX/SEQ.manifest.json)")
+    try:
+        store = s3_store(prefix_uri, credentials)
+        manifest = store.get(seq)
+        if manifest.sha256.lower() != sha256.lower():
+            raise CheckpointFailed(f"the manifest {manifest_uri} commits sha256 {manifest.sha256}, not the "
+                                   f"recorded {sha256}; nothing was extracted")
+        store.fetch(manifest.archive, str(dest))
+    except CheckpointFailed:
+        raise
+    except Exception as e:  # noqa: BLE001 - NotFound, StoreError, botocore errors
+        raise CheckpointFailed(f"{type(e).__name__}: {e}") from None
+    return manifest

@@ -337,8 +337,14 @@ class Agent:
             self.apply(reconcile.full_state(fs, self.attempts.keys(), live, self.finished.keys(),
                                             self.cfg.stop_grace))
             for a in fs.assignments:
-                if a.HasField("gang") and a.attempt_id in known:
-                    self.gangs.on_plan(a.gang)  # a member we already run: its current step
+                if a.attempt_id not in known:
+                    continue
+                # An attempt we already run (re-adopted after a restart, or a reconnect): what lives
+                # only in memory comes again with its assignment — the checkpoint store's credentials,
+                # a gang member's current step.
+                recovery.remember_store(self, a, self.runtime.layout(a.attempt_id))
+                if a.HasField("gang"):
+                    self.gangs.on_plan(a.gang)
         elif kind == "assignment":
             self.apply(reconcile.assignment(msg.assignment, self.attempts.keys(), self.finished.keys()))
         elif kind == "cancel":
@@ -452,6 +458,9 @@ class Agent:
                 v.proc = (await asyncio.to_thread(self.runtime.spawn, a, layout)).proc
             finally:
                 v.spawning = False
+                # A supervisor forked from the zygote may have written its status (and poked us) while
+                # the spawn was still ours: look now, not at the next poll.
+                self.wake.set()
             v.assignment = None  # the supervisor holds the secrets now
             v.log_task = asyncio.get_running_loop().create_task(shipping.ship_log(self, att), name=f"log:{att.id}")
             self.report(att)

@@ -7,6 +7,12 @@ reports CheckpointCommit. The coordinator commits it, or refuses it when the att
 the checkpoint fails after the first try and two retries, the attempt keeps running and the agent
 reports `SuspendFailed` (an AttemptUpdate in phase Running), so the customer's work is never stopped
 without its state.
+
+Where archives go is the assignment's `checkpoint.store`: the embedded blob store (`blob://`, the
+default) or a Job's S3 Connection (`s3://…/PROJECT/JOB/`, ADR 0014), under which each attempt writes
+`INDEX/ATTEMPT/`. An S3 store's credentials are kept in memory only (`_stores`), never in the
+attempt's files; the attempt's directory records just the URI, so an agent that restarted knows the
+checkpoint must go to S3 and refuses it with a reason rather than put it elsewhere.
 """
 from __future__ import annotations
 
@@ -25,11 +31,12 @@ from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 from . import layout as L
 from .attempts import Stage, timestamp
 from .cgroups import Cgroup
-from .checkpointing import (CONTRACT_ROOT, HANDSHAKE_TIMEOUT, HF_HANDSHAKE_TIMEOUT, OPT_IN_ENV, CheckpointFailed,
-                            listening, physical, restore, take)
+from .checkpointing import (CONTRACT_ROOT, HANDSHAKE_TIMEOUT, HF_HANDSHAKE_TIMEOUT, OPT_IN_ENV, S3_URI,
+                            CheckpointFailed, fetch_s3, listening, physical, restore, s3_store, take, upload_s3)
 from .statefile import read_json
 
-__all__ = ["CheckpointFailed", "checkpoint", "on_checkpoint_request", "on_suspend", "restore_before_start"]
+__all__ = ["CheckpointFailed", "checkpoint", "on_checkpoint_request", "on_suspend", "remember_store",
+           "restore_before_start"]
 
 if TYPE_CHECKING:
     from .daemon import Agent
@@ -47,8 +54,46 @@ _TRAINER_INTEGRATIONS = frozenset({agent_pb2.CHECKPOINT_INTEGRATION_UNSPECIFIED,
                                    agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER})
 
 
+_stores: dict[str, agent_pb2.Location] = {}
+"""Attempt id → its S3 checkpoint store with credentials, in memory only (attempt ids are unique)."""
+STORE_FILE = "checkpoint-store"
+"""In the attempt's run/: the store's URI (no credentials), so a restarted agent knows where checkpoints go."""
+
+
+def remember_store(agent: "Agent", a: agent_pb2.Assignment, layout: L.AttemptLayout) -> None:
+    """Keeps an S3 checkpoint store of an assignment for the attempt's checkpoints (a repeated
+    assignment refreshes the credentials); forgets those of attempts the agent no longer has."""
+    for gone in [i for i in _stores if i not in agent.attempts]:
+        del _stores[gone]
+    uri = a.checkpoint.store.uri if a.HasField("checkpoint") else ""
+    if not uri.startswith(S3_URI):
+        return
+    own = agent_pb2.Location(uri=f"{uri.rstrip('/')}/{a.index}/{a.attempt_id}/",
+                             credentials=a.checkpoint.store.credentials)
+    _stores[a.attempt_id] = own
+    layout.run.mkdir(parents=True, exist_ok=True)
+    (layout.run / STORE_FILE).write_text(own.uri + "\n")
+
+
+def _store_of(attempt_id: str, layout: L.AttemptLayout) -> agent_pb2.Location | None:
+    """The attempt's S3 store, or None for the blob store. Raises CheckpointFailed when it should be S3
+    but the credentials are gone (they live in memory: this agent restarted since the assignment)."""
+    found = _stores.get(attempt_id)
+    if found is not None:
+        return found
+    try:
+        uri = (layout.run / STORE_FILE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    raise CheckpointFailed(f"the attempt's checkpoint store is {uri}, and this agent restarted since the attempt "
+                           "started, so it no longer holds the store's credentials (they are kept in memory only); "
+                           "the next assignment of the attempt brings them again")
+
+
 async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: L.AttemptLayout) -> int:
-    """Restores `a.restore_from` into the attempt's state paths; returns its seq (0: nothing to restore)."""
+    """Restores `a.restore_from` into the attempt's state paths; returns its seq (0: nothing to restore).
+    Also keeps the assignment's checkpoint store for the attempt's own checkpoints (remember_store)."""
+    remember_store(agent, a, layout)
     ref = a.restore_from
     if not a.HasField("restore_from") or not ref.sha256:
         return 0
@@ -61,7 +106,14 @@ async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: 
     for i, part in enumerate(parts):
         dest = layout.run / f"restore-{ref.seq}-{i}.tar.zst"
         try:
-            await agent.link.blobs.get(part.sha256, dest)
+            if part.manifest.uri.startswith(S3_URI):
+                if max_size and part.size_bytes > max_size:
+                    raise CheckpointFailed(f"checkpoint {ref.seq} is {part.size_bytes} bytes, larger than maxSize "
+                                           f"({max_size} bytes); nothing was fetched")
+                await asyncio.to_thread(fetch_s3, part.manifest.uri, dict(part.manifest.credentials), part.sha256,
+                                        dest)
+            else:
+                await agent.link.blobs.get(part.sha256, dest)
             await asyncio.to_thread(restore, layout, dest, part.sha256, part.size_bytes or None, max_size, chown)
         except CheckpointFailed:
             raise
@@ -103,6 +155,7 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
         raise CheckpointFailed(f"attempt {attempt_id} is {status.get('phase', 'starting')}, not running")
     spec = read_json(layout.spec) or {}
     policy = spec.get("checkpoint") or {}
+    store = _store_of(attempt_id, layout)  # before the program is held: a store it cannot reach fails first
     integration = policy.get("integration")
     # The handshake for a program that opted in (the variable: SIGUSR1 and the request file) or whose
     # helper polls the request file (nodus.hf: no signal); never with None. HFTrainer allows for a
@@ -116,9 +169,22 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
                                    max_size=int(policy.get("max_size_bytes") or 0) or None,
                                    handshake_timeout=HF_HANDSHAKE_TIMEOUT if hf else HANDSHAKE_TIMEOUT,
                                    send_signal=signalled)
+    epoch = int((att.gang or {}).get("epoch") or 0)
+    dcp = policy.get("format") == agent_pb2.CHECKPOINT_FORMAT_DCP
+    sha256, size = snap.sha256, snap.size
     try:
-        await agent.link.connected.wait()
-        ref = await agent.link.blobs.put(snap.archive, snap.sha256, snap.size, "application/zstd")
+        if store is not None:
+            target = await asyncio.to_thread(s3_store, store.uri, dict(store.credentials))
+            uri, manifest = await asyncio.to_thread(upload_s3, target, snap, attempt=attempt_id, epoch=epoch,
+                                                    format="Dcp" if dcp else "Snapshot")
+            sha256, size = manifest.sha256, manifest.size  # a seq committed before (a lost commit) is kept
+        else:
+            await agent.link.connected.wait()
+            ref = await agent.link.blobs.put(snap.archive, snap.sha256, snap.size, "application/zstd")
+            uri = getattr(ref, "uri", "") or f"blob://sha256/{snap.sha256}"
+    except CheckpointFailed as e:
+        raise CheckpointFailed(f"upload of checkpoint {seq} to {store.uri if store else 'the blob store'} "
+                               f"failed: {e}") from None
     except Exception as e:  # noqa: BLE001
         raise CheckpointFailed(f"upload of checkpoint {seq} failed: {type(e).__name__}: {e}") from None
     finally:
@@ -129,11 +195,10 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
     commit = agent_pb2.CheckpointCommit(
         attempt_id=attempt_id, job=common_pb2.JobRef(project=job.get("project", ""), name=job.get("name", ""),
                                                      uid=job.get("uid", "")),
-        seq=seq, time=timestamp(time.time()), size_bytes=snap.size, sha256=snap.sha256, paths=list(snap.paths),
-        epoch=int((att.gang or {}).get("epoch") or 0), rank=int((att.gang or {}).get("rank") or 0),
-        format=agent_pb2.CHECKPOINT_FORMAT_DCP if policy.get("format") == agent_pb2.CHECKPOINT_FORMAT_DCP
-        else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
-        pause=pause, uri=getattr(ref, "uri", "") or f"blob://sha256/{snap.sha256}", reason=reason)
+        seq=seq, time=timestamp(time.time()), size_bytes=size, sha256=sha256, paths=list(snap.paths),
+        epoch=epoch, rank=int((att.gang or {}).get("rank") or 0),
+        format=agent_pb2.CHECKPOINT_FORMAT_DCP if dcp else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
+        pause=pause, uri=uri, reason=reason)
     agent.last_commits[attempt_id] = commit
     for _ in range(600):  # no stream open (a reconnect): the commit waits for the next one
         if agent.link.send(checkpoint_commit=commit) is not None:
@@ -141,7 +206,7 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
         await asyncio.sleep(0.1)
     else:
         raise CheckpointFailed(f"checkpoint {seq} was uploaded but no stream to the coordinator opened to commit it")
-    log.info("attempt %s: checkpoint %d committed (%d bytes, %s pause %.3fs)", attempt_id, seq, snap.size,
+    log.info("attempt %s: checkpoint %d committed to %s (%d bytes, %s pause %.3fs)", attempt_id, seq, uri, size,
              snap.method, snap.pause)
     return commit
 

@@ -49,7 +49,7 @@ from .statefile import read_json, write_json
 PREFIX_INIT = b"[init] "
 PREFIX_SETUP = b"[setup] "
 PREFIX_TEARDOWN = b"[teardown] "
-GATE_POLL = 0.1
+GATE_POLL = 0.02
 """Seconds between looks for launch.json at the gate (a stop is noticed as often)."""
 TEARDOWN_TIMEOUT = 60.0
 """Seconds one teardown step may run before it is killed."""

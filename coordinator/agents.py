@@ -576,19 +576,26 @@ class Session:
         job = self.cache.job(project, attempt["spec"]["job"])
         if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
             return None  # its Job is gone: the Job controller stops and deletes it
+
+        async def read(plural: str, project: str, name: str) -> dict[str, Any] | None:
+            found = await self.service.objects.read(f"{plural}/{project}/{name}")  # not in the cache
+            return found[0] if found is not None else None
         try:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
-            checkpoints.prepare(built, attempt, job, siblings)
+            store = await checkpoints.checkpoint_store(read, self.service.vault, job)
+            checkpoints.prepare(built, attempt, job, siblings, store)
             plan = gangs.plan_for(attempt, siblings, job, self.service.gang_config)
             if plan is not None:
                 built.gang.CopyFrom(plan_message(plan, self.service.gang_config))
                 self._plans[attempt["spec"]["id"]] = (plan.epoch, plan.step)
             return built
         except NodusError as e:
-            log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], e.message)
+            # The message names objects and keys, never a value (the vault's values stay in the Assignment).
+            message = f"{e.message}: {e.fix}" if e.fix else e.message
+            log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], message)
             await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),
-                                              _fail("InvalidAssignment", e.message, self.service.clock.now()))
+                                              _fail("InvalidAssignment", message, self.service.clock.now()))
             return None
 
     def _send_plan(self, attempt: dict[str, Any]) -> None:

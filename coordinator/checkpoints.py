@@ -10,20 +10,25 @@ latest (controllers/checkpoints.py says what is refused). The Job controller der
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
 import logging
-from typing import Any, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from google.protobuf import duration_pb2
 
 from nodus.proto.nodus.v1 import agent_pb2
 
+from .api.connection import SECRET_KEYS, SESSION_TOKEN
 from .api.units import parse_quantity
 from .clock import Clock, parse, rfc3339
 from .controllers import checkpoints as rules
 from .controllers.attempts import AttemptPhase, phase_of
 from .controllers.cache import ATTEMPTS, JOBS, Cache, attempt_key
 from .controllers.objects import Objects
+from .errors import NodusError
+from .vault import Vault
 
 log = logging.getLogger("nodus.checkpoints")
 
@@ -122,11 +127,75 @@ def _duration(secs: float) -> duration_pb2.Duration:
     return d
 
 
+Read = Callable[[str, str, str], Awaitable["dict[str, Any] | None"]]
+"""(plural, project, name) → the stored object or None: how `checkpoint_store` reads Connections and Secrets."""
+
+
+async def checkpoint_store(read: Read, vault: Vault, job: dict[str, Any]) -> agent_pb2.Location | None:
+    """Where a Checkpointed Job's checkpoints go: the first S3 Connection in spec.connections, with the
+    keys of its Secret's latest version (read now, at assignment, so rotated keys reach new attempts);
+    None for the embedded blob store (no Connection listed, or the Job does not checkpoint).
+
+    Raises NodusError, which fails the attempt's assignment, when a listed Connection or its Secret
+    does not exist or the Secret lacks a key: they may be created after the Job (ADR 0014)."""
+    spec = job.get("spec") or {}
+    if rules.continuity(spec) != "Checkpointed":
+        return None
+    project, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    for conn_name in spec.get("connections") or []:
+        conn = await read("connections", project, conn_name)
+        if conn is None:
+            raise NodusError("NotFound", f'Connection "{conn_name}" (named in spec.connections of Job "{name}") '
+                             f'does not exist in project "{project}"', name=conn_name, kind="connections",
+                             fix=f"create the Connection {conn_name} (kubectl apply -f connection.yaml); the next "
+                                 "attempt uses it")
+        cspec = conn.get("spec") or {}
+        if cspec.get("type") != "S3":
+            continue
+        s3 = cspec.get("s3") or {}
+        values = await _connection_keys(read, vault, project, conn_name, str(s3.get("secret") or ""))
+        prefix = "/".join(p for p in (str(s3.get("prefix") or "").strip("/"), project, name) if p)
+        # Location.credentials of an s3:// store: accessKeyId, secretAccessKey, sessionToken, endpoint,
+        # region (agent/checkpointing.py s3_store reads the same names).
+        credentials = {k: v for k, v in (("endpoint", s3.get("endpoint") or ""), ("region", s3.get("region") or ""),
+                                         *values.items()) if v}
+        return agent_pb2.Location(uri=f"s3://{s3['bucket']}/{prefix}/", credentials=credentials)
+    return None
+
+
+async def _connection_keys(read: Read, vault: Vault, project: str, conn: str, secret_name: str) -> dict[str, str]:
+    """accessKeyId, secretAccessKey and sessionToken (when present) of the Secret's latest version."""
+    where = f'Secret "{secret_name}" (spec.s3.secret of Connection "{conn}")'
+    needs = f"a Secret with the keys {' and '.join(SECRET_KEYS)} (and optionally {SESSION_TOKEN})"
+    secret = await read("secrets", project, secret_name)
+    version = int(((secret or {}).get("status") or {}).get("version") or 0)
+    if secret is None or not version:
+        raise NodusError("NotFound", f'{where} does not exist in project "{project}"', name=secret_name,
+                         kind="secrets", fix=f"create {needs} named {secret_name}; the next attempt uses it")
+    stored = await vault.get(project, secret_name, version)
+    out: dict[str, str] = {}
+    for key in (*SECRET_KEYS, SESSION_TOKEN):
+        if key not in stored:
+            if key == SESSION_TOKEN:
+                continue
+            raise NodusError("NotFound", f'{where} has no key "{key}"', name=secret_name, kind="secrets",
+                             fix=f"give it {needs}")
+        try:
+            out[key] = base64.b64decode(stored[key], validate=True).decode().strip()
+        except (binascii.Error, ValueError):
+            raise NodusError("BadRequest", f'{where}: the value of "{key}" is not UTF-8 text', name=secret_name,
+                             kind="secrets", fix=f"write {key} as plain text (stringData)") from None
+    return out
+
+
 def prepare(out: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, Any],
-            siblings: Sequence[dict[str, Any]]) -> None:
+            siblings: Sequence[dict[str, Any]], store: agent_pb2.Location | None = None) -> None:
     """Adds recovery to a built Assignment: the checkpoint policy, and for a replacement what it resumes
     from (continuity Checkpointed: the index's latest committed checkpoint as restore_from;
-    Restartable: the last reported progress units as NODUS_RESUME_UNITS; Ephemeral: nothing)."""
+    Restartable: the last reported progress units as NODUS_RESUME_UNITS; Ephemeral: nothing).
+
+    `store` is where new checkpoints go (`checkpoint_store`; None: the embedded blob store); an s3://
+    checkpoint to restore carries the same credentials."""
     spec = job.get("spec") or {}
     a = attempt["spec"]
     same = [s for s in rules.index_attempts(siblings, a.get("jobUID", ""), int(a.get("index", 0)))
@@ -140,11 +209,15 @@ def prepare(out: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, A
             format=agent_pb2.CHECKPOINT_FORMAT_DCP if policy.get("format") == "Dcp"
             else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
             integration=_INTEGRATIONS.get(policy.get("integration") or "Auto", agent_pb2.CHECKPOINT_INTEGRATION_AUTO),
-            store=agent_pb2.Location(uri=BLOB_URI)))
+            store=store if store is not None else agent_pb2.Location(uri=BLOB_URI)))
         top = rules.latest(same)
         if top is not None:
             ref = _ref(top)
             ref.parts.extend(_ref(p) for p in top.get("parts") or [])
+            if store is not None and store.uri.startswith("s3://"):
+                for r in (ref, *ref.parts):
+                    if r.manifest.uri.startswith("s3://"):
+                        r.manifest.credentials.update(store.credentials)
             out.restore_from.CopyFrom(ref)
     elif mode == "Restartable":
         done = [((s.get("status") or {}).get("progress") or {}).get("units", {}).get("completed")
@@ -196,6 +269,9 @@ async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int,
             continue
         project, spec = attempt["metadata"]["namespace"], attempt["spec"]
         job = cache.job(project, spec["job"]) or {}
+        if spec.get("gang"):
+            asked += await _reclaim_gang(cache, objects, attempt, job, grace_seconds, now)
+            continue
         seq = 0
         if phase_of(attempt).value == "Running" and rules.continuity(job.get("spec") or {}) == "Checkpointed":
             siblings = rules.index_attempts(cache.attempts_of(project, spec["job"]), spec.get("jobUID", ""),
@@ -209,6 +285,41 @@ async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int,
                 new["spec"]["stop"]["checkpointDeadline"] = rfc3339(now + grace_seconds)
             return new
         if await objects.mutate(attempt_key(project, attempt["metadata"]["name"]), noticed) is not None and seq:
+            asked += 1
+    return asked
+
+
+async def _reclaim_gang(cache: Cache, objects: Objects, attempt: dict[str, Any], job: dict[str, Any],
+                        grace_seconds: int, now: float) -> int:
+    """A gang member's node is reclaimed: the whole gang checkpoints with one seq (every rank its part
+    for Dcp, rank 0 its state for a Snapshot) within the grace, then stops; the reclaimed member is
+    Preempted (Lost: the gang restarts at the next epoch from that checkpoint), the others GangRestart."""
+    from .controllers.job_controller import stop  # noqa: PLC0415 - the executor's own stop mutation
+
+    project, spec = attempt["metadata"]["namespace"], attempt["spec"]
+    epoch = int(spec["gang"].get("epoch") or 0)
+    siblings = cache.attempts_of(project, spec["job"])
+    members = [m for m in siblings if ((m.get("spec") or {}).get("gang") or {}).get("epoch") == epoch
+               and (m.get("spec") or {}).get("jobUID") == spec.get("jobUID") and not phase_of(m).terminal]
+    job_spec = job.get("spec") or {}
+    dcp = ((job_spec.get("recovery") or {}).get("checkpoint") or {}).get("format") == "Dcp"
+    running = all(phase_of(m).value == "Running" for m in members) and len(members) == int(spec["gang"].get("size") or 0)
+    seq = 0
+    if running and rules.continuity(job_spec) == "Checkpointed":
+        seq = rules.next_seq(rules.index_attempts(siblings, spec.get("jobUID", ""), 0))
+    asked = 0
+    for m in members:
+        rank = int(m["spec"]["gang"].get("rank") or 0)
+        m_seq = seq if dcp or rank == 0 else 0
+        reason = "Preempted" if m["spec"]["id"] == spec["id"] else "GangRestart"
+        mutation = stop(reason, grace_seconds, now, m_seq)
+
+        def noticed(obj: dict[str, Any], mutation: Any = mutation, m_seq: int = m_seq) -> dict[str, Any] | None:
+            new = mutation(obj)
+            if new is not None and m_seq:
+                new["spec"]["stop"]["checkpointDeadline"] = rfc3339(now + grace_seconds)
+            return new
+        if await objects.mutate(attempt_key(project, m["metadata"]["name"]), noticed) is not None and m_seq:
             asked += 1
     return asked
 

@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import grpc
 import psutil
 import pytest
 
 from conftest import Coordinator, job
 from nodus.agent.testing import AgentProcess, wait_for
+from nodus.proto.nodus.v1 import node_pb2, node_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -186,6 +188,44 @@ def test_losing_a_member_restarts_the_whole_gang_at_epoch_2_from_the_latest_chec
     registrations = victim.log().count("registered node")
     victim.start()
     wait_for(lambda: victim.log().count("registered node") > registrations, 30, what="the node to come back")
+
+
+def test_reclaiming_a_members_node_checkpoints_the_whole_gang_and_restarts_it_elsewhere(
+        c: Coordinator, agents: list[AgentProcess], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from test_gangs_e2e import DCP  # the torch.distributed.checkpoint program: save, idle; or load and finish
+    script = tmp_path / "dcp_job.py"
+    script.write_text(DCP)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    create(c, "reclaim-dcp", command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
+           recovery={"checkpoint": {"interval": "6h"}})
+    wait_for(lambda: (marks / "saved-0").exists() and (marks / "saved-1").exists(), 90, what="both ranks to save")
+    running = wait_job(c, "reclaim-dcp", lambda o: o["status"]["gang"]["phase"] == "Running", what="Running")
+    by_id = {a["spec"]["id"]: a for a in attempts(c, "reclaim-dcp")}
+    rank1 = next(m for m in running["status"]["gang"]["members"] if m["rank"] == 1)
+    reclaimed = by_id[rank1["attempt"]]["spec"]["node"]
+    with grpc.insecure_channel(c.grpc) as channel:
+        nodes = node_pb2_grpc.NodeServiceStub(channel)
+        md = (("authorization", f"Bearer {c.token}"),)
+        nodes.Reclaim(node_pb2.ReclaimRequest(name=reclaimed, grace_seconds=60, message="spot reclaim"), metadata=md,
+                      timeout=10)
+        try:
+            end = wait_job(c, "reclaim-dcp", lambda o: o["status"]["phase"] in ("Succeeded", "Failed"),
+                           timeout=150, what="the Job to end")
+        finally:
+            nodes.Uncordon(node_pb2.UncordonRequest(name=reclaimed), metadata=md, timeout=10)
+    status = end["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 1, status["gang"]
+    first = {a["spec"]["gang"]["rank"]: a for a in attempts(c, "reclaim-dcp") if a["spec"]["gang"]["epoch"] == 1}
+    assert first[1]["status"]["phase"] == "Lost" and first[1]["status"]["reason"] == "Preempted", first[1]["status"]
+    assert first[0]["status"]["reason"] == "GangRestart", first[0]["status"]
+    # every rank stored its part of the reclaim's checkpoint, and epoch 2 loaded all of them
+    assert {len(a["status"].get("checkpoints") or []) for a in first.values()} == {1}
+    second = [a for a in attempts(c, "reclaim-dcp") if a["spec"]["gang"]["epoch"] == 2]
+    assert reclaimed not in {a["spec"]["node"] for a in second}
+    assert (marks / "resumed-0").read_text() == "7 6.0" and (marks / "resumed-1").read_text() == "7 6.0"
 
 
 def test_a_member_that_never_becomes_ready_is_re_placed_then_the_job_fails_holding_nothing(

@@ -150,11 +150,13 @@ class _S3Upload(Upload):
 
 
 class S3Store(Store):
-    """Checkpoints under s3://bucket/prefix. Credentials and region come from the usual AWS variables;
+    """Checkpoints under s3://bucket/prefix. Credentials and region come from the usual AWS variables
+    unless given (`credentials`: access_key_id, secret_access_key, optional session_token; `region`);
     the endpoint from `endpoint_url`, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (read by boto3)."""
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None, endpoint_url: str | None = None,
-                 part_size: int | None = None, max_workers: int = 8, clock: Clock = utcnow) -> None:
+                 part_size: int | None = None, max_workers: int = 8, clock: Clock = utcnow,
+                 region: str | None = None, credentials: dict[str, str] | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -166,9 +168,15 @@ class S3Store(Store):
             import boto3
             from botocore.config import Config
 
-            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            keys = {}
+            if credentials:
+                # Given keys replace the environment's and the config files' (boto3's first source).
+                keys = {"aws_access_key_id": credentials.get("access_key_id"),
+                        "aws_secret_access_key": credentials.get("secret_access_key"),
+                        "aws_session_token": credentials.get("session_token") or None}
             client = boto3.session.Session().client(
-                "s3", endpoint_url=endpoint_url, region_name=region,
+                "s3", endpoint_url=endpoint_url, region_name=region, **keys,
                 config=Config(max_pool_connections=max_workers + 4, retries={"mode": "standard"}))
         self.client = client
 

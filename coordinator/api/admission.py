@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from .. import errors
 from ..errors import Cause, NodusError
 from .attempt import ATTEMPT
+from .connection import CONNECTION
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
 from .kinds import GROUP, KindInfo, by_group_version
 from .schema import (FIELD_VALIDATION, Any_, Bool, Decoding, KindSchema, List, Map, Node, Obj, Str, decode, get,
@@ -44,7 +45,7 @@ class Admitted:
 
 
 _SCHEMAS: dict[str, KindSchema] = {s.kind: s for s in (JOB, SWEEP, TRAINING_JOB, TRAINING_RUNTIME, SECRET,
-                                                           VOLUME, ATTEMPT)}
+                                                           VOLUME, CONNECTION, ATTEMPT)}
 
 
 def schema_for(info: KindInfo) -> KindSchema:

@@ -194,6 +194,15 @@ KINDS: tuple[KindInfo, ...] = (
                lambda obj: _latest_revision(obj).get("files")),
         _age(),
     )),
+    # A Connection holds no credential (it names a Secret), so it is as readable as a Volume.
+    KindInfo("Connection", "connections", "connection", GROUP, "v1", ("conn",), ("nodus",), True, False, (
+        _col("Type", "spec.type", "Type is the kind of system (S3)."),
+        _col("Bucket", "spec.s3.bucket", "Bucket is the S3 bucket."),
+        _col("Endpoint", "spec.s3.endpoint", "Endpoint is the S3-compatible server; empty for AWS S3."),
+        _age(),
+        _col("Secret", "spec.s3.secret", "Secret holds the keys.", priority=1),
+        _col("Prefix", "spec.s3.prefix", "Prefix is where under the bucket Nodus writes.", priority=1),
+    )),
     KindInfo("Attempt", "attempts", "attempt", GROUP, "v1", ("att",), ("nodus",), True, True, (
         _col("Job", "spec.job", "Job is the owning Job."),
         _col("Index", "spec.index", "Index is the Job index.", type="integer"),

@@ -1,0 +1,315 @@
+"""Checkpoints in a Job's S3 Connection, end to end: a real coordinator and agent, moto's S3 server.
+
+What must hold: the checkpoint lands in the Connection's bucket (multipart, the manifest last) and the
+Job records an s3:// uri; a suspend then resume restores it from S3 with nothing lost; a Connection
+whose Secret is missing fails the attempt with a reason that says so; and the keys never appear in
+the coordinator's or the agent's log, nor in any object the API returns."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto")
+
+from conftest import Coordinator, job  # noqa: E402
+from nodus.agent.testing import AgentProcess, wait_for  # noqa: E402
+from test_recovery_e2e import ATTEMPTS, JOBS, attempts, patch_state, starts, units, wait_job  # noqa: E402
+
+BIN = Path(sys.executable).parent
+API = "/apis/nodus.dev/v1/namespaces/default"
+REGION = "eu-west-1"
+
+# The recovery counter, plus 20 MiB of random bytes in the state dir (so the archive is uploaded in
+# several 8 MiB parts); every start records the count and the digest of the bytes it found.
+COUNTER = r"""
+import hashlib, json, os, signal, sys, time
+from nodus import progress
+state = os.environ["NODUS_STATE_DIR"]
+path, blob = os.path.join(state, "counter"), os.path.join(state, "blob")
+target = int(sys.argv[2])
+if not os.path.exists(blob):
+    with open(blob + ".tmp", "wb") as f:
+        f.write(os.urandom(20 << 20))
+    os.replace(blob + ".tmp", blob)
+n = int(open(path).read()) if os.path.exists(path) else 0
+digest = hashlib.sha256(open(blob, "rb").read()).hexdigest()
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"attempt": os.environ["NODUS_ATTEMPT_NUMBER"], "start": n, "blob": digest}) + "\n")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+while n < target:
+    n += 1
+    with open(path + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(path + ".tmp", path)
+    progress.report(stage="count", completed=n, total=target)
+    time.sleep(0.1)
+print("reached", n, flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's S3 in server mode on a loopback port; it accepts any keys."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    exe = BIN / "moto_server"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _up(endpoint) or (proc.poll() is not None and _died(log)), 30, interval=0.1,
+                 what="moto_server")
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _up(endpoint: str) -> bool:
+    try:
+        requests.get(f"{endpoint}/moto-api/", timeout=1)
+        return True
+    except requests.RequestException:
+        return False
+
+
+def _died(log: Path) -> bool:
+    raise RuntimeError(f"moto_server exited:\n{log.read_text()}")
+
+
+@pytest.fixture
+def keys() -> dict[str, str]:
+    """Distinctive keys, so that a leak is found by a plain search of the logs."""
+    return {"accessKeyId": "AKIA" + secrets.token_hex(8).upper(), "secretAccessKey": "sk-" + secrets.token_hex(20),
+            "sessionToken": "st-" + secrets.token_hex(24)}
+
+
+@pytest.fixture
+def s3(moto: str, keys: dict[str, str]) -> Any:
+    return boto3.client("s3", endpoint_url=moto, region_name=REGION, aws_access_key_id=keys["accessKeyId"],
+                        aws_secret_access_key=keys["secretAccessKey"], aws_session_token=keys["sessionToken"])
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    name = f"ckpt-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    return name
+
+
+@pytest.fixture
+def agent(coordinator: Coordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentProcess]:
+    # No AWS keys anywhere the agent could find them: what reaches the bucket came from the Connection.
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
+              "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    token = (coordinator.data_dir / "join-token").read_text().strip()
+    a = AgentProcess(tmp_path / "agent", coordinator.grpc, token, node="s3-node").start()
+    try:
+        yield a
+    finally:
+        a.reap()
+
+
+def create(c: Coordinator, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = c.session().post(c.url(f"{API}/{plural}"), json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def secret(c: Coordinator, name: str, values: dict[str, str]) -> None:
+    create(c, "secrets", {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": name},
+                          "stringData": values})
+
+
+def connection(c: Coordinator, name: str, **s3: str) -> dict[str, Any]:
+    return create(c, "connections", {"apiVersion": "nodus.dev/v1", "kind": "Connection", "metadata": {"name": name},
+                                     "spec": {"type": "S3", "s3": s3}})
+
+
+def assert_no_leak(keys: dict[str, str], *texts: str) -> None:
+    for what, value in keys.items():
+        for i, text in enumerate(texts):
+            assert value not in text, f"{what} appears in text {i}"
+
+
+def test_checkpoints_go_to_the_connection_and_resume_restores_from_s3(
+        coordinator: Coordinator, agent: AgentProcess, moto: str, s3: Any, bucket: str, keys: dict[str, str],
+        tmp_path: Path) -> None:
+    secret(coordinator, "s3-keys", keys)
+    connection(coordinator, "ckpt", bucket=bucket, endpoint=moto, region=REGION, prefix="nodus/ckpt",
+               secret="s3-keys")
+    marker = tmp_path / "starts"
+    body = job("count", command=[sys.executable, "-c", COUNTER, str(marker), "80"], connections=["ckpt"])
+    assert coordinator.session().post(coordinator.url(JOBS), json=body).status_code == 201
+    wait_job(coordinator, "count", lambda j: units(j) >= 8, what="the counter to pass 8")
+
+    patch_state(coordinator, "count", "Suspended")
+    j = wait_job(coordinator, "count", lambda j: j["status"].get("phase") == "Suspended"
+                 and j["status"].get("active") == 0, what="the Job to suspend")
+    first = attempts(coordinator, "count")[0]
+    assert first["status"]["reason"] == "Suspended", first["status"]
+    committed = first["status"]["checkpoints"][-1]
+    prefix = f"nodus/ckpt/default/count/0/{first['spec']['id']}/"
+    assert committed["uri"] == f"s3://{bucket}/{prefix}{committed['seq']:010d}.manifest.json", committed
+    assert j["status"]["checkpoint"]["seq"] >= 1 and j["status"]["checkpoint"]["seq"] == committed["seq"]
+
+    # In the bucket: the archive (multipart: several 8 MiB parts), then its manifest, and no upload left open.
+    listed = {o["Key"]: o for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}{committed['seq']:010d}.manifest.json")
+                          ["Body"].read())
+    assert manifest["sha256"] == committed["sha256"] and manifest["size"] == committed["size"]
+    assert manifest["attempt"] == first["spec"]["id"]
+    archive = listed[prefix + manifest["archive"]]
+    assert archive["Size"] == committed["size"] > 16 << 20
+    assert "-" in s3.head_object(Bucket=bucket, Key=prefix + manifest["archive"])["ETag"]  # a multipart ETag
+    data = s3.get_object(Bucket=bucket, Key=prefix + manifest["archive"])["Body"].read()
+    assert hashlib.sha256(data).hexdigest() == committed["sha256"]
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    suspended_at = units(j)
+
+    patch_state(coordinator, "count", "Running")
+    j = wait_job(coordinator, "count", lambda j: j["status"].get("phase") in ("Succeeded", "Failed"),
+                 timeout=120, what="the resumed Job to finish")
+    assert j["status"]["phase"] == "Succeeded", j["status"]
+    assert j["status"]["checkpoint"]["restoredFromSeq"] == committed["seq"]
+    runs = starts(marker)
+    assert [r["attempt"] for r in runs] == ["1", "2"]
+    assert 8 <= runs[1]["start"] <= suspended_at, runs
+    assert runs[1]["blob"] == runs[0]["blob"]  # 20 MiB restored from the bucket, byte for byte
+
+    # The keys: in no log, and in nothing the API returns (Attempts, the Job, the Connection).
+    listed_api = [coordinator.session().get(coordinator.url(p)).text
+                  for p in (ATTEMPTS, JOBS, f"{API}/connections", f"{API}/secrets")]
+    assert_no_leak(keys, coordinator.log.read_text(errors="replace"), agent.log_path.read_text(errors="replace"),
+                   *listed_api)
+    agent_dir = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "agent").rglob("*")
+                          if p.is_file() and p.stat().st_size < 1 << 20)
+    assert_no_leak(keys, agent_dir)
+
+
+def test_a_missing_secret_fails_the_attempt_with_the_reason(coordinator: Coordinator, agent: AgentProcess,
+                                                            bucket: str, moto: str) -> None:
+    connection(coordinator, "no-keys", bucket=bucket, endpoint=moto, secret="missing-keys")
+    body = job("orphan", command=[sys.executable, "-c", "print('hi')"], connections=["no-keys"], backoffLimit=0)
+    assert coordinator.session().post(coordinator.url(JOBS), json=body).status_code == 201
+    failed = wait_for(lambda: next((a for a in attempts(coordinator, "orphan")
+                                    if a["status"].get("phase") == "Failed"), None), 30, interval=0.1,
+                      what="the attempt to fail")
+    assert failed["status"]["reason"] == "InvalidAssignment"
+    message = failed["status"]["message"]
+    assert 'Secret "missing-keys" (spec.s3.secret of Connection "no-keys") does not exist' in message, message
+    assert "accessKeyId and secretAccessKey" in message  # the fix says what the Secret must hold
+    wait_job(coordinator, "orphan", lambda j: j["status"].get("phase") == "Failed", what="the Job to fail")
+
+
+def test_a_missing_connection_fails_the_attempt_with_the_reason(coordinator: Coordinator,
+                                                                agent: AgentProcess) -> None:
+    body = job("early", command=[sys.executable, "-c", "print('hi')"], connections=["later"], backoffLimit=0)
+    r = coordinator.session().post(coordinator.url(JOBS), json=body)
+    assert r.status_code == 201, r.text  # admitted: the Connection may be created after the Job (ADR 0014)
+    failed = wait_for(lambda: next((a for a in attempts(coordinator, "early")
+                                    if a["status"].get("phase") == "Failed"), None), 30, interval=0.1,
+                      what="the attempt to fail")
+    assert 'Connection "later" (named in spec.connections of Job "early") does not exist' in \
+        failed["status"]["message"], failed["status"]
+
+
+def test_after_an_agent_restart_the_checkpoint_still_goes_to_the_connection(
+        coordinator: Coordinator, agent: AgentProcess, moto: str, bucket: str, keys: dict[str, str],
+        tmp_path: Path) -> None:
+    """The keys live in the agent's memory only: a restarted agent takes them again from the FullState's
+    assignment of the attempt it re-adopts, so the suspend's checkpoint lands in the bucket."""
+    secret(coordinator, "s3-keys", keys)
+    connection(coordinator, "ckpt", bucket=bucket, endpoint=moto, region=REGION, secret="s3-keys")
+    marker = tmp_path / "starts"
+    body = job("survivor", command=[sys.executable, "-c", COUNTER, str(marker), "3000"], connections=["ckpt"])
+    assert coordinator.session().post(coordinator.url(JOBS), json=body).status_code == 201
+    wait_job(coordinator, "survivor", lambda j: units(j) >= 3, what="the counter to start")
+    assert agent.stop()
+    agent.start()
+    wait_for(lambda: "re-adopted attempt" in agent.log_path.read_text(errors="replace"), 20, what="the re-adoption")
+    patch_state(coordinator, "survivor", "Suspended")
+    j = wait_job(coordinator, "survivor", lambda j: (j["status"].get("checkpoint") or {}).get("seq", 0) >= 1
+                 or j["status"].get("suspendFailures"), timeout=60, what="the suspend's checkpoint")
+    assert not j["status"].get("suspendFailures"), j["status"]
+    first = attempts(coordinator, "survivor")[0]
+    uris = [c["uri"] for c in first["status"].get("checkpoints") or []]
+    assert uris and all(u.startswith("s3://") for u in uris), first["status"]
+    assert j["status"]["checkpoint"]["seq"] >= 1
+    patch_state(coordinator, "survivor", "Cancelled")
+
+
+def _snapshot(tmp_path: Path, seq: int, text: str) -> Any:
+    from nodus.agent.checkpointing import Snapshot
+    from nodus.checkpoint import save_file
+
+    staging = tmp_path / f"staging-{uuid.uuid4().hex[:8]}"
+    (staging / "nodus" / "state").mkdir(parents=True)
+    (staging / "nodus" / "state" / "f").write_text(text)
+    out = tmp_path / f"{staging.name}.tar.zst"
+    m = save_file(["nodus/state"], out, root=staging)
+    return Snapshot(seq, out, m.sha256, m.size, ("/nodus/state",), 0.0, "none", m.files)
+
+
+def test_the_agents_s3_upload_keeps_a_seq_and_its_restore_refuses_what_does_not_match(
+        moto: str, s3: Any, bucket: str, keys: dict[str, str], tmp_path: Path) -> None:
+    """The agent's two S3 steps without the daemons: a seq is committed once (the same attempt asked
+    again gets the committed one back; another writer is refused), and a restore refuses a manifest
+    whose digest is not the recorded one and an archive whose bytes are not the manifest's."""
+    from nodus.agent.checkpointing import CheckpointFailed, fetch_s3, restore, s3_store, upload_s3
+    from nodus.agent.layout import AttemptLayout
+
+    credentials = {**keys, "endpoint": moto, "region": REGION}
+    store = s3_store(f"s3://{bucket}/t/p/j/0/att-1/", credentials)
+    uri, first = upload_s3(store, _snapshot(tmp_path, 1, "one"), attempt="att-1", epoch=0, format="Snapshot")
+    assert uri == f"s3://{bucket}/t/p/j/0/att-1/0000000001.manifest.json"
+    again_uri, again = upload_s3(store, _snapshot(tmp_path, 1, "other"), attempt="att-1", epoch=0, format="Snapshot")
+    assert (again_uri, again.sha256) == (uri, first.sha256)  # the committed seq is kept, the new archive dropped
+    stored = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="t/p/j/0/att-1/")["Contents"]]
+    assert len(stored) == 2 and sum(k.endswith(".tar.zst") for k in stored) == 1, stored
+    with pytest.raises(CheckpointFailed, match="was committed by attempt att-1, not att-2"):
+        upload_s3(store, _snapshot(tmp_path, 1, "third"), attempt="att-2", epoch=0, format="Snapshot")
+
+    layout = AttemptLayout(tmp_path / "attempt")
+    layout.run.mkdir(parents=True)
+    dest = layout.run / "restore.tar.zst"
+    fetch_s3(uri, credentials, first.sha256, dest)
+    restore(layout, dest, first.sha256, first.size)
+    assert (layout.state / "f").read_text() == "one"
+
+    with pytest.raises(CheckpointFailed, match="not the recorded"):
+        fetch_s3(uri, credentials, "0" * 64, dest)
+    s3.put_object(Bucket=bucket, Key=f"t/p/j/0/att-1/{first.archive}", Body=b"not the archive")
+    fetch_s3(uri, credentials, first.sha256, dest)
+    with pytest.raises(CheckpointFailed, match="DigestMismatch"):
+        restore(layout, dest, first.sha256, first.size)
+    assert (layout.state / "f").read_text() == "one"  # nothing was extracted over the state
