@@ -193,14 +193,14 @@ def test_losing_a_member_restarts_the_whole_gang_at_epoch_2_from_the_latest_chec
 def test_reclaiming_a_members_node_checkpoints_the_whole_gang_and_restarts_it_elsewhere(
         c: Coordinator, agents: list[AgentProcess], tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from test_gangs_e2e import DCP  # the torch.distributed.checkpoint program: save, idle; or load and finish
+    from test_gangs_e2e import DCP, saved  # the torch.distributed.checkpoint program: save, idle; or load, finish
     script = tmp_path / "dcp_job.py"
     script.write_text(DCP)
     marks = tmp_path / "marks"
     marks.mkdir()
     create(c, "reclaim-dcp", command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
            recovery={"checkpoint": {"interval": "6h"}})
-    wait_for(lambda: (marks / "saved-0").exists() and (marks / "saved-1").exists(), 90, what="both ranks to save")
+    saved(c, "reclaim-dcp", marks)
     running = wait_job(c, "reclaim-dcp", lambda o: o["status"]["gang"]["phase"] == "Running", what="Running")
     by_id = {a["spec"]["id"]: a for a in attempts(c, "reclaim-dcp")}
     rank1 = next(m for m in running["status"]["gang"]["members"] if m["rank"] == 1)

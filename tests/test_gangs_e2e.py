@@ -184,6 +184,21 @@ def test_gang_service_shows_the_gang_to_operators(c: Coordinator, agents: list[A
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def saved(c: Coordinator, name: str, marks: Path, timeout: float = 180) -> None:
+    """Until both ranks of the DCP program saved; fails at once (with the status) if the Job ended."""
+    def check() -> bool:
+        if (marks / "saved-0").exists() and (marks / "saved-1").exists():
+            return True
+        status = get(c, name).get("status") or {}
+        assert status.get("phase") not in ("Succeeded", "Failed", "Cancelled"), status
+        return False
+    try:
+        wait_for(check, timeout, interval=0.2, what="both ranks to save")
+    except AssertionError:
+        print(get(c, name).get("status"))
+        raise
+
+
 DCP = textwrap.dedent("""
     import os, sys, time
     import torch
@@ -221,7 +236,7 @@ def test_a_dcp_gang_suspends_with_every_ranks_part_and_resumes_from_all_of_them(
     create(c, "dcp-pair", command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
            recovery={"checkpoint": {"interval": "6h"}})
     assert get(c, "dcp-pair")["spec"]["recovery"]["checkpoint"]["format"] == "Dcp"  # the gang default
-    wait_for(lambda: (marks / "saved-0").exists() and (marks / "saved-1").exists(), 90, what="both ranks to save")
+    saved(c, "dcp-pair", marks)
     r = c.session().patch(c.url(f"{JOBS}/dcp-pair"), json={"spec": {"state": "Suspended"}},
                           headers={"Content-Type": "application/merge-patch+json"})
     assert r.status_code == 200, r.text

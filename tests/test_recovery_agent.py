@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from nodus.agent.testing import wait_for
 import zstandard
 
 from nodus.agent.cgroups import Cgroup
@@ -177,13 +179,16 @@ n = 0
 def save(seq):
     with open(os.path.join(state, "saved"), "w") as f:
         f.write(f"{seq}:{n}")
+def tick():
+    with open(os.path.join(state, "live.tmp"), "w") as f:
+        f.write(str(n))
+    os.replace(os.path.join(state, "live.tmp"), os.path.join(state, "live"))
+tick()  # the state exists before any checkpoint can be asked for
 assert handshake.on_checkpoint(save)
 print("ready", flush=True)
 while True:
     n += 1
-    with open(os.path.join(state, "live.tmp"), "w") as f:
-        f.write(str(n))
-    os.replace(os.path.join(state, "live.tmp"), os.path.join(state, "live"))
+    tick()
     time.sleep(0.001)
 """
 
@@ -194,8 +199,8 @@ def test_the_program_side_helper_answers_and_holds_until_the_copy_is_done(tmp_pa
     try:
         snap = take(layout, 4, ["/nodus/state"], opted_in=True, main_pid=proc.pid, cgroup=None)
         assert snap.method == "handshake"
-        time.sleep(0.05)
-        assert int((layout.state / "live").read_text() or 0) > 0
+        # released after the copy: the program goes on counting
+        wait_for(lambda: int((layout.state / "live").read_text() or 0) > 0, 10, what="the program to go on")
     finally:
         proc.kill()
         proc.wait()
