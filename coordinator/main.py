@@ -26,6 +26,7 @@ from . import grpc_api
 from .api import units
 from .blobs import BlobStore
 from .clock import OffsetClock, SystemClock
+from .api.job import set_gang_max_nodes
 from .controllers.gang import GangConfig
 from .controllers.plane import ControlPlane
 from .gateway import downloads
@@ -54,6 +55,7 @@ DEFAULTS = {
     "gang_probe_bytes": "16Mi",
     "gang_probe_budget": "30s",
     "clock_offset_file": "",
+    "gang_max_nodes": 8,
 }
 
 
@@ -216,6 +218,10 @@ def _gang_settings(args: argparse.Namespace) -> GangConfig:
         raise SystemExit(f"--gang-probe-bytes must be between 8 and 1Gi (got {args.gang_probe_bytes})")
     if not 1 <= budget <= 30:
         raise SystemExit(f"--gang-probe-budget must be between 1s and 30s (got {args.gang_probe_budget})")
+    try:
+        set_gang_max_nodes(int(args.gang_max_nodes))
+    except ValueError as e:
+        raise SystemExit(f"--gang-max-nodes: {e}") from None
     return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
 
 
@@ -239,6 +245,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-probe", choices=("on", "off"),
                    help="measure a gang's network (RTT between members, all-reduce bus bandwidth) before it starts "
                         "(default on)")
+    p.add_argument("--gang-max-nodes", type=int, help="the most nodes a gang may ask for, 2-16 (default 8 during "
+                   "the beta)")
     p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")
     p.add_argument("--gang-probe-budget", help="time budget of one probe, at most 30s (default 30s)")
     p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to the wall "

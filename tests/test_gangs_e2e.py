@@ -37,7 +37,7 @@ def registered(a: AgentProcess, timeout: float = 30) -> None:
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     coordinator = Coordinator(tmp_path_factory.mktemp("gang-coordinator") / "data").start(extra_args=(
         "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe-bytes", "1Mi",
-        "--gang-probe-budget", "10s"))
+        "--gang-probe-budget", "10s", "--gang-max-nodes", "12"))
     try:
         yield coordinator
     finally:
@@ -165,6 +165,15 @@ def test_a_gang_larger_than_the_fleet_waits_whole_and_says_why(c: Coordinator, a
     assert len(attempts) == 5 and not any(a["spec"].get("node") for a in attempts)  # all or nothing
     r = c.session().delete(c.url(f"{JOBS}/too-big"))
     assert r.status_code == 200, r.text
+
+
+def test_operators_raise_the_gang_size_cap(c: Coordinator) -> None:
+    body = job("ten-nodes", command=["true"], distributed={"nodes": 10})
+    accepted = c.session().post(c.url(JOBS), params={"dryRun": "All"}, json=body)
+    assert accepted.status_code == 201, accepted.text  # --gang-max-nodes 12 on this coordinator
+    body = job("thirteen-nodes", command=["true"], distributed={"nodes": 13})
+    refused = c.session().post(c.url(JOBS), params={"dryRun": "All"}, json=body)
+    assert refused.status_code == 422 and "at most 12" in refused.text, refused.text
 
 
 def test_gang_service_shows_the_gang_to_operators(c: Coordinator, agents: list[AgentProcess]) -> None:

@@ -25,6 +25,15 @@ SYSTEM_PATHS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "
 """Mount points a Volume may not cover: the root, the OS, and Nodus's own /nodus tree."""
 GPU_COUNTS = (1, 2, 4, 8)
 BETA_MAX_NODES = 8
+"""The beta's cap on a gang's nodes; operators change it with `nodus-coordinator --gang-max-nodes`."""
+
+
+def set_gang_max_nodes(nodes: int) -> None:
+    """The operator's cap on gang size (2–16), for every admission from now on."""
+    global BETA_MAX_NODES
+    if not 2 <= nodes <= 16:
+        raise ValueError(f"the gang size cap must be between 2 and 16, got {nodes}")
+    BETA_MAX_NODES = nodes
 STATES = ("Running", "Suspended", "Cancelled")
 """`Cancelled` is the "cancel state" of the spec pages: it stops the object for good."""
 
