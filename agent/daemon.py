@@ -569,7 +569,11 @@ class Agent:
                         att.id)
             self.runtime.kill_leftovers(layout)
         if seen.stage == Stage.SUPERVISED:
-            att.phase = seen.phase
+            checkpointing = self.checkpoint_tasks.get(att.id)
+            # While a checkpoint of a running attempt is taken the attempt is Checkpointing (it keeps
+            # running; the program is held only for the local copy).
+            att.phase = "CHECKPOINTING" if seen.phase == L.RUNNING and checkpointing is not None \
+                and not checkpointing.done() else seen.phase
             att.start_time = fields.get("start_time", att.start_time)
             att.exit_code = fields.get("exit_code", att.exit_code)
             self.report(att)

@@ -231,8 +231,13 @@ def _spawn(agent: "Agent", attempt_id: str, coro: Coroutine[object, object, None
         coro = _after(running, coro)
     task = asyncio.get_running_loop().create_task(coro, name=f"checkpoint:{attempt_id}")
     agent.checkpoint_tasks[attempt_id] = task
-    task.add_done_callback(lambda t: agent.checkpoint_tasks.pop(attempt_id, None)
-                           if agent.checkpoint_tasks.get(attempt_id) is t else None)
+
+    def done(t: asyncio.Task[None]) -> None:
+        if agent.checkpoint_tasks.get(attempt_id) is t:
+            agent.checkpoint_tasks.pop(attempt_id, None)
+        agent.wake.set()  # the attempt is Running again (or ended): report it
+    task.add_done_callback(done)
+    agent.wake.set()  # report Checkpointing now
 
 
 async def _requested(agent: "Agent", r: agent_pb2.CheckpointRequest) -> None:

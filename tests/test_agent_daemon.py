@@ -390,3 +390,32 @@ def test_a_second_agent_on_the_same_work_dir_refuses_to_start(fake: FakeCoordina
     assert second.proc.wait(20) != 0
     assert "another agent already runs" in second.log_path.read_text()
     assert agent.proc.poll() is None
+
+
+SLOW_STATE = """
+import os, sys, time
+state = os.environ["NODUS_STATE_DIR"]
+os.makedirs(state, exist_ok=True)
+for i in range(64):  # 64 MiB of state: a copy that takes a moment
+    with open(os.path.join(state, f"blob-{i}"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_checkpoint_reports_checkpointing_then_running_and_commits(fake: FakeCoordinator, agent: AgentProcess) -> None:
+    a = assignment("a-ckpt", SLOW_STATE)
+    a.checkpoint.CopyFrom(agent_pb2.CheckpointPolicy(paths=["/nodus/state"]))
+    fake.assign(a, push=False)
+    agent.start()
+    wait_for(lambda: "RUNNING" in fake.phases("a-ckpt") and "ready" in fake.log("a-ckpt"), 30, what="the program")
+    fake.current().put(checkpoint_request=agent_pb2.CheckpointRequest(
+        attempt_id="a-ckpt", reason=agent_pb2.CHECKPOINT_REASON_PERIODIC, seq=1))
+    commit = wait_for(lambda: fake.messages("checkpoint_commit"), 60, what="the commit")[0][1].checkpoint_commit
+    assert commit.seq == 1 and commit.size_bytes > 0
+    wait_for(lambda: fake.phases("a-ckpt")[-1:] == ["RUNNING"], 10, what="Running again")
+    phases = fake.phases("a-ckpt")
+    assert in_order(phases, ["RUNNING", "CHECKPOINTING", "RUNNING"]), phases
+    fake.cancel("a-ckpt")
+    fake.wait_final("a-ckpt")
