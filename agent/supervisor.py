@@ -471,6 +471,9 @@ class Supervisor:
         self.signal_group(main, signal.SIGKILL)  # what the command left behind in its group
         oom = code != 0 and self.cgroup.oom_kills() > oom_before
         self.run_teardown()
+        for child in self.children:
+            if child.name == "setup":
+                self.signal_group(child, signal.SIGKILL)  # what a setup step left running (a Ray head)
         self.stop_sidecars()
         self.cgroup.kill_all()
         if service:

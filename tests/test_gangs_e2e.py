@@ -127,6 +127,9 @@ def test_a_two_node_torchrun_gang_all_reduces_over_gloo(c: Coordinator, agents: 
     assert status["topology"]["nodes"] == 2 and status["topology"]["resolvedFrom"] == "Nodes"
     assert gang["probe"].get("rttMs"), gang  # measured before the command started
     assert any(o["name"] == "outputs" for o in status.get("outputs") or []), status
+    nodus = (str(BIN / "nodus"), "--kubeconfig", str(c.kubeconfig), "logs", "torchrun-pair")
+    assert "rank 0 of 2: all_reduce gave 3.0" in c.run(*nodus).stdout  # the driver's log by default
+    assert "rank 1 of 2: all_reduce gave 3.0" in c.run(*nodus, "--rank", "1").stdout
 
 
 def test_a_four_node_plain_gang_starts_every_rank_with_one_rendezvous(c: Coordinator, agents: list[AgentProcess],

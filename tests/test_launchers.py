@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -87,10 +88,12 @@ ARGV = [
       "--master_port", "29500", "--num_nodes", "4", "--num_gpus", "1", *SCRIPT)),
     ("Ray", T2x8, 0, RDZV, CMD),
     ("Ray", T4x0, 2, RDZV,
-     ("ray", "start", "--address", "10.0.0.1:29500", "--num-gpus", "0", "--block")),
+     ("ray", "start", "--address", "10.0.0.1:29500", "--num-gpus", "0",
+      "--temp-dir", "/tmp/nodus-ray-053e89d5d9d6bdb4", "--block")),
     ("Verl", T8x1, 0, RDZV, (*CMD, "trainer.nnodes=8", "trainer.n_gpus_per_node=1")),
     ("Verl", T8x1, 3, RDZV,
-     ("ray", "start", "--address", "10.0.0.1:29500", "--num-gpus", "1", "--block")),
+     ("ray", "start", "--address", "10.0.0.1:29500", "--num-gpus", "1",
+      "--temp-dir", "/tmp/nodus-ray-e0b9f355a70b4f2f", "--block")),
 ]
 
 
@@ -178,7 +181,8 @@ def test_launcher_variables(name: str, topology: Topology, rank: int) -> None:
     env = member(name, topology, rank).env
     extra = {k: v for k, v in env.items() if k not in GANG_VARIABLES and k not in ENV}
     if name in ("Ray", "Verl"):
-        assert extra == {"RAY_ADDRESS": "10.0.0.1:29500", "RAY_USAGE_STATS_ENABLED": "0"}
+        assert extra == {"RAY_ADDRESS": "10.0.0.1:29500", "RAY_USAGE_STATS_ENABLED": "0",
+                         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     elif name == "Accelerate" and topology.gpus_per_node == 0:
         assert extra == {"RANK": str(rank), "WORLD_SIZE": str(topology.nodes),
                          "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
@@ -250,24 +254,93 @@ def test_ray_roles(name: str, topology: Topology) -> None:
     head, *workers = launch_gang(name, topology, RDZV, CMD, env=ENV, startup_timeout_s=600)
     assert (head.role, head.runs_command, head.waits_for_head) == (Role.HEAD, True, False)
     start, wait = head.setup
-    assert start == ("ray", "start", "--head", "--port", "29500", "--node-ip-address", A,
-                     "--num-gpus", gpus)
+    assert start[:-1] == ("ray", "start", "--head", "--port", "29500", "--node-ip-address", A,
+                          "--num-gpus", gpus, "--temp-dir")
     assert wait[0] == "python" and wait[1] == "-c" and "ray.nodes()" in wait[2]
     assert wait[3:] == (str(topology.nodes), "600", "10.0.0.1:29500")
     compile(wait[2], "<wait-for-nodes>", "exec")
     assert head.argv[:len(CMD)] == CMD
-    assert head.teardown == (("ray", "stop"),)
+    roots = [start[-1]]
     for worker in workers:
         assert (worker.role, worker.runs_command, worker.waits_for_head) == (Role.WORKER, False, True)
-        assert worker.setup == () and worker.teardown == (("ray", "stop"),)
-        assert worker.argv == ("ray", "start", "--address", "10.0.0.1:29500", "--num-gpus", gpus,
-                               "--block")
-        assert not set(CMD) & {w for step in worker.steps for w in step}  # the command runs once
+        assert worker.setup == ()
+        assert worker.argv[:-2] == ("ray", "start", "--address", "10.0.0.1:29500", "--num-gpus", gpus,
+                                    "--temp-dir")
+        assert worker.argv[-1] == "--block"
+        roots.append(worker.argv[-2])
+        # the command runs once (its interpreter runs the worker's stop step)
+        assert not set(CMD[1:]) & {w for step in worker.steps for w in step}
+    for m, root in zip((head, *workers), roots):
+        stop, = m.teardown  # not `ray stop`: that ends every Ray cluster of the host
+        assert stop[:2] == ("python", "-c") and stop[3] == root
+        compile(stop[2], "<stop-node>", "exec")
+    assert len(set(roots)) == topology.nodes
+
+
+# Ray's longest socket path under its root: /session_<date>_<time>_<usec>_<pid>/sockets/plasma_store.
+RAY_SOCKET_TAIL = "/session_2026-11-29_13-53-22_925472_4194304/sockets/plasma_store"
+
+
+def test_ray_nodes_get_short_temp_dirs_of_their_own() -> None:
+    """Under the attempt's TMPDIR Ray's sockets outgrow an AF_UNIX path (107 bytes) and `ray start` fails."""
+    def root(rank: int, launcher_dir: str) -> str:
+        m = member("Ray", T2x8, rank, launcher_dir=launcher_dir)
+        return m.argv[-2] if rank else m.setup[0][-1]
+    roots = {root(r, d) for r in (0, 1) for d in ("/a/launcher", "/b/launcher")}
+    assert len(roots) == 4
+    assert all(r.startswith("/tmp/") and len(r + RAY_SOCKET_TAIL) <= 107 for r in roots), roots
 
 
 def test_ray_worker_binds_its_own_address() -> None:
     argv = member("Ray", T2x8, 1, address="10.0.0.2").argv
     assert argv[-3:] == ("--node-ip-address", "10.0.0.2", "--block")
+
+
+# A Ray daemon that names its node's temp dir and starts one that does not (as the dashboard agent
+# hides its command line), both in one process group; argv: temp dir, whether to ignore SIGTERM.
+RAY_DAEMON = """\
+import signal, subprocess, sys, time
+if sys.argv[2] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("manner,own_group", [("polite", True), ("stubborn", True), ("polite", False)])
+def test_ray_teardown_ends_only_its_own_nodes_processes(manner: str, own_group: bool, tmp_path: Path) -> None:
+    """own_group: the daemons have a process group of their own, as `ray start` under the agent's
+    supervisor leaves them; else they share the stop step's, which must not end with them."""
+    import psutil
+
+    mine, other = tmp_path / "nodus-ray-mine", tmp_path / "nodus-ray-other"
+    mine.mkdir()
+    daemons = [subprocess.Popen([sys.executable, "-c", RAY_DAEMON, str(root), manner], stdout=subprocess.PIPE,
+                                start_new_session=own_group or root == other) for root in (mine, other)]
+    hidden: list[psutil.Process] = []
+    try:
+        for d in daemons:
+            assert d.stdout is not None and d.stdout.readline() == b"up\n"
+        hidden = psutil.Process(daemons[0].pid).children()
+        others = [psutil.Process(daemons[1].pid), *psutil.Process(daemons[1].pid).children()]
+        stop, = member("Ray", T2x8, 1, command=(sys.executable, "x.py")).teardown
+        stop = (*stop[:3], str(mine), "1")  # this node's dir, a short grace
+        assert subprocess.run(stop, timeout=30).returncode == 0
+        assert not mine.exists()
+        assert daemons[0].wait(5) is not None
+        if own_group:
+            assert not psutil.wait_procs(hidden, timeout=5)[1]  # ended with its group
+        assert all(p.is_running() for p in others) and daemons[1].poll() is None  # another node's stay
+    finally:
+        for d in daemons:
+            for p in psutil.Process(d.pid).children() if d.poll() is None else []:
+                p.kill()
+            d.kill()
+            d.wait()
+        for p in hidden:
+            if p.is_running():
+                p.kill()
 
 
 def test_ray_waits_with_the_commands_interpreter() -> None:
@@ -502,7 +575,7 @@ import json, sys
 from ray.scripts.scripts import start
 ctx = start.make_context("start", sys.argv[1:])
 print(json.dumps({k: ctx.params[k] for k in ("head", "port", "address", "node_ip_address",
-    "num_gpus", "block")}))
+    "num_gpus", "temp_dir", "block")}))
 """
 
 
@@ -510,10 +583,11 @@ def test_real_ray_parses_our_argv() -> None:
     head, worker = member("Ray", T2x8, 0), member("Ray", T2x8, 1)
     parsed = _parse_with("ray", RAY_PARSE, head.setup[0][2:])
     assert parsed == {"head": True, "port": P, "address": None, "node_ip_address": A,
-                      "num_gpus": 8, "block": False}
+                      "num_gpus": 8, "temp_dir": head.setup[0][-1], "block": False}
     parsed = _parse_with("ray", RAY_PARSE, worker.argv[2:])
     assert parsed == {"head": False, "port": None, "address": "10.0.0.1:29500",
-                      "node_ip_address": None, "num_gpus": 8, "block": True}
+                      "node_ip_address": None, "num_gpus": 8, "temp_dir": worker.argv[-2],
+                      "block": True}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,25 +626,28 @@ def _run_gang(launcher: str, topology: Topology, command: tuple[str, ...], tmp: 
                         results[l.rank] = "head never listened"
                         return
                     time.sleep(0.2)
+        # Every step in a session of its own, as the agent's supervisor runs it: what `ray start`
+        # leaves running stays in the setup step's process group, which the Ray teardown ends.
         for step in l.setup:
-            rc = subprocess.run(step, env=l.env, stdout=log, stderr=log, timeout=timeout).returncode
+            rc = subprocess.run(step, env=l.env, stdout=log, stderr=log, timeout=timeout,
+                                start_new_session=True).returncode
             if rc:
                 results[l.rank] = f"setup {step[:3]} exited {rc}"
                 return
-        proc = subprocess.Popen(l.argv, env=l.env, stdout=log, stderr=log)
+        proc = subprocess.Popen(l.argv, env=l.env, stdout=log, stderr=log, start_new_session=True)
         try:
             if l.runs_command:
                 results[l.rank] = proc.wait(timeout)
             else:
                 command_done.wait(timeout)
-                proc.terminate()
+                os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(60)
                 results[l.rank] = "service"
         finally:
             if proc.poll() is None:
                 proc.kill()
             for step in l.teardown:
-                subprocess.run(step, env=l.env, stdout=log, stderr=log, timeout=120)
+                subprocess.run(step, env=l.env, stdout=log, stderr=log, timeout=120, start_new_session=True)
 
     threads = {l.rank: threading.Thread(target=run, args=(l,)) for l in launches}
     for t in threads.values():
@@ -659,10 +736,27 @@ with open(os.path.join(os.environ["OUT_DIR"], "ray"), "w") as f:
 @pytest.mark.slow
 def test_real_ray_cluster_runs_a_remote_function_on_every_node(tmp_path: Path) -> None:
     ray_cli = _cli("ray")
-    if subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True).returncode == 0:
-        pytest.skip("a Ray cluster already runs on this host, and `ray stop` would end it")
     (tmp_path / "job.py").write_text(RAY_JOB)
     results = _run_gang("Ray", Topology(2, 0), (_interpreter(ray_cli), str(tmp_path / "job.py")),
                         tmp_path)
     assert results == {0: 0, 1: "service"}, _logs(tmp_path)
     assert (tmp_path / "ray").read_text() == "2 2"
+    assert _left_running(tmp_path) == [], _logs(tmp_path)  # each node's teardown ended its own
+
+
+def _left_running(tmp: Path, within: float = 10) -> list[str]:
+    """The processes started with this gang's environment (OUT_DIR=tmp) still running after `within` s."""
+    import psutil
+
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get("OUT_DIR") == str(tmp):
+                    left.append(" ".join(p.info["cmdline"] or ())[:200])
+            except psutil.Error:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)

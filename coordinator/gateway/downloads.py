@@ -97,18 +97,28 @@ def attempt_id(obj: dict[str, Any]) -> str:
 
 
 async def find_attempt(service: ResourceService, project: str, job: str, index: int,
-                       number: int | None) -> dict[str, Any] | None:
-    """The Attempt whose log `…/jobs/JOB/log?index=I[&attempt=N]` serves: number N, else the latest.
+                       number: int | None, rank: int | None = None) -> dict[str, Any] | None:
+    """The Attempt whose log `…/jobs/JOB/log?index=I[&attempt=N][&rank=R]` serves: number N, else the
+    latest; of a gang, rank R (default rank 0).
 
     Attempts (api/attempt.py) live in the Job's project, labelled `nodus.dev/job` and
     `nodus.dev/index`, numbered by `spec.number` from 1; their log is stored under `spec.id`."""
     page = await service.list(SYSTEM, resolve("attempts"), project,
                               labels=parse_label_selector(f"{JOB_LABEL}={job},{INDEX_LABEL}={index}"),
                               fields=parse_field_selector(None))
-    attempts = sorted(page.items, key=_attempt_number)
+    if rank is not None:
+        page_items = [a for a in page.items if _rank(a) == rank]
+    else:
+        page_items = page.items
+    # A gang's members share their number (the epoch): rank 0 (the driver) comes last among equals.
+    attempts = sorted(page_items, key=lambda a: (_attempt_number(a), -_rank(a)))
     if number is not None:
-        return next((a for a in attempts if _attempt_number(a) == number), None)
+        return next((a for a in reversed(attempts) if _attempt_number(a) == number), None)
     return attempts[-1] if attempts else None
+
+
+def _rank(obj: dict[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("gang") or {}).get("rank") or 0)
 
 
 def _attempt_gone(service: ResourceService, project: str, attempt: dict[str, Any]) -> Callable[[], Awaitable[bool]]:
@@ -257,7 +267,8 @@ class Downloads:
         number = _int_param(request, "attempt", None)
         follow = _bool_param(request, "follow")
         await self.service.get(caller, resolve("jobs"), project, name)
-        attempt = await find_attempt(self.service, project, name, index or 0, number)
+        rank = _int_param(request, "rank", None)
+        attempt = await find_attempt(self.service, project, name, index or 0, number, rank)
         if attempt is None:
             which = f"attempt {number}" if number is not None else "attempt"
             raise NodusError("NotFound", f'job "{name}" has no {which} for index {index} yet',

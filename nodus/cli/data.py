@@ -2,7 +2,7 @@
 
     nodus outputs get JOB OUTPUT [--index I] [--rank R] [-o FILE|-]
     nodus outputs list JOB
-    nodus logs JOB [--index I] [--attempt N] [-f]
+    nodus logs JOB [--index I] [--attempt N] [--rank R] [-f]
     nodus volume push NAME DIR
 """
 from __future__ import annotations
@@ -123,6 +123,8 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"index": args.index}
     if args.attempt is not None:
         params["attempt"] = args.attempt
+    if args.rank is not None:
+        params["rank"] = args.rank
     if args.follow:
         params["follow"] = "true"
     waited = False
@@ -195,7 +197,8 @@ def add_parsers(sub: Any) -> None:
     logs = sub.add_parser("logs", help="print an attempt's log")
     logs.add_argument("job")
     logs.add_argument("--index", type=int, default=0, help="the Job index (default 0)")
-    logs.add_argument("--attempt", type=int, help="the attempt number (default: the latest)")
+    logs.add_argument("--attempt", type=int, help="the attempt number (default: the latest; a gang's epoch)")
+    logs.add_argument("--rank", type=int, help="a gang member's rank (default 0)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the attempt ends")
     logs.set_defaults(func=cmd_logs)
 
