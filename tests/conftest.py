@@ -36,13 +36,14 @@ class Coordinator:
         return self.data_dir / "kubeconfig"
 
     def start(self, http_port: int = 0, grpc_port: int = 0, timeout: float = 30,
-              extra_args: tuple[str, ...] = ()) -> "Coordinator":
+              extra_args: tuple[str, ...] = (), host: str = "127.0.0.1") -> "Coordinator":
+        """Starts the coordinator listening on `host` (HTTP and gRPC); waits for its endpoints file."""
         (self.data_dir / "endpoints.json").unlink(missing_ok=True)
         self.log = self.data_dir.parent / f"{self.data_dir.name}.log"
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [str(BIN / "nodus-coordinator"), "--data-dir", str(self.data_dir),
-             "--http-listen", f"127.0.0.1:{http_port}", "--grpc-listen", f"127.0.0.1:{grpc_port}", *extra_args],
+             "--http-listen", f"{host}:{http_port}", "--grpc-listen", f"{host}:{grpc_port}", *extra_args],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         endpoints = self.data_dir / "endpoints.json"

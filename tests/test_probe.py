@@ -119,7 +119,7 @@ def test_a_plan_gets_its_defaults() -> None:
     plan = parse_plan(_plan(1, [9001, 9002], 9003))
     assert (plan.rank, plan.size, plan.me.probe_port, plan.others[0].rank) == (1, 2, 9002, 0)
     assert (plan.backend, plan.max_bytes, plan.budget_s, plan.pings, plan.allreduce, plan.listen_fd) == \
-        ("auto", 64 << 20, 30.0, 50, True, None)
+        ("auto", 64 << 20, 30.0, 200, True, None)
     solo = parse_plan({"rank": 0, "size": 2, "allreduce": False,
                        "peers": [{"rank": 0, "address": "a", "probe_port": 1},
                                  {"rank": 1, "address": "b", "probe_port": 2}]})
@@ -184,6 +184,32 @@ def test_two_members_measure_rtt_in_process() -> None:
         peer = 1 - out["rank"]
         assert set(out["rtt_ms"]) == {str(peer)} and out["worst_peer"] == peer
         assert 0 < out["worst_rtt_ms"] < 50
+
+
+def test_no_member_leaves_the_rtt_phase_while_a_peer_still_pings_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its echo thread would share the GIL with torch's import and the rendezvous: the peer's RTT
+    would time this process, not the network."""
+    from nodus.agent import probe
+    started: list[float] = []
+    monkeypatch.setattr(probe, "measure_allreduce", lambda plan, report, budget: started.append(time.monotonic()))
+    listeners = [_listener(), _listener()]
+    ports = [s.getsockname()[1] for s in listeners]
+    peer_echo = EchoServer(listeners[1]).start()   # rank 1 answers rank 0's pings at once...
+    plan = parse_plan({**_plan(0, ports, 1, budget_s=10), "listen_fd": listeners[0].detach()})
+    member = threading.Thread(target=run_probe, args=(plan, Report(plan), Budget(time.monotonic(), plan.budget_s)))
+    member.start()
+    with socket.create_connection(("127.0.0.1", ports[0])) as c:   # ...but pings rank 0 slowly
+        c.sendall((1).to_bytes(4, "big"))
+        assert c.recv(4, socket.MSG_WAITALL) == (1).to_bytes(4, "big")
+        for _ in range(5):
+            c.sendall(b".")
+            assert c.recv(1) == b"."
+            time.sleep(0.1)
+        assert not started
+        finished = time.monotonic()
+    member.join(10)
+    peer_echo.close()
+    assert started and started[0] >= finished
 
 
 def test_the_echo_server_counts_finished_pingers() -> None:
