@@ -22,13 +22,12 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from conftest import Coordinator, job
+from gangs import attempts, create, ended, JOBS
+from conftest import Coordinator
 from nodus.agent.testing import AgentProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
-ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
 BIN = Path(sys.executable).parent
 AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 RAY_DAEMONS = ("raylet", "gcs_server", "ray start", "ray::", "default_worker.py", "ray_process_reaper",
@@ -68,26 +67,7 @@ def agents(c: Coordinator, root: Path) -> Iterator[list[AgentProcess]]:
             a.reap()
 
 
-def create(c: Coordinator, name: str, **spec: Any) -> None:
-    r = c.session().post(c.url(JOBS), json=job(name, **spec))
-    assert r.status_code == 201, r.text
 
-
-def get(c: Coordinator, name: str) -> dict[str, Any]:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def ended(c: Coordinator, name: str, timeout: float = 120) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        obj = get(c, name)
-        return obj if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled") else None
-    try:
-        return wait_for(check, timeout, interval=0.2, what=f"Job {name} to end")
-    except Exception:
-        print(get(c, name).get("status"))
-        raise
 
 
 def succeeded(c: Coordinator, name: str) -> dict[str, Any]:
@@ -98,11 +78,6 @@ def succeeded(c: Coordinator, name: str) -> dict[str, Any]:
     assert status["phase"] == "Succeeded", status.get("message")
     return status
 
-
-def attempts(c: Coordinator, name: str) -> list[dict[str, Any]]:
-    r = c.session().get(c.url(ATTEMPTS), params={"labelSelector": f"nodus.dev/job={name}"})
-    assert r.status_code == 200, r.text
-    return r.json()["items"]
 
 
 def logs(c: Coordinator, name: str) -> str:

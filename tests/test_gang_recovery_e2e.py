@@ -18,20 +18,19 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import grpc
 import psutil
 import pytest
 
-from conftest import Coordinator, job
+from gangs import attempts, create, get, wait_job
+from conftest import Coordinator
 from nodus.agent.testing import AgentProcess, wait_for
 from nodus.proto.nodus.v1 import node_pb2, node_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
-ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
 BIN = Path(sys.executable).parent
 AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 STEP = 20.0
@@ -86,33 +85,8 @@ def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 a.reap()
 
 
-def create(c: Coordinator, name: str, **spec: Any) -> None:
-    r = c.session().post(c.url(JOBS), json=job(name, **spec))
-    assert r.status_code == 201, r.text
 
 
-def get(c: Coordinator, name: str) -> dict[str, Any]:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def attempts(c: Coordinator, name: str) -> list[dict[str, Any]]:
-    return c.session().get(c.url(ATTEMPTS), params={"labelSelector": f"nodus.dev/job={name}"}).json()["items"]
-
-
-def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float = 120,
-             what: str = "", tick: Callable[[], None] | None = None) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        if tick is not None:
-            tick()
-        obj = get(c, name)
-        return obj if predicate(obj) else None
-    try:
-        return wait_for(check, timeout, interval=0.2, what=what or f"Job {name}")
-    except Exception:
-        print(get(c, name).get("status"))
-        raise
 
 
 def kill_agent_and_workload(a: AgentProcess) -> None:

@@ -11,18 +11,18 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import grpc
 import pytest
 
+from gangs import create, ended, get, JOBS, wait_job
 from conftest import Coordinator, job
 from nodus.agent.testing import AgentProcess, wait_for
 from nodus.proto.nodus.v1 import gang_pb2, gang_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 BIN = Path(sys.executable).parent
 AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
@@ -60,33 +60,8 @@ def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             a.reap()
 
 
-def create(c: Coordinator, name: str, **spec: Any) -> dict[str, Any]:
-    r = c.session().post(c.url(JOBS), json=job(name, **spec))
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
-def get(c: Coordinator, name: str) -> dict[str, Any]:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float = 120,
-             what: str = "") -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        obj = get(c, name)
-        return obj if predicate(obj) else None
-    try:
-        return wait_for(check, timeout, interval=0.1, what=what or f"Job {name}")
-    except Exception:
-        print(get(c, name).get("status"))
-        raise
-
-
-def ended(c: Coordinator, name: str, timeout: float = 180) -> dict[str, Any]:
-    return wait_job(c, name, lambda o: (o.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"),
-                    timeout, what=f"Job {name} to end")
 
 
 ALL_REDUCE = textwrap.dedent("""
