@@ -27,6 +27,7 @@ from .api import units
 from .blobs import BlobStore
 from .clock import OffsetClock, SystemClock
 from .api.job import set_gang_max_nodes
+from .controllers.checkpoints import set_free_storage
 from .controllers.gang import GangConfig
 from .controllers.plane import ControlPlane
 from .gateway import downloads
@@ -56,6 +57,7 @@ DEFAULTS = {
     "gang_probe_budget": "30s",
     "clock_offset_file": "",
     "gang_max_nodes": 8,
+    "free_storage": "10Gi",
 }
 
 
@@ -222,6 +224,10 @@ def _gang_settings(args: argparse.Namespace) -> GangConfig:
         set_gang_max_nodes(int(args.gang_max_nodes))
     except ValueError as e:
         raise SystemExit(f"--gang-max-nodes: {e}") from None
+    try:
+        set_free_storage(int(units.parse_quantity(str(args.free_storage))))
+    except (ValueError, ArithmeticError) as e:
+        raise SystemExit(f"--free-storage: {e}") from None
     return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
 
 
@@ -245,6 +251,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-probe", choices=("on", "off"),
                    help="measure a gang's network (RTT between members, all-reduce bus bandwidth) before it starts "
                         "(default on)")
+    p.add_argument("--free-storage", help="bytes of checkpoints and outputs each Job keeps free of charge; "
+                   "status.storage.billedBytes is the share above it (default 10Gi)")
     p.add_argument("--gang-max-nodes", type=int, help="the most nodes a gang may ask for, 2-16 (default 8 during "
                    "the beta)")
     p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")

@@ -37,7 +37,7 @@ def registered(a: AgentProcess, timeout: float = 30) -> None:
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     coordinator = Coordinator(tmp_path_factory.mktemp("gang-coordinator") / "data").start(extra_args=(
         "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe-bytes", "1Mi",
-        "--gang-probe-budget", "10s", "--gang-max-nodes", "12"))
+        "--gang-probe-budget", "10s", "--gang-max-nodes", "12", "--free-storage", "64"))
     try:
         yield coordinator
     finally:
@@ -102,6 +102,8 @@ def test_a_two_node_torchrun_gang_all_reduces_over_gloo(c: Coordinator, agents: 
     assert status["topology"]["nodes"] == 2 and status["topology"]["resolvedFrom"] == "Nodes"
     assert gang["probe"].get("rttMs"), gang  # measured before the command started
     assert any(o["name"] == "outputs" for o in status.get("outputs") or []), status
+    storage = status["storage"]  # --free-storage 64 on this coordinator: the rest is billed
+    assert storage["bytes"] > 64 and storage["billedBytes"] == storage["bytes"] - 64, storage
     nodus = (str(BIN / "nodus"), "--kubeconfig", str(c.kubeconfig), "logs", "torchrun-pair")
     assert "rank 0 of 2: all_reduce gave 3.0" in c.run(*nodus).stdout  # the driver's log by default
     assert "rank 1 of 2: all_reduce gave 3.0" in c.run(*nodus, "--rank", "1").stdout

@@ -40,8 +40,15 @@ before it is deleted anyway (a sweep runs every minute; past this one is not run
 longer would keep the Job forever)."""
 FREE_STORAGE_BYTES = 10 * 2**30
 """status.storage's free inclusion per Job (billedBytes is the share above it). The spec names a free
-inclusion without a number, so this is the operator's to set; 10 GiB until a coordinator setting
-carries it here."""
+inclusion without a number, so it is the operator's to set (`nodus-coordinator --free-storage`,
+default 10Gi)."""
+
+
+def set_free_storage(size: int) -> None:
+    global FREE_STORAGE_BYTES
+    if size < 0:
+        raise ValueError(f"the free storage inclusion must not be negative, got {size}")
+    FREE_STORAGE_BYTES = size
 
 
 def _spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +246,9 @@ def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, An
     return kept + sum(int(o.get("size") or 0) for o in outputs or [])
 
 
-def storage_status(total: int, free: int = FREE_STORAGE_BYTES) -> dict[str, int] | None:
+def storage_status(total: int, free: int | None = None) -> dict[str, int] | None:
     """status.storage: the bytes a Job owns and the share above the free inclusion."""
+    free = FREE_STORAGE_BYTES if free is None else free
     return {"bytes": total, "billedBytes": max(0, total - free)} if total else None
 
 
