@@ -50,6 +50,8 @@ import yaml
 
 from nodus.agent.probe import TARGET_S
 
+from daemons import stop_all
+
 BIN = Path(sys.executable).parent
 API = "/apis/nodus.dev/v1/namespaces/default"
 TARGET_ASSEMBLY_S, TARGET_RATIO = 1.0, 0.9
@@ -78,21 +80,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def terminate(procs: list[psutil.Process], gentle: set[int]) -> None:
-    """SIGTERM for the daemons (they stop what they run), SIGKILL for the rest; then SIGKILL stragglers."""
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM if p.pid in gentle else signal.SIGKILL)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=20)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 # -- the daemons ---------------------------------------------------------------------------------------------
@@ -167,23 +154,7 @@ class Cluster:
         return self.http + path
 
     def stop(self) -> None:
-        daemons = [p for p in (*self.agents, self.coordinator) if p is not None and p.poll() is None]
-        procs: list[psutil.Process] = []
-        for d in daemons:
-            try:
-                procs += [psutil.Process(d.pid), *psutil.Process(d.pid).children(recursive=True)]
-            except psutil.Error:
-                pass
-        for i in range(self.agent_count):
-            attempts = self.root / f"agent-{i}" / "attempts"
-            for status in attempts.glob("*/run/status.json") if attempts.is_dir() else []:
-                try:
-                    pid = json.loads(status.read_text()).get("supervisor_pid")
-                    if pid:
-                        procs.append(psutil.Process(int(pid)))
-                except (OSError, ValueError, psutil.Error):
-                    pass
-        terminate(procs, {d.pid for d in daemons})
+        stop_all([*self.agents, self.coordinator], [self.root / f"agent-{i}" for i in range(self.agent_count)])
 
 
 def create(cluster: Cluster, name: str, spec: dict[str, Any]) -> None:

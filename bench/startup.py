@@ -25,7 +25,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from typing import Any
 import psutil
 import requests
 import yaml
+
+from daemons import stop_all
 
 BIN = Path(sys.executable).parent
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
@@ -99,34 +100,7 @@ class Cluster:
         return self.http + path
 
     def stop(self) -> None:
-        procs: list[psutil.Process] = []
-        for p in (self.agent, self.coordinator):
-            if p is not None and p.poll() is None:
-                try:
-                    procs += [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
-                except psutil.Error:
-                    pass
-        attempts = self.root / "agent" / "attempts"
-        for status in attempts.glob("*/run/status.json") if attempts.is_dir() else []:
-            try:
-                pid = json.loads(status.read_text()).get("supervisor_pid")
-                if pid:
-                    procs.append(psutil.Process(int(pid)))
-            except (OSError, ValueError, psutil.Error):
-                pass
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGTERM if p.pid in (self.agent.pid if self.agent else 0,
-                                                          self.coordinator.pid if self.coordinator else 0)
-                              else signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=20)
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        stop_all([self.agent, self.coordinator], [self.root / "agent"])
 
 
 class JobWatch:

@@ -71,6 +71,13 @@ def _gang_report(u: agent_pb2.AttemptUpdate) -> dict[str, Any] | None:
     return {"epoch": g.epoch, "done": step, "address": g.address, "port": g.port, "probePort": g.probe_port}
 
 
+def _gang_facts(obj: dict[str, Any] | None) -> Any:
+    """What of a gang member its siblings' plans depend on (None: it does not exist)."""
+    if obj is None:
+        return None
+    return (obj["spec"].get("node"), (obj.get("status") or {}).get("gang"), phase_of(obj).terminal)
+
+
 def probe_of(p: agent_pb2.ProbeResult) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if p.rtt_ms:
@@ -132,8 +139,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if node and node in self.sessions:
                 self.sessions[node].dirty.set()
         obj = new or old or {}
-        if (obj.get("spec") or {}).get("gang"):
-            # A member's report can move every member's step: wake the streams of the whole gang.
+        if (obj.get("spec") or {}).get("gang") and _gang_facts(old) != _gang_facts(new):
+            # A member's gang report (or a member coming or going) can move every member's step: wake
+            # the streams of the whole gang. Progress lines and other folds do not.
             for sibling in self.cache.attempts_of(obj["metadata"]["namespace"], obj["spec"].get("job", "")):
                 node = (sibling.get("spec") or {}).get("node")
                 if node and node in self.sessions:

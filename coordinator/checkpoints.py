@@ -82,9 +82,9 @@ async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, 
 
 def _gang_due(spec: dict[str, Any], attempt: dict[str, Any], same: Sequence[dict[str, Any]],
               now: float) -> tuple[bool, int]:
-    """For one member of a Dcp gang: whether to ask it for a part now, and which seq. A seq some
-    member of the epoch already stored is asked of the others (so the parts meet); otherwise a new
-    seq, when rank 0's cadence is due."""
+    """For one member of a Dcp gang: whether to ask it for a part now, and which seq (0: a new one). A
+    seq some member of the epoch already stored is asked of the others (so the parts meet); otherwise
+    a new seq, when rank 0's cadence is due."""
     gang = attempt["spec"]["gang"]
     epoch = [s for s in same if ((s.get("spec") or {}).get("gang") or {}).get("epoch") == gang.get("epoch")
              and not phase_of(s).terminal]
@@ -97,7 +97,7 @@ def _gang_due(spec: dict[str, Any], attempt: dict[str, Any], same: Sequence[dict
     if rank0 is None:
         return False, 0
     due, _ = rules.periodic_due(spec, rank0, same, now)
-    return due and phase_of(attempt) is AttemptPhase.RUNNING, rules.next_seq(same)
+    return due and phase_of(attempt) is AttemptPhase.RUNNING, 0
 
 
 async def suspend_failed(cache: Cache, objects: Objects, attempt_id: str, tries: int) -> None:
@@ -261,8 +261,6 @@ async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int,
     way the stop reason is Preempted, so the attempt is recorded Lost (counted against
     recovery.maxAttempts) and replaced elsewhere, restoring the latest checkpoint. Returns how many
     attempts were asked to checkpoint."""
-    from .controllers.job_controller import stop  # noqa: PLC0415 - the executor's own stop mutation
-
     asked = 0
     for attempt in cache.attempts_on(node):
         if phase_of(attempt).terminal:
@@ -277,16 +275,25 @@ async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int,
             siblings = rules.index_attempts(cache.attempts_of(project, spec["job"]), spec.get("jobUID", ""),
                                             int(spec.get("index", 0)))
             seq = rules.next_seq(siblings)
-        mutation = stop("Preempted", grace_seconds, now, seq)
-
-        def noticed(obj: dict[str, Any], mutation: Any = mutation, seq: int = seq) -> dict[str, Any] | None:
-            new = mutation(obj)
-            if new is not None and seq:
-                new["spec"]["stop"]["checkpointDeadline"] = rfc3339(now + grace_seconds)
-            return new
-        if await objects.mutate(attempt_key(project, attempt["metadata"]["name"]), noticed) is not None and seq:
-            asked += 1
+        asked += await _notice(objects, attempt, "Preempted", grace_seconds, now, seq)
     return asked
+
+
+async def _notice(objects: Objects, attempt: dict[str, Any], reason: str, grace_seconds: int, now: float,
+                  seq: int) -> int:
+    """Stops `attempt` for `reason` within the grace, checkpointing `seq` first (0: none) by the
+    deadline; 1 when a checkpoint was asked for."""
+    from .controllers.job_controller import stop  # noqa: PLC0415 - the executor's own stop mutation
+
+    mutation = stop(reason, grace_seconds, now, seq)
+
+    def noticed(obj: dict[str, Any]) -> dict[str, Any] | None:
+        new = mutation(obj)
+        if new is not None and seq:
+            new["spec"]["stop"]["checkpointDeadline"] = rfc3339(now + grace_seconds)
+        return new
+    key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+    return 1 if await objects.mutate(key, noticed) is not None and seq else 0
 
 
 async def _reclaim_gang(cache: Cache, objects: Objects, attempt: dict[str, Any], job: dict[str, Any],
@@ -294,8 +301,6 @@ async def _reclaim_gang(cache: Cache, objects: Objects, attempt: dict[str, Any],
     """A gang member's node is reclaimed: the whole gang checkpoints with one seq (every rank its part
     for Dcp, rank 0 its state for a Snapshot) within the grace, then stops; the reclaimed member is
     Preempted (Lost: the gang restarts at the next epoch from that checkpoint), the others GangRestart."""
-    from .controllers.job_controller import stop  # noqa: PLC0415 - the executor's own stop mutation
-
     project, spec = attempt["metadata"]["namespace"], attempt["spec"]
     epoch = int(spec["gang"].get("epoch") or 0)
     siblings = cache.attempts_of(project, spec["job"])
@@ -310,17 +315,8 @@ async def _reclaim_gang(cache: Cache, objects: Objects, attempt: dict[str, Any],
     asked = 0
     for m in members:
         rank = int(m["spec"]["gang"].get("rank") or 0)
-        m_seq = seq if dcp or rank == 0 else 0
         reason = "Preempted" if m["spec"]["id"] == spec["id"] else "GangRestart"
-        mutation = stop(reason, grace_seconds, now, m_seq)
-
-        def noticed(obj: dict[str, Any], mutation: Any = mutation, m_seq: int = m_seq) -> dict[str, Any] | None:
-            new = mutation(obj)
-            if new is not None and m_seq:
-                new["spec"]["stop"]["checkpointDeadline"] = rfc3339(now + grace_seconds)
-            return new
-        if await objects.mutate(attempt_key(project, m["metadata"]["name"]), noticed) is not None and m_seq:
-            asked += 1
+        asked += await _notice(objects, m, reason, grace_seconds, now, seq if dcp or rank == 0 else 0)
     return asked
 
 
@@ -351,12 +347,15 @@ def due_requests(cache: Cache, node: str, now: float,
             if not dcp and int(gang.get("rank") or 0):
                 asked.pop(spec["id"], None)
                 continue
-            due, seq = _gang_due(job.get("spec") or {}, attempt, same, now) if dcp else \
-                (rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], rules.next_seq(same))
+            if dcp:
+                due, seq = _gang_due(job.get("spec") or {}, attempt, same, now)
+            else:
+                due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], 0
         else:
-            due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], rules.next_seq(same)
+            due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], 0
         if not due:
             continue
+        seq = seq or rules.next_seq(same)  # only once due: it reads every committed checkpoint
         before = asked.get(spec["id"])
         if before is not None and before[0] == seq and now - before[1] < rules.interval(job.get("spec") or {}, same):
             continue

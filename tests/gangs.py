@@ -2,10 +2,14 @@
 waiting for a Job with a deadline (the Job's status is printed when the wait fails)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from conftest import Coordinator, job
-from nodus.agent.testing import wait_for
+from nodus.agent.testing import AgentProcess, wait_for
 
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
@@ -48,3 +52,26 @@ def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], An
 def ended(c: Coordinator, name: str, timeout: float = 180) -> dict[str, Any]:
     return wait_job(c, name, lambda o: (o.get("status") or {}).get("phase") in ENDED, timeout,
                     what=f"Job {name} to end")
+
+
+BIN = Path(sys.executable).parent
+AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+"""Launchers (torchrun, ray, accelerate) resolve from the venv, as on a node where they are installed."""
+
+
+@contextlib.contextmanager
+def fleet(c: Coordinator, root: Path, count: int, prefix: str, *extra: str) -> Iterator[list[AgentProcess]]:
+    """`count` real agents on loopback ("nodes" PREFIX-n0…), registered; reaped (workloads too) after."""
+    token = (c.data_dir / "join-token").read_text().strip()
+    started = [AgentProcess(root / f"n{i}", c.grpc, token, node=f"{prefix}-n{i}", env=AGENT_ENV,
+                            extra_args=("--advertise-address", "127.0.0.1", *extra)).start() for i in range(count)]
+    try:
+        for a in started:
+            wait_for(lambda a=a: "registered node" in a.log() or a.proc.poll() is not None, 30,
+                     what=f"agent {a.node} to register")
+            assert a.proc.poll() is None, f"nodus-agent exited {a.proc.returncode}:\n{a.log()[-3000:]}"
+        yield started
+    finally:
+        for a in started:
+            if a.proc is not None:
+                a.reap()

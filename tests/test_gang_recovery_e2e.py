@@ -12,7 +12,6 @@ steps shorter than the lease, and agents heartbeat every second, so no healthy n
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import textwrap
@@ -24,15 +23,13 @@ import grpc
 import psutil
 import pytest
 
-from gangs import attempts, create, get, wait_job
+from gangs import attempts, create, fleet, get, wait_job
 from conftest import Coordinator
 from nodus.agent.testing import AgentProcess, wait_for
 from nodus.proto.nodus.v1 import node_pb2, node_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
-AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 STEP = 20.0
 """Seconds of coordinator time per step: a third of the lease."""
 
@@ -70,23 +67,8 @@ def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordi
 
 @pytest.fixture(scope="module")
 def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
-    token = (c.data_dir / "join-token").read_text().strip()
-    root = tmp_path_factory.mktemp("recovery-agents")
-    started = [AgentProcess(root / f"n{i}", c.grpc, token, node=f"rec-n{i}", env=AGENT_ENV,
-                            extra_args=("--advertise-address", "127.0.0.1")).start() for i in range(3)]
-    try:
-        for a in started:
-            wait_for(lambda a=a: "registered node" in a.log() or a.proc.poll() is not None, 30, what="registration")
-            assert a.proc.poll() is None, a.log()[-3000:]
+    with fleet(c, tmp_path_factory.mktemp("recovery-agents"), 3, "rec") as started:
         yield started
-    finally:
-        for a in started:
-            if a.proc is not None:
-                a.reap()
-
-
-
-
 
 
 def kill_agent_and_workload(a: AgentProcess) -> None:

@@ -7,7 +7,6 @@ the whole gang at epoch 2; GangService shows the same gang to operators over grp
 """
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -16,21 +15,14 @@ from typing import Iterator
 import grpc
 import pytest
 
-from gangs import create, ended, get, JOBS, wait_job
+from gangs import BIN, JOBS, create, ended, fleet, get, wait_job
 from conftest import Coordinator, job
 from nodus.agent.testing import AgentProcess, wait_for
 from nodus.proto.nodus.v1 import gang_pb2, gang_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
-AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
-
-def registered(a: AgentProcess, timeout: float = 30) -> None:
-    wait_for(lambda: "registered node" in a.log() or a.proc.poll() is not None, timeout,
-             what=f"agent {a.node} to register")
-    assert a.proc.poll() is None, f"nodus-agent exited {a.proc.returncode}:\n{a.log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -46,22 +38,9 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
 
 @pytest.fixture(scope="module")
 def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
-    token = (c.data_dir / "join-token").read_text().strip()
-    root = tmp_path_factory.mktemp("gang-agents")
-    started = [AgentProcess(root / f"n{i}", c.grpc, token, node=f"gang-n{i}", env=AGENT_ENV,
-                            extra_args=("--advertise-address", "127.0.0.1", "--region", "us-test",
-                                        "--offering", "cpu-small")).start() for i in range(4)]
-    try:
-        for a in started:
-            registered(a)
+    with fleet(c, tmp_path_factory.mktemp("gang-agents"), 4, "gang", "--region", "us-test",
+               "--offering", "cpu-small") as started:
         yield started
-    finally:
-        for a in started:
-            a.reap()
-
-
-
-
 
 
 ALL_REDUCE = textwrap.dedent("""

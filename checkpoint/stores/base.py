@@ -88,6 +88,16 @@ class Store(ABC):
     def stale_keys(self, before: datetime) -> list[str]:
         """Uncommitted leftovers last written before `before`: temp files, archives no manifest names."""
 
+    def referenced_archives(self) -> set[str]:
+        """The archive keys that committed manifests name (everything else is a leftover)."""
+        referenced = set()
+        for seq in self.manifest_seqs():
+            try:
+                referenced.add(Manifest.from_json(self.read_manifest(seq)).archive)
+            except NotFound:
+                continue  # deleted meanwhile
+        return referenced
+
     def abort_stale_uploads(self, before: datetime) -> int:
         """Cancel uploads begun before `before` and never finished (S3 multipart); returns how many."""
         return 0

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import BinaryIO
 
 from ..errors import AlreadyCommitted, NoSpace, NotFound, StoreError
-from ..manifest import Manifest, archive_key, manifest_key, seq_of_manifest_key
+from ..manifest import archive_key, manifest_key, seq_of_manifest_key
 from .base import Clock, Store, Upload, utcnow
 
 TMP_PREFIX = ".tmp-"
@@ -160,12 +160,7 @@ class LocalStore(Store):
 
     def stale_keys(self, before: datetime) -> list[str]:
         names = self._names()
-        referenced = set()
-        for seq in self.manifest_seqs():
-            try:
-                referenced.add(Manifest.from_json(self.read_manifest(seq)).archive)
-            except NotFound:
-                continue
+        referenced = self.referenced_archives()
         cutoff = before.timestamp()
         stale = []
         for name in names:

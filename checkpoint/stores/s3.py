@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, BinaryIO
 
 from ..errors import AlreadyCommitted, NotFound, StoreError
-from ..manifest import Manifest, archive_key, manifest_key, seq_of_manifest_key
+from ..manifest import archive_key, manifest_key, seq_of_manifest_key
 from .base import Clock, Store, Upload, utcnow
 
 MiB = 1 << 20
@@ -199,16 +199,20 @@ class S3Store(Store):
                 raise AlreadyCommitted(f"checkpoint {seq} is already committed in {self.url}") from None
             raise _error(e, f"committing the manifest of checkpoint {seq} to {self.url}") from None
 
-    def _list(self) -> list[dict[str, Any]]:
+    def _paginate(self, operation: str, field: str, what: str) -> list[dict[str, Any]]:
+        """Every item of a paginated listing under the prefix."""
         out: list[dict[str, Any]] = []
         try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
+            pages = self.client.get_paginator(operation).paginate(
                 Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "")
             for page in pages:
-                out.extend(page.get("Contents", []))
+                out.extend(page.get(field, []))
         except Exception as e:
-            raise _error(e, f"listing {self.url}") from None
+            raise _error(e, f"listing {what}") from None
         return out
+
+    def _list(self) -> list[dict[str, Any]]:
+        return self._paginate("list_objects_v2", "Contents", self.url)
 
     def manifest_seqs(self) -> list[int]:
         seqs = (seq_of_manifest_key(o["Key"]) for o in self._list() if "/" not in self._name(o["Key"]))
@@ -252,12 +256,7 @@ class S3Store(Store):
 
     def stale_keys(self, before: datetime) -> list[str]:
         objects = self._list()
-        referenced = set()
-        for seq in self.manifest_seqs():
-            try:
-                referenced.add(Manifest.from_json(self.read_manifest(seq)).archive)
-            except NotFound:
-                continue
+        referenced = self.referenced_archives()
         stale = []
         for o in objects:
             name = self._name(o["Key"])
@@ -269,15 +268,7 @@ class S3Store(Store):
 
     def incomplete_uploads(self) -> list[dict[str, Any]]:
         """Multipart uploads begun under the prefix and neither completed nor aborted."""
-        out: list[dict[str, Any]] = []
-        try:
-            pages = self.client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "")
-            for page in pages:
-                out.extend(page.get("Uploads", []))
-        except Exception as e:
-            raise _error(e, f"listing the uploads in {self.url}") from None
-        return out
+        return self._paginate("list_multipart_uploads", "Uploads", f"the uploads in {self.url}")
 
     def abort_stale_uploads(self, before: datetime) -> int:
         n = 0

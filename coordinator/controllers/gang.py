@@ -136,7 +136,7 @@ def _finished(view: AttemptView) -> float:
     return parse((view.obj.get("status") or {}).get("finishTime")) or float("inf")
 
 
-def broken(members: Sequence[AttemptView], launcher: str) -> AttemptView | None:
+def broken(members: Sequence[AttemptView]) -> AttemptView | None:
     """The member whose end ends the epoch early (lost or failed, or a service that quit), or None."""
     ended = sorted((m for m in members if m.phase in (AttemptPhase.FAILED, AttemptPhase.LOST)), key=_finished)
     lost = [m for m in ended if m.phase is AttemptPhase.LOST]
@@ -159,7 +159,7 @@ def completed(members: Sequence[AttemptView], launcher: str, size: int) -> bool:
 def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launcher: str, size: int) -> AttemptView:
     """The epoch as one attempt of index 0 numbered `epoch`, for `job.decide`."""
     live = [m for m in members if not m.phase.terminal]
-    first = broken(members, launcher)
+    first = broken(members)
     full = len({rank_of(m) for m in members}) >= size
     all_placed = full and all(m.placed for m in members)
     all_started = full and all(m.started is not None for m in members)
@@ -187,8 +187,9 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
         phase = AttemptPhase.PROVISIONING
     else:
         phase = AttemptPhase.PENDING
-    placed = all_placed or any(m.placed for m in live) and phase is AttemptPhase.STOPPING
-    node = rank0.node if (all_placed or placed) else ""
+    # Placed: every member is, or the epoch is being stopped with some of them on nodes.
+    placed = all_placed or (phase is AttemptPhase.STOPPING and any(m.placed for m in live))
+    node = rank0.node if placed else ""
     if not live and first is not None and first.node:
         node = first.node  # where the epoch broke: the Job's message names that node
     started = _latest(m.started for m in members) if all_started else None
@@ -276,7 +277,7 @@ def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float
         # A crash between creating the ranks of an epoch: create the rest (same epoch).
         actions.extend(CreateMember(current, r, size) for r in missing)
     elif live:
-        first = broken(members, launcher)
+        first = broken(members)
         if first is not None:
             actions.extend(StopAttempt(m.name, "GangRestart") for m in live if not m.stop_requested)
         elif completed(members, launcher, size):
@@ -347,10 +348,6 @@ def _new_epoch(epoch: int, size: int, epochs: Mapping[int, Sequence[AttemptView]
 
 # -- status.gang ------------------------------------------------------------------------------------------
 
-def _phase_word(phase: AttemptPhase) -> str:
-    return phase.value
-
-
 def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[AttemptView]],
                 views: Mapping[int, AttemptView], current: int, size: int, launcher: str, config: GangConfig,
                 prev: Mapping[str, Any]) -> dict[str, Any]:
@@ -399,7 +396,7 @@ def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[Att
     for m in members:
         report = report_of(m.obj)
         row: dict[str, Any] = {"rank": rank_of(m), "attempt": (m.obj.get("spec") or {}).get("id", ""),
-                               "phase": _phase_word(m.phase)}
+                               "phase": m.phase.value}
         offering = (m.obj.get("spec") or {}).get("offering") or ""
         region = (m.obj.get("spec") or {}).get("regionClass") or ""
         if offering:
