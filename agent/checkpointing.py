@@ -39,7 +39,7 @@ from typing import Any, Callable
 from nodus.checkpoint import AlreadyCommitted, Manifest, archive
 from nodus.checkpoint import restore as restore_archive
 from nodus.checkpoint.manifest import manifest_key, seq_of_manifest_key
-from nodus.checkpoint.stores import Store, parse_s3_url
+from nodus.checkpoint.stores import Store
 
 from .cgroups import Cgroup
 from .layout import AttemptLayout
@@ -311,12 +311,7 @@ def s3_store(uri: str, credentials: dict[str, str]) -> Store:
     accessKeyId, secretAccessKey, sessionToken, endpoint, region)."""
     from nodus.checkpoint.stores.s3 import S3Store  # boto3 is imported only for S3
 
-    bucket, prefix = parse_s3_url(uri)
-    keys = {"access_key_id": credentials.get("accessKeyId", ""),
-            "secret_access_key": credentials.get("secretAccessKey", ""),
-            "session_token": credentials.get("sessionToken", "")}
-    return S3Store(bucket, prefix, endpoint_url=credentials.get("endpoint") or None,
-                   region=credentials.get("region") or None, credentials=keys)
+    return S3Store.at(uri, credentials)
 
 
 def upload_s3(store: Store, snap: Snapshot, *, attempt: str, epoch: int, format: str) -> tuple[str, Manifest]:

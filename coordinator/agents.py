@@ -585,9 +585,7 @@ class Session:
         if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
             return None  # its Job is gone: the Job controller stops and deletes it
 
-        async def read(plural: str, project: str, name: str) -> dict[str, Any] | None:
-            found = await self.service.objects.read(f"{plural}/{project}/{name}")  # not in the cache
-            return found[0] if found is not None else None
+        read = checkpoints.reader(self.service.objects)
         try:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])

@@ -60,6 +60,9 @@ async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, 
     if record.format == "Dcp" and int(gang.get("size") or 1) > 1:
         record = dataclasses.replace(record, rank=int(gang.get("rank") or 0), ranks=int(gang["size"]))
     project, name = attempt["metadata"]["namespace"], attempt["metadata"]["name"]
+    if rules.in_s3(record.record()):
+        job = cache.job(project, attempt["spec"]["job"])
+        record = dataclasses.replace(record, connection=await connection_of(reader(objects), job, record.uri))
     why: list[str] = []
 
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -153,14 +156,18 @@ async def checkpoint_store(read: Read, vault: Vault, job: dict[str, Any]) -> age
         if cspec.get("type") != "S3":
             continue
         s3 = cspec.get("s3") or {}
-        values = await _connection_keys(read, vault, project, conn_name, str(s3.get("secret") or ""))
         prefix = "/".join(p for p in (str(s3.get("prefix") or "").strip("/"), project, name) if p)
-        # Location.credentials of an s3:// store: accessKeyId, secretAccessKey, sessionToken, endpoint,
-        # region (agent/checkpointing.py s3_store reads the same names).
-        credentials = {k: v for k, v in (("endpoint", s3.get("endpoint") or ""), ("region", s3.get("region") or ""),
-                                         *values.items()) if v}
+        credentials = await connection_fields(read, vault, project, conn_name, s3)
         return agent_pb2.Location(uri=f"s3://{s3['bucket']}/{prefix}/", credentials=credentials)
     return None
+
+
+async def connection_fields(read: Read, vault: Vault, project: str, conn_name: str, s3: dict[str, Any]) -> dict[str, str]:
+    """Location.credentials of an s3:// store: accessKeyId, secretAccessKey, sessionToken (its Secret's
+    latest version), endpoint and region (S3Store.at reads the same names). Raises NodusError."""
+    values = await _connection_keys(read, vault, project, conn_name, str(s3.get("secret") or ""))
+    return {k: v for k, v in (("endpoint", s3.get("endpoint") or ""), ("region", s3.get("region") or ""),
+                              *values.items()) if v}
 
 
 async def _connection_keys(read: Read, vault: Vault, project: str, conn: str, secret_name: str) -> dict[str, str]:
@@ -377,30 +384,82 @@ class Blobs(Protocol):
     async def delete(self, sha256: str) -> bool: ...
 
 
+def reader(objects: Objects) -> Read:
+    """`Read` over the stored objects (Connections and Secrets are not in the cache)."""
+    async def read(plural: str, project: str, name: str) -> dict[str, Any] | None:
+        found = await objects.read(f"{plural}/{project}/{name}")
+        return found[0] if found is not None else None
+    return read
+
+
+async def connection_of(read: Read, job: dict[str, Any] | None, uri: str) -> str:
+    """The Connection of the Job's spec.connections that an s3:// checkpoint went to (its bucket)."""
+    if job is None or not uri.startswith(rules.S3_URI):
+        return ""
+    bucket = uri[len(rules.S3_URI):].partition("/")[0]
+    project = job["metadata"]["namespace"]
+    for name in (job.get("spec") or {}).get("connections") or []:
+        conn = await read("connections", project, name)
+        cspec = (conn or {}).get("spec") or {}
+        if cspec.get("type") == "S3" and (cspec.get("s3") or {}).get("bucket") == bucket:
+            return str(name)
+    return ""
+
+
+def delete_s3(archive: rules.S3Archive, fields: dict[str, str]) -> None:
+    """Blocking: deletes one checkpoint of an attempt's S3 store, or the whole store (seq 0). A
+    checkpoint already gone counts as deleted."""
+    from nodus.checkpoint.errors import NotFound
+    from nodus.checkpoint.stores.s3 import S3Store  # boto3 is imported only for S3
+
+    store = S3Store.at(archive.prefix, fields)
+    if not archive.seq:
+        store.purge()
+        return
+    try:
+        store.delete(archive.seq)
+    except NotFound:
+        pass
+
+
 class Retention:
     """Deletes the checkpoints of finished Jobs once `recovery.checkpoint.retainAfterFinish` has passed
-    since completionTime, or `ttlSecondsAfterFinished` when that comes first, and of Jobs that are gone.
+    since completionTime, or `ttlSecondsAfterFinished` when that comes first, and of Jobs that are gone;
+    and, while a Job runs, the checkpoints its Attempts' newer ones superseded.
 
     Level-triggered: each sweep reads the Jobs and Attempts as they are (controllers/checkpoints.py
     `release` decides) and first deletes the archives, then the records on the Attempts, so a crash
-    between the two only repeats the first step (deleting a missing blob is a no-op). The Job
+    between the two only repeats the first step (deleting a missing archive is a no-op). The Job
     controller derives status.checkpoint and status.storage from the same clock, and deletes a Job past
     its TTL once its records are gone. A Job deleted by hand takes its Attempts (and their records)
     with it at once; their archives are remembered from the deletion event and deleted on the next
     sweep, so only a coordinator that stops in between leaves them behind.
+
+    Checkpoints in a customer's bucket are deleted with the keys of the Connection they went to (read
+    now, as at assignment). A deletion that may succeed later (the network, a throttle) keeps its
+    record for the next sweep; one that cannot (the Connection or its Secret is gone, the keys are
+    refused, the bucket is gone) is logged with the prefix left behind and its record dropped, since
+    nothing Nodus holds could ever delete it.
     """
 
-    def __init__(self, cache: Cache, objects: Objects, blobs: Blobs, clock: Clock,
-                 tick: float = RETENTION_TICK) -> None:
+    def __init__(self, cache: Cache, objects: Objects, blobs: Blobs, clock: Clock, vault: Vault | None = None,
+                 tick: float = RETENTION_TICK, delete: Callable[[rules.S3Archive, dict[str, str]], None] = delete_s3) -> None:
         self.cache, self.objects, self.blobs, self.clock, self.tick = cache, objects, blobs, clock, tick
+        self.vault, self._delete = vault, delete
         self._forgotten: set[str] = set()
         """Archives of Attempts deleted with their records (their Job was deleted)."""
+        self._forgotten_s3: set[rules.S3Archive] = set()
         cache.listen(ATTEMPTS, self._on_attempt)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if new is None and old is not None:
-            self._forgotten.update(str(c["sha256"]) for c in (old.get("status") or {}).get("checkpoints") or []
-                                   if c.get("sha256"))
+            status = old.get("status") or {}
+            project = old["metadata"].get("namespace", "")
+            for c in [*(status.get("checkpoints") or []), *(status.get(rules.SUPERSEDED) or [])]:
+                if rules.in_s3(c):
+                    self._forgotten_s3.add(rules.s3_archive(project, c, whole=True))
+                elif c.get("sha256"):
+                    self._forgotten.add(str(c["sha256"]))
 
     async def run(self) -> None:
         await self.cache.synced.wait()
@@ -418,18 +477,66 @@ class Retention:
         jobs = [obj for _, obj in self.cache.under(JOBS)]
         due = rules.release(self.cache.job, self.cache.attempts(), jobs, self.clock.now())
         # Archives of deleted Attempts go unless something that is still here names them.
-        forgotten = rules.unnamed(self._forgotten, [*self.cache.attempts(), *jobs])
+        forgotten = rules.unnamed(self._forgotten, [*map(rules.unlisted, self.cache.attempts()), *jobs])
         self._forgotten = set()
         for digest in sorted(set(due.digests) | forgotten):
             await self.blobs.delete(digest)
+        forgotten_s3, self._forgotten_s3 = self._forgotten_s3, set()
+        retry = await self._delete_s3(sorted({*due.s3, *forgotten_s3}, key=lambda x: (x.prefix, x.seq)))
+        self._forgotten_s3 |= retry & forgotten_s3
         for project, name in due.attempts:
-            await self.objects.mutate(attempt_key(project, name), _drop_checkpoints)
-        if due.attempts or forgotten:
-            log.info("retention: deleted %d checkpoint archives (%d bytes) of %d attempts",
-                     len(due.digests) + len(forgotten), due.bytes, len(due.attempts))
+            await self.objects.mutate(attempt_key(project, name),
+                                      lambda obj: _with_status(obj, rules.without_checkpoints, retry))
+        for project, name in due.trimmed:
+            await self.objects.mutate(attempt_key(project, name),
+                                      lambda obj: _with_status(obj, rules.without_superseded, retry))
+        if due.attempts or due.trimmed or forgotten or forgotten_s3:
+            log.info("retention: deleted %d checkpoint archives (%d bytes) and %d in buckets, of %d attempts",
+                     len(due.digests) + len(forgotten), due.bytes, len(due.s3) + len(forgotten_s3) - len(retry),
+                     len(due.attempts) + len(due.trimmed))
         return due
 
+    async def _delete_s3(self, archives: Sequence[rules.S3Archive]) -> set[rules.S3Archive]:
+        """Deletes checkpoints in customers' buckets; returns those to try again at the next sweep."""
+        retry: set[rules.S3Archive] = set()
+        keys: dict[tuple[str, str], dict[str, str] | str] = {}
+        read = reader(self.objects)
+        for archive in archives:
+            where = (archive.project, archive.connection)
+            if where not in keys:
+                keys[where] = await self._keys(read, archive)
+            fields = keys[where]
+            what = f"checkpoint {archive.seq} in {archive.prefix}" if archive.seq else f"the checkpoints in {archive.prefix}"
+            if isinstance(fields, str):
+                log.warning("retention: %s cannot be deleted and stays in the bucket: %s", what, fields)
+                continue
+            try:
+                await asyncio.to_thread(self._delete, archive, fields)
+            except Exception as e:  # noqa: BLE001 - StoreError, botocore errors
+                if getattr(e, "retryable", True):
+                    log.warning("retention: deleting %s failed, the next sweep tries again: %s", what, e)
+                    retry.add(archive)
+                else:
+                    log.warning("retention: %s cannot be deleted and stays in the bucket: %s", what, e)
+        return retry
 
-def _drop_checkpoints(obj: dict[str, Any]) -> dict[str, Any] | None:
-    status = rules.without_checkpoints(obj.get("status") or {})
+    async def _keys(self, read: Read, archive: rules.S3Archive) -> dict[str, str] | str:
+        """The Connection's fields with its Secret's keys, or why there are none."""
+        if not archive.connection:
+            return "the record names no Connection"
+        conn = await read("connections", archive.project, archive.connection)
+        if conn is None:
+            return f'Connection "{archive.connection}" no longer exists in project "{archive.project}"'
+        if self.vault is None:
+            return "this coordinator has no secret vault"
+        try:
+            return await connection_fields(read, self.vault, archive.project, archive.connection,
+                                           (conn.get("spec") or {}).get("s3") or {})
+        except NodusError as e:
+            return e.message
+
+
+def _with_status(obj: dict[str, Any], change: Callable[..., dict[str, Any] | None],
+                 keep: set[rules.S3Archive]) -> dict[str, Any] | None:
+    status = change(obj.get("status") or {}, keep)
     return None if status is None else {**obj, "status": status}

@@ -58,6 +58,7 @@ DEFAULTS = {
     "clock_offset_file": "",
     "gang_max_nodes": 8,
     "free_storage": "10Gi",
+    "retention_interval": "1m",
 }
 
 
@@ -150,7 +151,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
     blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
     plane = ControlPlane(store, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
-                         gangs=_gang_settings(args), blobs=blobs)
+                         gangs=_gang_settings(args), blobs=blobs, retention_interval=_storage_settings(args))
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -224,11 +225,22 @@ def _gang_settings(args: argparse.Namespace) -> GangConfig:
         set_gang_max_nodes(int(args.gang_max_nodes))
     except ValueError as e:
         raise SystemExit(f"--gang-max-nodes: {e}") from None
+    return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
+
+
+def _storage_settings(args: argparse.Namespace) -> float:
+    """Sets --free-storage; returns --retention-interval in seconds."""
     try:
         set_free_storage(int(units.parse_quantity(str(args.free_storage))))
     except (ValueError, ArithmeticError) as e:
         raise SystemExit(f"--free-storage: {e}") from None
-    return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
+    try:
+        interval = units.parse_duration_ns(str(args.retention_interval)) / units.NS_PER_SECOND
+    except ValueError as e:
+        raise SystemExit(f"--retention-interval: {e}") from None
+    if not 1 <= interval <= 3600:
+        raise SystemExit(f"--retention-interval must be between 1s and 1h (got {args.retention_interval})")
+    return interval
 
 
 def parser() -> argparse.ArgumentParser:
@@ -253,6 +265,8 @@ def parser() -> argparse.ArgumentParser:
                         "(default on)")
     p.add_argument("--free-storage", help="bytes of checkpoints and outputs each Job keeps free of charge; "
                    "status.storage.billedBytes is the share above it (default 10Gi)")
+    p.add_argument("--retention-interval", help="how often checkpoints past their retention (retainAfterFinish, "
+                   "the TTL, a deleted Job) and superseded ones are deleted, 1s-1h (default 1m)")
     p.add_argument("--gang-max-nodes", type=int, help="the most nodes a gang may ask for, 2-16 (default 8 during "
                    "the beta)")
     p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")

@@ -191,3 +191,131 @@ async def _sweep_scenario(path: Path) -> None:
 
 def test_the_sweep_deletes_archives_then_records_and_survives_a_restart(tmp_path: Path) -> None:
     asyncio.run(_sweep_scenario(tmp_path))
+
+
+# -- superseded checkpoints, and checkpoints in customers' buckets ----------------------------------------
+
+def running_with(w: World, shas: list[str], size: int = GiB, uri: str = "") -> str:
+    """The Job's running attempt, after committing one checkpoint per digest (seq 1, 2, …)."""
+    w.step()
+    name = w.live()[0]
+    w.run(name)
+    for seq, sha in enumerate(shas, start=1):
+        c = commit(w.attempts[name], seq, sha, size, w.clock.now())
+        if uri:
+            c = rules.Commit(**{**{f: getattr(c, f) for f in c.__dataclass_fields__},
+                                "uri": f"{uri}{seq:010d}.manifest.json", "connection": "ckpt"})
+        assert rules.refusal(w.attempts[name], list(w.attempts.values()), c) is None
+        w.attempts[name] = {**w.attempts[name], "status": rules.with_commit(w.attempts[name]["status"], c)}
+        w.clock.advance(600)
+    return name
+
+
+def test_a_long_run_keeps_its_newest_checkpoints_and_the_older_ones_are_deleted() -> None:
+    w = World()
+    shas = [f"{i:x}" * 64 for i in range(1, 12)]  # 11 checkpoints; the 2nd is the same bytes as the 11th
+    shas[-1] = shas[1]
+    name = running_with(w, shas)
+    status = w.attempts[name]["status"]
+    assert [c["seq"] for c in status["checkpoints"]] == list(range(4, 12))
+    assert [c["seq"] for c in status[rules.SUPERSEDED]] == [1, 2, 3]
+    w.step()
+    assert w.status["storage"]["bytes"] == 8 * GiB, "only the checkpoints kept count"
+
+    due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
+    assert due.attempts == () and due.trimmed == (("default", name),)
+    assert due.digests == (shas[0], shas[2]), "the 2nd's bytes are still the 11th's: kept"
+    trimmed = rules.without_superseded(status)
+    assert trimmed is not None and rules.SUPERSEDED not in trimmed and len(trimmed["checkpoints"]) == 8
+    w.attempts[name] = {**w.attempts[name], "status": trimmed}
+    due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
+    assert due.trimmed == () and due.digests == (), "level-triggered: nothing left to do"
+
+
+def test_checkpoints_in_the_customers_bucket_are_owned_not_billed_and_go_by_their_connection() -> None:
+    w = World(connections=["ckpt"])
+    prefix = "s3://b/nodus/default/train/0/att/"
+    name = running_with(w, [f"{i:x}" * 64 for i in range(1, 11)], uri=prefix)
+    w.step()
+    assert rules.storage_status(*rules.storage_bytes(list(w.attempts.values()), None), free=0) == \
+        {"bytes": 8 * GiB, "billedBytes": 0}
+    assert rules.storage_status(*rules.storage_bytes(list(w.attempts.values()), [{"size": GiB}]), free=0) == \
+        {"bytes": 9 * GiB, "billedBytes": GiB}, "outputs are held by Nodus"
+    due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
+    assert due.digests == () and due.trimmed == (("default", name),)
+    assert due.s3 == (rules.S3Archive("default", "ckpt", prefix, 1), rules.S3Archive("default", "ckpt", prefix, 2))
+
+    w.clock.advance(60)
+    w.report(name, P.SUCCEEDED, exit_code=0)
+    w.settle()
+    w.clock.advance(168 * HOUR)
+    due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
+    assert due.attempts == (("default", name),) and due.s3 == (rules.S3Archive("default", "ckpt", prefix, 0),), \
+        "a released attempt's whole store goes (torn uploads too)"
+    status = w.attempts[name]["status"]
+    assert rules.without_checkpoints(status, keep={rules.S3Archive("default", "ckpt", prefix, 0)}) is None, \
+        "a deletion to retry keeps its records"
+    assert "checkpoints" not in (rules.without_checkpoints(status) or {})
+
+
+async def _bucket_failures(path: Path) -> None:
+    """The sweep against a real store, vault and Connection, with S3 deletions that fail in each way."""
+    from nodus.checkpoint.errors import StoreError
+    from nodus.coordinator.vault import Vault, load_or_create_key
+
+    clock = ManualClock()
+    store = await SqliteStore.open(path / "store.db")
+    vault = Vault(store, load_or_create_key(path / "secret.key"))
+    cache = Cache(store)
+    await cache.start()
+    objects = Objects(store, cache)
+    await objects.create("connections/default/ckpt", {"kind": "Connection", "metadata": {"name": "ckpt"},
+                                                      "spec": {"type": "S3", "s3": {"bucket": "b", "secret": "keys",
+                                                                                    "endpoint": "http://s3.test"}}})
+    await objects.create("secrets/default/keys", {"kind": "Secret", "metadata": {"name": "keys"},
+                                                  "status": {"version": 1}})
+    await vault.put("default", "keys", 1, {"accessKeyId": "QUtJQQ==", "secretAccessKey": "c2VjcmV0"})
+    job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default", "uid": "u1"},
+           "spec": {"command": ["true"], "connections": ["ckpt"]},
+           "status": {"phase": "Succeeded", "completionTime": rfc3339(clock.now() - 200 * HOUR)}}
+    await objects.create(job_key("default", "j"), job)
+    names = []
+    for n, conn in enumerate(("ckpt", "ckpt", "gone"), start=1):
+        attempt = new_attempt(job, 0, n, clock.now())
+        attempt["status"] = {"phase": "Succeeded", "checkpoints": [
+            {"seq": n, "sha256": "a" * 64, "size": 5, "connection": conn,
+             "uri": f"s3://b/nodus/default/j/0/att-{n}/{n:010d}.manifest.json"}]}
+        await objects.create(attempt_key("default", attempt["metadata"]["name"]), attempt)
+        names.append(attempt["metadata"]["name"])
+
+    calls: list[tuple[rules.S3Archive, dict[str, str]]] = []
+    outcome = {"att-1": StoreError("deleting: SlowDown: reduce your request rate"),
+               "att-2": StoreError("deleting: AccessDenied: no")}
+    outcome["att-2"].retryable = False
+
+    def delete(archive: rules.S3Archive, fields: dict[str, str]) -> None:
+        calls.append((archive, fields))
+        error = next((e for k, e in outcome.items() if f"/{k}/" in archive.prefix), None)
+        if error is not None:
+            raise error
+
+    retention = Retention(cache, objects, None, clock, vault, delete=delete)  # type: ignore[arg-type]
+    await retention.sweep()
+    assert [a.prefix for a, _ in calls] == ["s3://b/nodus/default/j/0/att-1/", "s3://b/nodus/default/j/0/att-2/"], \
+        "no keys for a Connection that is gone: nothing to call"
+    assert calls[0][1] == {"endpoint": "http://s3.test", "accessKeyId": "AKIA", "secretAccessKey": "secret"}
+    left = {n: bool((cache.get(attempt_key("default", n)) or {})["status"].get("checkpoints")) for n in names}
+    assert left == {names[0]: True, names[1]: False, names[2]: False}, \
+        "a throttled deletion is retried; refused keys and a deleted Connection cannot ever delete: dropped"
+
+    outcome.clear()
+    calls.clear()
+    await retention.sweep()
+    assert [a.prefix for a, _ in calls] == ["s3://b/nodus/default/j/0/att-1/"]
+    assert not (cache.get(attempt_key("default", names[0])) or {})["status"].get("checkpoints")
+    await cache.stop()
+    await store.close()
+
+
+def test_deletions_in_a_bucket_are_retried_only_when_they_can_succeed(tmp_path: Path) -> None:
+    asyncio.run(_bucket_failures(tmp_path))

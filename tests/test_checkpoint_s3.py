@@ -228,6 +228,27 @@ def test_garbage_collection_aborts_stale_uploads(tmp_path: Path, client: Any, bu
     assert sorted(_keys(client, bucket)) == [f"g/{m.archive}", "g/0000000001.manifest.json"]
 
 
+def test_purge_empties_an_owners_store_and_finishes_an_interrupted_one(tmp_path: Path, client: Any,
+                                                                        bucket: str) -> None:
+    store = S3Store(bucket, "p", client=client)
+    m1, m2 = store.save([_state(tmp_path, 1000)]), store.save([_state(tmp_path, 1000)])
+    client.create_multipart_upload(Bucket=bucket, Key="p/0000000003-cccccccccccc.tar.zst")  # a torn save
+    client.put_object(Bucket=bucket, Key="q/0000000001.manifest.json", Body=b"{}")  # another owner's
+    client.delete_object(Bucket=bucket, Key="p/0000000001.manifest.json")  # a purge stopped half-way
+    assert store.purge() == [2]
+    assert _keys(client, bucket) == ["q/0000000001.manifest.json"] and _no_incomplete_uploads(client, bucket)
+    assert store.purge() == [] and store.latest() is None
+    assert m1.archive != m2.archive
+
+
+def test_refused_keys_are_not_worth_retrying(tmp_path: Path, client: Any) -> None:
+    store = S3Store(f"missing-{uuid.uuid4().hex[:8]}", "x", client=client)
+    with pytest.raises(StoreError, match="NoSuchBucket") as e:
+        store.save([_state(tmp_path, 1000)])
+    assert e.value.retryable is False
+    assert StoreError("a timeout").retryable, "anything else may pass later"
+
+
 # -- the CLI against S3 ---------------------------------------------------------------------------
 
 def _nodus() -> list[str]:

@@ -123,6 +123,17 @@ def bucket(s3: Any) -> str:
 
 
 @pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
+    """No free storage inclusion, so billedBytes shows every byte Nodus holds; a sweep every second,
+    so retention plays out while the test watches."""
+    c = Coordinator(tmp_path / "data").start(extra_args=("--free-storage", "0", "--retention-interval", "1s"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
 def agent(coordinator: Coordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentProcess]:
     # No AWS keys anywhere the agent could find them: what reaches the bucket came from the Connection.
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
@@ -205,6 +216,23 @@ def test_checkpoints_go_to_the_connection_and_resume_restores_from_s3(
     assert [r["attempt"] for r in runs] == ["1", "2"]
     assert 8 <= runs[1]["start"] <= suspended_at, runs
     assert runs[1]["blob"] == runs[0]["blob"]  # 20 MiB restored from the bucket, byte for byte
+
+    # The bucket is the customer's: its checkpoints count as the Job's bytes, never as billed ones.
+    records = [c for a in attempts(coordinator, "count") for c in a["status"].get("checkpoints") or []]
+    assert records and all(c["connection"] == "ckpt" for c in records), records
+    assert j["status"]["storage"] == {"bytes": sum(c["size"] for c in records), "billedBytes": 0}, j["status"]
+    job_prefix = "nodus/ckpt/default/count/"
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=job_prefix).get("KeyCount")
+
+    # Retention ends: the sweep deletes them from the bucket with the Connection's keys, then the records.
+    r = coordinator.session().patch(coordinator.url(f"{JOBS}/count"), headers={"Content-Type": "application/merge-patch+json"},
+                                    data=json.dumps({"spec": {"recovery": {"checkpoint": {"retainAfterFinish": "0s"}}}}))
+    assert r.status_code == 200, r.text
+    wait_for(lambda: not s3.list_objects_v2(Bucket=bucket, Prefix=job_prefix).get("KeyCount"), 30, interval=0.2,
+             what="the bucket to lose the Job's checkpoints")
+    j = wait_job(coordinator, "count", lambda j: "storage" not in j["status"], what="status.storage to go")
+    assert "checkpoint" not in j["status"], j["status"]
+    assert not [c for a in attempts(coordinator, "count") for c in a["status"].get("checkpoints") or []]
 
     # The keys: in no log, and in nothing the API returns (Attempts, the Job, the Connection).
     listed_api = [coordinator.session().get(coordinator.url(p)).text

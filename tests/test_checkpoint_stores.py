@@ -84,6 +84,15 @@ def test_prune_and_retain_after_finish(tmp_path: Path) -> None:
     assert store.list() == [] and os.listdir(tmp_path / "store") == []
 
 
+def test_purge_leaves_nothing_of_the_store(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.save([_state(tmp_path, "one")], root=tmp_path)
+    store.save([_state(tmp_path, "two")], root=tmp_path)
+    (tmp_path / "store" / ".tmp-0000000003-abc.tar.zst").write_bytes(b"torn")
+    assert store.purge() == [1, 2]
+    assert os.listdir(tmp_path / "store") == [] and store.list() == []
+
+
 def test_garbage_of_torn_saves_is_never_listed_and_is_collected(tmp_path: Path) -> None:
     clock = Clock()
     store = LocalStore(tmp_path / "store", clock=clock)

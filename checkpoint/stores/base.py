@@ -217,6 +217,20 @@ class Store(ABC):
         self.delete_key(manifest_key(seq))
         self.delete_key(m.archive)
 
+    def purge(self) -> builtins.list[int]:
+        """Delete everything in the store: its owner is gone, so nothing is in flight. Every manifest
+        goes first (a reader never finds a committed checkpoint without its archive), then the
+        archives they named and what torn saves left, then open uploads. Idempotent: run again, it
+        finishes what an interrupted purge left. Returns the seqs that were committed."""
+        seqs = self.manifest_seqs()
+        for seq in seqs:
+            self.delete_key(manifest_key(seq))
+        everything = datetime.max.replace(tzinfo=timezone.utc)
+        for key in self.stale_keys(everything):
+            self.delete_key(key)
+        self.abort_stale_uploads(everything)
+        return seqs
+
     def prune(self, *, older_than: timedelta, keep_latest: bool = True) -> builtins.list[int]:
         """Delete checkpoints saved more than `older_than` ago; the latest survives unless told."""
         cutoff = self.clock() - older_than

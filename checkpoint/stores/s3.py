@@ -37,10 +37,19 @@ def part_size_for(size_hint: int) -> int:
     return max(MIN_PART, -(-per_part // MiB) * MiB)
 
 
+REFUSED = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                     "NoSuchBucket", "InvalidBucketName", "AccountProblem", "ExpiredToken", "InvalidToken"})
+"""S3 error codes that the same request meets again unchanged: the keys, their rights or the bucket
+are wrong, not the moment."""
+
+
 def _error(e: BaseException, what: str) -> StoreError:
     detail = getattr(e, "response", {}).get("Error", {}) if hasattr(e, "response") else {}
     code = detail.get("Code") or type(e).__name__
-    return StoreError(f"{what}: {code}: {detail.get('Message') or e}")
+    error = StoreError(f"{what}: {code}: {detail.get('Message') or e}")
+    if code in REFUSED:
+        error.retryable = False
+    return error
 
 
 def _code(e: BaseException) -> str:
@@ -179,6 +188,18 @@ class S3Store(Store):
                 "s3", endpoint_url=endpoint_url, region_name=region, **keys,
                 config=Config(max_pool_connections=max_workers + 4, retries={"mode": "standard"}))
         self.client = client
+
+    @classmethod
+    def at(cls, uri: str, fields: dict[str, str]) -> "S3Store":
+        """The store at `uri` (s3://bucket/prefix) with a Connection's fields, by their API names:
+        accessKeyId, secretAccessKey, sessionToken, endpoint, region (absent: boto3's own sources)."""
+        from . import parse_s3_url
+
+        bucket, prefix = parse_s3_url(uri)
+        keys = {"access_key_id": fields.get("accessKeyId", ""), "secret_access_key": fields.get("secretAccessKey", ""),
+                "session_token": fields.get("sessionToken", "")}
+        return cls(bucket, prefix, endpoint_url=fields.get("endpoint") or None, region=fields.get("region") or None,
+                   credentials=keys if keys["access_key_id"] else None)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterable, Sequence
 from ..clock import duration, parse, rfc3339, seconds
 from .attempts import AttemptPhase, phase_of
 
+S3_URI = "s3://"
+
 RETAINED_PER_ATTEMPT = 8
 """Committed checkpoints remembered on one Attempt (older ones are superseded by newer seqs)."""
 MIN_INTERVAL = 60.0
@@ -126,6 +128,8 @@ class Commit:
     rank: int = 0
     ranks: int = 1
     """The gang's size for a Dcp part: the checkpoint is complete when that many ranks stored theirs."""
+    connection: str = ""
+    """The Job's Connection an s3:// checkpoint went to: retention deletes it with its credentials."""
 
     def record(self) -> dict[str, Any]:
         out = {"seq": self.seq, "sha256": self.sha256, "size": self.size, "uri": self.uri,
@@ -133,6 +137,8 @@ class Commit:
                "pause": duration(self.pause), "reason": self.reason, "format": self.format}
         if self.ranks > 1:
             out.update(rank=self.rank, ranks=self.ranks)
+        if self.connection:
+            out["connection"] = self.connection
         return out
 
 
@@ -168,10 +174,21 @@ def refusal(attempt: dict[str, Any] | None, siblings: Sequence[dict[str, Any]], 
     return None
 
 
+SUPERSEDED = "supersededCheckpoints"
+"""Attempt status field: checkpoints pushed out by newer ones, whose archives the retention sweep
+deletes (then drops them from the list). Durable, so a coordinator restart forgets none."""
+_ARCHIVE_FIELDS = ("seq", "sha256", "size", "uri", "connection")
+
+
 def with_commit(status: dict[str, Any], commit: Commit) -> dict[str, Any]:
-    """The attempt's status with the commit recorded (the newest RETAINED_PER_ATTEMPT kept)."""
-    kept = [c for c in status.get("checkpoints") or [] if int(c.get("seq", 0)) != commit.seq]
-    return {**status, "checkpoints": (kept + [commit.record()])[-RETAINED_PER_ATTEMPT:]}
+    """The attempt's status with the commit recorded; the newest RETAINED_PER_ATTEMPT are kept and the
+    older ones move to SUPERSEDED, for the retention sweep to delete."""
+    records = [c for c in status.get("checkpoints") or [] if int(c.get("seq", 0)) != commit.seq] + [commit.record()]
+    out = {**status, "checkpoints": records[-RETAINED_PER_ATTEMPT:]}
+    pushed = [{k: c[k] for k in _ARCHIVE_FIELDS if k in c} for c in records[:-RETAINED_PER_ATTEMPT]]
+    if pushed:
+        out[SUPERSEDED] = [*(status.get(SUPERSEDED) or []), *pushed]
+    return out
 
 
 # -- cadence --------------------------------------------------------------------------------------
@@ -239,17 +256,28 @@ def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]]) 
     return out
 
 
+def in_s3(record: dict[str, Any]) -> bool:
+    """Whether a checkpoint lives in the customer's bucket (a Job's S3 Connection), not with Nodus."""
+    return str(record.get("uri") or "").startswith(S3_URI)
+
+
 def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]] | None,
-                  checkpoints: bool = True) -> int:
-    """Checkpoints (unless released: `checkpoints` False) plus outputs, in bytes."""
-    kept = sum(int(c.get("size") or 0) for c in committed(mine)) if checkpoints else 0
-    return kept + sum(int(o.get("size") or 0) for o in outputs or [])
+                  checkpoints: bool = True) -> tuple[int, int]:
+    """(owned, held): checkpoints (unless released: `checkpoints` False) plus outputs, in bytes; `held`
+    leaves out checkpoints in the customer's own bucket, which the customer's provider bills."""
+    records = committed(mine) if checkpoints else []
+    outs = sum(int(o.get("size") or 0) for o in outputs or [])
+    owned = sum(int(c.get("size") or 0) for c in records)
+    held = sum(int(c.get("size") or 0) for c in records if not in_s3(c))
+    return owned + outs, held + outs
 
 
-def storage_status(total: int, free: int | None = None) -> dict[str, int] | None:
-    """status.storage: the bytes a Job owns and the share above the free inclusion."""
+def storage_status(total: int, held: int | None = None, free: int | None = None) -> dict[str, int] | None:
+    """status.storage: the bytes a Job owns and the share of those Nodus holds (`held`, default all)
+    above the free inclusion."""
     free = FREE_STORAGE_BYTES if free is None else free
-    return {"bytes": total, "billedBytes": max(0, total - free)} if total else None
+    held = total if held is None else held
+    return {"bytes": total, "billedBytes": max(0, held - free)} if total else None
 
 
 # -- retention ----------------------------------------------------------------------------------------
@@ -286,40 +314,78 @@ def released(job: dict[str, Any] | None, job_uid: str, now: float) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class S3Archive:
+    """A checkpoint in a customer's bucket to delete: `seq` of the attempt's store at `prefix`
+    (s3://bucket/…/attempt/), or everything under the prefix when `seq` is 0."""
+
+    project: str
+    connection: str
+    prefix: str
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
-    """One retention sweep's work: delete these blobs, then drop the records from these Attempts."""
+    """One retention sweep's work: delete these blobs and S3 checkpoints, then drop the records."""
 
     attempts: tuple[tuple[str, str], ...]
-    """(project, attempt name) of every Attempt whose checkpoint records go."""
+    """(project, attempt name) of every Attempt whose checkpoint records all go (its Job is released)."""
+    trimmed: tuple[tuple[str, str], ...]
+    """(project, attempt name) of Attempts whose superseded checkpoints go (the newest stay)."""
     digests: tuple[str, ...]
-    """Blobs to delete: released records' archives that nothing kept still names."""
+    """Blobs to delete: released or superseded archives that nothing kept still names."""
+    s3: tuple[S3Archive, ...]
+    """Checkpoints in customers' buckets to delete: a released attempt's whole prefix, a superseded seq."""
     bytes: int
+
+
+def s3_archive(project: str, record: dict[str, Any], whole: bool = False) -> S3Archive:
+    prefix, _, name = str(record["uri"]).rpartition("/")
+    seq = 0 if whole else int(record.get("seq") or 0)
+    return S3Archive(project, str(record.get("connection") or ""), prefix + "/", seq)
+
+
+def unlisted(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without its superseded list: being listed there does not keep an archive."""
+    status = _status(obj)
+    return {**obj, "status": {k: v for k, v in status.items() if k != SUPERSEDED}} if SUPERSEDED in status else obj
 
 
 def release(jobs: Callable[[str, str], dict[str, Any] | None], attempts: Iterable[dict[str, Any]],
             others: Iterable[dict[str, Any]], now: float) -> Release:
     """What to delete now. `jobs(project, name)` looks a Job up; `attempts` are every Attempt;
     `others` are the objects (Jobs) whose mention of a digest keeps its blob. Blobs are content
-    addressed, so a released archive is kept while any other record or object still names it (two
-    checkpoints, of one Job or two, can be the same bytes)."""
+    addressed, so a doomed archive is kept while any other record or object still names it (two
+    checkpoints, of one Job or two, can be the same bytes: an idle program's state). S3 archives have
+    a key per seq and attempt, so they go as named."""
     going: list[tuple[str, str]] = []
+    trimmed: list[tuple[str, str]] = []
     doomed: dict[str, int] = {}
+    s3: set[S3Archive] = set()
     kept: list[dict[str, Any]] = []
     for a in attempts:
         records = _status(a).get("checkpoints") or []
-        if not records:
+        superseded = _status(a).get(SUPERSEDED) or []
+        if not records and not superseded:
             continue
         meta, spec = a["metadata"], _spec(a)
         project = meta.get("namespace", "")
         if released(jobs(project, spec.get("job", "")), spec.get("jobUID", ""), now):
             going.append((project, meta["name"]))
-            for c in records:
-                if c.get("sha256"):
-                    doomed[str(c["sha256"])] = int(c.get("size") or 0)
+            gone = [*records, *superseded]
+            s3.update(s3_archive(project, c, whole=True) for c in gone if in_s3(c))
         else:
-            kept.append(a)
+            kept.append(unlisted(a))
+            if superseded:
+                trimmed.append((project, meta["name"]))
+            gone = superseded
+            s3.update(s3_archive(project, c) for c in gone if in_s3(c))
+        for c in gone:
+            if c.get("sha256") and not in_s3(c):
+                doomed[str(c["sha256"])] = int(c.get("size") or 0)
     free = unnamed(set(doomed), [*kept, *others])
-    return Release(tuple(sorted(going)), tuple(sorted(free)), sum(doomed[d] for d in free))
+    return Release(tuple(sorted(going)), tuple(sorted(trimmed)), tuple(sorted(free)),
+                   tuple(sorted(s3, key=lambda x: (x.prefix, x.seq))), sum(doomed[d] for d in free))
 
 
 def unnamed(digests: set[str], objs: Iterable[dict[str, Any]]) -> set[str]:
@@ -333,11 +399,27 @@ def unnamed(digests: set[str], objs: Iterable[dict[str, Any]]) -> set[str]:
     return left
 
 
-def without_checkpoints(status: dict[str, Any]) -> dict[str, Any] | None:
-    """The Attempt's status once its checkpoints were deleted (None: nothing to change)."""
-    if not status.get("checkpoints"):
-        return None
-    return {k: v for k, v in status.items() if k != "checkpoints"}
+def without_checkpoints(status: dict[str, Any], keep: Iterable[S3Archive] = ()) -> dict[str, Any] | None:
+    """The Attempt's status once its checkpoints were deleted, less those in `keep` (S3 deletions that
+    failed for now: retried by the next sweep). None: nothing to change."""
+    return _without(status, ("checkpoints", SUPERSEDED), keep)
+
+
+def without_superseded(status: dict[str, Any], keep: Iterable[S3Archive] = ()) -> dict[str, Any] | None:
+    """The Attempt's status once its superseded checkpoints were deleted, less those in `keep`."""
+    return _without(status, (SUPERSEDED,), keep)
+
+
+def _without(status: dict[str, Any], fields: tuple[str, ...], keep: Iterable[S3Archive]) -> dict[str, Any] | None:
+    left = {(k.prefix, k.seq) for k in keep}
+    out = dict(status)
+    for field in fields:
+        records = out.pop(field, None) or []
+        stay = [c for c in records if in_s3(c) and {(s3_archive("", c).prefix, 0),
+                                                    (s3_archive("", c).prefix, int(c.get("seq") or 0))} & left]
+        if stay:
+            out[field] = stay
+    return None if out == status else out
 
 
 def suspend_failed(attempt: dict[str, Any], generation: int) -> int:

@@ -349,7 +349,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     objs = [a.obj for a in mine]
     released = phase.terminal and ckpt.released({**job, "status": status}, meta.get("uid", ""), now)
     put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs))
-    put(status, "storage", ckpt.storage_status(ckpt.storage_bytes(objs, status.get("outputs"), not released)))
+    put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released)))
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
              if (a.obj.get("status") or {}).get("inputsReadyTime")]
     if ready:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import grpc
 
 from ..agents import AgentServicer
-from ..checkpoints import Retention
+from ..checkpoints import RETENTION_TICK, Retention
 from ..agents import add_to_server as add_agent_service
 from ..clock import Clock
 from ..gangs_api import add_to_server as add_gang_service
@@ -32,7 +32,7 @@ log = logging.getLogger("nodus.controllers")
 class ControlPlane:
     def __init__(self, store: Store, service: ResourceService, vault: Vault, clock: Clock, *,
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
-                 blobs: Any = None) -> None:
+                 blobs: Any = None, retention_interval: float = RETENTION_TICK) -> None:
         self.cache = Cache(store)
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(self.cache, self.objects, clock, lease_duration, heartbeat_interval)
@@ -40,7 +40,8 @@ class ControlPlane:
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs)
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.leases = LeaseController(self.registry, self.objects)
-        self.retention = Retention(self.cache, self.objects, blobs, clock) if blobs is not None else None
+        self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
+                                   tick=retention_interval) if blobs is not None else None
         self._identity = service.identity
         self._tasks: list[asyncio.Task[None]] = []
 
