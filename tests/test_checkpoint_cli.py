@@ -15,16 +15,13 @@ from nodus.cli import checkpoint as cli_checkpoint
 BIN = Path(sys.executable).parent
 
 
-def _nodus() -> list[str]:
-    """`nodus checkpoint` once nodus/cli/main.py registers it; the same verbs through their module until then."""
-    exe = str(BIN / "nodus")
-    probe = subprocess.run([exe, "checkpoint", "--help"], capture_output=True)
-    return [exe, "checkpoint"] if probe.returncode == 0 else [sys.executable, "-m", "nodus.cli.checkpoint"]
+NODUS = [str(BIN / "nodus"), "checkpoint"]
+"""The installed CLI, as users run it."""
 
 
 @pytest.fixture(scope="module")
 def nodus() -> list[str]:
-    return _nodus()
+    return NODUS
 
 
 def _run(nodus: list[str], cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:

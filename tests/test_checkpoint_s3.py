@@ -23,6 +23,7 @@ pytest.importorskip("moto")
 from nodus.checkpoint import ArchiveTooLarge, DigestMismatch, StoreError  # noqa: E402
 from nodus.checkpoint.archive import CHUNK  # noqa: E402
 from nodus.checkpoint.stores.s3 import S3Store  # noqa: E402
+from test_checkpoint_cli import NODUS  # noqa: E402
 
 BIN = Path(sys.executable).parent
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
@@ -251,15 +252,8 @@ def test_refused_keys_are_not_worth_retrying(tmp_path: Path, client: Any) -> Non
 
 # -- the CLI against S3 ---------------------------------------------------------------------------
 
-def _nodus() -> list[str]:
-    """`nodus checkpoint` once nodus/cli/main.py registers it; the same verbs through their module until then."""
-    exe = str(BIN / "nodus")
-    probe = subprocess.run([exe, "checkpoint", "--help"], capture_output=True)
-    return [exe, "checkpoint"] if probe.returncode == 0 else [sys.executable, "-m", "nodus.cli.checkpoint"]
-
-
 def test_cli_against_s3(tmp_path: Path, moto_endpoint: str, bucket: str) -> None:
-    nodus = _nodus()
+    nodus = NODUS
     env = {**os.environ, **AWS_ENV, "AWS_ENDPOINT_URL": moto_endpoint}
 
     def run(*args: str, ok: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
