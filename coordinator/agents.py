@@ -33,7 +33,7 @@ from .controllers.attempts import (GANG_STEPS, PROTO_PHASES, AttemptPhase, Progr
 from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
 from .controllers.objects import Objects
 from .errors import NodusError, new_request_id
-from .grpc_api import _status
+from .grpc_api import status_for
 from .identity import Identity
 from .nodes import NodeRegistry
 from .vault import Vault
@@ -165,7 +165,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                  fix="use --node with letters, digits, '-', '.' or '_' (at most 253)")
             node = await self.registry.register(name, request.inventory)
         except NodusError as e:
-            await context.abort_with_status(_status(e, rid))
+            await context.abort_with_status(status_for(e, rid))
             raise  # unreachable: abort raises
         log.info("node %s registered: session epoch %d", name, node["epoch"])
         return agent_pb2.RegisterResponse(node_id=node["id"], session_id=node["sessionId"], epoch=node["epoch"],
@@ -189,7 +189,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 raise NodusError("StaleSession", f"session {hello.session_id or '?'} (epoch {hello.epoch}) of node "
                                  f"{hello.node_id or '?'} is unknown or superseded")
         except NodusError as e:
-            await context.abort_with_status(_status(e, rid))
+            await context.abort_with_status(status_for(e, rid))
             return
         session = Session(self, node["name"], hello.session_id, hello.epoch)
         previous = self.sessions.get(session.node)
@@ -213,7 +213,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if self.sessions.get(session.node) is session:
                 del self.sessions[session.node]
         if session.error is not None:
-            await context.abort_with_status(_status(session.error, rid))
+            await context.abort_with_status(status_for(session.error, rid))
 
 
 class Session:

@@ -9,20 +9,17 @@ write to a finished log answers FAILED_PRECONDITION with the stored size in the 
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
 from nodus.proto.nodus.v1 import blob_pb2, blob_pb2_grpc
 
 from .blobs import CHUNK, BlobStore, check_digest
-from .errors import NodusError, new_request_id
-from .grpc_api import _status
+from .errors import NodusError
+from .grpc_api import boundary, status_for
 from .identity import Identity
-from .metrics import LATENCY, REQUESTS
 
 log = logging.getLogger("nodus.blobs")
 
@@ -30,12 +27,14 @@ SERVICE_NAME = blob_pb2.DESCRIPTOR.services_by_name["BlobService"].full_name
 SIZE_TRAILER = "x-log-size"
 
 
-async def _abort(context: grpc.aio.ServicerContext, err: NodusError, rid: str) -> None:
-    status = _status(err, rid)
+def _status(err: NodusError, rid: str) -> grpc.Status:
+    """status_for, with the log's size as a trailer when the error knows it (an append at the wrong
+    offset: the agent resumes from there)."""
+    status = status_for(err, rid)
     size = err.extra.get("size")
     if size is not None:
         status = status._replace(trailing_metadata=tuple(status.trailing_metadata) + ((SIZE_TRAILER, str(size)),))
-    await context.abort_with_status(status)
+    return status
 
 
 class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
@@ -57,29 +56,8 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
             raise NodusError("Forbidden", f'User "{caller.subject}" cannot use BlobService: it serves node agents',
                              fix="download outputs and logs over REST (`nodus outputs get`, `nodus logs`)") from None
 
-    async def _call(self, verb: str, context: grpc.aio.ServicerContext, work: Any) -> Any:
-        """Authenticates, runs `work()`, translates errors at the boundary, counts and times the call."""
-        rid = new_request_id()
-        started = time.perf_counter()
-        code = "OK"
-        try:
-            await context.send_initial_metadata((("x-request-id", rid),))
-            await self._authenticate(context)
-            return await work()
-        except NodusError as e:
-            code = e.code.grpc
-            await _abort(context, e, rid)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the boundary
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            log.exception("BlobService %s failed (%s)", verb, rid)
-            code = "INTERNAL"
-            await _abort(context, NodusError("InternalError", "an internal error occurred"), rid)
-        finally:
-            REQUESTS.labels("grpc", verb, "blobs", code).inc()
-            LATENCY.labels("grpc", verb).observe(time.perf_counter() - started)
+    async def _call(self, verb: str, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[Any]]) -> Any:
+        return await boundary(verb, "blobs", context, lambda: self._authenticate(context), lambda _: work(), _status)
 
     # -- RPCs -------------------------------------------------------------------------------------
     async def Put(self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:

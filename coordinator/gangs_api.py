@@ -18,7 +18,7 @@ from .controllers.attempts import PHASE_NUMBERS, AttemptPhase
 from .controllers.cache import JOBS, Cache
 from .controllers.gang import is_gang
 from .errors import NodusError
-from .grpc_api import _rpc
+from .grpc_api import rpc
 from .identity import Caller, Identity
 from .nodes import NodeServicer
 
@@ -61,7 +61,7 @@ class GangServicer(gang_pb2_grpc.GangServiceServicer):
     def __init__(self, cache: Cache, identity: Identity) -> None:
         self.cache, self.identity = cache, identity
 
-    @_rpc("getgang")
+    @rpc("getgang")
     async def GetGang(self, caller: Caller, request: gang_pb2.GetGangRequest, context: Any) -> gang_pb2.Gang:
         NodeServicer._operator(caller)
         if not request.project or not request.job:
@@ -76,7 +76,7 @@ class GangServicer(gang_pb2_grpc.GangServiceServicer):
                              fix="GangService reads multi-node Jobs; read this one with ResourceService.Get")
         return gang_proto(self.cache, job)
 
-    @_rpc("listgangs")
+    @rpc("listgangs")
     async def ListGangs(self, caller: Caller, request: gang_pb2.ListGangsRequest,
                         context: Any) -> gang_pb2.ListGangsResponse:
         NodeServicer._operator(caller)

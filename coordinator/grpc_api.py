@@ -63,7 +63,9 @@ def from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
     return _ints(json_format.MessageToDict(s))
 
 
-def _status(err: NodusError, rid: str) -> grpc.Status:
+def status_for(err: NodusError, rid: str) -> grpc.Status:
+    """The gRPC status of an error: its code, an ErrorInfo (reason, fix, docs, request id) and the
+    field violations."""
     code = getattr(grpc.StatusCode, err.code.grpc)
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain="nodus.dev",
                                        metadata={**{k: str(v) for k, v in err.extra.items()},
@@ -82,32 +84,44 @@ def _status(err: NodusError, rid: str) -> grpc.Status:
                                                   details=packed))
 
 
-def _rpc(verb: str) -> Callable[..., Any]:
-    """Authenticates, translates NodusError at the boundary, counts and times the call."""
+async def boundary(verb: str, kind: str, context: grpc.aio.ServicerContext,
+                   authenticate: Callable[[], Awaitable[Any]], work: Callable[[Any], Awaitable[Any]],
+                   to_status: Callable[[NodusError, str], grpc.Status] = status_for) -> Any:
+    """The server side of every RPC: a request id in the initial metadata, `authenticate()` (its
+    result is the caller `work` gets), NodusError → a status with details (`to_status`), anything
+    else → INTERNAL and logged; counted and timed per verb."""
+    rid = new_request_id()
+    started = time.perf_counter()
+    code = "OK"
+    try:
+        await context.send_initial_metadata((("x-request-id", rid),))
+        return await work(await authenticate())
+    except NodusError as e:
+        code = e.code.grpc
+        await context.abort_with_status(to_status(e, rid))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the boundary
+        if isinstance(e, grpc.aio.AbortError):
+            raise
+        log.exception("gRPC %s failed (%s)", verb, rid)
+        code = "INTERNAL"
+        await context.abort_with_status(to_status(NodusError("InternalError", "an internal error occurred"), rid))
+    finally:
+        REQUESTS.labels("grpc", verb, kind, code).inc()
+        LATENCY.labels("grpc", verb).observe(time.perf_counter() - started)
+
+
+def rpc(verb: str) -> Callable[..., Any]:
+    """A method `fn(self, caller, request, context)` as a handler behind `boundary`, authenticated by
+    `self.identity` (a user's or an operator's token)."""
     def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            rid = new_request_id()
-            started = time.perf_counter()
-            code = "OK"
-            try:
-                await context.send_initial_metadata((("x-request-id", rid),))
-                caller = await self.identity.authenticate(dict(context.invocation_metadata()).get("authorization"))
-                return await fn(self, caller, request, context)
-            except NodusError as e:
-                code = e.code.grpc
-                await context.abort_with_status(_status(e, rid))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the boundary
-                if isinstance(e, grpc.aio.AbortError):
-                    raise
-                log.exception("gRPC %s failed (%s)", verb, rid)
-                code = "INTERNAL"
-                await context.abort_with_status(_status(NodusError("InternalError", "an internal error occurred"), rid))
-            finally:
-                REQUESTS.labels("grpc", verb, getattr(request, "kind", ""), code).inc()
-                LATENCY.labels("grpc", verb).observe(time.perf_counter() - started)
+            return await boundary(
+                verb, getattr(request, "kind", ""), context,
+                lambda: self.identity.authenticate(dict(context.invocation_metadata()).get("authorization")),
+                lambda caller: fn(self, caller, request, context))
         return handler
     return wrap
 
@@ -123,11 +137,11 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
             raise NodusError("BadRequest", "project is required", fix='set "project" (for example "default")')
         return request.project
 
-    @_rpc("get")
+    @rpc("get")
     async def Get(self, caller: Caller, request: Any, context: Any) -> struct_pb2.Struct:
         return to_struct(await self.service.get(caller, resolve(request.kind), self._project(request), request.name))
 
-    @_rpc("list")
+    @rpc("list")
     async def List(self, caller: Caller, request: Any, context: Any) -> Any:
         page = await self.service.list(
             caller, resolve(request.kind), request.project or None,
@@ -147,7 +161,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
                 fields=parse_field_selector(request.field_selector), resource_version=request.resource_version,
                 send_initial_events=request.send_initial_events, allow_bookmarks=request.allow_bookmarks)
         except NodusError as e:
-            await context.abort_with_status(_status(e, rid))
+            await context.abort_with_status(status_for(e, rid))
             return
         REQUESTS.labels("grpc", "watch", request.kind, "OK").inc()
         WATCHERS.labels("grpc").inc()
@@ -163,7 +177,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
             WATCHERS.labels("grpc").dec()
             await stream.aclose()  # type: ignore[attr-defined]
 
-    @_rpc("create")
+    @rpc("create")
     async def Create(self, caller: Caller, request: Any, context: Any) -> struct_pb2.Struct:
         obj, warnings = await self.service.create(caller, resolve(request.kind), self._project(request),
                                                   from_struct(request.object), dry_run=request.dry_run,
@@ -171,7 +185,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
         self._warn(context, warnings)
         return to_struct(obj)
 
-    @_rpc("update")
+    @rpc("update")
     async def Update(self, caller: Caller, request: Any, context: Any) -> struct_pb2.Struct:
         obj, warnings = await self.service.replace(caller, resolve(request.kind), self._project(request), request.name,
                                                    from_struct(request.object), subresource=request.subresource,
@@ -180,7 +194,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
         self._warn(context, warnings)
         return to_struct(obj)
 
-    @_rpc("patch")
+    @rpc("patch")
     async def Patch(self, caller: Caller, request: Any, context: Any) -> struct_pb2.Struct:
         patch_type = request.patch_type or "merge"
         if patch_type not in ("merge", "json"):
@@ -192,7 +206,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
         self._warn(context, warnings)
         return to_struct(obj)
 
-    @_rpc("delete")
+    @rpc("delete")
     async def Delete(self, caller: Caller, request: Any, context: Any) -> struct_pb2.Struct:
         return to_struct(await self.service.delete(caller, resolve(request.kind), self._project(request), request.name,
                                                    dry_run=request.dry_run, precondition=request.resource_version))
@@ -233,17 +247,17 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
             raise NodusError("Forbidden", f'User "{caller.subject}" cannot {what} in project "{project}"',
                              fix="use an admin token (the one in DATA_DIR/kubeconfig administers every project)")
 
-    @_rpc("createproject")
+    @rpc("createproject")
     async def CreateProject(self, caller: Caller, request: Any, context: Any) -> Any:
         self._require(caller, ALL_PROJECTS, "create projects")
         return _project(await self.identity.create_project(request.name, request.display_name))
 
-    @_rpc("listprojects")
+    @rpc("listprojects")
     async def ListProjects(self, caller: Caller, request: Any, context: Any) -> Any:
         projects = [p for p in await self.identity.list_projects() if caller.can(p["name"], Role.VIEWER)]
         return project_pb2.ListProjectsResponse(projects=[_project(p) for p in projects])
 
-    @_rpc("createtoken")
+    @rpc("createtoken")
     async def CreateToken(self, caller: Caller, request: Any, context: Any) -> Any:
         if not request.project:
             raise NodusError("BadRequest", "project is required", fix='set "project", or "*" for every project')
@@ -254,14 +268,14 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
                                                           request.subject, int(request.ttl_seconds))
         return _token(record, secret)
 
-    @_rpc("listtokens")
+    @rpc("listtokens")
     async def ListTokens(self, caller: Caller, request: Any, context: Any) -> Any:
         project = request.project or caller.project
         self._require(caller, project, "list tokens")
         tokens = await self.identity.list_tokens(None if project == ALL_PROJECTS and request.project == "" else project)
         return project_pb2.ListTokensResponse(tokens=[_token(t) for t in tokens])
 
-    @_rpc("revoketoken")
+    @rpc("revoketoken")
     async def RevokeToken(self, caller: Caller, request: Any, context: Any) -> Any:
         record = await self.identity.get_token(request.id)
         if record is None:

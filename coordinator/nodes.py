@@ -28,7 +28,7 @@ from .controllers.cache import LEASES, NODES, Cache, attempt_key
 from .controllers.job_controller import stop
 from .controllers.objects import Objects
 from .errors import NodusError
-from .grpc_api import _rpc
+from .grpc_api import rpc
 from .identity import ALL_PROJECTS, Caller, Identity, Role
 from .scheduler import OCI, PROCESS, Amount, Gpu, NodeView, Request, Reservation
 from .selectors import parse_label_selector
@@ -263,7 +263,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             raise _no_node(name)
         return doc
 
-    @_rpc("listnodes")
+    @rpc("listnodes")
     async def ListNodes(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         selector = parse_label_selector(request.label_selector)
@@ -272,22 +272,22 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
                  and (not request.phase or n.phase == request.phase)]
         return node_pb2.ListNodesResponse(nodes=nodes)
 
-    @_rpc("getnode")
+    @rpc("getnode")
     async def GetNode(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         return node_proto(self.registry, self._get(request.name))
 
-    @_rpc("cordon")
+    @rpc("cordon")
     async def Cordon(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         return node_proto(self.registry, await self.registry.set_cordon(request.name, True, request.message))
 
-    @_rpc("uncordon")
+    @rpc("uncordon")
     async def Uncordon(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         return node_proto(self.registry, await self.registry.set_cordon(request.name, False))
 
-    @_rpc("drain")
+    @rpc("drain")
     async def Drain(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         if request.grace_seconds < 0:
@@ -295,7 +295,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         doc = await self.registry.drain(request.name, int(request.grace_seconds or 30), request.message)
         return node_proto(self.registry, doc)
 
-    @_rpc("reclaim")
+    @rpc("reclaim")
     async def Reclaim(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         if request.grace_seconds < 0:
@@ -306,7 +306,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
                                   registry.clock.now())
         return node_proto(registry, doc)
 
-    @_rpc("listattempts")
+    @rpc("listattempts")
     async def ListAttempts(self, caller: Caller, request: Any, context: Any) -> Any:
         self._operator(caller)
         if request.job and not request.project:
