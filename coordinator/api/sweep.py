@@ -9,8 +9,8 @@ from typing import Any
 
 from .. import errors
 from ..errors import Cause
-from .job import (COST, CONDITIONS, ESTIMATE, GPU, JOB_SPEC, STATES, complete_spec, fold_gpu, fold_spec,
-                  resolve_secrets, spec_rules)
+from .job import GPU, JOB_SPEC, STATES, complete_spec, fold_gpu, fold_spec, resolve_secrets, spec_rules
+from .job_status import CONDITIONS, COST, ESTIMATE
 from .kinds import sweep_cell_count
 from .schema import Int, KindSchema, List, Map, Obj, Resolution, Scalar, Str, get, money, strings
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from .. import errors
 from ..errors import Cause
-from .job import (CONDITIONS, COST, DISTRIBUTED, ESTIMATE, JOB_SPEC, PLACEMENT, RESOURCES, STATES, distributed_rules,
-                  fold_resources, not_found)
+from .job import DISTRIBUTED, JOB_SPEC, PLACEMENT, RESOURCES, STATES, distributed_rules, fold_resources, not_found
+from .job_status import CONDITIONS, COST, ESTIMATE
 from .schema import Bool, Free, Int, KindSchema, List, Map, Obj, Resolution, Str, duration, money
 from .trainingruntime import MODES, PARAMETERS_MAX_BYTES, TASKS, json_schema_causes
 

@@ -13,7 +13,8 @@ from jsonschema import Draft202012Validator
 
 from .. import errors
 from ..errors import Cause
-from .job import CONDITIONS, INIT_COMMAND, RESOURCES, SIDECARS, fold_resources
+from .job import INIT_COMMAND, RESOURCES, SIDECARS, fold_resources
+from .job_status import CONDITIONS
 from .schema import Bool, Free, Int, KindSchema, List, Map, Obj, Str, get, strings
 
 PARAMETERS_MAX_BYTES = 64 * 1024
