@@ -31,6 +31,7 @@ from .controllers import gang as gangs
 from .controllers.attempts import (GANG_STEPS, PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_probe,
                                    fold_progress, fold_report, phase_of)
 from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
+from .controllers.interruptions import Interruptions
 from .controllers.objects import Objects
 from .errors import NodusError, new_request_id
 from .grpc_api import status_for
@@ -129,6 +130,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.registry, self.objects, self.identity, self.vault, self.clock = registry, objects, identity, vault, clock
         self.gang_config = gang_config
         self.cache: Cache = registry.cache
+        self.interruptions = Interruptions(self.cache, clock)
         self.sessions: dict[str, Session] = {}
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, self._on_node)
@@ -521,7 +523,8 @@ class Session:
         while True:
             await asyncio.sleep(checkpoints.CADENCE_TICK)
             try:
-                for request in checkpoints.due_requests(self.cache, self.node, self.service.clock.now(), asked):
+                for request in checkpoints.due_requests(self.cache, self.node, self.service.clock.now(), asked,
+                                                          self.service.interruptions.of):
                     self.send(checkpoint_request=request)
             except Exception:  # noqa: BLE001 - the next tick tries again
                 log.exception("node %s: checkpoint cadence failed", self.node)
@@ -590,7 +593,7 @@ class Session:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = await checkpoints.checkpoint_store(read, self.service.vault, job)
-            checkpoints.prepare(built, attempt, job, siblings, store)
+            checkpoints.prepare(built, attempt, job, siblings, store, self.service.interruptions.of(attempt))
             plan = gangs.plan_for(attempt, siblings, job, self.service.gang_config)
             if plan is not None:
                 built.gang.CopyFrom(plan_message(plan, self.service.gang_config))

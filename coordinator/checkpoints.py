@@ -83,8 +83,12 @@ async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, 
     return None
 
 
+Mtbi = Callable[[dict[str, Any]], "float | None"]
+"""An attempt → the measured MTBI of its offering (controllers/interruptions.py), for `auto` cadences."""
+
+
 def _gang_due(spec: dict[str, Any], attempt: dict[str, Any], same: Sequence[dict[str, Any]],
-              now: float) -> tuple[bool, int]:
+              now: float, mtbi: Mtbi) -> tuple[bool, int]:
     """For one member of a Dcp gang: whether to ask it for a part now, and which seq (0: a new one). A
     seq some member of the epoch already stored is asked of the others (so the parts meet); otherwise
     a new seq, when rank 0's cadence is due."""
@@ -99,7 +103,7 @@ def _gang_due(spec: dict[str, Any], attempt: dict[str, Any], same: Sequence[dict
     rank0 = next((s for s in epoch if int(((s.get("spec") or {}).get("gang") or {}).get("rank") or 0) == 0), None)
     if rank0 is None:
         return False, 0
-    due, _ = rules.periodic_due(spec, rank0, same, now)
+    due, _ = rules.periodic_due(spec, rank0, same, now, mtbi(rank0))
     return due and phase_of(attempt) is AttemptPhase.RUNNING, 0
 
 
@@ -196,7 +200,8 @@ async def _connection_keys(read: Read, vault: Vault, project: str, conn: str, se
 
 
 def prepare(out: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, Any],
-            siblings: Sequence[dict[str, Any]], store: agent_pb2.Location | None = None) -> None:
+            siblings: Sequence[dict[str, Any]], store: agent_pb2.Location | None = None,
+            mtbi: float | None = None) -> None:
     """Adds recovery to a built Assignment: the checkpoint policy, and for a replacement what it resumes
     from (continuity Checkpointed: the index's latest committed checkpoint as restore_from;
     Restartable: the last reported progress units as NODUS_RESUME_UNITS; Ephemeral: nothing).
@@ -211,7 +216,7 @@ def prepare(out: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, A
     if mode == "Checkpointed":
         policy = (spec.get("recovery") or {}).get("checkpoint") or {}
         out.checkpoint.CopyFrom(agent_pb2.CheckpointPolicy(
-            paths=policy.get("paths") or ["/nodus/state"], interval=_duration(rules.interval(spec, same)),
+            paths=policy.get("paths") or ["/nodus/state"], interval=_duration(rules.interval(spec, same, mtbi)),
             max_size_bytes=_size(policy.get("maxSize")),
             format=agent_pb2.CHECKPOINT_FORMAT_DCP if policy.get("format") == "Dcp"
             else agent_pb2.CHECKPOINT_FORMAT_SNAPSHOT,
@@ -331,8 +336,8 @@ CADENCE_TICK = 5.0
 """How often each agent stream checks whether a Periodic checkpoint fell due (intervals are ≥ 1m)."""
 
 
-def due_requests(cache: Cache, node: str, now: float,
-                 asked: dict[str, tuple[int, float]]) -> list[agent_pb2.CheckpointRequest]:
+def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int, float]],
+                 mtbi: Mtbi = lambda attempt: None) -> list[agent_pb2.CheckpointRequest]:
     """Periodic CheckpointRequests due on `node` now. `asked` (attempt id → (seq, when)) is the
     stream's memory of what it asked, so a request is repeated only when its checkpoint never came."""
     out = []
@@ -355,16 +360,17 @@ def due_requests(cache: Cache, node: str, now: float,
                 asked.pop(spec["id"], None)
                 continue
             if dcp:
-                due, seq = _gang_due(job.get("spec") or {}, attempt, same, now)
+                due, seq = _gang_due(job.get("spec") or {}, attempt, same, now, mtbi)
             else:
-                due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], 0
+                due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now, mtbi(attempt))[0], 0
         else:
-            due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now)[0], 0
+            due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now, mtbi(attempt))[0], 0
         if not due:
             continue
         seq = seq or rules.next_seq(same)  # only once due: it reads every committed checkpoint
         before = asked.get(spec["id"])
-        if before is not None and before[0] == seq and now - before[1] < rules.interval(job.get("spec") or {}, same):
+        if before is not None and before[0] == seq and now - before[1] < rules.interval(job.get("spec") or {}, same,
+                                                                                         mtbi(attempt)):
             continue
         asked[spec["id"]] = (seq, now)
         out.append(agent_pb2.CheckpointRequest(attempt_id=spec["id"], reason=agent_pb2.CHECKPOINT_REASON_PERIODIC,

@@ -10,9 +10,11 @@ import pytest
 from test_job_controller import World
 
 from nodus.coordinator import checkpoints as store
+from nodus.coordinator.clock import duration, rfc3339
 from nodus.coordinator.controllers import checkpoints as rules
 from nodus.coordinator.controllers.attempts import AttemptPhase
 from nodus.coordinator.controllers.job import AttemptView, JobPhase, StopAttempt, decide
+from nodus.coordinator.controllers.interruptions import Interruptions
 from nodus.coordinator.controllers.job_controller import stop
 from nodus.coordinator.controllers.lease import lost
 from nodus.proto.nodus.v1 import agent_pb2
@@ -107,6 +109,57 @@ def test_interval_fixed_auto_and_measured() -> None:
     w.run(name)
     committed(w, name, commit(w.attempts[name], 1, pause=8.0))
     assert rules.interval(auto, w.attempts.values(), mtbi=7200) == pytest.approx(math.sqrt(2 * 8.0 * 7200))
+
+
+def ran(offering: str, start: float, hours: float, phase: str = "Succeeded", reason: str = "") -> dict[str, Any]:
+    """An attempt on `offering` that ran `hours` from `start` and ended in `phase`."""
+    return {"spec": {"offering": offering},
+            "status": {"phase": phase, "reason": reason, "startTime": rfc3339(start),
+                       "finishTime": rfc3339(start + hours * 3600)}}
+
+
+def test_an_offerings_mtbi_is_measured_on_its_attempts() -> None:
+    now, day = 1_800_000_000.0, 86400.0
+    assert rules.offering_mtbi([], "spot", now) == rules.DEFAULT_MTBI, "nothing ran there yet: the default"
+    flaky = [ran("spot", now - day + i * 3600, 1, "Lost", "NodeLost") for i in range(10)]
+    assert rules.offering_mtbi(flaky, "spot", now) == pytest.approx((10 * 3600 + rules.DEFAULT_MTBI) / 11)
+    quiet = [ran("dedicated", now - 10 * day, 24 * 9)]
+    assert rules.offering_mtbi(quiet, "dedicated", now) == pytest.approx(10 * day), "9 quiet days raise it"
+    others = [ran("spot", now - day, 2, "Lost", "Drained"),  # an operator's drain is not the offering's doing
+              ran("other", now - day, 1, "Lost", "NodeLost"),  # another offering
+              ran("spot", now - 40 * day, 1, "Lost", "Preempted")]  # older than the window
+    assert rules.offering_mtbi([*flaky, *others], "spot", now) == pytest.approx((12 * 3600 + rules.DEFAULT_MTBI) / 11)
+    running = {"spec": {"offering": "spot"}, "status": {"phase": "Running", "startTime": rfc3339(now - 3600)}}
+    assert rules.offering_mtbi([running], "spot", now) == pytest.approx(3600 + rules.DEFAULT_MTBI)
+
+
+def test_an_auto_cadence_follows_the_offering_it_runs_on() -> None:
+    """The Job controller and the agent stream ask Interruptions for the current attempt's offering: a
+    flaky one checkpoints more often, in status.checkpoint.interval and in the requests."""
+    w = World()  # interval auto
+    w.step()
+    name = w.live()[0]
+    w.run(name)
+    w.attempts[name]["spec"]["offering"] = "spot"
+    committed(w, name, commit(w.attempts[name], 1, pause=8.0, t=w.clock.now()))
+    history = [ran("spot", w.clock.now() - 86400 + i * 3600, 1, "Lost", "NodeLost") for i in range(20)]
+
+    class Attempts:
+        def attempts(self) -> list[dict[str, Any]]:
+            return [*history, *w.attempts.values()]
+
+    interruptions = Interruptions(Attempts(), w.clock)  # type: ignore[arg-type]
+    mtbi = interruptions.of(w.attempts[name])
+    assert mtbi is not None and mtbi < 3 * 3600
+    views = [AttemptView.of(a) for a in w.attempts.values()]
+    every = rules.young_daly(8.0, mtbi)
+    assert decide(w.job, views, w.clock.now(), mtbi=mtbi).status["checkpoint"]["interval"] == duration(every)  # type: ignore[index, arg-type]
+    assert decide(w.job, views, w.clock.now()).status["checkpoint"]["interval"] == \
+        duration(rules.young_daly(8.0, rules.DEFAULT_MTBI))  # type: ignore[index, arg-type]
+    cache, asked = FakeCache(w), {}
+    w.clock.advance(every + 2)  # the running attempt's own hours count too, so the figure creeps up a little
+    assert [r.seq for r in store.due_requests(cache, "n1", w.clock.now(), asked, interruptions.of)] == [2]  # type: ignore[arg-type]
+    assert store.due_requests(cache, "n1", w.clock.now(), {}) == [], "on the default MTBI it is not due yet"  # type: ignore[arg-type]
 
 
 def test_periodic_checkpoint_falls_due_on_a_stepped_clock() -> None:

@@ -27,7 +27,10 @@ RETAINED_PER_ATTEMPT = 8
 MIN_INTERVAL = 60.0
 MAX_INTERVAL = 6 * 3600.0
 DEFAULT_MTBI = 24 * 3600.0
-"""Mean time between interruptions assumed until the pricing catalog measures the offering's."""
+"""Mean time between interruptions assumed for an offering nothing has run on yet; it also weighs
+as one interruption's worth of exposure in the measured figure (`offering_mtbi`)."""
+MTBI_WINDOW = 30 * 86400.0
+"""How far back an offering's attempts count towards its measured MTBI."""
 DEFAULT_COST = 30.0
 """Seconds a checkpoint is assumed to cost the program before one was measured."""
 SUSPEND_TRIES = 3
@@ -205,6 +208,29 @@ def measured_cost(attempts: Iterable[dict[str, Any]]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
+def offering_mtbi(attempts: Iterable[dict[str, Any]], offering: str, now: float) -> float:
+    """Mean time between interruptions of `offering`, measured on its attempts of the last MTBI_WINDOW:
+    (running time + DEFAULT_MTBI) / (interruptions + 1). An interruption is an attempt Lost to its
+    capacity (node lost, preempted, reclaimed), not to an operator's drain. The default counts as one
+    interruption per DEFAULT_MTBI of prior exposure: a few quiet hours barely move it, while an
+    offering that loses its nodes every hour soon reads about an hour."""
+    running, interruptions = 0.0, 0
+    since = now - MTBI_WINDOW
+    for a in attempts:
+        if _spec(a).get("offering") != offering:
+            continue
+        start = parse(_status(a).get("startTime"))
+        if start is None:
+            continue
+        end = parse(_status(a).get("finishTime")) or now
+        if end <= since:
+            continue
+        running += max(0.0, end - max(start, since))
+        if phase_of(a) is AttemptPhase.LOST and _status(a).get("reason") != "Drained":
+            interruptions += 1
+    return (running + DEFAULT_MTBI) / (interruptions + 1)
+
+
 def interval(spec: dict[str, Any], attempts: Iterable[dict[str, Any]], mtbi: float | None = None) -> float:
     """The cadence in use: the spec's duration, or Young–Daly for `auto`."""
     text = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("interval") or "auto"
@@ -239,8 +265,10 @@ def continuity(spec: dict[str, Any]) -> str:
 
 # -- the Job's view ---------------------------------------------------------------------------------
 
-def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """status.checkpoint: the latest committed checkpoint, the cadence, and what the current attempt restored."""
+def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]],
+                          mtbi: float | None = None) -> dict[str, Any] | None:
+    """status.checkpoint: the latest committed checkpoint, the cadence (for `auto`, on the current
+    attempt's offering: `mtbi`), and what the current attempt restored."""
     top = latest(mine)
     current = current_attempt(list(mine))
     restored = int(_status(current).get("restoredFromSeq") or 0) if current is not None else 0
@@ -250,7 +278,7 @@ def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]]) 
     if top is not None:
         out.update(seq=int(top["seq"]), time=top.get("time"), size=int(top.get("size") or 0))
     if continuity(spec) == "Checkpointed":
-        out["interval"] = duration(interval(spec, mine))
+        out["interval"] = duration(interval(spec, mine, mtbi))
     if restored:
         out["restoredFromSeq"] = restored
     return out

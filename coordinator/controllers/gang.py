@@ -249,7 +249,7 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
 # -- decide --------------------------------------------------------------------------------------------
 
 def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
-                config: GangConfig = GangConfig()) -> Decision:
+                config: GangConfig = GangConfig(), mtbi: float | None = None) -> Decision:
     meta, spec = job["metadata"], job.get("spec") or {}
     prev = job.get("status") or {}
     uid = meta.get("uid", "")
@@ -300,7 +300,7 @@ def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float
                    f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
                    f"maxAssemblyRetries {retries}); the last time rank(s) {', '.join(map(str, stuck)) or '?'} never "
                    f"became ready")
-    decision = decide(job, list(views.values()), now, extra_verdict=verdict)
+    decision = decide(job, list(views.values()), now, extra_verdict=verdict, mtbi=mtbi)
     for action in decision.actions:
         if isinstance(action, CreateAttempt):
             actions.extend(_new_epoch(action.number, size, epochs, views))

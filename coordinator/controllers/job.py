@@ -195,9 +195,10 @@ def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
 
 
 def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
-           extra_verdict: tuple[JobPhase, str, str] | None = None) -> Decision:
+           extra_verdict: tuple[JobPhase, str, str] | None = None, mtbi: float | None = None) -> Decision:
     """`extra_verdict` ends the Job for a reason only its caller knows (a gang that never assembled),
-    unless it is cancelled or done anyway."""
+    unless it is cancelled or done anyway. `mtbi` is the measured mean time between interruptions
+    of the offering the Job runs on (None: the default), for an `auto` checkpoint cadence."""
     meta, spec = job["metadata"], job.get("spec") or {}
     prev: dict[str, Any] = job.get("status") or {}
     mine = [a for a in attempts if a.job_uid == meta.get("uid")]
@@ -348,7 +349,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
     objs = [a.obj for a in mine]
     released = phase.terminal and ckpt.released({**job, "status": status}, meta.get("uid", ""), now)
-    put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs))
+    put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs, mtbi))
     put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released)))
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
              if (a.obj.get("status") or {}).get("inputsReadyTime")]

@@ -21,6 +21,7 @@ from ..resources import ResourceService
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .gang import CreateMember, GangConfig, decide_gang, is_gang
+from .interruptions import Interruptions
 from .job import (Action, AttemptView, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans,
                   decide)
 from .objects import Objects, new_uid
@@ -122,6 +123,7 @@ class JobController:
         """Per Job: the AttemptView of each attempt object last seen (by identity; the entry holds the
         object, so its id cannot be reused while it is there)."""
         self._jobs = resolve("jobs")
+        self.interruptions = Interruptions(cache, clock)
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
 
@@ -172,10 +174,13 @@ class JobController:
         if job is None or job["metadata"].get("deletionTimestamp"):
             await self._execute(job, project, collect_orphans(attempts), now)
             return
+        current = max((a for a in attempts if a.job_uid == job["metadata"].get("uid") and not a.phase.terminal),
+                      key=lambda a: a.number, default=None)
+        mtbi = self.interruptions.of(current.obj if current is not None else None)
         if is_gang(job.get("spec") or {}):
-            decision = decide_gang(job, attempts, now, self.gangs)
+            decision = decide_gang(job, attempts, now, self.gangs, mtbi)
         else:
-            decision = decide(job, attempts, now)
+            decision = decide(job, attempts, now, mtbi=mtbi)
         await self._execute(job, project, decision.actions, now)
         if decision.status is not None:
             written = await self._write_status(job, project, decision.status)
