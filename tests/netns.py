@@ -42,6 +42,8 @@ _SUPERNET = ipaddress.ip_network("198.18.0.0/15")
 _LOCK = Path("/run/nodus-netns.lock")
 _IFNAMSIZ = 15
 _FW_COMMENT = "nodus-netns"
+_ETC = Path("/etc/netns")
+"""`ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc: each host's own hosts and resolv.conf."""
 
 
 class NetnsError(RuntimeError):
@@ -181,6 +183,9 @@ def _sweep_stale_locked() -> list[str]:
         _kill_netns_procs(ns, grace=0.5)
         _ip("netns", "del", ns, check=False)
         removed.append(ns)
+    if _ETC.is_dir():
+        for leftover in filter(dead, os.listdir(_ETC)):
+            shutil.rmtree(_ETC / leftover, ignore_errors=True)
     links = set(filter(dead, _link_names()))
     # Veths first: deleting one end also removes its peer, and a bridge goes last.
     for link in sorted(links, key=lambda n: n.endswith("b")):
@@ -294,7 +299,19 @@ class Lab:
             _ip("link", "set", host.host_veth, "master", self.bridge, "up")
             _ip("link", "set", "lo", "up", netns=host.netns)
             self.restore(i)
+        self._write_names()
         self._open_firewall()
+
+    def _write_names(self) -> None:
+        """Every host's /etc/hosts names the lab's hosts, and its resolv.conf points at nothing, so any
+        other lookup fails at once. Without it every reverse lookup (gloo and TCPStore do them) waits
+        for the root namespace's resolver, which no namespace can reach, and stalls for seconds."""
+        names = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
+        for h in self.hosts:
+            d = _ETC / h.netns
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "hosts").write_text(names)
+            (d / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _free_subnet(self) -> ipaddress.IPv4Network:
         taken = []
@@ -375,6 +392,10 @@ class Lab:
         for rule in self._fw:
             _cmd(["iptables", "-w", "-D", *rule], check=False)
         self._fw.clear()
+        for host in self.hosts:
+            shutil.rmtree(_ETC / host.netns, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            _ETC.rmdir()  # only when no other lab (or anyone else) keeps a namespace's files there
         with _live_lock:
             _live.discard(self)
         return errors

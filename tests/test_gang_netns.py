@@ -58,31 +58,7 @@ TOLERANCE = 0.20
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     with Lab(3) as lab:
-        with _local_names(lab):
-            yield lab
-
-
-class _local_names:
-    """/etc/netns/<ns>/{hosts,resolv.conf}, which `ip netns exec` mounts over /etc: the lab's addresses
-    resolve from files, and any other lookup fails at once. Without it every reverse lookup (gloo and
-    TCPStore do them) waits for the root namespace's resolver, which no namespace can reach, and
-    stalls for seconds: time the probe's budget does not have."""
-
-    def __init__(self, lab: Lab) -> None:
-        self.dirs = [Path("/etc/netns") / h.netns for h in lab.hosts]
-        self.hosts = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in lab.hosts)
-
-    def __enter__(self) -> None:
-        for d in self.dirs:
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "hosts").write_text(self.hosts)
-            (d / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-
-    def __exit__(self, *exc: object) -> None:
-        for d in self.dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        if Path("/etc/netns").is_dir() and not any(Path("/etc/netns").iterdir()):
-            Path("/etc/netns").rmdir()
+        yield lab
 
 
 @pytest.fixture(scope="module")

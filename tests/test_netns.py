@@ -92,6 +92,18 @@ def test_lab_layout(lab: Lab) -> None:
     assert f"{lab.hosts[0].address}/24" in out.stdout
 
 
+def test_hosts_resolve_each_other_by_name_and_other_lookups_fail_at_once(lab: Lab) -> None:
+    script = ("import socket\n"
+              "print(socket.gethostbyname('host1'))\n"
+              "try:\n    socket.gethostbyname('nodus-test.invalid')\nexcept OSError:\n    print('unresolved')\n")
+    done = lab.hosts[0].run([PY, "-c", script], capture_output=True, text=True, check=True, timeout=30)
+    assert done.stdout.split() == [lab.hosts[1].address, "unresolved"]
+    files = [Path("/etc/netns") / h.netns for h in lab.hosts]
+    assert all((d / "hosts").is_file() for d in files)
+    lab.close()
+    assert not any(d.exists() for d in files), "a host's /etc files go with the lab"
+
+
 def test_popen_keeps_env_and_cwd(lab: Lab, tmp_path) -> None:
     done = lab.hosts[0].run([PY, "-c", "import os; print(os.getcwd(), os.environ['NX_PROBE'])"],
                             cwd=tmp_path, env={"NX_PROBE": "yes"}, capture_output=True, text=True, check=True)
