@@ -9,9 +9,9 @@ A snapshot is taken in three steps, so the program is held only for a local copy
    program that did not opt in, or does not answer within the handshake timeout, is frozen: the
    attempt's cgroup freezer (v1 `freezer.state`, v2 `cgroup.freeze`), or SIGSTOP of its process
    group where no freezer is available.
-2. **Local copy** of the state paths into a staging directory under `run/` (`cp -a --reflink=auto`,
-   a reflink where the filesystem has them), then the program is released (thawed, request removed).
-   The hold is the pause reported in CheckpointCommit.pause.
+2. **Local copy** of the state paths into a staging directory under `run/` (`checkpoint.localcopy`:
+   what `cp -a --reflink=auto` makes, on a few threads in-process), then the program is released
+   (thawed, request removed). The hold is the pause reported in CheckpointCommit.pause.
 3. **Archive and upload** from the copy, with the program running: `checkpoint.archive` writes the
    tar.zst (sha256 while streaming, maxSize enforced), then the blob store takes it by digest.
 
@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any, Callable
 
 from nodus.checkpoint import AlreadyCommitted, Manifest, archive
 from nodus.checkpoint import restore as restore_archive
+from nodus.checkpoint.localcopy import copy_tree
 from nodus.checkpoint.manifest import manifest_key, seq_of_manifest_key
 from nodus.checkpoint.stores import Store
 
@@ -191,16 +191,10 @@ def _killpg(pid: int, sig: int) -> bool:
 
 
 def _copy(src: Path, dst: Path) -> None:
+    """Copies a state path to `dst` in the staging directory (merged into `dst` where an earlier path
+    made it); the program is held meanwhile, so this is the pause."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    cp = shutil.which("cp")
-    if cp:
-        r = subprocess.run([cp, "-a", "--reflink=auto", str(src), str(dst)], capture_output=True)
-        if r.returncode == 0:
-            return
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copy2(src, dst, follow_symlinks=False)
+    copy_tree(src, dst)
 
 
 class _FileSink:
