@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,7 +13,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import requests
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -23,49 +20,19 @@ pytest.importorskip("moto")
 from nodus.checkpoint import ArchiveTooLarge, DigestMismatch, StoreError  # noqa: E402
 from nodus.checkpoint.archive import CHUNK  # noqa: E402
 from nodus.checkpoint.stores.s3 import S3Store  # noqa: E402
+from motoserver import moto_server  # noqa: E402
 from test_checkpoint_cli import NODUS  # noqa: E402
 
-BIN = Path(sys.executable).parent
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
 PART = 64 * 1024
 """Forced part size for tests; moto is started with S3_UPLOAD_PART_MIN_SIZE below it (AWS's is 5 MiB)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    exe = BIN / "moto_server"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-    env = {**os.environ, **AWS_ENV, "S3_UPLOAD_PART_MIN_SIZE": "1024"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            requests.get(f"{endpoint}/moto-api/", timeout=1)
-            break
-        except requests.RequestException:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto_server did not start:\n{log.read_text()}")
-            time.sleep(0.1)
-    yield endpoint
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with moto_server(tmp_path_factory.mktemp("moto"), {**AWS_ENV, "S3_UPLOAD_PART_MIN_SIZE": "1024"}) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(autouse=True)

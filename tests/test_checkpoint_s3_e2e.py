@@ -8,27 +8,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import requests
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from conftest import Coordinator, job  # noqa: E402
+from motoserver import moto_server  # noqa: E402
 from nodus.agent.testing import AgentProcess, wait_for  # noqa: E402
 from test_recovery_e2e import ATTEMPTS, JOBS, attempts, patch_state, starts, units, wait_job  # noqa: E402
 
-BIN = Path(sys.executable).parent
 API = "/apis/nodus.dev/v1/namespaces/default"
 REGION = "eu-west-1"
 
@@ -60,46 +55,10 @@ print("reached", n, flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """moto's S3 in server mode on a loopback port; it accepts any keys."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    exe = BIN / "moto_server"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _up(endpoint) or (proc.poll() is not None and _died(log)), 30, interval=0.1,
-                 what="moto_server")
+    with moto_server(tmp_path_factory.mktemp("moto")) as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _up(endpoint: str) -> bool:
-    try:
-        requests.get(f"{endpoint}/moto-api/", timeout=1)
-        return True
-    except requests.RequestException:
-        return False
-
-
-def _died(log: Path) -> bool:
-    raise RuntimeError(f"moto_server exited:\n{log.read_text()}")
 
 
 @pytest.fixture
