@@ -60,7 +60,7 @@ async def commit(cache: Cache, objects: Objects, c: agent_pb2.CheckpointCommit, 
     if record.format == "Dcp" and int(gang.get("size") or 1) > 1:
         record = dataclasses.replace(record, rank=int(gang.get("rank") or 0), ranks=int(gang["size"]))
     project, name = attempt["metadata"]["namespace"], attempt["metadata"]["name"]
-    if rules.in_s3(record.record()):
+    if record.uri.startswith(rules.S3_URI):
         job = cache.job(project, attempt["spec"]["job"])
         record = dataclasses.replace(record, connection=await connection_of(reader(objects), job, record.uri))
     why: list[str] = []
