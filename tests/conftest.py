@@ -35,6 +35,11 @@ class Coordinator:
     def kubeconfig(self) -> Path:
         return self.data_dir / "kubeconfig"
 
+    @property
+    def join_token(self) -> str:
+        """What a node agent registers with."""
+        return (self.data_dir / "join-token").read_text().strip()
+
     def start(self, http_port: int = 0, grpc_port: int = 0, timeout: float = 30,
               extra_args: tuple[str, ...] = (), host: str = "127.0.0.1") -> "Coordinator":
         """Starts the coordinator listening on `host` (HTTP and gRPC); waits for its endpoints file."""
@@ -74,6 +79,12 @@ class Coordinator:
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def session(self, token: str | None = None) -> requests.Session:
         s = requests.Session()
         s.trust_env = False  # else REQUESTS_CA_BUNDLE in the environment replaces our CA
@@ -104,21 +115,15 @@ class Coordinator:
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
-    c = Coordinator(tmp_path / "data").start()
-    try:
+    with Coordinator(tmp_path / "data").start() as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
 def shared_coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     """One coordinator for a module's read-mostly tests (each test uses its own names)."""
-    c = Coordinator(tmp_path_factory.mktemp("coord") / "data").start()
-    try:
+    with Coordinator(tmp_path_factory.mktemp("coord") / "data").start() as c:
         yield c
-    finally:
-        c.stop()
 
 
 def job(name: str, **spec: Any) -> dict[str, Any]:

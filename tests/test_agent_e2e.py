@@ -13,9 +13,8 @@ import pytest
 import zstandard
 
 from conftest import Coordinator, job
+from e2e import JOBS, ended, get_job, start_agent
 from nodus.agent.testing import AgentProcess, wait_for
-
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 
 INDEXED = r"""
 import os, sys, time
@@ -37,23 +36,8 @@ with open(sys.argv[1], "a") as f:
 
 @pytest.fixture
 def agent(coordinator: Coordinator, tmp_path: Path) -> Iterator[AgentProcess]:
-    token = (coordinator.data_dir / "join-token").read_text().strip()
-    a = AgentProcess(tmp_path / "agent", coordinator.grpc, token, node="e2e-node").start()
-    try:
+    with start_agent(coordinator, tmp_path / "agent", "e2e-node") as a:
         yield a
-    finally:
-        a.reap()
-
-
-def get_job(c: Coordinator, name: str) -> dict[str, Any]:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    r.raise_for_status()
-    return r.json()
-
-
-def finished(c: Coordinator, name: str) -> dict[str, Any] | None:
-    j = get_job(c, name)
-    return j if (j.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
 
 
 def test_indexed_job_with_progress_outputs_and_logs(coordinator: Coordinator, agent: AgentProcess,
@@ -121,7 +105,7 @@ def test_kill9_of_the_agent_does_not_lose_or_repeat_the_work(coordinator: Coordi
     agent.start()
     wait_for(lambda: "re-adopted attempt" in agent.log(), 30, what="the re-adoption")
     go.touch()
-    j = wait_for(lambda: finished(coordinator, "survivor"), 60, what="the Job to finish")
+    j = ended(coordinator, "survivor", 60)
     assert j["status"]["phase"] == "Succeeded", j["status"]
     assert (j["status"].get("attempts") or {}).get("total", 1) == 1
     assert marker.read_text() == "started\n", "the command ran exactly once"

@@ -5,18 +5,13 @@ attempts and reads what came back: AttemptUpdates, Progress, the shipped log and
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
-import http.server
 import io
-import ipaddress
 import json
 import os
 import socket
-import ssl
 import sys
 import tarfile
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -24,6 +19,7 @@ from typing import Iterator
 import pytest
 import zstandard
 
+from httpsfiles import HttpsFiles
 from nodus.agent import cgroups
 from nodus.agent.testing import AgentProcess, FakeCoordinator, wait_for
 from nodus.proto.nodus.v1 import agent_pb2
@@ -34,62 +30,20 @@ SECRET_FILE_VALUE = b"hunter2-file-value-9c2e"
 
 
 # -- fixtures ------------------------------------------------------------------------------------
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp / "https.crt", tmp / "https.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
-class Https:
-    """A local HTTPS file server with a self-signed certificate (the agent trusts it by --input-ca-file)."""
-
-    def __init__(self, root: Path, cert: Path, key: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def publish(self, name: str, data: bytes) -> tuple[str, str]:
-        (self.root / name).write_bytes(data)
-        return f"{self.url}/{name}", hashlib.sha256(data).hexdigest()
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeCoordinator, AgentProcess, Https, Path]]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]]:
     tmp = tmp_path_factory.mktemp("runtime")
-    cert, key = _self_signed(tmp)
-    https = Https(tmp / "www", cert, key)
+    https = HttpsFiles(tmp)
     fake = FakeCoordinator(lease=30.0, heartbeat=0.5).start()
     agent = AgentProcess(tmp / "work", fake.address, fake.token,
-                         extra_args=("--input-ca-file", str(cert)), env={"NODUS_LOG_LEVEL": "DEBUG"}).start()
+                         extra_args=("--input-ca-file", str(https.ca)), env={"NODUS_LOG_LEVEL": "DEBUG"}).start()
     try:
         wait_for(fake.current, 15, what="the agent's stream")
         yield fake, agent, https, tmp
     finally:
         agent.reap()
         fake.stop()
-        https.httpd.shutdown()
+        https.close()
 
 
 def run(fake: FakeCoordinator, a: agent_pb2.Assignment, timeout: float = 30) -> agent_pb2.AttemptUpdate:
@@ -142,7 +96,7 @@ while not Path(sys.argv[1]).exists():
 """
 
 
-def test_environment_contract_secrets_and_outputs(env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+def test_environment_contract_secrets_and_outputs(env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, agent, _, tmp = env
     go = tmp / "env.go"
     a = assignment("rt-env", ENV_DUMP, str(go), env={"FOO": "bar", "NODUS_PROJECT": "from-coordinator"})
@@ -176,7 +130,7 @@ def test_environment_contract_secrets_and_outputs(env: tuple[FakeCoordinator, Ag
     assert SECRET_ENV_VALUE not in agent.log()
 
 
-def test_working_dir_is_honoured(env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+def test_working_dir_is_honoured(env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, agent, _, _ = env
     end = run(fake, assignment("rt-wd", "import os; print(os.getcwd())", working_dir="/nodus/state/sub"))
     assert end.phase == 9
@@ -194,7 +148,7 @@ for dirpath, dirs, files in sorted(os.walk(root)):
 """
 
 
-def test_inputs_from_https_and_the_blob_store(env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+def test_inputs_from_https_and_the_blob_store(env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, https, tmp = env
     url, digest = https.publish("weights.txt", b"w=1\n")
     blob = b"plain blob\n"
@@ -220,7 +174,7 @@ def test_inputs_from_https_and_the_blob_store(env: tuple[FakeCoordinator, AgentP
 
 
 def test_an_input_whose_digest_does_not_match_fails_the_attempt(
-        env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+        env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, https, tmp = env
     url, digest = https.publish("tampered.bin", b"what was published\n")
     wrong = hashlib.sha256(b"what was pinned").hexdigest()
@@ -236,7 +190,7 @@ def test_an_input_whose_digest_does_not_match_fails_the_attempt(
 
 # -- init command ------------------------------------------------------------------------------------
 def test_a_failing_init_command_fails_the_attempt_with_three_lines(
-        env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+        env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, tmp = env
     marker = tmp / "init.marker"
     a = assignment("rt-init", f"open({str(marker)!r}, 'w')")
@@ -257,7 +211,7 @@ def test_a_failing_init_command_fails_the_attempt_with_three_lines(
 
 
 def test_a_passing_init_command_runs_before_the_main_command(
-        env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+        env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, _ = env
     a = assignment("rt-init-ok", "import os; print('main sees', open(os.environ['NODUS_STATE_DIR'] + '/prepared').read())")
     a.init_command.command.extend(["sh", "-c", 'echo ready > "$NODUS_STATE_DIR/prepared"; echo prepared'])
@@ -297,7 +251,7 @@ print("main got", urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/hello.
 
 
 def test_sidecars_start_in_order_ready_and_stop_in_reverse(
-        env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+        env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, _ = env
     port = str(free_port())
     a = assignment("rt-sidecars", MAIN_FETCH, port)
@@ -317,7 +271,7 @@ def test_sidecars_start_in_order_ready_and_stop_in_reverse(
 
 
 def test_a_sidecar_that_is_never_ready_or_dies_fails_the_attempt(
-        env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+        env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, tmp = env
     marker = tmp / "sidecar.marker"
     a = assignment("rt-sc-slow", f"open({str(marker)!r}, 'w')")
@@ -346,7 +300,7 @@ for i in range(3): print("log line", i)
 
 
 def test_declared_outputs_and_the_outputs_dir_are_uploaded(
-        env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+        env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, _ = env
     a = assignment("rt-outputs", WRITE_OUTPUTS)
     a.outputs.add(name="model", path="/nodus/state/model")
@@ -367,7 +321,7 @@ def test_declared_outputs_and_the_outputs_dir_are_uploaded(
     assert end.phase == 10 and end.reason == "OutputMissing" and "/nodus/state/nothing-here" in end.message
 
 
-def test_progress_is_folded_and_rate_limited(env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+def test_progress_is_folded_and_rate_limited(env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, _ = env
     code = ("import time\nfrom nodus import progress\n"
             "for i in range(1, 151):\n"
@@ -402,7 +356,7 @@ def _memory_cgroups_work() -> str | None:
         probe.remove()
 
 
-def test_an_oom_kill_is_reported_as_oomkilled(env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+def test_an_oom_kill_is_reported_as_oomkilled(env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     reason = _memory_cgroups_work()
     if reason:
         pytest.skip(reason)
@@ -414,7 +368,7 @@ def test_an_oom_kill_is_reported_as_oomkilled(env: tuple[FakeCoordinator, AgentP
     assert end.exit_code == 137
 
 
-def test_a_missing_command_fails_with_exit_127(env: tuple[FakeCoordinator, AgentProcess, Https, Path]) -> None:
+def test_a_missing_command_fails_with_exit_127(env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
     fake, _, _, _ = env
     a = assignment("rt-nocmd", "")
     a.ClearField("command")

@@ -13,13 +13,12 @@ import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 
-from conftest import Coordinator, job
+import e2e
+from conftest import Coordinator
+from e2e import ATTEMPTS, JOBS, MERGE, attempts_of, create, patch_state
 from nodus.cli.attempts import for_job
 from nodus.proto.nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
-ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
-MERGE = {"Content-Type": "application/merge-patch+json"}
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 RUNNING, SUCCEEDED, FAILED, CANCELLED = (common_pb2.ATTEMPT_PHASE_RUNNING, common_pb2.ATTEMPT_PHASE_SUCCEEDED,
                                          common_pb2.ATTEMPT_PHASE_FAILED, common_pb2.ATTEMPT_PHASE_CANCELLED)
@@ -37,7 +36,7 @@ class FakeAgent:
     def __init__(self, c: Coordinator, name: str, *, cpus: int = 8, memory: int = 16 << 30,
                  runtimes: tuple[int, ...] = (common_pb2.RUNTIME_PROCESS,), token: str | None = None) -> None:
         self.c, self.name = c, name
-        self.token = token if token is not None else (c.data_dir / "join-token").read_text().strip()
+        self.token = token if token is not None else c.join_token
         self.inventory = common_pb2.NodeInventory(
             hostname=name, agent_version="test", runtimes=list(runtimes), region_class="us",
             host=common_pb2.HostInventory(cpus=cpus, memory_bytes=memory, disk_bytes=100 << 30))
@@ -172,40 +171,13 @@ class FakeAgent:
 
 # -- helpers ---------------------------------------------------------------------------------------------
 
-def create(c: Coordinator, name: str, **spec: Any) -> dict[str, Any]:
-    r = c.session().post(c.url(JOBS), json=job(name, **spec))
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def patch_state(c: Coordinator, name: str, state: str) -> None:
-    r = c.session().patch(c.url(f"{JOBS}/{name}"), data=f'{{"spec":{{"state":"{state}"}}}}', headers=MERGE)
-    assert r.status_code == 200, r.text
-
-
-def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 15,
-             what: str = "") -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    s = c.session()
-    while True:
-        r = s.get(c.url(f"{JOBS}/{name}"))
-        got = r.json() if r.status_code == 200 else None
-        if got is not None and predicate(got):
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Job {name}: timed out waiting for {what or predicate}; last: "
-                                 f"{(got or {}).get('status')}")
-        time.sleep(0.05)
+def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], Any], what: str = "") -> dict[str, Any]:
+    """e2e.wait_job with a short deadline: the test drives the agent, so the coordinator answers at once."""
+    return e2e.wait_job(c, name, predicate, timeout=15, what=what)
 
 
 def phase_is(phase: str) -> Callable[[dict[str, Any]], bool]:
     return lambda j: (j.get("status") or {}).get("phase") == phase
-
-
-def attempts_of(c: Coordinator, name: str) -> list[dict[str, Any]]:
-    r = c.session().get(c.url(ATTEMPTS), params={"labelSelector": f"nodus.dev/job={name}"})
-    assert r.status_code == 200, r.text
-    return sorted(r.json()["items"], key=lambda a: (a["spec"]["index"], a["spec"]["number"]))
 
 
 @pytest.fixture

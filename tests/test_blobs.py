@@ -14,6 +14,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from conftest import Coordinator
+from e2e import agent_md
 from nodus.coordinator.blobs import BlobStore
 from nodus.coordinator.errors import NodusError
 from nodus.proto.nodus.v1 import blob_pb2, blob_pb2_grpc
@@ -224,10 +225,6 @@ def c(shared_coordinator: Coordinator) -> Coordinator:
 def stub(c: Coordinator) -> Iterator[blob_pb2_grpc.BlobServiceStub]:
     with grpc.insecure_channel(c.grpc) as channel:
         yield blob_pb2_grpc.BlobServiceStub(channel)
-
-
-def agent_md(c: Coordinator) -> tuple[tuple[str, str], ...]:
-    return (("authorization", "Bearer " + (c.data_dir / "join-token").read_text().strip()),)
 
 
 def put_requests(data: bytes, sha256: str = "", size: int = 0, chunk: int = 1 << 20) -> Iterator[Any]:

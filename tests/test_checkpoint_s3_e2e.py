@@ -20,11 +20,10 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from conftest import Coordinator, job  # noqa: E402
+from e2e import ATTEMPTS, JOBS, MERGE, NS, attempts_of, patch_state, start_agent, suspend, units, wait_job  # noqa: E402
 from motoserver import moto_server  # noqa: E402
 from nodus.agent.testing import AgentProcess, wait_for  # noqa: E402
-from test_recovery_e2e import ATTEMPTS, JOBS, attempts, patch_state, starts, units, wait_job  # noqa: E402
-
-API = "/apis/nodus.dev/v1/namespaces/default"
+from test_recovery_e2e import starts  # noqa: E402
 REGION = "eu-west-1"
 
 # The recovery counter, plus 20 MiB of random bytes in the state dir (so the archive is uploaded in
@@ -85,11 +84,8 @@ def bucket(s3: Any) -> str:
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     """No free storage inclusion, so billedBytes shows every byte Nodus holds; a sweep every second,
     so retention plays out while the test watches."""
-    c = Coordinator(tmp_path / "data").start(extra_args=("--free-storage", "0", "--retention-interval", "1s"))
-    try:
+    with Coordinator(tmp_path / "data").start(extra_args=("--free-storage", "0", "--retention-interval", "1s")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture
@@ -101,16 +97,12 @@ def agent(coordinator: Coordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    token = (coordinator.data_dir / "join-token").read_text().strip()
-    a = AgentProcess(tmp_path / "agent", coordinator.grpc, token, node="s3-node").start()
-    try:
+    with start_agent(coordinator, tmp_path / "agent", "s3-node") as a:
         yield a
-    finally:
-        a.reap()
 
 
 def create(c: Coordinator, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = c.session().post(c.url(f"{API}/{plural}"), json=body)
+    r = c.session().post(c.url(f"{NS}/{plural}"), json=body)
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -142,10 +134,8 @@ def test_checkpoints_go_to_the_connection_and_resume_restores_from_s3(
     assert coordinator.session().post(coordinator.url(JOBS), json=body).status_code == 201
     wait_job(coordinator, "count", lambda j: units(j) >= 8, what="the counter to pass 8")
 
-    patch_state(coordinator, "count", "Suspended")
-    j = wait_job(coordinator, "count", lambda j: j["status"].get("phase") == "Suspended"
-                 and j["status"].get("active") == 0, what="the Job to suspend")
-    first = attempts(coordinator, "count")[0]
+    j = suspend(coordinator, "count")
+    first = attempts_of(coordinator, "count")[0]
     assert first["status"]["reason"] == "Suspended", first["status"]
     committed = first["status"]["checkpoints"][-1]
     prefix = f"nodus/ckpt/default/count/0/{first['spec']['id']}/"
@@ -177,25 +167,25 @@ def test_checkpoints_go_to_the_connection_and_resume_restores_from_s3(
     assert runs[1]["blob"] == runs[0]["blob"]  # 20 MiB restored from the bucket, byte for byte
 
     # The bucket is the customer's: its checkpoints count as the Job's bytes, never as billed ones.
-    records = [c for a in attempts(coordinator, "count") for c in a["status"].get("checkpoints") or []]
+    records = [c for a in attempts_of(coordinator, "count") for c in a["status"].get("checkpoints") or []]
     assert records and all(c["connection"] == "ckpt" for c in records), records
     assert j["status"]["storage"] == {"bytes": sum(c["size"] for c in records), "billedBytes": 0}, j["status"]
     job_prefix = "nodus/ckpt/default/count/"
     assert s3.list_objects_v2(Bucket=bucket, Prefix=job_prefix).get("KeyCount")
 
     # Retention ends: the sweep deletes them from the bucket with the Connection's keys, then the records.
-    r = coordinator.session().patch(coordinator.url(f"{JOBS}/count"), headers={"Content-Type": "application/merge-patch+json"},
+    r = coordinator.session().patch(coordinator.url(f"{JOBS}/count"), headers=MERGE,
                                     data=json.dumps({"spec": {"recovery": {"checkpoint": {"retainAfterFinish": "0s"}}}}))
     assert r.status_code == 200, r.text
     wait_for(lambda: not s3.list_objects_v2(Bucket=bucket, Prefix=job_prefix).get("KeyCount"), 30, interval=0.2,
              what="the bucket to lose the Job's checkpoints")
     j = wait_job(coordinator, "count", lambda j: "storage" not in j["status"], what="status.storage to go")
     assert "checkpoint" not in j["status"], j["status"]
-    assert not [c for a in attempts(coordinator, "count") for c in a["status"].get("checkpoints") or []]
+    assert not [c for a in attempts_of(coordinator, "count") for c in a["status"].get("checkpoints") or []]
 
     # The keys: in no log, and in nothing the API returns (Attempts, the Job, the Connection).
     listed_api = [coordinator.session().get(coordinator.url(p)).text
-                  for p in (ATTEMPTS, JOBS, f"{API}/connections", f"{API}/secrets")]
+                  for p in (ATTEMPTS, JOBS, f"{NS}/connections", f"{NS}/secrets")]
     assert_no_leak(keys, coordinator.log.read_text(errors="replace"), agent.log_path.read_text(errors="replace"),
                    *listed_api)
     agent_dir = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "agent").rglob("*")
@@ -208,7 +198,7 @@ def test_a_missing_secret_fails_the_attempt_with_the_reason(coordinator: Coordin
     connection(coordinator, "no-keys", bucket=bucket, endpoint=moto, secret="missing-keys")
     body = job("orphan", command=[sys.executable, "-c", "print('hi')"], connections=["no-keys"], backoffLimit=0)
     assert coordinator.session().post(coordinator.url(JOBS), json=body).status_code == 201
-    failed = wait_for(lambda: next((a for a in attempts(coordinator, "orphan")
+    failed = wait_for(lambda: next((a for a in attempts_of(coordinator, "orphan")
                                     if a["status"].get("phase") == "Failed"), None), 30, interval=0.1,
                       what="the attempt to fail")
     assert failed["status"]["reason"] == "InvalidAssignment"
@@ -223,7 +213,7 @@ def test_a_missing_connection_fails_the_attempt_with_the_reason(coordinator: Coo
     body = job("early", command=[sys.executable, "-c", "print('hi')"], connections=["later"], backoffLimit=0)
     r = coordinator.session().post(coordinator.url(JOBS), json=body)
     assert r.status_code == 201, r.text  # admitted: the Connection may be created after the Job (ADR 0014)
-    failed = wait_for(lambda: next((a for a in attempts(coordinator, "early")
+    failed = wait_for(lambda: next((a for a in attempts_of(coordinator, "early")
                                     if a["status"].get("phase") == "Failed"), None), 30, interval=0.1,
                       what="the attempt to fail")
     assert 'Connection "later" (named in spec.connections of Job "early") does not exist' in \
@@ -248,7 +238,7 @@ def test_after_an_agent_restart_the_checkpoint_still_goes_to_the_connection(
     j = wait_job(coordinator, "survivor", lambda j: (j["status"].get("checkpoint") or {}).get("seq", 0) >= 1
                  or j["status"].get("suspendFailures"), timeout=60, what="the suspend's checkpoint")
     assert not j["status"].get("suspendFailures"), j["status"]
-    first = attempts(coordinator, "survivor")[0]
+    first = attempts_of(coordinator, "survivor")[0]
     uris = [c["uri"] for c in first["status"].get("checkpoints") or []]
     assert uris and all(u.startswith("s3://") for u in uris), first["status"]
     assert j["status"]["checkpoint"]["seq"] >= 1

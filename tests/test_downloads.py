@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
-import subprocess
 import sys
 import tarfile
 import threading
@@ -23,12 +21,11 @@ import grpc
 import pytest
 import zstandard
 
-from conftest import BIN, Coordinator, job
+from conftest import Coordinator, job
+from e2e import ATTEMPTS, JOBS, agent_md, following, start_agent
 from nodus.agent.testing import AgentProcess
 from nodus.proto.nodus.v1 import blob_pb2, blob_pb2_grpc
 
-NS = "/apis/nodus.dev/v1/namespaces/default"
-JOBS = f"{NS}/jobs"
 UNPLACEABLE = {"resources": {"gpu": {"count": 8, "type": ["H100"]}}}
 """No test node has GPUs: such a Job keeps its first Attempt Pending, and nobody writes its log."""
 
@@ -53,22 +50,14 @@ def c(shared_coordinator: Coordinator) -> Coordinator:
 
 @pytest.fixture(scope="module")
 def agent(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    a = AgentProcess(tmp_path_factory.mktemp("agent") / "work", c.grpc,
-                     (c.data_dir / "join-token").read_text().strip()).start()
-    try:
+    with start_agent(c, tmp_path_factory.mktemp("agent") / "work") as a:
         yield a
-    finally:
-        a.stop()
 
 
 @pytest.fixture(scope="module")
 def stub(c: Coordinator) -> Iterator[blob_pb2_grpc.BlobServiceStub]:
     with grpc.insecure_channel(c.grpc) as channel:
         yield blob_pb2_grpc.BlobServiceStub(channel)
-
-
-def agent_md(c: Coordinator) -> tuple[tuple[str, str], ...]:
-    return (("authorization", "Bearer " + (c.data_dir / "join-token").read_text().strip()),)
 
 
 def wait_for_phase(c: Coordinator, name: str, phases: tuple[str, ...] = ("Succeeded",),
@@ -88,7 +77,7 @@ def wait_for_attempt(c: Coordinator, name: str, index: int = 0, timeout: float =
     """The job controller creates the index's Attempt; returns it."""
     deadline = time.monotonic() + timeout
     while True:
-        r = c.session().get(c.url(f"{NS}/attempts"),
+        r = c.session().get(c.url(ATTEMPTS),
                             params={"labelSelector": f"nodus.dev/job={name},nodus.dev/index={index}"})
         assert r.status_code == 200, r.text
         if r.json()["items"]:
@@ -274,11 +263,7 @@ def test_logs_of_a_running_job_followed_live(c: Coordinator, agent: AgentProcess
     assert c.session().post(c.url(JOBS), json=job("logs-live", command=[sys.executable, "-c", code, str(go)])) \
         .status_code == 201
     out = tmp_path / "follow.out"
-    env = {**os.environ, "NODUS_KUBECONFIG": str(c.kubeconfig), "HOME": str(c.data_dir.parent)}
-    with open(out, "wb") as sink:
-        follower = subprocess.Popen([str(BIN / "nodus"), "logs", "logs-live", "-f"], stdout=sink,
-                                    stderr=subprocess.PIPE, env=env)
-    try:
+    with following(c, "logs-live", out) as follower:
         deadline = time.monotonic() + 60
         while b"first line" not in out.read_bytes():
             assert follower.poll() is None, follower.stderr.read() if follower.stderr else ""
@@ -286,9 +271,6 @@ def test_logs_of_a_running_job_followed_live(c: Coordinator, agent: AgentProcess
             time.sleep(0.05)
         go.touch()  # the rest is printed only now: the follower is live, not replaying a finished log
         assert follower.wait(60) == 0
-    finally:
-        if follower.poll() is None:
-            follower.kill()
     assert out.read_text() == "first line\nline 0\nline 1\nline 2\n"
     wait_for_phase(c, "logs-live")
     assert c.run("nodus", "logs", "logs-live").stdout == "first line\nline 0\nline 1\nline 2\n"

@@ -20,8 +20,8 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from gangs import JOBS, attempts, create, ended, fleet
 from conftest import Coordinator
+from e2e import JOBS, attempts_of, create, ended, fleet
 from nodus.agent.testing import AgentProcess, wait_for
 
 pytestmark = pytest.mark.slow
@@ -33,12 +33,9 @@ RAY_DAEMONS = ("raylet", "gcs_server", "ray start", "ray::", "default_worker.py"
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
-    coordinator = Coordinator(tmp_path_factory.mktemp("launchers-coordinator") / "data").start(extra_args=(
-        "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe", "off"))
-    try:
+    with Coordinator(tmp_path_factory.mktemp("launchers-coordinator") / "data").start(extra_args=(
+            "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe", "off")) as coordinator:
         yield coordinator
-    finally:
-        coordinator.stop()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +66,7 @@ def logs(c: Coordinator, name: str) -> str:
     The REST log serves one attempt per number, and a gang's members share theirs: rank 0's is
     the one it finds."""
     ends = "\n".join(f"{a['metadata']['name']} on {a['spec'].get('node')}: {a['status'].get('phase')} "
-                     f"{a['status'].get('reason')} {a['status'].get('message')}" for a in attempts(c, name))
+                     f"{a['status'].get('reason')} {a['status'].get('message')}" for a in attempts_of(c, name))
     return ends + "\n" + c.session().get(c.url(f"{JOBS}/{name}/log")).text[-6000:]
 
 
@@ -127,9 +124,9 @@ def test_a_two_node_ray_gang_runs_a_remote_function_on_each_node(c: Coordinator,
     status = succeeded(c, "ray-pair")
     result = json.loads((tmp_path / "ray.json").read_text())
     assert len(set(result["ran_on"])) == 2 and sorted(result["ran_on"]) == result["nodes"], result
-    ends = sorted((a["status"].get("phase"), a["status"].get("reason")) for a in attempts(c, "ray-pair"))
+    ends = sorted((a["status"].get("phase"), a["status"].get("reason")) for a in attempts_of(c, "ray-pair"))
     assert ends == [("Cancelled", "GangCompleted"), ("Succeeded", "Completed")], ends
-    assert len({a["spec"]["node"] for a in attempts(c, "ray-pair")}) == 2
+    assert len({a["spec"]["node"] for a in attempts_of(c, "ray-pair")}) == 2
     assert any(o["name"] == "outputs" for o in status.get("outputs") or []), status  # the driver's ray.json
     wait_for(lambda: not ray_processes(root), 20, interval=0.5, what="the gang's Ray processes to end")
 

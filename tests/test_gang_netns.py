@@ -34,8 +34,8 @@ import psutil
 import pytest
 
 import netns
-from gangs import attempts, create, ended, wait_job
 from conftest import Coordinator
+from e2e import AGENT_ENV, attempts_of, create, ended, joined, wait_job
 from netns import Host, Lab
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.statefile import read_json
@@ -46,8 +46,6 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))]
 
 PY = sys.executable
-BIN = Path(PY).parent
-AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 PROBE_BYTES = 8 << 20
 """The probe's largest all-reduce: 0.34 s per iteration at 200 Mbit/s, far past the tbf burst."""
 LIMIT_MBIT = 200
@@ -65,13 +63,10 @@ def lab() -> Iterator[Lab]:
 def c(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     # The 30 s budget (the most allowed): at 200 Mbit/s and on a busy machine, 20 s ran out before the
     # sweep reached PROBE_BYTES, and the figure was then a smaller size's.
-    coordinator = Coordinator(tmp_path_factory.mktemp("netns-coordinator") / "data").start(
-        host=lab.gateway, extra_args=("--lease-duration", "4s", "--heartbeat-interval", "1s",
-                                      "--gang-probe-bytes", str(PROBE_BYTES), "--gang-probe-budget", "30s"))
-    try:
+    with Coordinator(tmp_path_factory.mktemp("netns-coordinator") / "data").start(
+            host=lab.gateway, extra_args=("--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe-bytes",
+                                          str(PROBE_BYTES), "--gang-probe-budget", "30s")) as coordinator:
         yield coordinator
-    finally:
-        coordinator.stop()
 
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -106,19 +101,9 @@ def agent_in(host: Host, c: Coordinator, token: str, root: Path) -> AgentProcess
 
 @pytest.fixture(scope="module")
 def agents(lab: Lab, c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
-    token = (c.data_dir / "join-token").read_text().strip()
     root = tmp_path_factory.mktemp("netns-agents")
-    started = [agent_in(h, c, token, root) for h in lab.hosts]
-    try:
-        for a in started:
-            wait_for(lambda a=a: "registered node" in a.log() or a.proc.poll() is not None, 30,
-                     what=f"agent {a.node} to register")
-            assert a.proc.poll() is None, f"nodus-agent exited {a.proc.returncode}:\n{a.log()[-3000:]}"
+    with joined([agent_in(h, c, c.join_token, root) for h in lab.hosts]) as started:
         yield started
-    finally:
-        for a in started:
-            if a.proc is not None:
-                a.reap()
 
 
 def _nodes(c: Coordinator, method: str, request: Any) -> Any:
@@ -149,7 +134,7 @@ def gang(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def nodes_by_rank(c: Coordinator, name: str, epoch: int) -> dict[int, str]:
-    return {a["spec"]["gang"]["rank"]: a["spec"]["node"] for a in attempts(c, name)
+    return {a["spec"]["gang"]["rank"]: a["spec"]["node"] for a in attempts_of(c, name)
             if a["spec"]["gang"]["epoch"] == epoch}
 
 
@@ -319,7 +304,7 @@ def probe_gang(c: Coordinator, name: str, hosts: tuple[Host, Host]) -> dict[str,
     assert set(nodes_by_rank(c, name, 1).values()) == {node_name(h) for h in hosts}
     probe = status["gang"]["probe"]
     assert probe.get("rttMs") and probe.get("busGbps") and probe.get("path") == "Private", probe
-    members = [a["status"].get("gang", {}).get("probe", {}) for a in attempts(c, name)]
+    members = [a["status"].get("gang", {}).get("probe", {}) for a in attempts_of(c, name)]
     print(f"{name}: gang probe {probe}; members {members}")
     return probe
 
@@ -453,7 +438,7 @@ def test_a_link_cut_while_running_restarts_the_gang_on_the_spare_host(
     assert set(first.values()) == {node_name(h0), node_name(h1)}, first
     cut_rank = next(r for r, n in first.items() if n == node_name(h1))
     kept_rank = 1 - cut_rank
-    stale = next(a["spec"]["id"] for a in attempts(c, "cut")
+    stale = next(a["spec"]["id"] for a in attempts_of(c, "cut")
                  if a["spec"]["gang"]["epoch"] == 1 and a["spec"]["gang"]["rank"] == cut_rank)
     assert survivors(h1, agents[1], stale, script), "rank on host1 is not running"
 
@@ -463,7 +448,7 @@ def test_a_link_cut_while_running_restarts_the_gang_on_the_spare_host(
         second = wait_job(c, "cut", lambda o: gang(o).get("epoch") == 2, timeout=40, what="epoch 2")
         restarted_after = time.monotonic() - cut_at
         assert gang(second)["restarts"] == 1, gang(second)
-        lost = next(a for a in attempts(c, "cut") if a["spec"]["id"] == stale)
+        lost = next(a for a in attempts_of(c, "cut") if a["spec"]["id"] == stale)
         assert lost["status"]["phase"] == "Lost", lost["status"]
         assert not node_ready(c, h1)
         nodes = wait_for(lambda: (n := nodes_by_rank(c, "cut", 2)) and all(n.get(r) for r in (0, 1)) and n, 30,
@@ -485,7 +470,7 @@ def test_a_link_cut_while_running_restarts_the_gang_on_the_spare_host(
     status = end["status"]
     assert status["phase"] == "Succeeded", status
     assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 1, status["gang"]
-    lost = next(a for a in attempts(c, "cut") if a["spec"]["id"] == stale)
+    lost = next(a for a in attempts_of(c, "cut") if a["spec"]["id"] == stale)
     assert lost["status"]["phase"] == "Lost", lost["status"]
     assert agents[1].proc.poll() is None, "the old agent survived the partition"
     assert not survivors(h1, agents[1], stale, script)

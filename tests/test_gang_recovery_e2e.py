@@ -23,8 +23,8 @@ import grpc
 import psutil
 import pytest
 
-from gangs import attempts, create, fleet, get, wait_job
 from conftest import Coordinator
+from e2e import attempts_of, create, fleet, get_job, wait_job
 from nodus.agent.testing import AgentProcess, wait_for
 from nodus.proto.nodus.v1 import node_pb2, node_pb2_grpc
 
@@ -56,13 +56,10 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
-    coordinator = Coordinator(tmp_path_factory.mktemp("gang-recovery") / "data").start(extra_args=(
-        "--lease-duration", "60s", "--heartbeat-interval", "1s", "--clock-offset-file", str(clock.path),
-        "--gang-probe", "off"))
-    try:
+    with Coordinator(tmp_path_factory.mktemp("gang-recovery") / "data").start(extra_args=(
+            "--lease-duration", "60s", "--heartbeat-interval", "1s", "--clock-offset-file", str(clock.path),
+            "--gang-probe", "off")) as coordinator:
         yield coordinator
-    finally:
-        coordinator.stop()
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +110,9 @@ def test_losing_a_member_restarts_the_whole_gang_at_epoch_2_from_the_latest_chec
     first = wait_job(c, "lose-one", lambda o: ((o.get("status") or {}).get("gang") or {}).get("phase") == "Running",
                      what="the gang to run")
     members = {m["rank"]: m for m in first["status"]["gang"]["members"]}
-    by_id = {a["spec"]["id"]: a for a in attempts(c, "lose-one")}
+    by_id = {a["spec"]["id"]: a for a in attempts_of(c, "lose-one")}
     node_of = {r: by_id[m["attempt"]]["spec"]["node"] for r, m in members.items()}
-    wait_for(lambda: ((get(c, "lose-one").get("status") or {}).get("progress") or {}).get("units", {})
+    wait_for(lambda: ((get_job(c, "lose-one").get("status") or {}).get("progress") or {}).get("units", {})
              .get("completed", 0) >= 8, 60, what="some progress")
     clock.advance(61)  # the checkpoint interval passes: rank 0 snapshots its state
     done = wait_job(c, "lose-one", lambda o: ((o.get("status") or {}).get("checkpoint") or {}).get("seq", 0) >= 1,
@@ -132,12 +129,12 @@ def test_losing_a_member_restarts_the_whole_gang_at_epoch_2_from_the_latest_chec
     status = end["status"]
     assert status["phase"] == "Succeeded", status
     assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 1, status["gang"]
-    epoch2 = [a for a in attempts(c, "lose-one") if a["spec"]["gang"]["epoch"] == 2]
+    epoch2 = [a for a in attempts_of(c, "lose-one") if a["spec"]["gang"]["epoch"] == 2]
     assert len(epoch2) == 2 and all(a["status"].get("restoredFromSeq", 0) >= 1 for a in epoch2), epoch2
     nodes2 = {a["spec"]["gang"]["rank"]: a["spec"]["node"] for a in epoch2}
     assert nodes2[0] == node_of[0], "rank 0 keeps its node"
     assert nodes2[1] not in (node_of[1], node_of[0]), "rank 1 moved off the lost node"
-    lost = [a for a in attempts(c, "lose-one") if a["spec"]["gang"]["epoch"] == 1 and a["spec"]["gang"]["rank"] == 1]
+    lost = [a for a in attempts_of(c, "lose-one") if a["spec"]["gang"]["epoch"] == 1 and a["spec"]["gang"]["rank"] == 1]
     assert lost[0]["status"]["phase"] == "Lost", lost[0]["status"]
     assert saved_at > 0
     # the node comes back (a new agent on it): the next test has three nodes again
@@ -148,17 +145,10 @@ def test_losing_a_member_restarts_the_whole_gang_at_epoch_2_from_the_latest_chec
 
 def test_reclaiming_a_members_node_checkpoints_the_whole_gang_and_restarts_it_elsewhere(
         c: Coordinator, agents: list[AgentProcess], tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    from test_gangs_e2e import DCP, saved  # the torch.distributed.checkpoint program: save, idle; or load, finish
-    script = tmp_path / "dcp_job.py"
-    script.write_text(DCP)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    create(c, "reclaim-dcp", command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
-           recovery={"checkpoint": {"interval": "6h"}})
-    saved(c, "reclaim-dcp", marks)
+    from test_gangs_e2e import dcp_gang  # the torch.distributed.checkpoint program: save, idle; or load, finish
+    marks = dcp_gang(c, "reclaim-dcp", tmp_path)
     running = wait_job(c, "reclaim-dcp", lambda o: o["status"]["gang"]["phase"] == "Running", what="Running")
-    by_id = {a["spec"]["id"]: a for a in attempts(c, "reclaim-dcp")}
+    by_id = {a["spec"]["id"]: a for a in attempts_of(c, "reclaim-dcp")}
     rank1 = next(m for m in running["status"]["gang"]["members"] if m["rank"] == 1)
     reclaimed = by_id[rank1["attempt"]]["spec"]["node"]
     with grpc.insecure_channel(c.grpc) as channel:
@@ -174,12 +164,12 @@ def test_reclaiming_a_members_node_checkpoints_the_whole_gang_and_restarts_it_el
     status = end["status"]
     assert status["phase"] == "Succeeded", status
     assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 1, status["gang"]
-    first = {a["spec"]["gang"]["rank"]: a for a in attempts(c, "reclaim-dcp") if a["spec"]["gang"]["epoch"] == 1}
+    first = {a["spec"]["gang"]["rank"]: a for a in attempts_of(c, "reclaim-dcp") if a["spec"]["gang"]["epoch"] == 1}
     assert first[1]["status"]["phase"] == "Lost" and first[1]["status"]["reason"] == "Preempted", first[1]["status"]
     assert first[0]["status"]["reason"] == "GangRestart", first[0]["status"]
     # every rank stored its part of the reclaim's checkpoint, and epoch 2 loaded all of them
     assert {len(a["status"].get("checkpoints") or []) for a in first.values()} == {1}
-    second = [a for a in attempts(c, "reclaim-dcp") if a["spec"]["gang"]["epoch"] == 2]
+    second = [a for a in attempts_of(c, "reclaim-dcp") if a["spec"]["gang"]["epoch"] == 2]
     assert reclaimed not in {a["spec"]["node"] for a in second}
     assert (marks / "resumed-0").read_text() == "7 6.0" and (marks / "resumed-1").read_text() == "7 6.0"
 
@@ -206,6 +196,6 @@ def test_a_member_that_never_becomes_ready_is_re_placed_then_the_job_fails_holdi
     assert "rank(s) 1 never became ready" in status["message"], status["message"]
     assert "startupTimeout" in status["fix"]
     wait_for(lambda: all(a["status"]["phase"] in ("Cancelled", "Succeeded", "Failed", "Lost")
-                         for a in attempts(c, "never-ready")), 30, what="every member to end")
-    assert len(attempts(c, "never-ready")) == 4  # two epochs of two ranks
+                         for a in attempts_of(c, "never-ready")), 30, what="every member to end")
+    assert len(attempts_of(c, "never-ready")) == 4  # two epochs of two ranks
     wait_job(c, "never-ready", lambda o: o["status"]["gang"]["phase"] == "Done", what="the gang to hold nothing")

@@ -15,25 +15,20 @@ from typing import Iterator
 import grpc
 import pytest
 
-from gangs import BIN, JOBS, create, ended, fleet, get, wait_job
-from conftest import Coordinator, job
+from conftest import BIN, Coordinator, job
+from e2e import ENDED, JOBS, attempts_of, create, ended, fleet, get_job, patch_state, wait_job
 from nodus.agent.testing import AgentProcess, wait_for
 from nodus.proto.nodus.v1 import gang_pb2, gang_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
 
-
-
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
-    coordinator = Coordinator(tmp_path_factory.mktemp("gang-coordinator") / "data").start(extra_args=(
-        "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe-bytes", "1Mi",
-        "--gang-probe-budget", "10s", "--gang-max-nodes", "12", "--free-storage", "64"))
-    try:
+    with Coordinator(tmp_path_factory.mktemp("gang-coordinator") / "data").start(extra_args=(
+            "--lease-duration", "4s", "--heartbeat-interval", "1s", "--gang-probe-bytes", "1Mi",
+            "--gang-probe-budget", "10s", "--gang-max-nodes", "12", "--free-storage", "64")) as coordinator:
         yield coordinator
-    finally:
-        coordinator.stop()
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +103,7 @@ def test_a_four_node_plain_gang_starts_every_rank_with_one_rendezvous(c: Coordin
     assert [r[0] for r in rows] == ["0", "1", "2", "3"]
     assert {tuple(r[1:]) for r in rows} == {(
         "4", "4", "127.0.0.1", status["gang"]["rendezvous"].split(":")[1], status["gang"]["rendezvous"], "1")}
-    nodes = {a["spec"]["node"] for a in c.session().get(
-        c.url("/apis/nodus.dev/v1/namespaces/default/attempts"),
-        params={"labelSelector": "nodus.dev/job=plain-four"}).json()["items"]}
+    nodes = {a["spec"]["node"] for a in attempts_of(c, "plain-four")}
     assert len(nodes) == 4, nodes  # one member per node
 
 
@@ -119,9 +112,8 @@ def test_a_gang_larger_than_the_fleet_waits_whole_and_says_why(c: Coordinator, a
     status = wait_job(c, "too-big", lambda o: "needs 5 nodes" in ((o.get("status") or {}).get("message") or ""),
                       what="the gang to wait for capacity")["status"]
     assert status["phase"] == "Queued" and status["gang"]["phase"] == "Queued", status
-    attempts = c.session().get(c.url("/apis/nodus.dev/v1/namespaces/default/attempts"),
-                               params={"labelSelector": "nodus.dev/job=too-big"}).json()["items"]
-    assert len(attempts) == 5 and not any(a["spec"].get("node") for a in attempts)  # all or nothing
+    members = attempts_of(c, "too-big")
+    assert len(members) == 5 and not any(a["spec"].get("node") for a in members)  # all or nothing
     r = c.session().delete(c.url(f"{JOBS}/too-big"))
     assert r.status_code == 200, r.text
 
@@ -157,13 +149,13 @@ def saved(c: Coordinator, name: str, marks: Path, timeout: float = 180) -> None:
     def check() -> bool:
         if (marks / "saved-0").exists() and (marks / "saved-1").exists():
             return True
-        status = get(c, name).get("status") or {}
-        assert status.get("phase") not in ("Succeeded", "Failed", "Cancelled"), status
+        status = get_job(c, name).get("status") or {}
+        assert status.get("phase") not in ENDED, status
         return False
     try:
         wait_for(check, timeout, interval=0.2, what="both ranks to save")
     except AssertionError:
-        print(get(c, name).get("status"))
+        print(get_job(c, name).get("status"))
         raise
 
 
@@ -194,26 +186,29 @@ DCP = textwrap.dedent("""
 """)
 
 
-def test_a_dcp_gang_suspends_with_every_ranks_part_and_resumes_from_all_of_them(
-        c: Coordinator, agents: list[AgentProcess], tmp_path: Path) -> None:
+def dcp_gang(c: Coordinator, name: str, tmp_path: Path) -> Path:
+    """A 2-node gang of the DCP program (checkpoints only when asked), once both ranks saved; returns the
+    directory of the ranks' marks."""
     pytest.importorskip("torch")
     script = tmp_path / "dcp_job.py"
     script.write_text(DCP)
     marks = tmp_path / "marks"
     marks.mkdir()
-    create(c, "dcp-pair", command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
+    create(c, name, command=[sys.executable, str(script), str(marks)], distributed={"nodes": 2},
            recovery={"checkpoint": {"interval": "6h"}})
-    assert get(c, "dcp-pair")["spec"]["recovery"]["checkpoint"]["format"] == "Dcp"  # the gang default
-    saved(c, "dcp-pair", marks)
-    r = c.session().patch(c.url(f"{JOBS}/dcp-pair"), json={"spec": {"state": "Suspended"}},
-                          headers={"Content-Type": "application/merge-patch+json"})
-    assert r.status_code == 200, r.text
+    saved(c, name, marks)
+    return marks
+
+
+def test_a_dcp_gang_suspends_with_every_ranks_part_and_resumes_from_all_of_them(
+        c: Coordinator, agents: list[AgentProcess], tmp_path: Path) -> None:
+    marks = dcp_gang(c, "dcp-pair", tmp_path)
+    assert get_job(c, "dcp-pair")["spec"]["recovery"]["checkpoint"]["format"] == "Dcp"  # the gang default
+    patch_state(c, "dcp-pair", "Suspended")
     suspended = wait_job(c, "dcp-pair", lambda o: (o.get("status") or {}).get("phase") == "Suspended"
                          and ((o["status"].get("gang") or {}).get("phase") == "Done"), what="the suspend")
     assert suspended["status"]["checkpoint"]["seq"] >= 1, suspended["status"]  # both parts stored
-    r = c.session().patch(c.url(f"{JOBS}/dcp-pair"), json={"spec": {"state": "Running"}},
-                          headers={"Content-Type": "application/merge-patch+json"})
-    assert r.status_code == 200, r.text
+    patch_state(c, "dcp-pair", "Running")
     status = ended(c, "dcp-pair")["status"]
     assert status["phase"] == "Succeeded", status
     assert status["gang"]["epoch"] == 2 and status["gang"]["restarts"] == 0, status["gang"]

@@ -7,29 +7,20 @@ tell what really ran and that nothing is left running. Every wait polls with a b
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
-import http.server
-import os
 import socket
-import ssl
-import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import psutil
 import pytest
 
-from conftest import BIN, Coordinator, job
+from conftest import Coordinator
+from e2e import ENDED, JOBS, attempts_of, create, following, patch_state, settled, start_agent, status, wait_status
+from httpsfiles import HttpsFiles
 from nodus.agent.testing import AgentProcess, wait_for
 
-NS = "/apis/nodus.dev/v1/namespaces/default"
-JOBS = f"{NS}/jobs"
-ATTEMPTS = f"{NS}/attempts"
-MERGE = {"Content-Type": "application/merge-patch+json"}
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PY = sys.executable
 
 WAIT_FOR_GO = r"""
@@ -45,71 +36,13 @@ print("went", flush=True)
 """argv: MARKER GO. Appends `pid attempt-number` to MARKER, then waits until GO exists."""
 
 
-# -- a local HTTPS server with a self-signed certificate, for url inputs ---------------------------------------
-
-def _self_signed(dir: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodus-test-inputs")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = dir / "inputs.crt", dir / "inputs.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
-class HttpsFiles:
-    """Serves a directory over HTTPS on 127.0.0.1 with a self-signed certificate, in a thread."""
-
-    def __init__(self, root: Path, cert: Path, key: Path) -> None:
-        handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))  # noqa: E731
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def registered(a: AgentProcess, timeout: float = 30) -> None:
-    """Until the agent has registered; fails at once, with its log, if it exited instead."""
-    wait_for(lambda: "registered node" in a.log() or a.proc.poll() is not None, timeout,
-             what=f"agent {a.node} to register")
-    assert a.proc.poll() is None, f"nodus-agent exited {a.proc.returncode}:\n{a.log()[-3000:]}"
-
-
 # -- fixtures ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HttpsFiles, Path, Path]]:
-    root = tmp_path_factory.mktemp("https")
-    cert, key = _self_signed(root)
-    served = root / "www"
-    served.mkdir()
-    (served / "data.txt").write_bytes(b"the input's content\n")
-    server = HttpsFiles(served, cert, key)
-    try:
-        yield server, served, cert
-    finally:
-        server.close()
+def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsFiles]:
+    with HttpsFiles(tmp_path_factory.mktemp("https")) as server:
+        (server.root / "data.txt").write_bytes(b"the input's content\n")
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -118,70 +51,13 @@ def c(shared_coordinator: Coordinator) -> Coordinator:
 
 
 @pytest.fixture(scope="module")
-def agent(c: Coordinator, files: tuple[HttpsFiles, Path, Path],
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    _, _, ca = files
-    a = AgentProcess(tmp_path_factory.mktemp("agent") / "work", c.grpc,
-                     (c.data_dir / "join-token").read_text().strip(), node="jobs-e2e",
-                     extra_args=("--input-ca-file", str(ca))).start()
-    try:
-        registered(a)
+def agent(c: Coordinator, files: HttpsFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    with start_agent(c, tmp_path_factory.mktemp("agent") / "work", "jobs-e2e",
+                     extra_args=("--input-ca-file", str(files.ca))) as a:
         yield a
-    finally:
-        a.reap()
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
-
-def create(c: Coordinator, name: str, **spec: Any) -> dict[str, Any]:
-    r = c.session().post(c.url(JOBS), json=job(name, **spec))
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def get(c: Coordinator, name: str) -> dict[str, Any] | None:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    if r.status_code == 404:
-        return None
-    r.raise_for_status()
-    return r.json()
-
-
-def status(c: Coordinator, name: str) -> dict[str, Any]:
-    return (get(c, name) or {}).get("status") or {}
-
-
-def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float = 60,
-             what: str = "") -> dict[str, Any]:
-    last: dict[str, Any] = {}
-
-    def check() -> dict[str, Any] | None:
-        nonlocal last
-        last = status(c, name)
-        return last if predicate(last) else None
-
-    try:
-        return wait_for(check, timeout, interval=0.05, what=what)
-    except AssertionError as e:
-        raise AssertionError(f"Job {name}: {e}; last status: {last}") from None
-
-
-def ended(c: Coordinator, name: str, timeout: float = 60) -> dict[str, Any]:
-    """The Job's status once it is terminal with no attempt left active."""
-    return wait_job(c, name, lambda s: s.get("phase") in TERMINAL and not s.get("active"), timeout,
-                    "a terminal phase")
-
-
-def patch_state(c: Coordinator, name: str, state: str) -> None:
-    r = c.session().patch(c.url(f"{JOBS}/{name}"), json={"spec": {"state": state}}, headers=MERGE)
-    assert r.status_code == 200, r.text
-
-
-def attempts_of(c: Coordinator, name: str) -> list[dict[str, Any]]:
-    r = c.session().get(c.url(ATTEMPTS), params={"labelSelector": f"nodus.dev/job={name}"})
-    assert r.status_code == 200, r.text
-    return sorted(r.json()["items"], key=lambda a: (a["spec"]["index"], a["spec"]["number"]))
-
 
 def pids(marker: Path) -> list[int]:
     return [int(line.split()[0]) for line in marker.read_text().splitlines()] if marker.exists() else []
@@ -228,7 +104,7 @@ with open(os.path.join(os.environ["NODUS_OUTPUTS_DIR"], "result.txt"), "w") as f
 
 def test_indexed_job_never_runs_more_than_parallelism_at_once(c: Coordinator, agent: AgentProcess) -> None:
     create(c, "e2e-indexed", command=[PY, "-c", INDEXED], completions=4, parallelism=2, backoffLimit=0)
-    st = ended(c, "e2e-indexed", 90)
+    st = settled(c, "e2e-indexed", 90)
     assert st["phase"] == "Succeeded", st
     assert st["completedIndexes"] == "0-3" and st["succeeded"] == 4 and st.get("failed", 0) == 0
     attempts = attempts_of(c, "e2e-indexed")
@@ -257,7 +133,7 @@ raise SystemExit(3)
 
 def test_customer_failures_back_off_then_fail_with_the_last_log_lines(c: Coordinator, agent: AgentProcess) -> None:
     create(c, "e2e-backoff", command=[PY, "-c", FAILING], backoffLimit=1)
-    st = ended(c, "e2e-backoff")
+    st = settled(c, "e2e-backoff")
     assert st["phase"] == "Failed" and st["reason"] == "BackoffLimitExceeded", st
     assert st["failed"] == 2 and st["fix"]
     assert "exit code 3" in st["message"], st["message"]
@@ -272,7 +148,7 @@ def test_timeout_fails_the_job_and_kills_the_command(c: Coordinator, agent: Agen
     marker = tmp_path / "marker"
     create(c, "e2e-timeout", command=[PY, "-c", WAIT_FOR_GO, str(marker), str(tmp_path / "never")], timeout="2s")
     wait_for(marker.exists, 30, what="the command to start")
-    st = ended(c, "e2e-timeout", 30)
+    st = settled(c, "e2e-timeout", 30)
     assert st["phase"] == "Failed" and st["reason"] == "DeadlineExceeded", st
     assert st.get("failed", 0) == 0
     assert parse(st["timeoutTime"]) - parse(st["timeoutStartTime"]) == pytest.approx(2)
@@ -283,11 +159,11 @@ def test_suspend_stops_the_attempt_and_resume_runs_a_new_one(c: Coordinator, age
                                                              tmp_path: Path) -> None:
     marker, go = tmp_path / "marker", tmp_path / "go"
     create(c, "e2e-suspend", command=[PY, "-c", WAIT_FOR_GO, str(marker), str(go)])
-    wait_job(c, "e2e-suspend", lambda s: s.get("phase") == "Running", 30, "Running")
+    wait_status(c, "e2e-suspend", lambda s: s.get("phase") == "Running", 30, "Running")
     wait_for(marker.exists, 30, what="the command to start")
     patch_state(c, "e2e-suspend", "Suspended")
-    st = wait_job(c, "e2e-suspend", lambda s: s.get("phase") == "Suspended" and not s.get("active"), 30,
-                  "Suspended with nothing active")
+    st = wait_status(c, "e2e-suspend", lambda s: s.get("phase") == "Suspended" and not s.get("active"), 30,
+                     "Suspended with nothing active")
     assert st["reason"] == "Suspended"
     first = attempts_of(c, "e2e-suspend")[0]
     assert first["status"]["phase"] == "Cancelled" and first["status"]["reason"] == "Suspended", first["status"]
@@ -295,7 +171,7 @@ def test_suspend_stops_the_attempt_and_resume_runs_a_new_one(c: Coordinator, age
     patch_state(c, "e2e-suspend", "Running")
     wait_for(lambda: len(pids(marker)) == 2, 30, what="a new attempt to start")
     go.touch()
-    st = ended(c, "e2e-suspend")
+    st = settled(c, "e2e-suspend")
     assert st["phase"] == "Succeeded" and st.get("failed", 0) == 0 and st["suspendedDuration"], st
     assert [ln.split()[1] for ln in marker.read_text().splitlines()] == ["1", "2"]
     assert [a["status"]["phase"] for a in attempts_of(c, "e2e-suspend")] == ["Cancelled", "Succeeded"]
@@ -306,7 +182,7 @@ def test_cancel_stops_the_job_for_good(c: Coordinator, agent: AgentProcess, tmp_
     create(c, "e2e-cancel", command=[PY, "-c", WAIT_FOR_GO, str(marker), str(tmp_path / "never")])
     wait_for(marker.exists, 30, what="the command to start")
     patch_state(c, "e2e-cancel", "Cancelled")
-    st = ended(c, "e2e-cancel", 30)
+    st = settled(c, "e2e-cancel", 30)
     assert st["phase"] == "Cancelled" and st["reason"] == "Cancelled" and st.get("failed", 0) == 0, st
     assert_gone(pids(marker)[0])
     assert [a["status"]["phase"] for a in attempts_of(c, "e2e-cancel")] == ["Cancelled"]
@@ -315,7 +191,8 @@ def test_cancel_stops_the_job_for_good(c: Coordinator, agent: AgentProcess, tmp_
 
 def test_ttl_deletes_the_finished_job(c: Coordinator, agent: AgentProcess) -> None:
     create(c, "e2e-ttl", ttlSecondsAfterFinished=1, command=[PY, "-c", "print('bye')"])
-    wait_for(lambda: get(c, "e2e-ttl") is None and not attempts_of(c, "e2e-ttl"), 30,
+    wait_for(lambda: c.session().get(c.url(f"{JOBS}/e2e-ttl")).status_code == 404
+             and not attempts_of(c, "e2e-ttl"), 30,
              what="the Job and its Attempts to be deleted after ttlSecondsAfterFinished")
 
 
@@ -353,7 +230,7 @@ def test_sidecars_start_in_order_are_ready_first_and_stop_after(c: Coordinator, 
          "startupTimeout": "30s"},
         {"name": "second", "command": [PY, "-c", SIDECAR_SECOND, str(second_pid), str(port)],
          "startupTimeout": "30s"}])
-    st = ended(c, "e2e-sidecars")
+    st = settled(c, "e2e-sidecars")
     assert st["phase"] == "Succeeded", st
     log = c.run("nodus", "logs", "e2e-sidecars").stdout
     assert "hello from the sidecar" in log, log
@@ -368,7 +245,7 @@ def test_a_failing_init_command_fails_the_job_naming_it(c: Coordinator, agent: A
     create(c, "e2e-init", backoffLimit=0, command=[PY, "-c", f"open({str(ran)!r}, 'w')"],
            initCommand={"command": [PY, "-c", "import sys; print('preflight: no GPU driver', flush=True); "
                                              "sys.exit(4)"]})
-    st = ended(c, "e2e-init")
+    st = settled(c, "e2e-init")
     assert st["phase"] == "Failed", st
     attempt = attempts_of(c, "e2e-init")[0]["status"]
     assert attempt["phase"] == "Failed" and attempt["reason"] == "InitFailed", attempt
@@ -377,20 +254,19 @@ def test_a_failing_init_command_fails_the_job_naming_it(c: Coordinator, agent: A
 
 
 def test_url_inputs_are_checked_against_their_sha256(c: Coordinator, agent: AgentProcess,
-                                                     files: tuple[HttpsFiles, Path, Path]) -> None:
-    server, served, _ = files
-    content = (served / "data.txt").read_bytes()
+                                                     files: HttpsFiles) -> None:
+    content = (files.root / "data.txt").read_bytes()
     good = hashlib.sha256(content).hexdigest()
     read = "import os; print(open(os.path.join(os.environ['NODUS_INPUTS_DIR'], 'data')).read().strip())"
     create(c, "e2e-input-ok", backoffLimit=0, command=[PY, "-c", read],
-           inputs=[{"name": "data", "url": {"url": f"{server.url}/data.txt", "sha256": good}}])
+           inputs=[{"name": "data", "url": {"url": f"{files.url}/data.txt", "sha256": good}}])
     bad = "0" * 64
     create(c, "e2e-input-bad", backoffLimit=0, command=[PY, "-c", "print('must not run')"],
-           inputs=[{"name": "data", "url": {"url": f"{server.url}/data.txt", "sha256": bad}}])
-    ok = ended(c, "e2e-input-ok")
+           inputs=[{"name": "data", "url": {"url": f"{files.url}/data.txt", "sha256": bad}}])
+    ok = settled(c, "e2e-input-ok")
     assert ok["phase"] == "Succeeded" and ok.get("inputsReadyTime"), ok
     assert "the input's content" in c.run("nodus", "logs", "e2e-input-ok").stdout
-    st = ended(c, "e2e-input-bad")
+    st = settled(c, "e2e-input-bad")
     assert st["phase"] == "Failed", st
     attempt = attempts_of(c, "e2e-input-bad")[0]["status"]
     assert attempt["phase"] == "Failed" and attempt["reason"] == "InputFailed", attempt
@@ -415,10 +291,10 @@ def test_outputs_download_with_matching_sha256_and_progress_shows_in_status(
         c: Coordinator, agent: AgentProcess, tmp_path: Path) -> None:
     create(c, "e2e-outputs", backoffLimit=0, command=[PY, "-c", PRODUCES],
            outputs=[{"name": "model", "path": "/nodus/state/model.bin"}])
-    seen = wait_job(c, "e2e-outputs", lambda s: ((s.get("progress") or {}).get("units") or {}).get("completed")
-                    and s.get("phase") == "Running", 60, "progress while Running")
+    seen = wait_status(c, "e2e-outputs", lambda s: ((s.get("progress") or {}).get("units") or {}).get("completed")
+                       and s.get("phase") == "Running", 60, "progress while Running")
     assert seen["progress"]["units"]["total"] == 20 and seen["progress"]["stage"] == "train"
-    st = ended(c, "e2e-outputs")
+    st = settled(c, "e2e-outputs")
     assert st["phase"] == "Succeeded", st
     assert st["progress"]["units"] == {"completed": 20, "total": 20}
     committed = {o["name"]: o for o in st["outputs"] if o["index"] == 0}
@@ -447,22 +323,14 @@ def test_logs_follow_a_running_job_live_and_exit_at_its_end(c: Coordinator, agen
     go = tmp_path / "go"
     create(c, "e2e-follow", command=[PY, "-c", LIVE, str(go)])
     out = tmp_path / "follow.out"
-    env = {**os.environ, "NODUS_KUBECONFIG": str(c.kubeconfig), "HOME": str(c.data_dir.parent)}
-    with open(out, "wb") as sink:
-        follower = subprocess.Popen([str(BIN / "nodus"), "logs", "e2e-follow", "-f"], stdout=sink,
-                                    stderr=subprocess.PIPE, env=env)
-    try:
+    with following(c, "e2e-follow", out) as follower:
         wait_for(lambda: b"first line" in out.read_bytes() or follower.poll() is not None, 60,
                  what="the follower to print the first line")
         assert follower.poll() is None, follower.stderr.read() if follower.stderr else ""
         # The command cannot end before `go` exists: this line arrived while the Job runs.
-        assert status(c, "e2e-follow").get("phase") not in TERMINAL
+        assert status(c, "e2e-follow").get("phase") not in ENDED
         go.touch()
         wait_for(lambda: b"line 0" in out.read_bytes(), 30, what="a line printed after the follow began")
         assert follower.wait(60) == 0
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
     assert out.read_text() == "first line\nline 0\nline 1\nline 2\n"
     assert status(c, "e2e-follow").get("phase") == "Succeeded"

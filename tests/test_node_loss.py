@@ -15,18 +15,15 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import psutil
 import pytest
 
-from conftest import Coordinator, job
+from conftest import Coordinator
+from e2e import attempts_of, create, joined, settled, start_agent, status
 from nodus.agent.testing import AgentProcess, wait_for
 
-NS = "/apis/nodus.dev/v1/namespaces/default"
-JOBS = f"{NS}/jobs"
-ATTEMPTS = f"{NS}/attempts"
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PY = sys.executable
 
 PER_INDEX = r"""
@@ -43,41 +40,6 @@ print("index", i, "done", flush=True)
 raise SystemExit(int(sys.argv[3 + int(i)]))
 """
 """argv: MARKER GO_PREFIX EXIT0 EXIT1 …: index i waits for GO_PREFIX+i, then exits with EXIT<i>."""
-
-
-def token(c: Coordinator) -> str:
-    return (c.data_dir / "join-token").read_text().strip()
-
-
-def create(c: Coordinator, name: str, **spec: Any) -> None:
-    r = c.session().post(c.url(JOBS), json=job(name, **spec))
-    assert r.status_code == 201, r.text
-
-
-def status(c: Coordinator, name: str) -> dict[str, Any]:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    r.raise_for_status()
-    return r.json().get("status") or {}
-
-
-def attempts_of(c: Coordinator, name: str) -> list[dict[str, Any]]:
-    r = c.session().get(c.url(ATTEMPTS), params={"labelSelector": f"nodus.dev/job={name}"})
-    assert r.status_code == 200, r.text
-    return sorted(r.json()["items"], key=lambda a: (a["spec"]["index"], a["spec"]["number"]))
-
-
-def ended(c: Coordinator, name: str, timeout: float = 60) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-
-    def check() -> dict[str, Any] | None:
-        nonlocal last
-        last = status(c, name)
-        return last if last.get("phase") in TERMINAL and not last.get("active") else None
-
-    try:
-        return wait_for(check, timeout, interval=0.05, what=f"Job {name} to end")
-    except AssertionError as e:
-        raise AssertionError(f"{e}; last status: {last}") from None
 
 
 def starts(marker: Path) -> list[str]:
@@ -102,21 +64,10 @@ def kill_workload(command_pid: int) -> None:
     wait_for(dead, 10, what="the workload to die")
 
 
-def registered(a: AgentProcess, timeout: float = 30) -> None:
-    """Until the agent has registered; fails at once, with its log, if it exited instead."""
-    wait_for(lambda: "registered node" in a.log() or a.proc.poll() is not None, timeout,
-             what=f"agent {a.node} to register")
-    assert a.proc.poll() is None, f"nodus-agent exited {a.proc.returncode}:\n{a.log()[-3000:]}"
-
-
 @pytest.fixture
 def agent(coordinator: Coordinator, tmp_path: Path) -> Iterator[AgentProcess]:
-    a = AgentProcess(tmp_path / "agent", coordinator.grpc, token(coordinator), node="loss-a").start()
-    try:
-        registered(a)
+    with start_agent(coordinator, tmp_path / "agent", "loss-a") as a:
         yield a
-    finally:
-        a.reap()
 
 
 @pytest.mark.slow
@@ -145,7 +96,7 @@ def test_kill9_of_the_agent_readopts_running_attempts_and_runs_none_twice(coordi
                   what="index 0's end, reported after the restart")
     assert a0["status"]["exitCode"] == 0
     Path(f"{go}1").touch()  # index 1 is still running, under the re-adopting agent
-    st = ended(c, "readopt")
+    st = settled(c, "readopt")
     assert st["phase"] == "Failed" and st["reason"] == "BackoffLimitExceeded" and "exit code 3" in st["message"], st
     got = [(a["spec"]["index"], a["spec"]["number"], a["status"]["phase"], a["status"].get("exitCode"))
            for a in attempts_of(c, "readopt")]
@@ -158,14 +109,12 @@ def test_kill9_of_the_agent_readopts_running_attempts_and_runs_none_twice(coordi
 
 @pytest.mark.slow
 def test_node_loss_replaces_the_attempt_on_another_node_against_max_attempts(tmp_path: Path) -> None:
-    c = Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "2s", "--heartbeat-interval", "0.5s"))
-    agents = {name: AgentProcess(tmp_path / name, c.grpc, token(c), node=name) for name in ("node-a", "node-b")}
-    try:
-        for a in agents.values():
-            a.start()
-        # Both nodes Ready before the Job exists, so the replacement has somewhere to go.
-        for a in agents.values():
-            registered(a)
+    # Both nodes Ready before the Job exists, so the replacement has somewhere to go.
+    with (Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "2s", "--heartbeat-interval",
+                                                           "0.5s")) as c,
+          joined([AgentProcess(tmp_path / name, c.grpc, c.join_token, node=name).start()
+                  for name in ("node-a", "node-b")]) as started):
+        agents = {a.node: a for a in started}
         marker, go = tmp_path / "marker", tmp_path / "go"
         create(c, "lost", command=[PY, "-c", PER_INDEX, str(marker), str(go), "0"], backoffLimit=0,
                recovery={"maxAttempts": 1})
@@ -186,14 +135,8 @@ def test_node_loss_replaces_the_attempt_on_another_node_against_max_attempts(tmp
         second = attempts_of(c, "lost")[1]
         assert second["spec"]["index"] == 0 and second["spec"]["number"] == 2 and second["spec"]["node"] == other
         Path(f"{go}0").touch()
-        st = ended(c, "lost")
+        st = settled(c, "lost")
         assert st["phase"] == "Succeeded", st
         assert st.get("failed", 0) == 0, "a lost node is not the customer's failure"
         assert st["attempts"] == {"current": 2, "max": 1, "total": 2}, st["attempts"]
         assert [a["status"]["phase"] for a in attempts_of(c, "lost")] == ["Lost", "Succeeded"]
-    finally:
-        try:
-            for a in agents.values():
-                a.reap()
-        finally:
-            c.stop()

@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import Coordinator
+from e2e import attempts_of, create
 from nodus.coordinator.clock import ManualClock
 from nodus.coordinator.controllers.attempts import phase_of
 from nodus.coordinator.controllers.cache import Cache, attempt_key
@@ -26,7 +27,7 @@ from nodus.coordinator.nodes import Leases, NodeRegistry
 from nodus.coordinator.scheduler import Placement
 from nodus.coordinator.store import SqliteStore
 from nodus.proto.nodus.v1 import common_pb2, node_pb2, node_pb2_grpc
-from test_agent_service import CANCELLED, RUNNING, FakeAgent, agent_pb2, attempts_of, create, phase_is, ts, wait_job
+from test_agent_service import CANCELLED, RUNNING, FakeAgent, agent_pb2, phase_is, ts, wait_job
 
 
 class Operator:

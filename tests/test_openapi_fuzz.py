@@ -166,11 +166,8 @@ class Fuzzer:
 
 @pytest.fixture(scope="module")
 def fuzz_coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
-    c = Coordinator(tmp_path_factory.mktemp("fuzz") / "data").start()
-    try:
+    with Coordinator(tmp_path_factory.mktemp("fuzz") / "data").start() as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from conftest import Coordinator, job
-from nodus.agent.testing import AgentProcess, wait_for
-
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
-ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
-MERGE = {"Content-Type": "application/merge-patch+json"}
+from e2e import JOBS, attempts_of, joined, patch_state, start_agent, suspend, units, wait_job
+from nodus.agent.testing import AgentProcess
 
 # Counts to TARGET, one step every 0.1 s, keeping the count in the state dir (written atomically);
 # records where each run started, so the test sees what a resumed run restored.
@@ -42,39 +39,8 @@ print("reached", n, flush=True)
 
 @pytest.fixture
 def agent(coordinator: Coordinator, tmp_path: Path) -> Iterator[AgentProcess]:
-    token = (coordinator.data_dir / "join-token").read_text().strip()
-    a = AgentProcess(tmp_path / "agent", coordinator.grpc, token, node="recovery-node").start()
-    try:
+    with start_agent(coordinator, tmp_path / "agent", "recovery-node") as a:
         yield a
-    finally:
-        a.reap()
-
-
-def get_job(c: Coordinator, name: str) -> dict[str, Any]:
-    r = c.session().get(c.url(f"{JOBS}/{name}"))
-    r.raise_for_status()
-    return r.json()
-
-
-def attempts(c: Coordinator, name: str) -> list[dict[str, Any]]:
-    r = c.session().get(c.url(ATTEMPTS))
-    r.raise_for_status()
-    return sorted((a for a in r.json()["items"] if a["spec"]["job"] == name), key=lambda a: a["spec"]["number"])
-
-
-def patch_state(c: Coordinator, name: str, state: str) -> None:
-    r = c.session().patch(c.url(f"{JOBS}/{name}"), data=json.dumps({"spec": {"state": state}}), headers=MERGE)
-    assert r.status_code == 200, r.text
-
-
-def wait_job(c: Coordinator, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60,
-             what: str = "") -> dict[str, Any]:
-    return wait_for(lambda: (lambda j: j if predicate(j) else None)(get_job(c, name)), timeout, interval=0.1,
-                    what=what or f"Job {name}")
-
-
-def units(j: dict[str, Any]) -> int:
-    return int((((j.get("status") or {}).get("progress") or {}).get("units") or {}).get("completed") or 0)
 
 
 def starts(marker: Path) -> list[dict[str, Any]]:
@@ -88,10 +54,8 @@ def test_suspend_checkpoints_and_resume_restores(coordinator: Coordinator, agent
     assert coordinator.session().post(coordinator.url(JOBS), json=body).status_code == 201
     wait_job(coordinator, "count", lambda j: units(j) >= 8, what="the counter to pass 8")
 
-    patch_state(coordinator, "count", "Suspended")
-    j = wait_job(coordinator, "count", lambda j: j["status"].get("phase") == "Suspended"
-                 and j["status"].get("active") == 0, what="the Job to suspend")
-    first = attempts(coordinator, "count")[0]
+    j = suspend(coordinator, "count")
+    first = attempts_of(coordinator, "count")[0]
     assert first["status"]["phase"] == "Cancelled" and first["status"]["reason"] == "Suspended", first["status"]
     committed = first["status"]["checkpoints"]
     assert [c["seq"] for c in committed] == [1] and committed[0]["reason"] == "Suspend"
@@ -111,28 +75,22 @@ def test_suspend_checkpoints_and_resume_restores(coordinator: Coordinator, agent
     assert runs[0]["start"] == 0
     # The resumed run started from the checkpointed count: what ran before the suspend was not lost.
     assert 8 <= runs[1]["start"] <= suspended_at, runs
-    second = attempts(coordinator, "count")[1]
+    second = attempts_of(coordinator, "count")[1]
     assert second["status"]["restoredFromSeq"] == 1
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Coordinator, dict[str, AgentProcess]]]:
     """A coordinator with short leases and two real agents."""
-    c = Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "2s", "--heartbeat-interval", "0.4s"))
-    token = (c.data_dir / "join-token").read_text().strip()
-    agents = {n: AgentProcess(tmp_path / n, c.grpc, token, node=n).start() for n in ("node-a", "node-b")}
-    try:
-        yield c, agents
-    finally:
-        try:
-            for a in agents.values():
-                a.reap()
-        finally:
-            c.stop()
+    with Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "2s", "--heartbeat-interval",
+                                                          "0.4s")) as c:
+        with joined([AgentProcess(tmp_path / n, c.grpc, c.join_token, node=n).start()
+                     for n in ("node-a", "node-b")]) as started:
+            yield c, {a.node: a for a in started}
 
 
 def node_of(c: Coordinator, name: str, number: int) -> str:
-    found = [a for a in attempts(c, name) if a["spec"]["number"] == number]
+    found = [a for a in attempts_of(c, name) if a["spec"]["number"] == number]
     return found[0]["spec"].get("node", "") if found else ""
 
 
@@ -155,7 +113,7 @@ def test_reclaim_with_grace_checkpoints_then_replaces_elsewhere(cluster: tuple[C
     j = wait_job(c, "reclaimed", lambda j: j["status"].get("phase") in ("Succeeded", "Failed"), timeout=90,
                  what="the replacement to finish")
     assert j["status"]["phase"] == "Succeeded", j["status"]
-    first, second = attempts(c, "reclaimed")[:2]
+    first, second = attempts_of(c, "reclaimed")[:2]
     assert first["status"]["phase"] == "Lost" and first["status"]["reason"] == "Preempted", first["status"]
     assert [(cp["seq"], cp["reason"]) for cp in first["status"]["checkpoints"]] == [(1, "Preemption")]
     assert second["spec"]["node"] != first_node and second["status"]["restoredFromSeq"] == 1
@@ -172,9 +130,7 @@ def test_node_loss_replacement_on_another_node_restores_the_latest(
                                                                     "60"])).status_code == 201
     wait_job(c, "lossy", lambda j: units(j) >= 8, what="the counter to pass 8")
     # A checkpoint to lose nothing of: suspend (checkpoint 1), resume (attempt 2 restores it).
-    patch_state(c, "lossy", "Suspended")
-    wait_job(c, "lossy", lambda j: j["status"].get("phase") == "Suspended" and j["status"].get("active") == 0,
-             what="the Job to suspend")
+    suspend(c, "lossy")
     patch_state(c, "lossy", "Running")
     wait_job(c, "lossy", lambda j: (j["status"].get("checkpoint") or {}).get("restoredFromSeq") == 1
              and j["status"].get("phase") == "Running", what="attempt 2 to restore and run")
@@ -187,8 +143,8 @@ def test_node_loss_replacement_on_another_node_restores_the_latest(
     j = wait_job(c, "lossy", lambda j: j["status"].get("phase") in ("Succeeded", "Failed"), timeout=90,
                  what="the replacement to finish")
     assert j["status"]["phase"] == "Succeeded", j["status"]
-    third = attempts(c, "lossy")[2]
-    assert attempts(c, "lossy")[1]["status"]["phase"] == "Lost"
+    third = attempts_of(c, "lossy")[2]
+    assert attempts_of(c, "lossy")[1]["status"]["phase"] == "Lost"
     assert third["spec"]["node"] != lost_node and third["status"]["restoredFromSeq"] == 1
     runs = starts(marker)
     assert [r["attempt"] for r in runs] == ["1", "2", "3"]
@@ -209,7 +165,7 @@ def test_a_suspend_whose_checkpoint_keeps_failing_leaves_the_job_running(coordin
     st = j["status"]
     assert st["phase"] == "Running" and st["suspendFailures"] == 3, st
     assert any(c["type"] == "SuspendFailed" and c["status"] == "True" for c in st["conditions"])
-    [only] = attempts(coordinator, "stubborn")
+    [only] = attempts_of(coordinator, "stubborn")
     assert only["status"]["phase"] == "Running" and not only["spec"].get("stop"), "it was never stopped"
     before = units(j)
     wait_job(coordinator, "stubborn", lambda j: units(j) > before + 3, what="the program to keep counting")

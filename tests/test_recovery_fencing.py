@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 from conftest import Coordinator
+from e2e import attempts_of, create
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
-from test_agent_service import RUNNING, FakeAgent, attempts_of, create, phase_is, ts, wait_job
+from test_agent_service import RUNNING, FakeAgent, phase_is, ts, wait_job
 
 
 def commit(a: agent_pb2.Assignment, seq: int, sha: str) -> agent_pb2.CheckpointCommit:

@@ -19,11 +19,8 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     """This module checks the API's own semantics (compare-and-swap, exact watch sequences), so its
     coordinator runs without the controllers, whose status writes would be changes no test made."""
-    c = Coordinator(tmp_path_factory.mktemp("rest") / "data").start(extra_args=("--controllers", "off"))
-    try:
+    with Coordinator(tmp_path_factory.mktemp("rest") / "data").start(extra_args=("--controllers", "off")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def create(c: Coordinator, body: dict[str, Any], path: str = JOBS, **params: str) -> Any:
