@@ -2,7 +2,8 @@
 
 The coordinator runs on a clock the test moves forward (--clock-offset-file), so a 60 s lease, a
 1 minute checkpoint interval and a 5 minute startupTimeout play out in seconds: the clock moves in
-steps shorter than the lease, and agents heartbeat every second, so no healthy node looks lost.
+steps shorter than the lease, each one waiting until the live nodes have heartbeated at the new
+time, so no healthy node looks lost however loaded the machine is.
 
 - Killing one member's agent and workload mid-run: its node's lease expires, the gang is stopped
   as a whole and restarts at epoch 2 (rank 1 on another node, rank 0 on its own), every member
@@ -38,15 +39,34 @@ class Clock:
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0.0
         path.write_text("0")
+        self.coordinator: Coordinator | None = None
+        self.agents: list[AgentProcess] = []
+        """Whose nodes must keep their leases: each step waits for their heartbeats at the new time."""
 
     def advance(self, seconds: float) -> None:
-        """Moves the coordinator's clock forward in steps the agents' heartbeats keep up with."""
+        """Moves the coordinator's clock forward in steps shorter than the lease; after each, waits until
+        every running agent's node has heartbeated at the new time, so no healthy node looks lost
+        however slowly a loaded machine delivers its heartbeats."""
         while seconds > 0:
             step = min(STEP, seconds)
             self.offset += step
             seconds -= step
             self.path.write_text(str(self.offset))
-            time.sleep(1.2)  # a heartbeat (every 1 s) renews every lease at the new time
+            self._renewed(time.time() + self.offset - STEP / 2)
+
+    def _renewed(self, since: float) -> None:
+        if self.coordinator is None:
+            time.sleep(1.2)
+            return
+        c = self.coordinator
+        names = {a.node for a in self.agents if a.proc is not None}
+
+        def fresh() -> bool:
+            with grpc.insecure_channel(c.grpc) as channel:
+                nodes = node_pb2_grpc.NodeServiceStub(channel).ListNodes(
+                    node_pb2.ListNodesRequest(), metadata=(("authorization", f"Bearer {c.token}"),), timeout=10).nodes
+            return all(n.last_heartbeat_time.ToNanoseconds() / 1e9 >= since for n in nodes if n.name in names)
+        wait_for(fresh, 30, interval=0.2, what="every live node to heartbeat at the new time")
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +83,9 @@ def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordi
 
 
 @pytest.fixture(scope="module")
-def agents(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
+def agents(c: Coordinator, clock: Clock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
     with fleet(c, tmp_path_factory.mktemp("recovery-agents"), 3, "rec") as started:
+        clock.coordinator, clock.agents = c, started
         yield started
 
 
