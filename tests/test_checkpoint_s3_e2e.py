@@ -290,3 +290,34 @@ def test_the_agents_s3_upload_keeps_a_seq_and_its_restore_refuses_what_does_not_
     with pytest.raises(CheckpointFailed, match="DigestMismatch"):
         restore(layout, dest, first.sha256, first.size)
     assert (layout.state / "f").read_text() == "one"  # nothing was extracted over the state
+
+
+def test_retention_deletes_one_seq_or_an_attempts_whole_prefix_with_the_connections_keys(
+        moto: str, s3: Any, bucket: str, keys: dict[str, str], tmp_path: Path) -> None:
+    """The coordinator's S3 deletion (coordinator/checkpoints.py delete_s3) against the bucket: a
+    superseded seq loses its manifest and archive and nothing else; deleting it again is a no-op; a
+    released attempt's prefix is emptied, torn uploads included, and another attempt's is not."""
+    from nodus.agent.checkpointing import s3_store, upload_s3
+    from nodus.coordinator.checkpoints import delete_s3
+    from nodus.coordinator.controllers.checkpoints import S3Archive
+
+    fields = {**keys, "endpoint": moto, "region": REGION}
+    prefix, other = f"s3://{bucket}/r/p/j/0/att-1/", f"s3://{bucket}/r/p/j/0/att-2/"
+    for seq in (1, 2, 3):
+        upload_s3(s3_store(prefix, fields), _snapshot(tmp_path, seq, f"s{seq}"), attempt="att-1", epoch=0,
+                  format="Snapshot")
+    upload_s3(s3_store(other, fields), _snapshot(tmp_path, 1, "o"), attempt="att-2", epoch=0, format="Snapshot")
+    s3.create_multipart_upload(Bucket=bucket, Key="r/p/j/0/att-1/0000000004-torn.tar.zst")
+
+    def keys_under(p: str) -> list[str]:
+        return sorted(o["Key"].rsplit("/", 1)[1] for o in s3.list_objects_v2(Bucket=bucket, Prefix=p).get("Contents", []))
+
+    delete_s3(S3Archive("p", "ckpt", prefix, 2), fields)
+    left = keys_under("r/p/j/0/att-1/")
+    assert not [k for k in left if k.startswith("0000000002")] and len(left) == 4, left
+    delete_s3(S3Archive("p", "ckpt", prefix, 2), fields)  # already gone: nothing to do, no error
+
+    delete_s3(S3Archive("p", "ckpt", prefix, 0), fields)
+    assert keys_under("r/p/j/0/att-1/") == []
+    assert not s3.list_multipart_uploads(Bucket=bucket, Prefix="r/p/j/0/att-1/").get("Uploads")
+    assert len(keys_under("r/p/j/0/att-2/")) == 2, "another attempt's checkpoints stay"
