@@ -65,14 +65,26 @@ def remember_store(agent: "Agent", a: agent_pb2.Assignment, layout: L.AttemptLay
     assignment refreshes the credentials); forgets those of attempts the agent no longer has."""
     for gone in [i for i in _stores if i not in agent.attempts]:
         del _stores[gone]
-    uri = a.checkpoint.store.uri if a.HasField("checkpoint") else ""
-    if not uri.startswith(S3_URI):
+    if a.HasField("checkpoint"):
+        _remember(a.attempt_id, a.index, a.checkpoint.store, layout)
+
+
+def _remember(attempt_id: str, index: int, store: agent_pb2.Location, layout: L.AttemptLayout) -> None:
+    """The attempt's own S3 store (the Job's location plus INDEX/ATTEMPT-ID/) with these credentials."""
+    if not store.uri.startswith(S3_URI):
         return
-    own = agent_pb2.Location(uri=f"{uri.rstrip('/')}/{a.index}/{a.attempt_id}/",
-                             credentials=a.checkpoint.store.credentials)
-    _stores[a.attempt_id] = own
+    own = agent_pb2.Location(uri=f"{store.uri.rstrip('/')}/{index}/{attempt_id}/", credentials=store.credentials)
+    _stores[attempt_id] = own
     layout.run.mkdir(parents=True, exist_ok=True)
     (layout.run / STORE_FILE).write_text(own.uri + "\n")
+
+
+def _refresh(agent: "Agent", attempt_id: str, store: agent_pb2.Location) -> None:
+    """A request's store, read by the coordinator when it sent it: its credentials replace the
+    assignment's (rotated keys, or an agent restarted since the assignment)."""
+    att = agent.attempts.get(attempt_id)
+    if att is not None and store.uri:
+        _remember(attempt_id, att.index, store, agent.runtime.layout(attempt_id))
 
 
 def _store_of(attempt_id: str, layout: L.AttemptLayout) -> agent_pb2.Location | None:
@@ -87,7 +99,7 @@ def _store_of(attempt_id: str, layout: L.AttemptLayout) -> agent_pb2.Location | 
         return None
     raise CheckpointFailed(f"the attempt's checkpoint store is {uri}, and this agent restarted since the attempt "
                            "started, so it no longer holds the store's credentials (they are kept in memory only); "
-                           "the next assignment of the attempt brings them again")
+                           "the next assignment or checkpoint request of the attempt brings them again")
 
 
 async def restore_before_start(agent: "Agent", a: agent_pb2.Assignment, layout: L.AttemptLayout) -> int:
@@ -212,10 +224,12 @@ async def checkpoint(agent: "Agent", attempt_id: str, seq: int, reason: int) -> 
 
 
 def on_checkpoint_request(agent: "Agent", r: agent_pb2.CheckpointRequest) -> None:
+    _refresh(agent, r.attempt_id, r.store)
     _spawn(agent, r.attempt_id, _requested(agent, r))
 
 
 def on_suspend(agent: "Agent", s: agent_pb2.Suspend) -> None:
+    _refresh(agent, s.attempt_id, s.store)
     _spawn(agent, s.attempt_id, _suspend(agent, s), after_running=True)
 
 

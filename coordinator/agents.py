@@ -525,9 +525,29 @@ class Session:
             try:
                 for request in checkpoints.due_requests(self.cache, self.node, self.service.clock.now(), asked,
                                                           self.service.interruptions.of):
+                    await self._with_store(request)
                     self.send(checkpoint_request=request)
             except Exception:  # noqa: BLE001 - the next tick tries again
                 log.exception("node %s: checkpoint cadence failed", self.node)
+
+    async def _with_store(self, message: agent_pb2.CheckpointRequest | agent_pb2.Suspend) -> None:
+        """Adds the attempt's checkpoint store with its Connection's keys as they are now, so a rotated
+        Secret reaches a running attempt. When they cannot be read now (the Connection or Secret is
+        gone), the request goes without: the agent keeps the keys it has."""
+        attempt = self.cache.attempt_by_id(message.attempt_id)
+        if attempt is None:
+            return
+        job = self.cache.job(attempt["metadata"]["namespace"], attempt["spec"]["job"])
+        if job is None:
+            return
+        try:
+            store = await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects), self.service.vault, job)
+        except NodusError as e:
+            log.warning("attempt %s: its checkpoint store's keys cannot be read now (%s); the agent keeps its own",
+                        attempt["metadata"]["name"], e.message)
+            return
+        if store is not None:
+            message.store.CopyFrom(store)
 
     async def _diff(self) -> None:
         on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
@@ -544,6 +564,7 @@ class Session:
                 elif attempt_id not in self._finished and (suspend := checkpoints.suspend_message(attempt)) is not None:
                     if said != f"suspend:{suspend.seq}" and said != "cancel":
                         self._said[attempt_id] = f"suspend:{suspend.seq}"
+                        await self._with_store(suspend)
                         self.send(suspend=suspend)  # checkpoint, then stop
                 elif said != "cancel" and attempt_id not in self._finished:
                     self._cancel(attempt_id, spec["stop"].get("reason", "Cancelled"),

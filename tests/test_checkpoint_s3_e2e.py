@@ -20,7 +20,8 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from conftest import Coordinator, job  # noqa: E402
-from e2e import ATTEMPTS, JOBS, MERGE, NS, attempts_of, patch_state, start_agent, suspend, units, wait_job  # noqa: E402
+from e2e import (ATTEMPTS, JOBS, MERGE, NS, attempts_of, create, patch_state, start_agent, suspend,  # noqa: E402
+                 units, wait_job)
 from motoserver import moto_server  # noqa: E402
 from nodus.agent.testing import AgentProcess, wait_for  # noqa: E402
 from test_recovery_e2e import starts  # noqa: E402
@@ -101,20 +102,20 @@ def agent(coordinator: Coordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         yield a
 
 
-def create(c: Coordinator, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+def post_object(c: Coordinator, plural: str, body: dict[str, Any]) -> dict[str, Any]:
     r = c.session().post(c.url(f"{NS}/{plural}"), json=body)
     assert r.status_code == 201, r.text
     return r.json()
 
 
 def secret(c: Coordinator, name: str, values: dict[str, str]) -> None:
-    create(c, "secrets", {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": name},
+    post_object(c, "secrets", {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": name},
                           "stringData": values})
 
 
 def connection(c: Coordinator, name: str, **s3: str) -> dict[str, Any]:
-    return create(c, "connections", {"apiVersion": "nodus.dev/v1", "kind": "Connection", "metadata": {"name": name},
-                                     "spec": {"type": "S3", "s3": s3}})
+    return post_object(c, "connections", {"apiVersion": "nodus.dev/v1", "kind": "Connection",
+                                          "metadata": {"name": name}, "spec": {"type": "S3", "s3": s3}})
 
 
 def assert_no_leak(keys: dict[str, str], *texts: str) -> None:
@@ -243,6 +244,29 @@ def test_after_an_agent_restart_the_checkpoint_still_goes_to_the_connection(
     assert uris and all(u.startswith("s3://") for u in uris), first["status"]
     assert j["status"]["checkpoint"]["seq"] >= 1
     patch_state(coordinator, "survivor", "Cancelled")
+
+
+def test_a_connection_changed_while_the_job_runs_reaches_its_next_checkpoint(
+        coordinator: Coordinator, agent: AgentProcess, moto: str, bucket: str, keys: dict[str, str],
+        tmp_path: Path) -> None:
+    """Every checkpoint request carries the store as the Connection and its Secret are at that moment
+    (rotated keys, a moved endpoint): the attempt was assigned an endpoint where nothing listens, the
+    Connection is corrected while it runs, and the suspend's checkpoint lands in the bucket."""
+    secret(coordinator, "s3-keys", keys)
+    connection(coordinator, "ckpt", bucket=bucket, endpoint="http://127.0.0.1:9", region=REGION, secret="s3-keys")
+    marker = tmp_path / "starts"
+    create(coordinator, "moved", command=[sys.executable, "-c", COUNTER, str(marker), "3000"], connections=["ckpt"])
+    wait_job(coordinator, "moved", lambda j: units(j) >= 3, what="the counter to start")
+    r = coordinator.session().patch(coordinator.url(f"{NS}/connections/ckpt"), headers=MERGE,
+                                    data=json.dumps({"spec": {"s3": {"endpoint": moto}}}))
+    assert r.status_code == 200, r.text
+    patch_state(coordinator, "moved", "Suspended")
+    j = wait_job(coordinator, "moved", lambda j: (j["status"].get("checkpoint") or {}).get("seq", 0) >= 1
+                 or j["status"].get("suspendFailures"), timeout=90, what="the suspend's checkpoint")
+    assert not j["status"].get("suspendFailures"), j["status"]
+    [record] = attempts_of(coordinator, "moved")[0]["status"]["checkpoints"]
+    assert record["uri"].startswith(f"s3://{bucket}/"), record
+    patch_state(coordinator, "moved", "Cancelled")
 
 
 def _snapshot(tmp_path: Path, seq: int, text: str) -> Any:

@@ -627,30 +627,34 @@ class Cancel(_message.Message):
     def __init__(self, attempt_id: _Optional[str] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("attempt_id", "reason", "seq", "deadline")
+    __slots__ = ("attempt_id", "reason", "seq", "deadline", "store")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     reason: CheckpointReason
     seq: int
     deadline: _timestamp_pb2.Timestamp
-    def __init__(self, attempt_id: _Optional[str] = ..., reason: _Optional[_Union[CheckpointReason, str]] = ..., seq: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    store: Location
+    def __init__(self, attempt_id: _Optional[str] = ..., reason: _Optional[_Union[CheckpointReason, str]] = ..., seq: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., store: _Optional[_Union[Location, _Mapping]] = ...) -> None: ...
 
 class Suspend(_message.Message):
-    __slots__ = ("attempt_id", "reason", "seq", "checkpoint_deadline", "grace_seconds")
+    __slots__ = ("attempt_id", "reason", "seq", "checkpoint_deadline", "grace_seconds", "store")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     reason: str
     seq: int
     checkpoint_deadline: _timestamp_pb2.Timestamp
     grace_seconds: int
-    def __init__(self, attempt_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., checkpoint_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., grace_seconds: _Optional[int] = ...) -> None: ...
+    store: Location
+    def __init__(self, attempt_id: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., checkpoint_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., grace_seconds: _Optional[int] = ..., store: _Optional[_Union[Location, _Mapping]] = ...) -> None: ...
 
 class LeaseRenewal(_message.Message):
     __slots__ = ("valid_for", "expire_time")
