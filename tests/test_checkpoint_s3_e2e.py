@@ -174,6 +174,13 @@ def test_checkpoints_go_to_the_connection_and_resume_restores_from_s3(
     job_prefix = "nodus/ckpt/default/count/"
     assert s3.list_objects_v2(Bucket=bucket, Prefix=job_prefix).get("KeyCount")
 
+    # The CLI lists them where they are, and sends whoever asks Nodus for the bytes to the bucket.
+    listed = coordinator.run("nodus", "checkpoint", "ls", "--job", "count").stdout
+    assert f"s3://{bucket}/{prefix}" in listed, listed
+    refused = coordinator.run("nodus", "checkpoint", "get", "count", "-o", str(tmp_path / "x"), check=False)
+    assert refused.returncode == 1 and "is in the Connection's bucket" in refused.stderr, refused.stderr
+    assert f"nodus checkpoint restore s3://{bucket}/{prefix.rstrip('/')} --seq" in refused.stderr
+
     # Retention ends: the sweep deletes them from the bucket with the Connection's keys, then the records.
     r = coordinator.session().patch(coordinator.url(f"{JOBS}/count"), headers=MERGE,
                                     data=json.dumps({"spec": {"recovery": {"checkpoint": {"retainAfterFinish": "0s"}}}}))

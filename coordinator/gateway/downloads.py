@@ -2,6 +2,8 @@
 
     GET  /apis/nodus.dev/v1/namespaces/{p}/jobs/{name}/outputs/{output}?index=I[&rank=R]
     GET  /apis/nodus.dev/v1/namespaces/{p}/jobs/{name}/log?index=I[&attempt=N][&follow=true]
+    GET  /apis/nodus.dev/v1/namespaces/{p}/jobs/{name}/checkpoints?index=I
+    GET  /apis/nodus.dev/v1/namespaces/{p}/jobs/{name}/checkpoints/{seq}?index=I[&rank=R]
     POST /apis/nodus.dev/v1/namespaces/{p}/volumes/{name}/revisions      (body: tar.zst, application/zstd)
     GET  /apis/nodus.dev/v1/namespaces/{p}/volumes/{name}/revisions/{revision}
 
@@ -28,6 +30,7 @@ from ..api.attempt import INDEX_LABEL, JOB_LABEL
 from ..api.kinds import resolve
 from ..api.volume import find_revision, latest_ready
 from ..blobs import CHUNK, BlobRef, BlobStore, check_digest, digest_of_uri
+from ..controllers import checkpoints as ckpt
 from ..controllers.attempts import phase_of
 from ..errors import NodusError
 from ..identity import SYSTEM, Role
@@ -53,6 +56,8 @@ def add_routes(app: web.Application, gateway: Any) -> None:
     r = app.router
     r.add_get(BASE + "/jobs/{name}/outputs/{output}", routes.output)
     r.add_get(BASE + "/jobs/{name}/log", routes.log)
+    r.add_get(BASE + "/jobs/{name}/checkpoints", routes.checkpoints)
+    r.add_get(BASE + "/jobs/{name}/checkpoints/{seq}", routes.checkpoint_archive)
     r.add_post(BASE + "/volumes/{name}/revisions", routes.push_revision)
     r.add_get(BASE + "/volumes/{name}/revisions/{revision}", routes.revision_archive)
 
@@ -256,6 +261,72 @@ class Downloads:
         if not re.fullmatch(r"\.[A-Za-z0-9_-]{1,16}", suffix):
             suffix = ""  # only a plain extension goes into the Content-Disposition file name
         return await self._stream_blob(request, blobs, ref, stem + suffix)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    async def _checkpoints(self, caller: Any, project: str, name: str, index: int) -> list[dict[str, Any]]:
+        """The index's committed checkpoints a restore could use, oldest first (a Dcp checkpoint once
+        every rank stored its part, with the parts), each with the number of the attempt that took it."""
+        job = await self.service.get(caller, resolve("jobs"), project, name)
+        page = await self.service.list(SYSTEM, resolve("attempts"), project,
+                                       labels=parse_label_selector(f"{JOB_LABEL}={name},{INDEX_LABEL}={index}"),
+                                       fields=parse_field_selector(None))
+        uid = job["metadata"].get("uid")
+        mine = [{"status": {"checkpoints": [{**c, "attempt": _attempt_number(a)}
+                                            for c in (a.get("status") or {}).get("checkpoints") or []]}}
+                for a in page.items if (a.get("spec") or {}).get("jobUID") == uid]
+        return ckpt.complete(mine)
+
+    async def checkpoints(self, request: web.Request) -> web.Response:
+        request["verb"], request["resource"] = "list", "jobs/checkpoints"
+        caller = await self.gateway._caller(request)
+        project, name = request.match_info["namespace"], request.match_info["name"]
+        index = _int_param(request, "index", 0) or 0
+        fields = ("seq", "time", "size", "sha256", "uri", "reason", "format", "epoch", "attempt")
+        items = []
+        for c in await self._checkpoints(caller, project, name, index):
+            item = {k: c[k] for k in fields if k in c}
+            if c.get("parts"):
+                item["parts"] = [{k: p[k] for k in ("rank", "size", "sha256", "uri") if k in p} for p in c["parts"]]
+            items.append(item)
+        return web.Response(body=orjson.dumps({"apiVersion": "nodus.dev/v1", "kind": "CheckpointList",
+                                               "metadata": {}, "items": items}),
+                            content_type="application/json", headers={"X-Request-Id": request["rid"]})
+
+    async def checkpoint_archive(self, request: web.Request) -> web.StreamResponse:
+        request["verb"], request["resource"] = "get", "jobs/checkpoints"
+        blobs = self._blobs(request)
+        caller = await self.gateway._caller(request)
+        project, name = request.match_info["namespace"], request.match_info["name"]
+        text = request.match_info["seq"]
+        if not re.fullmatch(r"\d{1,18}", text):
+            raise NodusError("BadRequest", f"checkpoint {text!r} is not a sequence number",
+                             fix=f"list them with `nodus checkpoint ls --job {name}`")
+        seq, index, rank = int(text), _int_param(request, "index", 0) or 0, _int_param(request, "rank", 0) or 0
+        found = [c for c in await self._checkpoints(caller, project, name, index) if int(c.get("seq", 0)) == seq]
+        if not found:
+            raise NodusError("NotFound", f'job "{name}" has no committed checkpoint {seq} for index {index}',
+                             name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
+                             fix=f"list what is kept with `nodus checkpoint ls --job {name} --index {index}` "
+                                 "(checkpoints go retainAfterFinish after the Job ends)")
+        parts = found[0].get("parts") or [found[0]]
+        part = next((p for p in parts if int(p.get("rank") or 0) == rank), None)
+        if part is None:
+            raise NodusError("NotFound", f"checkpoint {seq} of job \"{name}\" has no part for rank {rank}",
+                             name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
+                             fix=f"ranks 0 to {len(parts) - 1} each stored a part")
+        uri = str(part.get("uri") or "")
+        if ckpt.in_s3(part):
+            raise NodusError("BadRequest", f"checkpoint {seq} of job \"{name}\" is in the Connection's bucket "
+                             f"({uri}), not held by Nodus", name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
+                             fix=f"read it with your keys: nodus checkpoint restore {uri.rpartition('/')[0]} "
+                                 f"--seq {seq} --into DIR")
+        ref = await blobs.stat(digest_of_uri(uri) if uri else check_digest(str(part.get("sha256", ""))))
+        if ref is None:
+            raise NodusError("NotFound", f"the archive of checkpoint {seq} of job \"{name}\" is no longer stored",
+                             name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
+                             fix="it was deleted by retention; a newer checkpoint may be kept")
+        stem = f"{name}-{index}-checkpoint-{seq}" + (f"-rank{rank}" if len(parts) > 1 else "")
+        return await self._stream_blob(request, blobs, ref, stem + ".tar.zst")
 
     # -- logs -------------------------------------------------------------------------------------
     async def log(self, request: web.Request) -> web.StreamResponse:

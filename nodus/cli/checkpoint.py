@@ -1,14 +1,19 @@
-"""`nodus checkpoint save|restore|verify|ls`: the checkpoint library from a shell, no coordinator needed.
+"""`nodus checkpoint save|restore|verify|ls`: the checkpoint library from a shell, no coordinator needed;
+and a Job's checkpoints from the coordinator: `ls --job JOB`, `get JOB`.
 
 Locations: `s3://bucket/prefix` is an S3 store (credentials, region and endpoint from the usual AWS
 variables, or --endpoint-url); a path ending in .tar.zst or .tzst is one archive FILE (with
 FILE.manifest.json beside it); any other path is a local store directory.
+
+    nodus checkpoint ls --job JOB [--index I]
+    nodus checkpoint get JOB [--index I] [--seq N] [--rank R] [-o FILE | --into DIR]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -16,7 +21,10 @@ from nodus.checkpoint import (ArchiveTooLarge, CheckpointError, CorruptArchive, 
                               NotFound, SourceError, StoreError, Store, UnsafeArchive, format_size, open_store,
                               parse_size, restore_file, save_file, verify_file)
 
-from .client import CliError
+from nodus.checkpoint.restore import restore
+
+from .client import CliError, Client
+from .data import JOBS, download, filename_of, send
 
 FILE_SUFFIXES = (".tar.zst", ".tzst")
 DEFAULT_MAX_SIZE = "1Ti"
@@ -142,6 +150,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    if args.job:
+        if args.store:
+            raise CliError("give a store or --job, not both")
+        return _ls_job(Client.of(args), args)
+    if not args.store:
+        raise CliError("nothing to list", "give DIR or s3://bucket/prefix, or --job JOB")
     if not args.store.startswith("s3://") and not os.path.isdir(args.store):
         raise CliError(f"{args.store}: no such store directory", "give DIR or s3://bucket/prefix")
     store = _store(args.store, args)
@@ -162,11 +176,67 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("   ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+
+
+def _job_checkpoints(client: Client, args: argparse.Namespace) -> list[dict[str, Any]]:
+    path = JOBS.format(ns=args.namespace or client.namespace, name=args.job) + "/checkpoints"
+    return list(send(client, "GET", path, params={"index": args.index}).json().get("items") or [])
+
+
+def _ls_job(client: Client, args: argparse.Namespace) -> int:
+    items = _job_checkpoints(client, args)
+    if not items:
+        print(f"job {args.job} has no committed checkpoints for index {args.index}.", file=sys.stderr)
+        return 0
+    rows = [["SEQ", "TIME", "SIZE", "REASON", "FORMAT", "ATTEMPT", "STORED"]]
+    for c in items:
+        uri = str(c.get("uri") or "")
+        rows.append([str(c.get("seq")), str(c.get("time") or "-")[:19] + "Z", format_size(int(c.get("size") or 0)),
+                     c.get("reason") or "-", c.get("format") or "Snapshot", str(c.get("attempt") or "-"),
+                     uri.rpartition("/")[0] + "/" if uri.startswith("s3://") else "nodus"])
+    _table(rows)
+    return 0
+
+
+def cmd_get(client: Client, args: argparse.Namespace) -> int:
+    """Downloads one of a Job's checkpoints (default: the latest), verified, to a file or into a directory."""
+    seq = args.seq
+    if seq is None:
+        items = _job_checkpoints(client, args)
+        if not items:
+            raise CliError(f"job {args.job} has no committed checkpoints for index {args.index}",
+                           f"checkpoints are taken while it runs (recovery.checkpoint); `nodus checkpoint ls "
+                           f"--job {args.job}` lists them")
+        seq = int(items[-1]["seq"])
+    path = JOBS.format(ns=args.namespace or client.namespace, name=args.job) + f"/checkpoints/{seq}"
+    resp = send(client, "GET", path, params={"index": args.index, "rank": args.rank})
+    if args.into is None:
+        target = args.output_file or filename_of(resp, f"{args.job}-{args.index}-checkpoint-{seq}.tar.zst")
+        size, digest = download(resp, target)
+        if target != "-":
+            print(f"{target}: checkpoint {seq}, {format_size(size)}, sha256 {digest}", file=sys.stderr)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="nodus-checkpoint-") as spool:
+        local = os.path.join(spool, "checkpoint.tar.zst")
+        _, digest = download(resp, local)
+        try:
+            summary = restore(local, args.into, sha256=digest)
+        except CheckpointError as e:
+            raise _cli_error(e) from None
+    print(f"restored checkpoint {seq} of job {args.job} (index {args.index}) into {args.into}: {summary.files} files, "
+          f"{summary.dirs} directories, {format_size(summary.unpacked_size)}; sha256 verified")
+    return 0
+
+
 def add_parser(subparsers: Any) -> None:
     """Register `checkpoint` and its verbs on the top-level subparsers of `nodus`."""
     p = subparsers.add_parser("checkpoint", help="save, restore, verify and list checkpoints (tar.zst + manifest)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = p.add_subparsers(dest="checkpoint_action", required=True, metavar="{save,restore,verify,ls}")
+    verbs = p.add_subparsers(dest="checkpoint_action", required=True, metavar="{save,restore,verify,ls,get}")
 
     def s3_flag(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--endpoint-url", help="S3 endpoint (default $AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL)")
@@ -200,26 +270,19 @@ def add_parser(subparsers: Any) -> None:
     s3_flag(v)
     v.set_defaults(func=cmd_verify, operator=True)
 
-    ls = verbs.add_parser("ls", help="list a store's committed checkpoints")
-    ls.add_argument("store", metavar="DIR|s3://BUCKET/PREFIX")
+    ls = verbs.add_parser("ls", help="list a store's committed checkpoints, or a Job's (--job)")
+    ls.add_argument("store", nargs="?", metavar="DIR|s3://BUCKET/PREFIX")
+    ls.add_argument("--job", help="list this Job's checkpoints, as the coordinator keeps them")
+    ls.add_argument("--index", type=int, default=0, help="with --job: the Job index (default 0)")
     s3_flag(ls)
     ls.set_defaults(func=cmd_ls, operator=True)
 
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m nodus.cli.checkpoint …`: the same verbs without the rest of the CLI."""
-    parser = argparse.ArgumentParser(prog="nodus")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["checkpoint", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        code = args.func(args)
-    except CliError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        if e.fix:
-            print(f"  fix: {e.fix}", file=sys.stderr)
-        code = 1
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()
+    g = verbs.add_parser("get", help="download a Job's checkpoint from the coordinator (default: the latest)")
+    g.add_argument("job")
+    g.add_argument("--index", type=int, default=0, help="the Job index (default 0)")
+    g.add_argument("--seq", type=int, help="which checkpoint (default: the latest committed)")
+    g.add_argument("--rank", type=int, default=0, help="a Dcp gang checkpoint's part: this rank's (default 0)")
+    out = g.add_mutually_exclusive_group()
+    out.add_argument("-o", "--output-file", help="write the archive here (default: the server's file name; - for stdout)")
+    out.add_argument("--into", metavar="DIR", help="restore it under DIR instead (sha256 verified first)")
+    g.set_defaults(func=cmd_get)

@@ -47,6 +47,11 @@ class Resource:
 
 
 class Client:
+    @classmethod
+    def of(cls, args: Any) -> "Client":
+        """The client the top-level --kubeconfig and -n/--namespace name."""
+        return cls(Path(args.kubeconfig) if args.kubeconfig else default_kubeconfig(), args.namespace)
+
     def __init__(self, kubeconfig: Path, namespace: str | None = None) -> None:
         try:
             config = yaml.safe_load(kubeconfig.read_text())

@@ -33,7 +33,7 @@ def _namespace(client: Client, args: argparse.Namespace) -> str:
     return getattr(args, "namespace", None) or client.namespace
 
 
-def _send(client: Client, method: str, path: str, *, params: dict[str, Any] | None = None,
+def send(client: Client, method: str, path: str, *, params: dict[str, Any] | None = None,
           data: IO[bytes] | None = None, headers: dict[str, str] | None = None,
           missing_ok: str = "") -> requests.Response:
     """A streamed request (no read timeout: a log follow or an upload may take long); errors as CliError,
@@ -60,7 +60,7 @@ def _send(client: Client, method: str, path: str, *, params: dict[str, Any] | No
 
 # -- outputs -----------------------------------------------------------------------------------------
 
-def _filename(resp: requests.Response, fallback: str) -> str:
+def filename_of(resp: requests.Response, fallback: str) -> str:
     m = re.search(r'filename="([^"/\\]+)"', resp.headers.get("Content-Disposition", ""))
     return m.group(1) if m else fallback
 
@@ -70,9 +70,18 @@ def cmd_outputs_get(client: Client, args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"index": args.index}
     if args.rank is not None:
         params["rank"] = args.rank
-    resp = _send(client, "GET", path, params=params)
+    resp = send(client, "GET", path, params=params)
+    target = args.output_file or filename_of(resp, f"{args.job}-{args.output}-{args.index}")
+    size, digest = download(resp, target)
+    if target != "-":
+        print(f"{target}: {size} bytes, sha256 {digest}", file=sys.stderr)
+    return 0
+
+
+def download(resp: requests.Response, target: str) -> tuple[int, str]:
+    """Writes the body to `target` (- for stdout; a file appears only whole, under its name once its
+    sha256 matches the X-Content-SHA256 the server committed); returns (bytes, sha256)."""
     expected = resp.headers.get("X-Content-SHA256", "")
-    target = args.output_file or _filename(resp, f"{args.job}-{args.output}-{args.index}")
     digest = hashlib.sha256()
     size = 0
     if target == "-":
@@ -96,9 +105,7 @@ def cmd_outputs_get(client: Client, args: argparse.Namespace) -> int:
     if expected and digest.hexdigest() != expected:
         raise CliError(f"the download's sha256 {digest.hexdigest()} is not the committed {expected}",
                        "download it again")
-    if target != "-":
-        print(f"{target}: {size} bytes, sha256 {digest.hexdigest()}", file=sys.stderr)
-    return 0
+    return size, digest.hexdigest()
 
 
 def cmd_outputs_list(client: Client, args: argparse.Namespace) -> int:
@@ -130,7 +137,7 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     waited = False
     while True:
         # With -f, wait for the index's attempt rather than fail on a Job that was just created.
-        resp = _send(client, "GET", path, params=params, missing_ok="attempts" if args.follow else "")
+        resp = send(client, "GET", path, params=params, missing_ok="attempts" if args.follow else "")
         if resp.status_code != 404:
             break
         if not waited:
@@ -166,7 +173,7 @@ def cmd_volume_push(client: Client, args: argparse.Namespace) -> int:
     with tempfile.TemporaryFile(prefix="nodus-volume-") as archive:
         sha256, size, files = pack(src, archive)
         archive.seek(0)
-        resp = _send(client, "POST", VOLUMES.format(ns=_namespace(client, args), name=args.name) + "/revisions",
+        resp = send(client, "POST", VOLUMES.format(ns=_namespace(client, args), name=args.name) + "/revisions",
                      data=archive, headers={"Content-Type": "application/zstd", "X-Content-SHA256": sha256,
                                             "Content-Length": str(size)})
     revision = resp.json()

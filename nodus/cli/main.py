@@ -10,7 +10,7 @@ import orjson
 import yaml
 
 from . import attempts, checkpoint, data, up
-from .client import CliError, Client, default_kubeconfig
+from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -266,8 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, "operator", False):
             code = args.func(args)
         else:
-            client = Client(Path(args.kubeconfig) if args.kubeconfig else default_kubeconfig(), args.namespace)
-            code = args.func(client, args)
+            code = args.func(Client.of(args), args)
     except CliError as e:
         print(f"error: {e.message}", file=sys.stderr)
         if e.fix:
