@@ -440,11 +440,17 @@ def without_superseded(status: dict[str, Any], keep: Iterable[S3Archive] = ()) -
 
 def _without(status: dict[str, Any], fields: tuple[str, ...], keep: Iterable[S3Archive]) -> dict[str, Any] | None:
     left = {(k.prefix, k.seq) for k in keep}
+
+    def pending(c: dict[str, Any]) -> bool:
+        """An S3 record whose seq, or whose whole prefix, is still to be deleted."""
+        if not in_s3(c):
+            return False
+        prefix = s3_archive("", c).prefix
+        return bool({(prefix, 0), (prefix, int(c.get("seq") or 0))} & left)
+
     out = dict(status)
     for field in fields:
-        records = out.pop(field, None) or []
-        stay = [c for c in records if in_s3(c) and {(s3_archive("", c).prefix, 0),
-                                                    (s3_archive("", c).prefix, int(c.get("seq") or 0))} & left]
+        stay = [c for c in out.pop(field, None) or [] if pending(c)]
         if stay:
             out[field] = stay
     return None if out == status else out
