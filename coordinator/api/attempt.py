@@ -110,14 +110,29 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
                             "seq": _i("Seq is the checkpoint sequence number."),
                             "sha256": _s("SHA256 is the archive's digest, hex."),
                             "size": _i("Size is the archive's size in bytes."),
-                            "uri": _s("URI is where the archive is (blob://sha256/<hex>)."),
+                            "uri": _s("URI is where the archive is: blob://sha256/<hex>, or the s3:// URI of its "
+                                      "manifest in the Job's Connection."),
                             "time": _s("Time is when it committed."),
                             "epoch": _i("Epoch is the gang epoch that wrote it."),
                             "paths": List(description="Paths are the saved paths.", items=Str()),
                             "pause": _s("Pause is how long the program was held for the local copy."),
                             "reason": _s("Reason is Periodic, Suspend or Preemption."),
                             "format": _s("Format is Snapshot or Dcp."),
+                            "rank": _i("Rank is the gang rank whose part of a Dcp checkpoint this is."),
+                            "ranks": _i("Ranks is how many parts the Dcp checkpoint has (the gang's size)."),
+                            "connection": _s("Connection is the Job's Connection an s3:// checkpoint went to; "
+                                             "retention deletes it with its keys."),
                         })),
+    "supersededCheckpoints": List(
+        description="SupersededCheckpoints are checkpoints pushed out of the newest 8 by newer ones; the retention "
+                    "sweep deletes their archives, then drops them from this list.",
+        items=Obj(description="SupersededCheckpoint is an archive to delete.", fields={
+            "seq": _i("Seq is the checkpoint sequence number."),
+            "sha256": _s("SHA256 is the archive's digest, hex."),
+            "size": _i("Size is the archive's size in bytes."),
+            "uri": _s("URI is where the archive is."),
+            "connection": _s("Connection is the Connection of an s3:// checkpoint."),
+        })),
     "gang": Obj(description="Gang is what the member's agent reported of its gang steps.", fields={
         "epoch": _i("Epoch is the gang epoch the report is for."),
         "done": _s("Done is the last step finished: Assemble (prepared, ports reserved) or Mesh (probed)."),
