@@ -7,6 +7,7 @@ the whole gang at epoch 2; GangService shows the same gang to operators over grp
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -186,6 +187,17 @@ DCP = textwrap.dedent("""
 """)
 
 
+LOAD_DCP = textwrap.dedent("""
+    import sys, warnings
+    import torch
+    import torch.distributed.checkpoint as dcp
+    warnings.simplefilter("ignore")  # loading without a process group is announced with a warning
+    state = {"w": torch.zeros(4), "step": torch.tensor(0)}
+    dcp.load(state, checkpoint_id=sys.argv[1])
+    print(int(state["step"]), float(state["w"].sum()))
+""")
+
+
 def dcp_gang(c: Coordinator, name: str, tmp_path: Path) -> Path:
     """A 2-node gang of the DCP program (checkpoints only when asked), once both ranks saved; returns the
     directory of the ranks' marks."""
@@ -208,6 +220,14 @@ def test_a_dcp_gang_suspends_with_every_ranks_part_and_resumes_from_all_of_them(
     suspended = wait_job(c, "dcp-pair", lambda o: (o.get("status") or {}).get("phase") == "Suspended"
                          and ((o["status"].get("gang") or {}).get("phase") == "Done"), what="the suspend")
     assert suspended["status"]["checkpoint"]["seq"] >= 1, suspended["status"]  # both parts stored
+    # Out of Nodus: `nodus checkpoint get --into` restores every rank's part, which together are the
+    # whole torch.distributed.checkpoint, loadable by one process.
+    into = tmp_path / "downloaded"
+    out = c.run("nodus", "checkpoint", "get", "dcp-pair", "--into", str(into)).stdout
+    assert "(2 ranks' parts)" in out, out
+    loaded = subprocess.run([sys.executable, "-c", LOAD_DCP, str(into / "nodus" / "state" / "dcp")],
+                            capture_output=True, text=True, timeout=120)
+    assert loaded.stdout.split() == ["7", "6.0"], loaded.stdout + loaded.stderr
     patch_state(c, "dcp-pair", "Running")
     status = ended(c, "dcp-pair")["status"]
     assert status["phase"] == "Succeeded", status

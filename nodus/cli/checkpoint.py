@@ -203,32 +203,42 @@ def _ls_job(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_get(client: Client, args: argparse.Namespace) -> int:
-    """Downloads one of a Job's checkpoints (default: the latest), verified, to a file or into a directory."""
-    seq = args.seq
-    if seq is None:
-        items = _job_checkpoints(client, args)
-        if not items:
-            raise CliError(f"job {args.job} has no committed checkpoints for index {args.index}",
-                           f"checkpoints are taken while it runs (recovery.checkpoint); `nodus checkpoint ls "
-                           f"--job {args.job}` lists them")
-        seq = int(items[-1]["seq"])
+    """Downloads one of a Job's checkpoints (default: the latest), verified, to a file or into a directory.
+    A gang's Dcp checkpoint is every rank's part: --into restores them all (the highest rank first, as an
+    attempt's restore does), so DIR holds the whole torch.distributed.checkpoint; -o takes one rank's."""
+    items = _job_checkpoints(client, args)
+    if not items:
+        raise CliError(f"job {args.job} has no committed checkpoints for index {args.index}",
+                       f"checkpoints are taken while it runs (recovery.checkpoint); `nodus checkpoint ls --job "
+                       f"{args.job}` lists them")
+    chosen = items[-1] if args.seq is None else next((c for c in items if int(c["seq"]) == args.seq), None)
+    seq = int(chosen["seq"]) if chosen is not None else args.seq  # an unknown seq: the server says what exists
+    ranks = sorted((int(p.get("rank") or 0) for p in (chosen or {}).get("parts") or []), reverse=True) or [0]
     path = JOBS.format(ns=args.namespace or client.namespace, name=args.job) + f"/checkpoints/{seq}"
-    resp = send(client, "GET", path, params={"index": args.index, "rank": args.rank})
     if args.into is None:
+        rank = args.rank if args.rank is not None else 0
+        resp = send(client, "GET", path, params={"index": args.index, "rank": rank})
         target = args.output_file or filename_of(resp, f"{args.job}-{args.index}-checkpoint-{seq}.tar.zst")
         size, digest = download(resp, target)
         if target != "-":
-            print(f"{target}: checkpoint {seq}, {format_size(size)}, sha256 {digest}", file=sys.stderr)
+            others = f" (a Dcp checkpoint of {len(ranks)} ranks: --rank N for the others)" if len(ranks) > 1 else ""
+            print(f"{target}: checkpoint {seq} rank {rank}, {format_size(size)}, sha256 {digest}{others}",
+                  file=sys.stderr)
         return 0
-    with tempfile.TemporaryDirectory(prefix="nodus-checkpoint-") as spool:
-        local = os.path.join(spool, "checkpoint.tar.zst")
-        _, digest = download(resp, local)
-        try:
-            summary = restore(local, args.into, sha256=digest)
-        except CheckpointError as e:
-            raise _cli_error(e) from None
-    print(f"restored checkpoint {seq} of job {args.job} (index {args.index}) into {args.into}: {summary.files} files, "
-          f"{summary.dirs} directories, {format_size(summary.unpacked_size)}; sha256 verified")
+    files = dirs = unpacked = 0
+    for rank in [args.rank] if args.rank is not None else ranks:
+        resp = send(client, "GET", path, params={"index": args.index, "rank": rank})
+        with tempfile.TemporaryDirectory(prefix="nodus-checkpoint-") as spool:
+            local = os.path.join(spool, "checkpoint.tar.zst")
+            _, digest = download(resp, local)
+            try:
+                summary = restore(local, args.into, sha256=digest)
+            except CheckpointError as e:
+                raise _cli_error(e) from None
+        files, dirs, unpacked = files + summary.files, dirs + summary.dirs, unpacked + summary.unpacked_size
+    parts = f" ({len(ranks)} ranks' parts)" if len(ranks) > 1 and args.rank is None else ""
+    print(f"restored checkpoint {seq}{parts} of job {args.job} (index {args.index}) into {args.into}: {files} files, "
+          f"{dirs} directories, {format_size(unpacked)}; sha256 verified")
     return 0
 
 
@@ -281,7 +291,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("job")
     g.add_argument("--index", type=int, default=0, help="the Job index (default 0)")
     g.add_argument("--seq", type=int, help="which checkpoint (default: the latest committed)")
-    g.add_argument("--rank", type=int, default=0, help="a Dcp gang checkpoint's part: this rank's (default 0)")
+    g.add_argument("--rank", type=int, help="a Dcp gang checkpoint's part: only this rank's (default: every rank's "
+                                            "with --into, rank 0's with -o)")
     out = g.add_mutually_exclusive_group()
     out.add_argument("-o", "--output-file", help="write the archive here (default: the server's file name; - for stdout)")
     out.add_argument("--into", metavar="DIR", help="restore it under DIR instead (sha256 verified first)")
