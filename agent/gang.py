@@ -68,14 +68,22 @@ def plan_dict(plan: agent_pb2.GangPlan) -> dict[str, Any]:
             "startup_timeout": _seconds(plan.startup_timeout) if plan.HasField("startup_timeout") else 900.0}
 
 
-def _reserve(address: str, port: int = 0) -> socket.socket:
-    """A listening socket on `port` (0: any free one) of every interface: the port stays ours."""
+def _reserve(address: str, port: int = 0, listen: bool = True) -> socket.socket:
+    """A socket bound to `port` (0: any free one) of every interface: the port stays ours. The probe's
+    port listens (the probe takes the socket over); the rendezvous port is bound only, so a worker
+    waiting for rank 0's head is refused until the head itself listens there, never fooled by the
+    reservation."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-    s.listen(64)
-    s.set_inheritable(False)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        if listen:
+            s.listen(64)
+        s.set_inheritable(False)
+    except OSError:
+        s.close()
+        raise
     return s
 
 
@@ -106,8 +114,14 @@ class Gangs:
     def accept(self, att: "Attempt", a: agent_pb2.Assignment) -> None:
         """A new member: its facts and its reserved ports (before anything of it runs)."""
         plan = plan_dict(a.gang)
-        m = self.members[att.id] = Member()
-        m.rendezvous, m.probe = _reserve(self.address), _reserve(self.address)
+        m = Member()
+        try:
+            m.rendezvous = _reserve(self.address, listen=False)
+            m.probe = _reserve(self.address)
+        except OSError:
+            m.release()
+            raise
+        self.members[att.id] = m
         att.gang = {"epoch": plan["epoch"], "rank": plan["rank"], "size": plan["size"],
                     "gpus_per_node": plan["gpus_per_node"], "launcher": plan["launcher"], "done": "",
                     "address": self.address, "port": m.rendezvous.getsockname()[1],
@@ -120,7 +134,7 @@ class Gangs:
             return
         m = self.members[att.id] = Member()
         try:
-            m.rendezvous = _reserve(self.address, int(g.get("port") or 0))
+            m.rendezvous = _reserve(self.address, int(g.get("port") or 0), listen=False)
             m.probe = _reserve(self.address, int(g.get("probe_port") or 0))
         except OSError as e:
             log.warning("attempt %s: could not reserve its gang ports again: %s", att.id, e)
@@ -186,6 +200,7 @@ class Gangs:
             m.rendezvous = None
         result: dict[str, Any] = {}
         error = ""
+        proc: asyncio.subprocess.Process | None = None
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "nodus.agent.probe", stdin=asyncio.subprocess.PIPE,
@@ -206,10 +221,15 @@ class Gangs:
                 error = (err.decode(errors="replace").strip().splitlines() or ["the probe failed"])[-1][:300]
         except OSError as e:
             error = f"the probe could not start: {e}"
+        except asyncio.CancelledError:  # forgotten (stopped) meanwhile: the probe goes with it
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
         finally:
-            if g["rank"] == 0 and m.rendezvous is None:
+            if g["rank"] == 0 and m.rendezvous is None and self.members.get(att.id) is m:
                 try:
-                    m.rendezvous = _reserve(self.address, int(g["port"]))
+                    m.rendezvous = _reserve(self.address, int(g["port"]), listen=False)
                 except OSError as e:
                     log.warning("attempt %s: rendezvous port %s could not be reserved again: %s", att.id, g["port"], e)
         self._send_probe(att, result, error or str(result.get("error") or ""))

@@ -341,3 +341,24 @@ def test_launch_json_round_trips_what_the_agent_writes() -> None:
                     setup=(("true",),), files={"/tmp/x": "y"}, waits_for_head=True)
     gl = GangLaunch(launch, "10.0.0.1:29500", 900)
     assert GangLaunch.parse(gl.to_json()) == gl
+
+
+def test_the_rendezvous_reservation_holds_the_port_and_refuses_connections() -> None:
+    """A worker waits for rank 0's head by connecting to the rendezvous port: the agent's reservation of
+    that port must not answer in the head's place, yet nobody else may bind it meanwhile."""
+    from nodus.agent.gang import _reserve
+
+    held = _reserve("127.0.0.1", listen=False)
+    try:
+        port = held.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("0.0.0.0", port))
+    finally:
+        held.close()
+    probe = _reserve("127.0.0.1")
+    try:
+        socket.create_connection(("127.0.0.1", probe.getsockname()[1]), timeout=2).close()  # it listens
+    finally:
+        probe.close()
