@@ -489,7 +489,7 @@ class Session:
                                                 grace_seconds=int(spec["stop"].get("graceSeconds") or 0)))
                 self._said[spec["id"]] = "cancel"
             if not spec.get("stop") or self._said.get(spec["id"]) != "cancel":
-                built = await self._assignment(attempt)
+                built = await self._assignment(attempt, running=spec["id"] in reported)
                 if built is not None:
                     assignments.append(built)
                     self._said[spec["id"]] = "assign"
@@ -532,22 +532,24 @@ class Session:
 
     async def _with_store(self, message: agent_pb2.CheckpointRequest | agent_pb2.Suspend) -> None:
         """Adds the attempt's checkpoint store with its Connection's keys as they are now, so a rotated
-        Secret reaches a running attempt. When they cannot be read now (the Connection or Secret is
-        gone), the request goes without: the agent keeps the keys it has."""
+        Secret reaches a running attempt."""
         attempt = self.cache.attempt_by_id(message.attempt_id)
         if attempt is None:
             return
         job = self.cache.job(attempt["metadata"]["namespace"], attempt["spec"]["job"])
-        if job is None:
-            return
+        store = await self._current_store(attempt, job) if job is not None else None
+        if store is not None:
+            message.store.CopyFrom(store)
+
+    async def _current_store(self, attempt: dict[str, Any], job: dict[str, Any]) -> agent_pb2.Location | None:
+        """A running attempt's checkpoint store as it is now. When its keys cannot be read now (the
+        Connection or Secret is gone) it goes without: the agent keeps the keys it has."""
         try:
-            store = await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects), self.service.vault, job)
+            return await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects), self.service.vault, job)
         except NodusError as e:
             log.warning("attempt %s: its checkpoint store's keys cannot be read now (%s); the agent keeps its own",
                         attempt["metadata"]["name"], e.message)
-            return
-        if store is not None:
-            message.store.CopyFrom(store)
+            return None
 
     async def _diff(self) -> None:
         on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
@@ -603,17 +605,22 @@ class Session:
         await self.service.objects.mutate(attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"]),
                                           mutate)
 
-    async def _assignment(self, attempt: dict[str, Any]) -> agent_pb2.Assignment | None:
+    async def _assignment(self, attempt: dict[str, Any], running: bool = False) -> agent_pb2.Assignment | None:
+        """The attempt's Assignment; None when its Job is gone or it cannot be built (then it fails as
+        InvalidAssignment). `running`: the agent reported it, and this is FullState's copy after a
+        reconnect; a checkpoint store whose Connection or Secret is gone by now does not fail it (the
+        agent keeps the keys it has: `_current_store`)."""
         project = attempt["metadata"]["namespace"]
         job = self.cache.job(project, attempt["spec"]["job"])
         if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
             return None  # its Job is gone: the Job controller stops and deletes it
 
-        read = checkpoints.reader(self.service.objects)
         try:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
-            store = await checkpoints.checkpoint_store(read, self.service.vault, job)
+            store = (await self._current_store(attempt, job) if running
+                     else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
+                                                             self.service.vault, job))
             checkpoints.prepare(built, attempt, job, siblings, store, self.service.interruptions.of(attempt))
             plan = gangs.plan_for(attempt, siblings, job, self.service.gang_config)
             if plan is not None:

@@ -276,6 +276,29 @@ def test_a_connection_changed_while_the_job_runs_reaches_its_next_checkpoint(
     patch_state(coordinator, "moved", "Cancelled")
 
 
+def test_a_reconnect_does_not_fail_a_running_attempt_whose_secret_is_gone(
+        coordinator: Coordinator, agent: AgentProcess, moto: str, bucket: str, keys: dict[str, str],
+        tmp_path: Path) -> None:
+    """FullState after an agent restart assigns every running attempt again; a Secret deleted meanwhile
+    fails only new assignments, never an attempt that is already running."""
+    secret(coordinator, "s3-keys", keys)
+    connection(coordinator, "ckpt", bucket=bucket, endpoint=moto, region=REGION, secret="s3-keys")
+    create(coordinator, "steady", command=[sys.executable, "-c", COUNTER, str(tmp_path / "starts"), "3000"],
+           connections=["ckpt"])
+    wait_job(coordinator, "steady", lambda j: units(j) >= 3, what="the counter to start")
+    r = coordinator.session().delete(coordinator.url(f"{NS}/secrets/s3-keys"))
+    assert r.status_code == 200, r.text
+    assert agent.stop()
+    agent.start()
+    wait_for(lambda: "epoch 2" in agent.log_path.read_text(errors="replace"), 20, what="the agent to register again")
+    before = units(wait_job(coordinator, "steady", lambda j: True))
+    # Its FullState came with the registration: the program is still counting, as the same attempt.
+    wait_job(coordinator, "steady", lambda j: units(j) > before + 5, timeout=30, what="the counter to go on")
+    [running] = attempts_of(coordinator, "steady")
+    assert running["status"]["phase"] == "Running", running["status"]
+    patch_state(coordinator, "steady", "Cancelled")
+
+
 def _snapshot(tmp_path: Path, seq: int, text: str) -> Any:
     from nodus.agent.checkpointing import Snapshot
     from nodus.checkpoint import save_file
