@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import logging
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
@@ -484,18 +485,19 @@ class Retention:
         due = rules.release(self.cache.job, self.cache.attempts(), jobs, self.clock.now())
         # Archives of deleted Attempts go unless something that is still here names them.
         forgotten = rules.unnamed(self._forgotten, [*map(rules.unlisted, self.cache.attempts()), *jobs])
-        self._forgotten = set()
+        self._forgotten &= forgotten  # one still named by something is not ours to delete
         for digest in sorted(set(due.digests) | forgotten):
             await self.blobs.delete(digest)
+            self._forgotten.discard(digest)  # a failed delete stays remembered for the next sweep
         forgotten_s3, self._forgotten_s3 = self._forgotten_s3, set()
         retry = await self._delete_s3(sorted({*due.s3, *forgotten_s3}, key=lambda x: (x.prefix, x.seq)))
         self._forgotten_s3 |= retry & forgotten_s3
         for project, name in due.attempts:
             await self.objects.mutate(attempt_key(project, name),
                                       lambda obj: _with_status(obj, rules.without_checkpoints, retry))
-        for project, name in due.trimmed:
-            await self.objects.mutate(attempt_key(project, name),
-                                      lambda obj: _with_status(obj, rules.without_superseded, retry))
+        for project, name, upto in due.trimmed:
+            trim = functools.partial(rules.without_superseded, upto=upto)
+            await self.objects.mutate(attempt_key(project, name), lambda obj, trim=trim: _with_status(obj, trim, retry))
         if due.attempts or due.trimmed or forgotten or forgotten_s3:
             log.info("retention: deleted %d checkpoint archives (%d bytes) and %d in buckets, of %d attempts",
                      len(due.digests) + len(forgotten), due.bytes, len(due.s3) + len(forgotten_s3) - len(retry),

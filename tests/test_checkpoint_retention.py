@@ -223,9 +223,12 @@ def test_a_long_run_keeps_its_newest_checkpoints_and_the_older_ones_are_deleted(
     assert w.status["storage"]["bytes"] == 8 * GiB, "only the checkpoints kept count"
 
     due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
-    assert due.attempts == () and due.trimmed == (("default", name),)
+    assert due.attempts == () and due.trimmed == (("default", name, 3),)
     assert due.digests == (shas[0], shas[2]), "the 2nd's bytes are still the 11th's: kept"
-    trimmed = rules.without_superseded(status)
+    pushed_meanwhile = {**status, rules.SUPERSEDED: [*status[rules.SUPERSEDED], {"seq": 4, "sha256": "f" * 64}]}
+    assert rules.without_superseded(pushed_meanwhile, upto=3)[rules.SUPERSEDED] == [{"seq": 4, "sha256": "f" * 64}], \
+        "one pushed out while the sweep deleted waits for the next sweep"
+    trimmed = rules.without_superseded(status, upto=3)
     assert trimmed is not None and rules.SUPERSEDED not in trimmed and len(trimmed["checkpoints"]) == 8
     w.attempts[name] = {**w.attempts[name], "status": trimmed}
     due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
@@ -242,7 +245,7 @@ def test_checkpoints_in_the_customers_bucket_are_owned_not_billed_and_go_by_thei
     assert rules.storage_status(*rules.storage_bytes(list(w.attempts.values()), [{"size": GiB}]), free=0) == \
         {"bytes": 9 * GiB, "billedBytes": GiB}, "outputs are held by Nodus"
     due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
-    assert due.digests == () and due.trimmed == (("default", name),)
+    assert due.digests == () and due.trimmed == (("default", name, 2),)
     assert due.s3 == (rules.S3Archive("default", "ckpt", prefix, 1), rules.S3Archive("default", "ckpt", prefix, 2))
 
     w.clock.advance(60)
@@ -319,3 +322,46 @@ async def _bucket_failures(path: Path) -> None:
 
 def test_deletions_in_a_bucket_are_retried_only_when_they_can_succeed(tmp_path: Path) -> None:
     asyncio.run(_bucket_failures(tmp_path))
+
+
+async def _forgotten_after_a_failed_delete(path: Path) -> None:
+    clock = ManualClock()
+    store = await SqliteStore.open(path / "store.db")
+    blobs = BlobStore(path)
+    refs = [await blobs.put_bytes(f"checkpoint {i}".encode()) for i in range(3)]
+    cache = Cache(store)
+    await cache.start()
+    objects = Objects(store, cache)
+    job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "gone", "namespace": "default",
+                                                                     "uid": "u9"}, "spec": {"command": ["true"]}}
+    attempt = new_attempt(job, 0, 1, clock.now())
+    attempt["status"] = {"phase": "Running", "checkpoints": [{"seq": i + 1, "sha256": r.sha256, "size": r.size}
+                                                             for i, r in enumerate(refs)]}
+    key = attempt_key("default", attempt["metadata"]["name"])
+    await objects.create(key, attempt)
+
+    class Flaky:
+        """The blob store, failing the first delete (a disk error)."""
+        failed = False
+
+        async def delete(self, sha256: str) -> bool:
+            if not Flaky.failed:
+                Flaky.failed = True
+                raise OSError("injected: the disk said no")
+            return await blobs.delete(sha256)
+
+    retention = Retention(cache, objects, Flaky(), clock)  # type: ignore[arg-type]
+    await objects.delete(key)  # its Job was deleted: the attempt goes with its records
+    try:
+        await retention.sweep()
+    except OSError:
+        pass
+    assert [await blobs.stat(r.sha256) is not None for r in refs] == [True] * 3
+    await retention.sweep()
+    assert [await blobs.stat(r.sha256) for r in refs] == [None] * 3, "the next sweep deletes every one of them"
+    await cache.stop()
+    await store.close()
+
+
+def test_archives_of_deleted_attempts_survive_a_failed_delete_until_the_next_sweep(tmp_path: Path) -> None:
+    asyncio.run(_forgotten_after_a_failed_delete(tmp_path))

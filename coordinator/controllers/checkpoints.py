@@ -358,8 +358,9 @@ class Release:
 
     attempts: tuple[tuple[str, str], ...]
     """(project, attempt name) of every Attempt whose checkpoint records all go (its Job is released)."""
-    trimmed: tuple[tuple[str, str], ...]
-    """(project, attempt name) of Attempts whose superseded checkpoints go (the newest stay)."""
+    trimmed: tuple[tuple[str, str, int], ...]
+    """(project, attempt name, seq) of Attempts whose superseded checkpoints up to that seq go: those
+    seen now; one pushed out while the sweep deletes has a higher seq and waits for the next sweep."""
     digests: tuple[str, ...]
     """Blobs to delete: released or superseded archives that nothing kept still names."""
     s3: tuple[S3Archive, ...]
@@ -387,7 +388,7 @@ def release(jobs: Callable[[str, str], dict[str, Any] | None], attempts: Iterabl
     checkpoints, of one Job or two, can be the same bytes: an idle program's state). S3 archives have
     a key per seq and attempt, so they go as named."""
     going: list[tuple[str, str]] = []
-    trimmed: list[tuple[str, str]] = []
+    trimmed: list[tuple[str, str, int]] = []
     doomed: dict[str, int] = {}
     s3: set[S3Archive] = set()
     kept: list[dict[str, Any]] = []
@@ -405,7 +406,7 @@ def release(jobs: Callable[[str, str], dict[str, Any] | None], attempts: Iterabl
         else:
             kept.append(unlisted(a))
             if superseded:
-                trimmed.append((project, meta["name"]))
+                trimmed.append((project, meta["name"], max(int(c.get("seq") or 0) for c in superseded)))
             gone = superseded
             s3.update(s3_archive(project, c) for c in gone if in_s3(c))
         for c in gone:
@@ -433,16 +434,20 @@ def without_checkpoints(status: dict[str, Any], keep: Iterable[S3Archive] = ()) 
     return _without(status, ("checkpoints", SUPERSEDED), keep)
 
 
-def without_superseded(status: dict[str, Any], keep: Iterable[S3Archive] = ()) -> dict[str, Any] | None:
-    """The Attempt's status once its superseded checkpoints were deleted, less those in `keep`."""
-    return _without(status, (SUPERSEDED,), keep)
+def without_superseded(status: dict[str, Any], keep: Iterable[S3Archive] = (), *, upto: int) -> dict[str, Any] | None:
+    """The Attempt's status once its superseded checkpoints up to seq `upto` were deleted, less those in
+    `keep`."""
+    return _without(status, (SUPERSEDED,), keep, upto)
 
 
-def _without(status: dict[str, Any], fields: tuple[str, ...], keep: Iterable[S3Archive]) -> dict[str, Any] | None:
+def _without(status: dict[str, Any], fields: tuple[str, ...], keep: Iterable[S3Archive],
+             upto: float = math.inf) -> dict[str, Any] | None:
     left = {(k.prefix, k.seq) for k in keep}
 
     def pending(c: dict[str, Any]) -> bool:
-        """An S3 record whose seq, or whose whole prefix, is still to be deleted."""
+        """A record not handled by this sweep, or an S3 one whose seq or whole prefix is still to go."""
+        if int(c.get("seq") or 0) > upto:
+            return True
         if not in_s3(c):
             return False
         prefix = s3_archive("", c).prefix
