@@ -126,11 +126,12 @@ def progress_of(p: agent_pb2.Progress) -> ProgressReport:
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, registry: NodeRegistry, objects: Objects, identity: Identity, vault: Vault,
-                 clock: Clock, gang_config: gangs.GangConfig = gangs.GangConfig()) -> None:
+                 clock: Clock, gang_config: gangs.GangConfig = gangs.GangConfig(),
+                 interruptions: Interruptions | None = None) -> None:
         self.registry, self.objects, self.identity, self.vault, self.clock = registry, objects, identity, vault, clock
         self.gang_config = gang_config
         self.cache: Cache = registry.cache
-        self.interruptions = Interruptions(self.cache, clock)
+        self.interruptions = interruptions or Interruptions(self.cache, clock)
         self.sessions: dict[str, Session] = {}
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, self._on_node)

@@ -113,7 +113,8 @@ def _deletable(obj: dict[str, Any]) -> bool:
 
 class JobController:
     def __init__(self, cache: Cache, objects: Objects, service: ResourceService, clock: Clock,
-                 workers: int = 4, gangs: GangConfig = GangConfig()) -> None:
+                 workers: int = 4, gangs: GangConfig = GangConfig(),
+                 interruptions: Interruptions | None = None) -> None:
         self.cache, self.objects, self.service, self.clock = cache, objects, service, clock
         self.gangs = gangs
         self.queue: WorkQueue[str] = WorkQueue()
@@ -123,7 +124,7 @@ class JobController:
         """Per Job: the AttemptView of each attempt object last seen (by identity; the entry holds the
         object, so its id cannot be reused while it is there)."""
         self._jobs = resolve("jobs")
-        self.interruptions = Interruptions(cache, clock)
+        self.interruptions = interruptions or Interruptions(cache, clock)
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
 
@@ -174,9 +175,7 @@ class JobController:
         if job is None or job["metadata"].get("deletionTimestamp"):
             await self._execute(job, project, collect_orphans(attempts), now)
             return
-        current = max((a for a in attempts if a.job_uid == job["metadata"].get("uid") and not a.phase.terminal),
-                      key=lambda a: a.number, default=None)
-        mtbi = self.interruptions.of(current.obj if current is not None else None)
+        mtbi = self._mtbi(job, attempts)
         if is_gang(job.get("spec") or {}):
             decision = decide_gang(job, attempts, now, self.gangs, mtbi)
         else:
@@ -192,6 +191,15 @@ class JobController:
             self.queue.add(key)  # and then its attempts, as orphans
         if decision.wake_at is not None:
             self.queue.add_after(key, decision.wake_at - self.clock.now())
+
+    def _mtbi(self, job: dict[str, Any], attempts: list[AttemptView]) -> float | None:
+        """The measured MTBI of the offering the Job last ran on, for an `auto` checkpoint cadence: the
+        newest placed attempt's, so a replacement still Pending does not swing the interval shown."""
+        if (((job.get("spec") or {}).get("recovery") or {}).get("checkpoint") or {}).get("interval", "auto") != "auto":
+            return None
+        uid = job["metadata"].get("uid")
+        placed = [a for a in attempts if a.job_uid == uid and (a.obj.get("spec") or {}).get("offering")]
+        return self.interruptions.of(max(placed, key=lambda a: a.number).obj) if placed else None
 
     def _views(self, key: str, objs: list[dict[str, Any]]) -> list[AttemptView]:
         """The Job's AttemptViews, each parsed again only when its object changed: the cache holds a

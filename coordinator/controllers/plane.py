@@ -21,6 +21,7 @@ from ..store.base import Store
 from ..vault import Vault
 from .cache import Cache
 from .gang import GangConfig
+from .interruptions import Interruptions
 from .job_controller import JobController
 from .lease import LeaseController
 from .objects import Objects
@@ -36,8 +37,9 @@ class ControlPlane:
         self.cache = Cache(store)
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(self.cache, self.objects, clock, lease_duration, heartbeat_interval)
-        self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs)
-        self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs)
+        interruptions = Interruptions(self.cache, clock)  # one MTBI memo for the streams and the Job controller
+        self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions)
+        self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions)
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.leases = LeaseController(self.registry, self.objects)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
