@@ -40,13 +40,11 @@ from nodus.checkpoint import restore as restore_archive
 from nodus.checkpoint.localcopy import copy_tree
 from nodus.checkpoint.manifest import manifest_key, seq_of_manifest_key
 from nodus.checkpoint.stores import Store
+from nodus.handshake import DONE_ENV, LISTENER, REQUEST_ENV
 
 from .cgroups import Cgroup
 from .layout import AttemptLayout
 
-OPT_IN_ENV = "NODUS_CHECKPOINT_SIGNAL"
-REQUEST_ENV = "NODUS_CHECKPOINT_REQUEST"
-DONE_ENV = "NODUS_CHECKPOINT_DONE"
 HANDSHAKE_TIMEOUT = 30.0
 """How long a program that opted in has to answer before it is frozen instead."""
 HF_HANDSHAKE_TIMEOUT = 300.0
@@ -54,11 +52,6 @@ HF_HANDSHAKE_TIMEOUT = 300.0
 `checkpoint-N` (nodus.hf.NodusCheckpointCallback), which takes longer than a plain handler. The
 program keeps training while the agent waits, so the wait costs it nothing but the save itself."""
 CONTRACT_ROOT = "/nodus"
-LISTENER = "listener"
-"""Written into the handshake directory by a helper that polls the request file between steps
-(nodus.hf.NodusCheckpointCallback): the program takes part in the handshake without the opt-in
-variable, and needs no SIGUSR1 (which would end a program, or a launcher like torchrun, that does not
-handle it)."""
 
 
 class CheckpointFailed(Exception):
@@ -80,6 +73,8 @@ class Snapshot:
     method: str
     """handshake, freeze, sigstop or none."""
     files: int
+    unpacked_size: int = 0
+    level: int = archive.DEFAULT_LEVEL
 
 
 def handshake_dir(layout: AttemptLayout) -> Path:
@@ -253,7 +248,8 @@ def take(layout: AttemptLayout, seq: int, paths: list[str], *, opted_in: bool, m
         raise CheckpointFailed(f"{type(e).__name__}: {e}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Snapshot(seq, out, info.sha256, info.size, tuple(paths), pause, hold.method, info.files)
+    return Snapshot(seq, out, info.sha256, info.size, tuple(paths), pause, hold.method, info.files,
+                    info.unpacked_size, level)
 
 
 def restore(layout: AttemptLayout, archive_path: Path, sha256: str, size: int | None = None,
@@ -326,12 +322,14 @@ def upload_s3(store: Store, snap: Snapshot, *, attempt: str, epoch: int, format:
             raise
         manifest = Manifest(seq=snap.seq, time=store.clock(), archive=key, size=snap.size, sha256=snap.sha256,
                             paths=tuple(archive.member_name(p) for p in snap.paths), files=snap.files,
-                            unpacked_size=0, level=archive.DEFAULT_LEVEL, format=format, attempt=attempt, epoch=epoch)
+                            unpacked_size=snap.unpacked_size, level=snap.level, format=format, attempt=attempt,
+                            epoch=epoch)
         try:
             store.commit_manifest(snap.seq, manifest.to_json())
         except AlreadyCommitted:
-            store.delete_key(key)
             manifest = store.get(snap.seq)
+            if manifest.archive != key:  # ours is not the committed one (the same bytes may share a key)
+                store.delete_key(key)
             if manifest.attempt != attempt:
                 raise CheckpointFailed(f"checkpoint {snap.seq} in {store.url} was committed by attempt "
                                        f"{manifest.attempt}, not {attempt}") from None

@@ -119,8 +119,8 @@ class Agent:
         """Directories of forgotten attempts, removed by the next sweep (or by `load` after a restart)."""
         self._sweeper: asyncio.Task[None] | None = None
         self.last_commits: dict[str, agent_pb2.CheckpointCommit] = {}
-        self.gangs = Gangs(self, cfg.advertise_address or _default_address())
         """Each attempt's latest CheckpointCommit, resent in Hello (a commit lost with a stream)."""
+        self.gangs = Gangs(self, cfg.advertise_address or _default_address())
 
     # -- life --------------------------------------------------------------------------------------
     async def run(self) -> None:

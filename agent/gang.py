@@ -33,6 +33,7 @@ from nodus.launchers.registry import launch
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
+from .attempts import GANG_STEPS
 from .launch import GangLaunch
 from .statefile import read_json, write_json
 
@@ -45,8 +46,7 @@ log = logging.getLogger("nodus.agent.gang")
 LAUNCHERS = {common_pb2.LAUNCHER_PLAIN: "Plain", common_pb2.LAUNCHER_TORCHRUN: "Torchrun",
              common_pb2.LAUNCHER_RAY: "Ray", common_pb2.LAUNCHER_VERL: "Verl",
              common_pb2.LAUNCHER_ACCELERATE: "Accelerate", common_pb2.LAUNCHER_DEEPSPEED: "Deepspeed"}
-STEPS = {agent_pb2.GANG_STEP_ASSEMBLE: "Assemble", agent_pb2.GANG_STEP_MESH: "Mesh",
-         agent_pb2.GANG_STEP_START: "Start"}
+STEPS = {number: name for name, number in GANG_STEPS.items()}
 PATHS = {"Private": common_pb2.NETWORK_PATH_PRIVATE, "Public": common_pb2.NETWORK_PATH_PUBLIC,
          "Direct": common_pb2.NETWORK_PATH_DIRECT, "Relayed": common_pb2.NETWORK_PATH_RELAYED}
 PROBE_GRACE = 15.0

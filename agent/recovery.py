@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Coroutine
 from google.protobuf import duration_pb2
 
 from nodus.checkpoint.integration import TrainerCheckpoint, find_trainer_checkpoint
+from nodus.handshake import OPT_IN_ENV, RESUME_FROM_ENV
 from nodus.proto.nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
 from .attempts import Stage, timestamp
 from .cgroups import Cgroup
-from .checkpointing import (CONTRACT_ROOT, HANDSHAKE_TIMEOUT, HF_HANDSHAKE_TIMEOUT, OPT_IN_ENV, S3_URI,
-                            CheckpointFailed, fetch_s3, listening, physical, restore, s3_store, take, upload_s3)
+from .checkpointing import (CONTRACT_ROOT, HANDSHAKE_TIMEOUT, HF_HANDSHAKE_TIMEOUT, S3_URI, CheckpointFailed, fetch_s3,
+                            listening, physical, restore, s3_store, take, upload_s3)
 from .statefile import read_json
 
 __all__ = ["CheckpointFailed", "checkpoint", "on_checkpoint_request", "on_suspend", "remember_store",
@@ -48,7 +49,6 @@ SUSPEND_TRIES = 3
 RETRY_DELAY = 1.0
 PREEMPTION_REASONS = frozenset({"Preempted", "Reclaimed", "Drained"})
 """Stops because the capacity goes: the checkpoint is best effort within the grace, the stop is not."""
-RESUME_FROM_ENV = "NODUS_RESUME_FROM"
 """Integration HFTrainer/Auto: the restored `checkpoint-N` to pass to `trainer.train(resume_from_checkpoint=…)`."""
 _TRAINER_INTEGRATIONS = frozenset({agent_pb2.CHECKPOINT_INTEGRATION_UNSPECIFIED, agent_pb2.CHECKPOINT_INTEGRATION_AUTO,
                                    agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER})
@@ -74,9 +74,11 @@ def _remember(attempt_id: str, index: int, store: agent_pb2.Location, layout: L.
     if not store.uri.startswith(S3_URI):
         return
     own = agent_pb2.Location(uri=f"{store.uri.rstrip('/')}/{index}/{attempt_id}/", credentials=store.credentials)
+    before = _stores.get(attempt_id)
     _stores[attempt_id] = own
-    layout.run.mkdir(parents=True, exist_ok=True)
-    (layout.run / STORE_FILE).write_text(own.uri + "\n")
+    if before is None or before.uri != own.uri:  # the record for an agent restart: written once
+        layout.run.mkdir(parents=True, exist_ok=True)
+        (layout.run / STORE_FILE).write_text(own.uri + "\n")
 
 
 def _refresh(agent: "Agent", attempt_id: str, store: agent_pb2.Location) -> None:

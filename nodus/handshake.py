@@ -18,8 +18,15 @@ import signal
 import time
 from typing import Any, Callable
 
+OPT_IN_ENV = "NODUS_CHECKPOINT_SIGNAL"
+"""Set to 1 in a Job's env: the program answers a checkpoint request (SIGUSR1 and the request file)."""
 REQUEST_ENV = "NODUS_CHECKPOINT_REQUEST"
 DONE_ENV = "NODUS_CHECKPOINT_DONE"
+LISTENER = "listener"
+"""Written beside the request file by a helper that polls it between steps (nodus.hf): the agent then
+asks through the file alone, without the opt-in variable and without SIGUSR1."""
+RESUME_FROM_ENV = "NODUS_RESUME_FROM"
+"""Integration Auto/HFTrainer: the newest complete `checkpoint-N` the agent restored."""
 
 
 def on_checkpoint(save: Callable[[int], Any], *, hold_timeout: float = 300.0) -> bool:

@@ -27,12 +27,8 @@ import signal
 import time
 from typing import Any
 
-from .handshake import DONE_ENV, REQUEST_ENV
+from .handshake import DONE_ENV, LISTENER, REQUEST_ENV, RESUME_FROM_ENV
 
-RESUME_FROM_ENV = "NODUS_RESUME_FROM"
-LISTENER = "listener"
-"""Written beside the request file: the agent then uses the handshake without the opt-in variable and
-without SIGUSR1 (the callback polls the request file at every step end). agent/checkpointing.py reads it."""
 
 
 def resume_from_checkpoint() -> str | None:

@@ -308,7 +308,7 @@ def _snapshot(tmp_path: Path, seq: int, text: str) -> Any:
     (staging / "nodus" / "state" / "f").write_text(text)
     out = tmp_path / f"{staging.name}.tar.zst"
     m = save_file(["nodus/state"], out, root=staging)
-    return Snapshot(seq, out, m.sha256, m.size, ("/nodus/state",), 0.0, "none", m.files)
+    return Snapshot(seq, out, m.sha256, m.size, ("/nodus/state",), 0.0, "none", m.files, m.unpacked_size, m.level)
 
 
 def test_the_agents_s3_upload_keeps_a_seq_and_its_restore_refuses_what_does_not_match(
@@ -323,6 +323,7 @@ def test_the_agents_s3_upload_keeps_a_seq_and_its_restore_refuses_what_does_not_
     store = s3_store(f"s3://{bucket}/t/p/j/0/att-1/", credentials)
     uri, first = upload_s3(store, _snapshot(tmp_path, 1, "one"), attempt="att-1", epoch=0, format="Snapshot")
     assert uri == f"s3://{bucket}/t/p/j/0/att-1/0000000001.manifest.json"
+    assert (first.unpacked_size, first.files) == (3, 1), "the manifest says what the archive holds"
     again_uri, again = upload_s3(store, _snapshot(tmp_path, 1, "other"), attempt="att-1", epoch=0, format="Snapshot")
     assert (again_uri, again.sha256) == (uri, first.sha256)  # the committed seq is kept, the new archive dropped
     stored = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="t/p/j/0/att-1/")["Contents"]]

@@ -24,7 +24,7 @@ from nodus.checkpoint import (ArchiveTooLarge, CheckpointError, CorruptArchive, 
 from nodus.checkpoint.restore import restore
 
 from .client import CliError, Client
-from .data import JOBS, download, filename_of, send
+from .data import JOBS, download, filename_of, namespace_of, send
 
 FILE_SUFFIXES = (".tar.zst", ".tzst")
 DEFAULT_MAX_SIZE = "1Ti"
@@ -183,7 +183,7 @@ def _table(rows: list[list[str]]) -> None:
 
 
 def _job_checkpoints(client: Client, args: argparse.Namespace) -> list[dict[str, Any]]:
-    path = JOBS.format(ns=args.namespace or client.namespace, name=args.job) + "/checkpoints"
+    path = JOBS.format(ns=namespace_of(client, args), name=args.job) + "/checkpoints"
     return list(send(client, "GET", path, params={"index": args.index}).json().get("items") or [])
 
 
@@ -214,7 +214,7 @@ def cmd_get(client: Client, args: argparse.Namespace) -> int:
     chosen = items[-1] if args.seq is None else next((c for c in items if int(c["seq"]) == args.seq), None)
     seq = int(chosen["seq"]) if chosen is not None else args.seq  # an unknown seq: the server says what exists
     ranks = sorted((int(p.get("rank") or 0) for p in (chosen or {}).get("parts") or []), reverse=True) or [0]
-    path = JOBS.format(ns=args.namespace or client.namespace, name=args.job) + f"/checkpoints/{seq}"
+    path = JOBS.format(ns=namespace_of(client, args), name=args.job) + f"/checkpoints/{seq}"
     if args.into is None:
         rank = args.rank if args.rank is not None else 0
         resp = send(client, "GET", path, params={"index": args.index, "rank": rank})
@@ -230,9 +230,9 @@ def cmd_get(client: Client, args: argparse.Namespace) -> int:
         resp = send(client, "GET", path, params={"index": args.index, "rank": rank})
         with tempfile.TemporaryDirectory(prefix="nodus-checkpoint-") as spool:
             local = os.path.join(spool, "checkpoint.tar.zst")
-            _, digest = download(resp, local)
+            download(resp, local)  # compared with the committed sha256 (X-Content-SHA256) as it arrives
             try:
-                summary = restore(local, args.into, sha256=digest)
+                summary = restore(local, args.into)
             except CheckpointError as e:
                 raise _cli_error(e) from None
         files, dirs, unpacked = files + summary.files, dirs + summary.dirs, unpacked + summary.unpacked_size

@@ -29,7 +29,7 @@ JOBS = "/apis/nodus.dev/v1/namespaces/{ns}/jobs/{name}"
 VOLUMES = "/apis/nodus.dev/v1/namespaces/{ns}/volumes/{name}"
 
 
-def _namespace(client: Client, args: argparse.Namespace) -> str:
+def namespace_of(client: Client, args: argparse.Namespace) -> str:
     return getattr(args, "namespace", None) or client.namespace
 
 
@@ -66,7 +66,7 @@ def filename_of(resp: requests.Response, fallback: str) -> str:
 
 
 def cmd_outputs_get(client: Client, args: argparse.Namespace) -> int:
-    path = JOBS.format(ns=_namespace(client, args), name=args.job) + f"/outputs/{args.output}"
+    path = JOBS.format(ns=namespace_of(client, args), name=args.job) + f"/outputs/{args.output}"
     params: dict[str, Any] = {"index": args.index}
     if args.rank is not None:
         params["rank"] = args.rank
@@ -109,7 +109,7 @@ def download(resp: requests.Response, target: str) -> tuple[int, str]:
 
 
 def cmd_outputs_list(client: Client, args: argparse.Namespace) -> int:
-    job = client.request("GET", JOBS.format(ns=_namespace(client, args), name=args.job)).json()
+    job = client.request("GET", JOBS.format(ns=namespace_of(client, args), name=args.job)).json()
     outputs = (job.get("status") or {}).get("outputs") or []
     if not outputs:
         print(f"job {args.job} has no committed outputs yet.", file=sys.stderr)
@@ -126,7 +126,7 @@ def cmd_outputs_list(client: Client, args: argparse.Namespace) -> int:
 # -- logs --------------------------------------------------------------------------------------------
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
-    path = JOBS.format(ns=_namespace(client, args), name=args.job) + "/log"
+    path = JOBS.format(ns=namespace_of(client, args), name=args.job) + "/log"
     params: dict[str, Any] = {"index": args.index}
     if args.attempt is not None:
         params["attempt"] = args.attempt
@@ -173,7 +173,7 @@ def cmd_volume_push(client: Client, args: argparse.Namespace) -> int:
     with tempfile.TemporaryFile(prefix="nodus-volume-") as archive:
         sha256, size, files = pack(src, archive)
         archive.seek(0)
-        resp = send(client, "POST", VOLUMES.format(ns=_namespace(client, args), name=args.name) + "/revisions",
+        resp = send(client, "POST", VOLUMES.format(ns=namespace_of(client, args), name=args.name) + "/revisions",
                      data=archive, headers={"Content-Type": "application/zstd", "X-Content-SHA256": sha256,
                                             "Content-Length": str(size)})
     revision = resp.json()
