@@ -12,16 +12,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+import boto3
 import pytest
 
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("moto")
-
-from nodus.checkpoint import ArchiveTooLarge, DigestMismatch, StoreError  # noqa: E402
-from nodus.checkpoint.archive import CHUNK  # noqa: E402
-from nodus.checkpoint.stores.s3 import S3Store  # noqa: E402
-from motoserver import moto_server  # noqa: E402
-from test_checkpoint_cli import NODUS  # noqa: E402
+from nodus.checkpoint import ArchiveTooLarge, DigestMismatch, StoreError
+from nodus.checkpoint.archive import CHUNK
+from nodus.checkpoint.stores.s3 import S3Store
+from motoserver import moto_server
+from test_checkpoint_cli import NODUS
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}

@@ -14,17 +14,16 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import boto3
 import pytest
 
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("moto")
-
-from conftest import Coordinator, job  # noqa: E402
-from e2e import (ATTEMPTS, JOBS, MERGE, NS, attempts_of, create, patch_state, start_agent, suspend,  # noqa: E402
+from conftest import Coordinator, job
+from e2e import (ATTEMPTS, JOBS, MERGE, NS, attempts_of, create, patch_state, start_agent, suspend,
                  units, wait_job)
-from motoserver import moto_server  # noqa: E402
-from nodus.agent.testing import AgentProcess, wait_for  # noqa: E402
-from test_recovery_e2e import starts  # noqa: E402
+from motoserver import moto_server
+from nodus.agent.testing import AgentProcess, wait_for
+from test_recovery_e2e import starts
+
 REGION = "eu-west-1"
 
 # The recovery counter, plus 20 MiB of random bytes in the state dir (so the archive is uploaded in

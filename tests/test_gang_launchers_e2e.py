@@ -59,7 +59,6 @@ def succeeded(c: Coordinator, name: str) -> dict[str, Any]:
     return status
 
 
-
 def logs(c: Coordinator, name: str) -> str:
     """Every member's end and the latest attempt's log, for a failure message.
 
@@ -116,7 +115,6 @@ RAY_DRIVER = textwrap.dedent("""
 
 def test_a_two_node_ray_gang_runs_a_remote_function_on_each_node(c: Coordinator, agents: list[AgentProcess],
                                                                  root: Path, tmp_path: Path) -> None:
-    pytest.importorskip("ray")
     script = tmp_path / "driver.py"
     script.write_text(RAY_DRIVER)
     create(c, "ray-pair", command=["python3", str(script), str(tmp_path)],
@@ -151,8 +149,6 @@ ACCELERATE = textwrap.dedent("""
 
 def test_a_two_machine_accelerate_launch_on_cpu_gathers_from_both(c: Coordinator, agents: list[AgentProcess],
                                                                  root: Path, tmp_path: Path) -> None:
-    pytest.importorskip("accelerate")
-    pytest.importorskip("torch")
     script = tmp_path / "train.py"
     script.write_text(ACCELERATE)
     marks = tmp_path / "marks"

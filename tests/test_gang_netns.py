@@ -124,13 +124,8 @@ def node_ready(c: Coordinator, host: Host) -> bool:
     return bool(_nodes(c, "GetNode", node_pb2.GetNodeRequest(name=node_name(host))).phase == node_pb2.NODE_PHASE_READY)
 
 
-
-
-
 def gang(obj: dict[str, Any]) -> dict[str, Any]:
     return (obj.get("status") or {}).get("gang") or {}
-
-
 
 
 def nodes_by_rank(c: Coordinator, name: str, epoch: int) -> dict[int, str]:
@@ -338,7 +333,6 @@ def measure_unlimited(c: Coordinator, agents: list[AgentProcess], hosts: tuple[H
 def unlimited(lab: Lab, c: Coordinator, agents: list[AgentProcess]) -> list[Unlimited]:
     """Gangs' probes, each beside a raw echo between the same namespaces: up to RTT_RUNS, until one
     agrees within the tolerance."""
-    pytest.importorskip("torch")
     h0, h1, spare = lab.hosts
     runs: list[Unlimited] = []
     cordon(c, spare, True)

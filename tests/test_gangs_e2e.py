@@ -2,8 +2,9 @@
 
 What a user would notice: a 2-node Torchrun gang runs a real torch.distributed all-reduce over gloo
 and succeeds; a 4-node Plain gang starts every rank with the same rendezvous and its own rank;
-status.gang tells the epoch, the members, the rendezvous and the probe; losing a member restarts
-the whole gang at epoch 2; GangService shows the same gang to operators over grpcurl-able gRPC.
+status.gang tells the epoch, the members, the rendezvous and the probe; a Dcp gang suspends with
+every rank's part and resumes from all of them; GangService shows the same gang to operators over
+grpcurl-able gRPC. (Losing a member: test_gang_recovery_e2e.py.)
 """
 from __future__ import annotations
 
@@ -60,7 +61,6 @@ ALL_REDUCE = textwrap.dedent("""
 
 def test_a_two_node_torchrun_gang_all_reduces_over_gloo(c: Coordinator, agents: list[AgentProcess],
                                                         tmp_path: Path) -> None:
-    pytest.importorskip("torch")
     script = tmp_path / "all_reduce.py"
     script.write_text(ALL_REDUCE)
     create(c, "torchrun-pair", command=["python3", str(script)], distributed={"nodes": 2, "launcher": "Torchrun"})
@@ -201,7 +201,6 @@ LOAD_DCP = textwrap.dedent("""
 def dcp_gang(c: Coordinator, name: str, tmp_path: Path) -> Path:
     """A 2-node gang of the DCP program (checkpoints only when asked), once both ranks saved; returns the
     directory of the ranks' marks."""
-    pytest.importorskip("torch")
     script = tmp_path / "dcp_job.py"
     script.write_text(DCP)
     marks = tmp_path / "marks"

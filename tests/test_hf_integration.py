@@ -1,7 +1,7 @@
 """nodus.hf, the program's side of integration HFTrainer: a checkpoint request becomes a Trainer save at
 the next step end, answered once saved and held until the agent's copy is done; and the resume path
-the agent passes after a restore. transformers is not a dependency: the callback is duck-typed, and
-the one test that needs the real class is skipped without it."""
+the agent passes after a restore. transformers is not a dependency of Nodus (the callback is duck-typed);
+it is a test dependency, for the one test that needs the real class."""
 from __future__ import annotations
 
 import json
@@ -144,7 +144,8 @@ def test_the_agents_handshake_gets_a_trainer_save(tmp_path: Path, how: str) -> N
 
 
 def test_the_callback_is_a_real_trainer_callback() -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     cb = hf.NodusCheckpointCallback(install=False)
     assert isinstance(cb, transformers.TrainerCallback)
     control = transformers.TrainerControl()

@@ -12,11 +12,9 @@ from typing import Any, Iterator
 
 import pytest
 
-pytest.importorskip("transformers")
-
-from conftest import Coordinator  # noqa: E402
-from e2e import attempts_of, create, patch_state, start_agent, suspend, units, wait_job  # noqa: E402
-from nodus.agent.testing import AgentProcess  # noqa: E402
+from conftest import Coordinator
+from e2e import attempts_of, create, patch_state, start_agent, suspend, units, wait_job
+from nodus.agent.testing import AgentProcess
 
 pytestmark = pytest.mark.slow
 

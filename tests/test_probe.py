@@ -250,7 +250,6 @@ def test_without_torch_the_probe_still_measures_rtt_and_exits_0(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_two_probes_measure_rtt_and_busbw_like_a_plain_loop() -> None:
-    pytest.importorskip("torch")
     listeners = [_listener(), _listener()]
     ports = [s.getsockname()[1] for s in listeners]
     plans = [_plan(r, ports, _free_port(), backend="gloo", max_bytes=256 << 10, budget_s=12) for r in (0, 1)]
@@ -282,7 +281,6 @@ def test_two_probes_measure_rtt_and_busbw_like_a_plain_loop() -> None:
 
 @pytest.mark.slow
 def test_three_probes_binding_their_own_ports() -> None:
-    pytest.importorskip("torch")
     ports, store = [_free_port() for _ in range(3)], _free_port()
     results = _run_probes([_plan(r, ports, store, max_bytes=64 << 10, budget_s=12, pings=20) for r in range(3)])
     for code, out, err, _ in results:
@@ -296,7 +294,6 @@ def test_three_probes_binding_their_own_ports() -> None:
 
 @pytest.mark.slow
 def test_a_probe_whose_peer_never_comes_reports_within_its_budget() -> None:
-    pytest.importorskip("torch")
     listener, absent = _listener(), _free_port()   # nobody listens on the peer's port
     plan = _plan(0, [listener.getsockname()[1], absent], _free_port(), budget_s=5)
     [(code, out, err, seconds)] = _run_probes([plan], [listener])
@@ -309,7 +306,6 @@ def test_a_probe_whose_peer_never_comes_reports_within_its_budget() -> None:
 @pytest.mark.slow
 def test_a_peer_that_freezes_midway_cannot_hold_the_probe_past_its_budget() -> None:
     """Whatever phase the frozen peer is in (pings, rendezvous, a collective), rank 0 reports in time."""
-    pytest.importorskip("torch")
     ports, store = [_free_port(), _free_port()], _free_port()
     procs = [subprocess.Popen(PROBE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True) for _ in ports]

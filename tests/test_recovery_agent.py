@@ -199,8 +199,9 @@ def test_the_program_side_helper_answers_and_holds_until_the_copy_is_done(tmp_pa
     try:
         snap = take(layout, 4, ["/nodus/state"], opted_in=True, main_pid=proc.pid, cgroup=None)
         assert snap.method == "handshake"
-        # released after the copy: the program goes on counting
-        wait_for(lambda: int((layout.state / "live").read_text() or 0) > 0, 10, what="the program to go on")
+        # released after the copy: the program goes on counting from where it was held
+        held = int((layout.state / "live").read_text() or 0)
+        wait_for(lambda: int((layout.state / "live").read_text() or 0) > held, 10, what="the program to go on")
     finally:
         proc.kill()
         proc.wait()
