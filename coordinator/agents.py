@@ -55,13 +55,15 @@ def _duration(secs: float) -> duration_pb2.Duration:
     return d
 
 
-_PATHS = {common_pb2.NETWORK_PATH_PRIVATE: "Private", common_pb2.NETWORK_PATH_PUBLIC: "Public",
-          common_pb2.NETWORK_PATH_DIRECT: "Direct", common_pb2.NETWORK_PATH_RELAYED: "Relayed"}
+PATH_WORDS = {common_pb2.NETWORK_PATH_PRIVATE: "Private", common_pb2.NETWORK_PATH_PUBLIC: "Public",
+              common_pb2.NETWORK_PATH_DIRECT: "Direct", common_pb2.NETWORK_PATH_RELAYED: "Relayed"}
+"""common.proto NetworkPath numbers to the words of status.gang (the GangService maps them back)."""
 _STEP_NUMBERS = {gangs.ASSEMBLE: agent_pb2.GANG_STEP_ASSEMBLE, gangs.MESH: agent_pb2.GANG_STEP_MESH,
                  gangs.START: agent_pb2.GANG_STEP_START}
-_LAUNCHERS = {"Plain": common_pb2.LAUNCHER_PLAIN, "Torchrun": common_pb2.LAUNCHER_TORCHRUN,
-              "Ray": common_pb2.LAUNCHER_RAY, "Verl": common_pb2.LAUNCHER_VERL,
-              "Accelerate": common_pb2.LAUNCHER_ACCELERATE, "Deepspeed": common_pb2.LAUNCHER_DEEPSPEED}
+LAUNCHER_NUMBERS = {"Plain": common_pb2.LAUNCHER_PLAIN, "Torchrun": common_pb2.LAUNCHER_TORCHRUN,
+                    "Ray": common_pb2.LAUNCHER_RAY, "Verl": common_pb2.LAUNCHER_VERL,
+                    "Accelerate": common_pb2.LAUNCHER_ACCELERATE, "Deepspeed": common_pb2.LAUNCHER_DEEPSPEED}
+"""spec.distributed.launcher words to common.proto Launcher numbers."""
 
 
 def _gang_report(u: agent_pb2.AttemptUpdate) -> dict[str, Any] | None:
@@ -85,8 +87,8 @@ def probe_of(p: agent_pb2.ProbeResult) -> dict[str, Any]:
         out["rttMs"] = p.rtt_ms
     if p.bus_gbps:
         out["busGbps"] = p.bus_gbps
-    if p.path in _PATHS:
-        out["path"] = _PATHS[p.path]
+    if p.path in PATH_WORDS:
+        out["path"] = PATH_WORDS[p.path]
     if p.HasField("measured_time"):
         out["measuredTime"] = rfc3339(p.measured_time.ToNanoseconds() / 1e9)
     if p.error:
@@ -97,7 +99,7 @@ def probe_of(p: agent_pb2.ProbeResult) -> dict[str, Any]:
 def plan_message(plan: gangs.Plan, config: gangs.GangConfig) -> agent_pb2.GangPlan:
     return agent_pb2.GangPlan(
         attempt_id=plan.attempt_id, gang_id=plan.gang_id, epoch=plan.epoch, rank=plan.rank, size=plan.size,
-        gpus_per_node=plan.gpus_per_node, launcher=_LAUNCHERS.get(plan.launcher, common_pb2.LAUNCHER_PLAIN),
+        gpus_per_node=plan.gpus_per_node, launcher=LAUNCHER_NUMBERS.get(plan.launcher, common_pb2.LAUNCHER_PLAIN),
         rendezvous_address=plan.rendezvous_address, rendezvous_port=plan.rendezvous_port,
         step=_STEP_NUMBERS[plan.step],
         peers=[agent_pb2.GangPeer(rank=r, address=a, port=p, probe_port=pp) for r, a, p, pp in plan.peers],

@@ -12,7 +12,7 @@ import grpc
 
 from nodus.proto.nodus.v1 import common_pb2, gang_pb2, gang_pb2_grpc
 
-from .agents import _LAUNCHERS, _PATHS
+from .agents import LAUNCHER_NUMBERS, PATH_WORDS
 from .clock import parse
 from .controllers.attempts import PHASE_NUMBERS, AttemptPhase
 from .controllers.cache import JOBS, Cache
@@ -20,12 +20,11 @@ from .controllers.gang import is_gang
 from .errors import NodusError
 from .grpc_api import rpc
 from .identity import Caller, Identity
-from .nodes import NodeServicer
+from .nodes import require_operator
 
 _PHASES = {name: getattr(gang_pb2, f"GANG_PHASE_{name.upper()}") for name in (
     "Queued", "Assembling", "Meshing", "Starting", "Running", "Recovering", "Stopping", "Releasing", "Done")}
-_PATH_NUMBERS = {word: number for number, word in _PATHS.items()}
-_LAUNCHER_NUMBERS = _LAUNCHERS
+_PATH_NUMBERS = {word: number for number, word in PATH_WORDS.items()}
 
 
 def gang_proto(cache: Cache, job: dict[str, Any]) -> gang_pb2.Gang:
@@ -36,7 +35,7 @@ def gang_proto(cache: Cache, job: dict[str, Any]) -> gang_pb2.Gang:
         epoch=int(gang.get("epoch") or 0), phase=_PHASES.get(gang.get("phase", ""), gang_pb2.GANG_PHASE_QUEUED),
         size=int(gang.get("size") or 0), ready=int(gang.get("ready") or 0), started=int(gang.get("started") or 0),
         restarts=int(gang.get("restarts") or 0), rendezvous=gang.get("rendezvous", ""),
-        launcher=_LAUNCHER_NUMBERS.get((spec.get("distributed") or {}).get("launcher") or "Plain",
+        launcher=LAUNCHER_NUMBERS.get((spec.get("distributed") or {}).get("launcher") or "Plain",
                                        common_pb2.LAUNCHER_PLAIN),
         transport=_PATH_NUMBERS.get(gang.get("transport", ""), common_pb2.NETWORK_PATH_UNSPECIFIED))
     nodes = {(a.get("spec") or {}).get("id"): (a.get("spec") or {}).get("node", "")
@@ -63,7 +62,7 @@ class GangServicer(gang_pb2_grpc.GangServiceServicer):
 
     @rpc("getgang")
     async def GetGang(self, caller: Caller, request: gang_pb2.GetGangRequest, context: Any) -> gang_pb2.Gang:
-        NodeServicer._operator(caller)
+        require_operator(caller)
         if not request.project or not request.job:
             raise NodusError("BadRequest", "project and job are required",
                              fix='set "project" and "job" (the name of a Job with spec.distributed)')
@@ -79,7 +78,7 @@ class GangServicer(gang_pb2_grpc.GangServiceServicer):
     @rpc("listgangs")
     async def ListGangs(self, caller: Caller, request: gang_pb2.ListGangsRequest,
                         context: Any) -> gang_pb2.ListGangsResponse:
-        NodeServicer._operator(caller)
+        require_operator(caller)
         out = gang_pb2.ListGangsResponse()
         for key, job in sorted(self.cache.under(JOBS)):
             if request.project and job["metadata"]["namespace"] != request.project:

@@ -272,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")
     p.add_argument("--gang-probe-budget", help="time budget of one probe, at most 30s (default 30s)")
     p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to the wall "
-                   "clock (re-read when it changes), to see timeouts, TTLs and leases play out without waiting")
+                   "clock (re-read every 50 ms), to see timeouts, TTLs and leases play out without waiting")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p

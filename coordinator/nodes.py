@@ -244,18 +244,19 @@ def attempt_proto(obj: dict[str, Any], offering: str = "") -> node_pb2.Attempt:
     return out
 
 
+def require_operator(caller: Caller) -> None:
+    """Operator services (NodeService, GangService) answer an admin of every project only."""
+    if caller.project != ALL_PROJECTS or caller.role < Role.ADMIN:
+        raise NodusError("Forbidden", f'User "{caller.subject}" is not a cluster operator',
+                         fix="use an admin token for every project (the one in DATA_DIR/kubeconfig)")
+
+
 class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     """Operators: admin tokens for every project (`*`), as the bootstrap kubeconfig holds."""
 
     def __init__(self, registry: NodeRegistry, identity: Identity) -> None:
         self.registry = registry
         self.identity = identity
-
-    @staticmethod
-    def _operator(caller: Caller) -> None:
-        if caller.project != ALL_PROJECTS or caller.role < Role.ADMIN:
-            raise NodusError("Forbidden", f'User "{caller.subject}" is not a cluster operator',
-                             fix="use an admin token for every project (the one in DATA_DIR/kubeconfig)")
 
     def _get(self, name: str) -> dict[str, Any]:
         doc = self.registry.node(name)
@@ -265,7 +266,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 
     @rpc("listnodes")
     async def ListNodes(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         selector = parse_label_selector(request.label_selector)
         nodes = [node_proto(self.registry, self._get(n)) for n in self.registry.names()]
         nodes = [n for n in nodes if selector.matches(dict(n.inventory.labels))
@@ -274,22 +275,22 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 
     @rpc("getnode")
     async def GetNode(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         return node_proto(self.registry, self._get(request.name))
 
     @rpc("cordon")
     async def Cordon(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         return node_proto(self.registry, await self.registry.set_cordon(request.name, True, request.message))
 
     @rpc("uncordon")
     async def Uncordon(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         return node_proto(self.registry, await self.registry.set_cordon(request.name, False))
 
     @rpc("drain")
     async def Drain(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         if request.grace_seconds < 0:
             raise NodusError("BadRequest", "grace_seconds must not be negative")
         doc = await self.registry.drain(request.name, int(request.grace_seconds or 30), request.message)
@@ -297,7 +298,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 
     @rpc("reclaim")
     async def Reclaim(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         if request.grace_seconds < 0:
             raise NodusError("BadRequest", "grace_seconds must not be negative")
         registry = self.registry
@@ -308,7 +309,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 
     @rpc("listattempts")
     async def ListAttempts(self, caller: Caller, request: Any, context: Any) -> Any:
-        self._operator(caller)
+        require_operator(caller)
         if request.job and not request.project:
             raise NodusError("BadRequest", "job requires project", fix='set "project" too')
         if request.node:

@@ -225,7 +225,7 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation]) -
     if not node.ready:
         return "NotReady"
     if node.name in request.avoid_nodes:
-        return "this rank did not assemble there last time"
+        return "this rank lost it or never assembled there in the previous epoch"
     if node.cordoned:
         return "cordoned"
     if request.regions and node.region not in request.regions:

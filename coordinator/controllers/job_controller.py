@@ -20,7 +20,7 @@ from ..identity import SYSTEM
 from ..resources import ResourceService
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
-from .gang import CreateMember, GangConfig, decide_gang, is_gang
+from .gang import CreateMember, GangConfig, decide_gang, is_gang, topology
 from .interruptions import Interruptions
 from .job import (Action, AttemptView, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans,
                   decide)
@@ -63,8 +63,6 @@ def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dic
 def gang_env(spec: dict[str, Any], member: CreateMember) -> dict[str, str]:
     """The gang variables a member knows from its creation (its init command sees them); rendezvous
     variables come with the start (launchers/contract.py)."""
-    from .gang import topology  # noqa: PLC0415 - one import site for the controller
-
     topo = topology(spec)
     per_node = int(topo.get("gpusPerNode") or 0)
     return {"NODUS_RANK": str(member.rank), "NODUS_NODES": str(member.size), "NODUS_GPUS_PER_NODE": str(per_node),

@@ -141,12 +141,13 @@ class PlacementController:
                 continue  # the rest of the epoch is being created: place it whole
             job = self.cache.job(project, members[0][1]["spec"].get("job", "")) or {}
             network = (((job.get("spec") or {}).get("distributed") or {}).get("network")) or "Regional"
-            placed = place_gang([(key, _request(obj)) for key, obj in members], nodes, held, network)
+            requests = [(key, _request(obj)) for key, obj in members]
+            placed = place_gang(requests, nodes, held, network)
             decisions.update(placed)
-            for (key, obj) in members:
+            for key, request in requests:
                 p = placed[key]
                 if p.node is not None:
-                    held.append(Reservation(p.node, _request(obj).amount, p.gpu_indexes))
+                    held.append(Reservation(p.node, request.amount, p.gpu_indexes))
         decisions.update(place_all(singles, nodes, held))
         now = self.clock.now()
         by_name = {n.name: n for n in nodes}
