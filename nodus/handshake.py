@@ -36,19 +36,33 @@ def on_checkpoint(save: Callable[[int], Any], *, hold_timeout: float = 300.0) ->
         return False
 
     def handler(signum: int, frame: Any) -> None:
-        try:
-            with open(request) as f:
-                seq = int(json.load(f)["seq"])
-        except (OSError, ValueError, KeyError, TypeError):
+        seq = requested(request)
+        if seq is None:
             return  # a stale signal: no request pending
         save(seq)
-        tmp = f"{done}.tmp"
-        with open(tmp, "w") as f:
-            f.write(str(seq))
-        os.replace(tmp, done)
-        deadline = time.monotonic() + hold_timeout
-        while os.path.exists(request) and time.monotonic() < deadline:
-            time.sleep(0.005)  # the agent copies the state now
+        answer(request, done, seq, hold_timeout)
 
     signal.signal(signal.SIGUSR1, handler)
     return True
+
+
+def requested(request: str) -> int | None:
+    """The seq the agent asks for in the request file; None when no request is waiting (the agent
+    removes the file when it has its copy, or gives up)."""
+    try:
+        with open(request) as f:
+            return int(json.load(f)["seq"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def answer(request: str, done: str, seq: int, hold_timeout: float) -> None:
+    """Writes the answer for `seq`, then holds until the agent has copied the state paths (it removes
+    the request file) or `hold_timeout` passes: the copy sees the state as saved."""
+    tmp = f"{done}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(seq))
+    os.replace(tmp, done)
+    deadline = time.monotonic() + hold_timeout
+    while os.path.exists(request) and time.monotonic() < deadline:
+        time.sleep(0.005)

@@ -21,13 +21,11 @@ dependency of Nodus.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 from typing import Any
 
-from .handshake import DONE_ENV, LISTENER, REQUEST_ENV, RESUME_FROM_ENV
+from .handshake import DONE_ENV, LISTENER, REQUEST_ENV, RESUME_FROM_ENV, answer, requested
 
 
 
@@ -81,25 +79,14 @@ class _Handshake:
         sent because the Job also set NODUS_CHECKPOINT_SIGNAL=1 must not end the process.)"""
 
     def pending(self) -> int | None:
-        """The requested seq, when a request is waiting (the agent removes it when it gives up)."""
-        if not self.active:
-            return None
-        try:
-            with open(self.request or "") as f:
-                return int(json.load(f)["seq"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        """The requested seq, when a request is waiting."""
+        return requested(self.request) if self.request and self.done else None
 
     def answer(self, seq: int) -> None:
-        """Writes the answer, then holds until the agent has copied the state (the request is gone)."""
-        tmp = f"{self.done}.tmp"
-        with open(tmp, "w") as f:
-            f.write(str(seq))
-        os.replace(tmp, self.done or "")
+        """Answers and holds until the agent has copied the state (nodus.handshake.answer)."""
+        if self.request and self.done:
+            answer(self.request, self.done, seq, self.hold_timeout)
         self.answered = seq
-        deadline = time.monotonic() + self.hold_timeout
-        while os.path.exists(self.request or "") and time.monotonic() < deadline:
-            time.sleep(0.005)
 
 
 class NodusCheckpointCallback(_base()):  # type: ignore[misc]
