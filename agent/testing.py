@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import queue
+import socket
 import threading
 import time
 from concurrent import futures
@@ -30,6 +31,13 @@ def duration(seconds: float) -> Duration:
     d = Duration()
     d.FromNanoseconds(int(seconds * 1e9))
     return d
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (for a server a test or bench starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> Any:

@@ -49,6 +49,7 @@ import requests
 import yaml
 
 from nodus.agent.probe import TARGET_S
+from nodus.agent.testing import free_port
 
 from daemons import stop_all
 
@@ -74,12 +75,6 @@ def parse_bytes(text: str) -> int:
 
 def when(stamp: str | None) -> float | None:
     return datetime.fromisoformat(stamp).timestamp() if stamp else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the daemons ---------------------------------------------------------------------------------------------

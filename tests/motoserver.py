@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,19 +13,15 @@ from typing import Iterator
 
 import requests
 
+from nodus.agent.testing import free_port
+
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def moto_server(log_dir: Path, env: dict[str, str] | None = None, timeout: float = 30) -> Iterator[str]:
     """Starts moto_server, yields its endpoint URL once it answers, stops it on exit."""
-    port = _free_port()
+    port = free_port()
     log = log_dir / "moto.log"
     exe = BIN / "moto_server"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]

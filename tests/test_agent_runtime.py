@@ -9,7 +9,6 @@ import hashlib
 import io
 import json
 import os
-import socket
 import sys
 import tarfile
 import time
@@ -21,7 +20,7 @@ import zstandard
 
 from httpsfiles import HttpsFiles
 from nodus.agent import cgroups
-from nodus.agent.testing import AgentProcess, FakeCoordinator, wait_for
+from nodus.agent.testing import AgentProcess, FakeCoordinator, free_port, wait_for
 from nodus.proto.nodus.v1 import agent_pb2
 
 PY = sys.executable
@@ -72,12 +71,6 @@ def blob_of(fake: FakeCoordinator, end: agent_pb2.AttemptUpdate, name: str) -> b
     assert hashlib.sha256(data).hexdigest() == out.sha256 and len(data) == out.size_bytes
     assert out.uri == f"blob://sha256/{out.sha256}"
     return data
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the environment contract ------------------------------------------------------------------------

@@ -8,7 +8,6 @@ tell what really ran and that nothing is left running. Every wait polls with a b
 from __future__ import annotations
 
 import hashlib
-import socket
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +18,7 @@ import pytest
 from conftest import Coordinator
 from e2e import ENDED, JOBS, attempts_of, create, following, patch_state, settled, start_agent, status, wait_status
 from httpsfiles import HttpsFiles
-from nodus.agent.testing import AgentProcess, wait_for
+from nodus.agent.testing import AgentProcess, free_port, wait_for
 
 PY = sys.executable
 
@@ -79,12 +78,6 @@ def assert_gone(pid: int, what: str = "the command") -> None:
 def parse(t: str) -> float:
     from nodus.coordinator.clock import parse as parse_time
     return float(parse_time(t))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the tests ---------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from nodus.agent.testing import free_port
 from nodus.launchers import (GANG_VARIABLES, LAUNCHERS, Launch, MemberPlan, PythonCommand,
                              Rendezvous, Role, Topology, check, gang_env, launch, launch_gang,
                              parse_python)
@@ -593,15 +594,9 @@ def test_real_ray_parses_our_argv() -> None:
 # ---------------------------------------------------------------------------------------------
 # real gangs on loopback, run the way the agent runs a Launch (this harness is not the agent)
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_gang(launcher: str, topology: Topology, command: tuple[str, ...], tmp: Path,
               backend: str = "static", timeout: float = 240) -> dict[int, object]:
-    port = _free_port()
+    port = free_port()
     rdzv = Rendezvous("127.0.0.1", port, 1, backend)
     env = {**os.environ, "OUT_DIR": str(tmp)}
     launches = [launch(launcher, MemberPlan(r, topology, rdzv, command, env=env, job="t",

@@ -16,16 +16,11 @@ from typing import Any
 
 import pytest
 
+from nodus.agent.testing import free_port
 from nodus.agent.probe import (Budget, EchoServer, PlanError, Report, bus_factor, classify_path,
                                message_sizes, parse_plan, run_probe)
 
 PROBE = [sys.executable, "-m", "nodus.agent.probe"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listener() -> socket.socket:
@@ -240,7 +235,7 @@ def test_without_torch_the_probe_still_measures_rtt_and_exits_0(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     listeners = [_listener(), _listener()]
     ports = [s.getsockname()[1] for s in listeners]
-    results = _run_probes([_plan(r, ports, _free_port(), budget_s=10) for r in (0, 1)], listeners, env=env)
+    results = _run_probes([_plan(r, ports, free_port(), budget_s=10) for r in (0, 1)], listeners, env=env)
     for code, out, err, seconds in results:
         assert code == 0, err
         assert out["bus_gbps"] is None and out["sizes"] == [] and "torch is not importable" in out["error"]
@@ -252,7 +247,7 @@ def test_without_torch_the_probe_still_measures_rtt_and_exits_0(tmp_path: Path) 
 def test_two_probes_measure_rtt_and_busbw_like_a_plain_loop() -> None:
     listeners = [_listener(), _listener()]
     ports = [s.getsockname()[1] for s in listeners]
-    plans = [_plan(r, ports, _free_port(), backend="gloo", max_bytes=256 << 10, budget_s=12) for r in (0, 1)]
+    plans = [_plan(r, ports, free_port(), backend="gloo", max_bytes=256 << 10, budget_s=12) for r in (0, 1)]
     plans[1]["store"] = plans[0]["store"]
     results = _run_probes(plans, listeners)
     raw = _raw_echo_rtt_ms()
@@ -269,7 +264,7 @@ def test_two_probes_measure_rtt_and_busbw_like_a_plain_loop() -> None:
     assert results[0][1]["bus_gbps"] == results[1][1]["bus_gbps"]
     # The same size through a plain loop, in the same test: the probe's figure is of the same order.
     nbytes, iters = results[0][1]["bytes"], results[0][1]["sizes"][-1]["iters"]
-    store_port = _free_port()
+    store_port = free_port()
     script = ("import sys; from nodus.agent.probe import plain_allreduce_busbw as f; "
             f"print(f(int(sys.argv[1]), 2, '127.0.0.1', {store_port}, {nbytes}, {iters}))")
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r)], stdout=subprocess.PIPE, text=True)
@@ -281,7 +276,7 @@ def test_two_probes_measure_rtt_and_busbw_like_a_plain_loop() -> None:
 
 @pytest.mark.slow
 def test_three_probes_binding_their_own_ports() -> None:
-    ports, store = [_free_port() for _ in range(3)], _free_port()
+    ports, store = [free_port() for _ in range(3)], free_port()
     results = _run_probes([_plan(r, ports, store, max_bytes=64 << 10, budget_s=12, pings=20) for r in range(3)])
     for code, out, err, _ in results:
         assert code == 0, err
@@ -294,8 +289,8 @@ def test_three_probes_binding_their_own_ports() -> None:
 
 @pytest.mark.slow
 def test_a_probe_whose_peer_never_comes_reports_within_its_budget() -> None:
-    listener, absent = _listener(), _free_port()   # nobody listens on the peer's port
-    plan = _plan(0, [listener.getsockname()[1], absent], _free_port(), budget_s=5)
+    listener, absent = _listener(), free_port()   # nobody listens on the peer's port
+    plan = _plan(0, [listener.getsockname()[1], absent], free_port(), budget_s=5)
     [(code, out, err, seconds)] = _run_probes([plan], [listener])
     assert code == 0, err
     assert seconds < 5 + 3, seconds
@@ -306,7 +301,7 @@ def test_a_probe_whose_peer_never_comes_reports_within_its_budget() -> None:
 @pytest.mark.slow
 def test_a_peer_that_freezes_midway_cannot_hold_the_probe_past_its_budget() -> None:
     """Whatever phase the frozen peer is in (pings, rendezvous, a collective), rank 0 reports in time."""
-    ports, store = [_free_port(), _free_port()], _free_port()
+    ports, store = [free_port(), free_port()], free_port()
     procs = [subprocess.Popen(PROBE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True) for _ in ports]
     started = time.monotonic()

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from nodus.agent.testing import free_port
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.statefile import read_json, write_json
 from nodus.agent.launch import GangLaunch, split_endpoint
@@ -110,12 +111,6 @@ def member(tmp_path: Path) -> Iterator[Callable[..., Member]]:
 def append(trace: Path, word: str, code: int = 0) -> list[str]:
     """A step that appends `word` to `trace` and exits with `code`."""
     return ["sh", "-c", f'echo {word} >> "{trace}"; echo "{word} says hi"; exit {code}']
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the gate --------------------------------------------------------------------------------------
@@ -249,7 +244,7 @@ def test_teardown_runs_after_a_stop(member: Callable[..., Member], tmp_path: Pat
 
 # -- waiting for the head -----------------------------------------------------------------------------
 def test_a_worker_waits_for_the_head_to_listen(member: Callable[..., Member], tmp_path: Path) -> None:
-    port = closed_port()
+    port = free_port()
     opened: list[float] = []
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -279,7 +274,7 @@ def test_a_worker_waits_for_the_head_to_listen(member: Callable[..., Member], tm
 
 def test_a_head_that_never_listens_loses_the_member(member: Callable[..., Member], tmp_path: Path) -> None:
     trace = tmp_path / "trace"
-    port = closed_port()
+    port = free_port()
     m = member()
     m.at_gate()
     m.open_gate(append(trace, "main"), setup=[append(trace, "setup")], teardown=[append(trace, "teardown")],
