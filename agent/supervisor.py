@@ -432,8 +432,7 @@ class Supervisor:
 
     def _fail_sidecars(self, message: str) -> None:
         self.note(message.splitlines()[0])
-        self.stop_sidecars()
-        self.cgroup.kill_all()
+        self._wind_down()
         self.finish(FAILED, "SidecarFailed", message)
 
     def _run_main(self) -> None:
@@ -451,8 +450,7 @@ class Supervisor:
         except OSError as e:
             code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC) else 127
             self.note(f"command could not start: {argv[:1]}: {e.strerror or e}")
-            self.run_teardown()
-            self.stop_sidecars()
+            self._wind_down()
             self.finish(FAILED, "Error", f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}",
                         exit_code=code)
             return
@@ -470,12 +468,7 @@ class Supervisor:
         self.set(phase=STOPPING, exit_code=code)
         self.signal_group(main, signal.SIGKILL)  # what the command left behind in its group
         oom = code != 0 and self.cgroup.oom_kills() > oom_before
-        self.run_teardown()
-        for child in self.children:
-            if child.name == "setup":
-                self.signal_group(child, signal.SIGKILL)  # what a setup step left running (a Ray head)
-        self.stop_sidecars()
-        self.cgroup.kill_all()
+        self._wind_down()
         if service:
             lines = [f"the {argv[0]} service of this gang member exited on its own with code {code}",
                      *self.main_tail()[-(MESSAGE_LINES - 1):]]
@@ -559,8 +552,7 @@ class Supervisor:
                 message = (f"rank 0's rendezvous endpoint {head} did not accept connections within "
                            f"{timeout:g}s")
                 self.note(message)
-                self.stop_sidecars()
-                self.cgroup.kill_all()
+                self._wind_down()
                 self.finish(LOST, "RendezvousTimeout", message)
                 return False
             self.wait(min(0.2, left))
@@ -587,9 +579,7 @@ class Supervisor:
 
     def _fail_launch(self, message: str) -> None:
         self.note(message.splitlines()[0])
-        self.run_teardown()
-        self.stop_sidecars()
-        self.cgroup.kill_all()
+        self._wind_down()
         self.finish(FAILED, "LaunchFailed", message)
 
     def run_teardown(self) -> None:
@@ -631,7 +621,15 @@ class Supervisor:
                 if child.exit_code is None:
                     self.terminate(child, grace)
                 self.signal_group(child, signal.SIGKILL)
+        self._wind_down()
+
+    def _wind_down(self) -> None:
+        """What is left once the command ended or failed to start: the armed teardown steps (once), what
+        a setup step left running (a Ray head's daemons), the sidecars, then anything else in the cgroup."""
         self.run_teardown()
+        for child in self.children:
+            if child.name == "setup":
+                self.signal_group(child, signal.SIGKILL)
         self.stop_sidecars()
         self.cgroup.kill_all()
 
