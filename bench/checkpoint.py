@@ -40,12 +40,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from nodus.agent.cgroups import Cgroup  # noqa: E402
-from nodus.agent.checkpointing import Hold, copy_held  # noqa: E402
-from nodus.agent.layout import AttemptLayout  # noqa: E402
-from nodus.checkpoint import LocalStore  # noqa: E402
+from nodus.agent.cgroups import Cgroup
+from nodus.agent.checkpointing import Hold, copy_held
+from nodus.agent.layout import AttemptLayout
+from nodus.checkpoint import LocalStore
 
 MiB = 1 << 20
 SMALL_FILES = 2000

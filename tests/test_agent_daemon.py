@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from nodus.agent.testing import AgentProcess, FakeCoordinator, wait_for
-from nodus.proto.nodus.v1 import agent_pb2
+from nodus.v1 import agent_pb2
 
 PY = sys.executable
 
@@ -286,7 +286,7 @@ def test_agent_keeps_trying_while_the_coordinator_is_away(tmp_path: Path) -> Non
         port = int(address.rsplit(":", 1)[1])
         second = FakeCoordinator()
         second.server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(32))
-        from nodus.proto.nodus.v1 import agent_pb2_grpc, blob_pb2_grpc
+        from nodus.v1 import agent_pb2_grpc, blob_pb2_grpc
         agent_pb2_grpc.add_AgentServiceServicer_to_server(second, second.server)
         blob_pb2_grpc.add_BlobServiceServicer_to_server(second, second.server)
         assert second.server.add_insecure_port(f"127.0.0.1:{port}") == port

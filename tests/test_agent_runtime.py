@@ -21,7 +21,7 @@ import zstandard
 from httpsfiles import HttpsFiles
 from nodus.agent import cgroups
 from nodus.agent.testing import AgentProcess, FakeCoordinator, free_port, wait_for
-from nodus.proto.nodus.v1 import agent_pb2
+from nodus.v1 import agent_pb2
 
 PY = sys.executable
 SECRET_ENV_VALUE = "s3cr3t-env-value-7d1f"

@@ -23,7 +23,7 @@ from nodus.agent.blobs import blob_digest
 from nodus.agent.progress_tail import ProgressTail
 from nodus.agent.runtime.process import ProcessRuntime, Refused, attempt_env
 from nodus.agent.statefile import read_json, write_json
-from nodus.proto.nodus.v1 import agent_pb2
+from nodus.v1 import agent_pb2
 
 
 def a(attempt_id: str) -> agent_pb2.Assignment:

@@ -17,7 +17,7 @@ from conftest import Coordinator
 from e2e import agent_md
 from nodus.coordinator.blobs import BlobStore
 from nodus.coordinator.errors import NodusError
-from nodus.proto.nodus.v1 import blob_pb2, blob_pb2_grpc
+from nodus.v1 import blob_pb2, blob_pb2_grpc
 
 T = TypeVar("T")
 

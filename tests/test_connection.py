@@ -17,7 +17,7 @@ from nodus.coordinator.api import admission
 from nodus.coordinator.api.connection import bucket_problem
 from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.errors import NodusError
-from nodus.proto.nodus.v1 import agent_pb2
+from nodus.v1 import agent_pb2
 
 CONNECTION = resolve("connections")
 BASE: dict[str, Any] = {

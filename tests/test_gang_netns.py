@@ -40,7 +40,7 @@ from netns import Host, Lab
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.statefile import read_json
 from nodus.agent.testing import AgentProcess, wait_for
-from nodus.proto.nodus.v1 import node_pb2, node_pb2_grpc
+from nodus.v1 import node_pb2, node_pb2_grpc
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))]

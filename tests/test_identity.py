@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from conftest import Coordinator, job
-from nodus.proto.nodus.v1 import project_pb2, project_pb2_grpc, resource_pb2, resource_pb2_grpc
+from nodus.v1 import project_pb2, project_pb2_grpc, resource_pb2, resource_pb2_grpc
 
 B_JOBS = "/apis/nodus.dev/v1/namespaces/b/jobs"
 MERGE = {"Content-Type": "application/merge-patch+json"}

@@ -26,7 +26,7 @@ from nodus.coordinator.controllers.placement import bind
 from nodus.coordinator.nodes import Leases, NodeRegistry
 from nodus.coordinator.scheduler import Placement
 from nodus.coordinator.store import SqliteStore
-from nodus.proto.nodus.v1 import common_pb2, node_pb2, node_pb2_grpc
+from nodus.v1 import common_pb2, node_pb2, node_pb2_grpc
 from test_agent_service import CANCELLED, RUNNING, FakeAgent, agent_pb2, phase_is, ts, wait_job
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format, struct_pb2
 
-from nodus.proto.nodus.v1 import (
+from nodus.v1 import (
     agent_pb2,
     agent_pb2_grpc,
     common_pb2,
@@ -117,9 +117,9 @@ def test_continue_token_is_continue_in_json() -> None:
 
 
 def test_messages_name_their_real_module() -> None:
-    # The generator rewrites protoc's module names, so messages pickle (multiprocessing, caches).
+    # protoc names the modules nodus.v1.*, the package proto/ holds, so messages pickle (multiprocessing, caches).
     assignment = agent_pb2.Assignment(attempt_id="a1", job=common_pb2.JobRef(project="p", name="j"))
-    assert type(assignment).__module__ == "nodus.proto.nodus.v1.agent_pb2"
+    assert type(assignment).__module__ == "nodus.v1.agent_pb2"
     assert pickle.loads(pickle.dumps(assignment)) == assignment
 
 

@@ -248,7 +248,7 @@ def _trainer_checkpoint(d: Path, step: int, *, complete: bool) -> None:
 
 def _restore_trainer_state(tmp_path: Path, integration: int, env: dict[str, str] | None = None):
     from nodus.agent import recovery
-    from nodus.proto.nodus.v1 import agent_pb2
+    from nodus.v1 import agent_pb2
 
     source = attempt(tmp_path, "old")
     _trainer_checkpoint(source.state / "out" / "checkpoint-100", 100, complete=True)
@@ -265,21 +265,21 @@ def _restore_trainer_state(tmp_path: Path, integration: int, env: dict[str, str]
 
 @pytest.mark.parametrize("integration", ["CHECKPOINT_INTEGRATION_HF_TRAINER", "CHECKPOINT_INTEGRATION_AUTO"])
 def test_trainer_resumes_from_the_newest_complete_checkpoint(tmp_path: Path, integration: str) -> None:
-    from nodus.proto.nodus.v1 import agent_pb2
+    from nodus.v1 import agent_pb2
 
     a, layout = _restore_trainer_state(tmp_path, getattr(agent_pb2, integration))
     assert a.env["NODUS_RESUME_FROM"] == str(layout.state / "out" / "checkpoint-100")
 
 
 def test_integration_none_passes_no_resume_path(tmp_path: Path) -> None:
-    from nodus.proto.nodus.v1 import agent_pb2
+    from nodus.v1 import agent_pb2
 
     a, _ = _restore_trainer_state(tmp_path, agent_pb2.CHECKPOINT_INTEGRATION_NONE)
     assert "NODUS_RESUME_FROM" not in a.env
 
 
 def test_the_customers_own_resume_path_wins(tmp_path: Path) -> None:
-    from nodus.proto.nodus.v1 import agent_pb2
+    from nodus.v1 import agent_pb2
 
     a, _ = _restore_trainer_state(tmp_path, agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER,
                                   env={"NODUS_RESUME_FROM": "/mine"})
@@ -289,7 +289,7 @@ def test_the_customers_own_resume_path_wins(tmp_path: Path) -> None:
 def test_the_resume_path_reaches_the_supervisors_environment(tmp_path: Path) -> None:
     """The daemon writes the supervisor's spec from the Assignment after restore_before_start returns."""
     from nodus.agent.runtime.process import attempt_env
-    from nodus.proto.nodus.v1 import agent_pb2
+    from nodus.v1 import agent_pb2
 
     a, layout = _restore_trainer_state(tmp_path, agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER)
     env = attempt_env(a, layout, {})

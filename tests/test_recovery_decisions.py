@@ -17,7 +17,7 @@ from nodus.coordinator.controllers.job import AttemptView, JobPhase, StopAttempt
 from nodus.coordinator.controllers.interruptions import Interruptions
 from nodus.coordinator.controllers.job_controller import stop
 from nodus.coordinator.controllers.lease import lost
-from nodus.proto.nodus.v1 import agent_pb2
+from nodus.v1 import agent_pb2
 
 P = AttemptPhase
 

@@ -98,7 +98,7 @@ def test_reclaim_with_grace_checkpoints_then_replaces_elsewhere(cluster: tuple[C
                                                                 tmp_path: Path) -> None:
     import grpc
 
-    from nodus.proto.nodus.v1 import node_pb2, node_pb2_grpc
+    from nodus.v1 import node_pb2, node_pb2_grpc
 
     c, agents = cluster
     marker = tmp_path / "starts"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import Coordinator
 from e2e import attempts_of, create
-from nodus.proto.nodus.v1 import agent_pb2, common_pb2
+from nodus.v1 import agent_pb2, common_pb2
 from test_agent_service import RUNNING, FakeAgent, phase_is, ts, wait_job
 
 

@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nodus/v1/blob.
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.proto.nodus.v1.blob_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.v1.blob_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PUTREQUEST']._serialized_start=33

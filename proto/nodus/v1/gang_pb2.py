@@ -23,14 +23,14 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
-from . import common_pb2 as nodus_dot_v1_dot_common__pb2
+from nodus.v1 import common_pb2 as nodus_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nodus/v1/gang.proto\x12\x08nodus.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15nodus/v1/common.proto\"\x83\x03\n\x04Gang\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x03job\x18\x02 \x01(\x0b\x32\x10.nodus.v1.JobRef\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\"\n\x05phase\x18\x04 \x01(\x0e\x32\x13.nodus.v1.GangPhase\x12\x0c\n\x04size\x18\x05 \x01(\x05\x12\r\n\x05ready\x18\x06 \x01(\x05\x12\x0f\n\x07started\x18\x07 \x01(\x05\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x12\n\nrendezvous\x18\t \x01(\t\x12$\n\x08launcher\x18\n \x01(\x0e\x32\x12.nodus.v1.Launcher\x12%\n\x07members\x18\x0b \x03(\x0b\x32\x14.nodus.v1.GangMember\x12\"\n\x05probe\x18\x0c \x01(\x0b\x32\x13.nodus.v1.GangProbe\x12(\n\ttransport\x18\r \x01(\x0e\x32\x15.nodus.v1.NetworkPath\x12.\n\nphase_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xad\x01\n\nGangMember\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x10\n\x08offering\x18\x04 \x01(\t\x12\x14\n\x0cregion_class\x18\x05 \x01(\t\x12%\n\x05phase\x18\x06 \x01(\x0e\x32\x16.nodus.v1.AttemptPhase\x12#\n\x04path\x18\x07 \x01(\x0e\x32\x15.nodus.v1.NetworkPath\"\x85\x01\n\tGangProbe\x12\x0e\n\x06rtt_ms\x18\x01 \x01(\t\x12\x10\n\x08\x62us_gbps\x18\x02 \x01(\t\x12#\n\x04path\x18\x03 \x01(\x0e\x32\x15.nodus.v1.NetworkPath\x12\x31\n\rmeasured_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x0eGetGangRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\"G\n\x10ListGangsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.nodus.v1.GangPhase\"2\n\x11ListGangsResponse\x12\x1d\n\x05gangs\x18\x01 \x03(\x0b\x32\x0e.nodus.v1.Gang*\x85\x02\n\tGangPhase\x12\x1a\n\x16GANG_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11GANG_PHASE_QUEUED\x10\x01\x12\x19\n\x15GANG_PHASE_ASSEMBLING\x10\x02\x12\x16\n\x12GANG_PHASE_MESHING\x10\x03\x12\x17\n\x13GANG_PHASE_STARTING\x10\x04\x12\x16\n\x12GANG_PHASE_RUNNING\x10\x05\x12\x19\n\x15GANG_PHASE_RECOVERING\x10\x06\x12\x17\n\x13GANG_PHASE_STOPPING\x10\x07\x12\x18\n\x14GANG_PHASE_RELEASING\x10\x08\x12\x13\n\x0fGANG_PHASE_DONE\x10\t2\x88\x01\n\x0bGangService\x12\x33\n\x07GetGang\x12\x18.nodus.v1.GetGangRequest\x1a\x0e.nodus.v1.Gang\x12\x44\n\tListGangs\x12\x1a.nodus.v1.ListGangsRequest\x1a\x1b.nodus.v1.ListGangsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.proto.nodus.v1.gang_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.v1.gang_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GANGPHASE']._serialized_start=965

@@ -29,7 +29,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16nodus/v1/proje
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.proto.nodus.v1.project_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.v1.project_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROJECT']._serialized_start=69

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from . import project_pb2 as nodus_dot_v1_dot_project__pb2
+from nodus.v1 import project_pb2 as nodus_dot_v1_dot_project__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

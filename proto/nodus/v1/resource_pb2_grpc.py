@@ -4,7 +4,7 @@ import grpc
 import warnings
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
-from . import resource_pb2 as nodus_dot_v1_dot_resource__pb2
+from nodus.v1 import resource_pb2 as nodus_dot_v1_dot_resource__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

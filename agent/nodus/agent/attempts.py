@@ -1,0 +1,180 @@
+"""One attempt as the agent knows it, and the pure step that folds a supervisor's status into it.
+
+Stages (the agent's own bookkeeping, persisted in state.json):
+
+    ACCEPTED ──materialized, spawned──▶ SUPERVISED ──succeeded with outputs──▶ COLLECTING ──uploaded──▶ DONE
+        │                                   │                                                        ▲
+        └──────── refused, input failed, stopped before the spawn ─────────────┴── any other end ─────┘
+
+An ACCEPTED attempt has run nothing, so after an agent restart it is dropped and started afresh
+when the coordinator's FullState names it again. A SUPERVISED attempt is re-adopted through its
+supervisor's lock and status file. DONE attempts wait for the coordinator to acknowledge the update
+that reported their end, then are forgotten (a tombstone stays, so an assignment sent again is never
+run twice).
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from nodus.v1 import agent_pb2, common_pb2
+
+from . import layout as L
+
+PHASES: dict[str, int] = {name: common_pb2.AttemptPhase.Value(f"ATTEMPT_PHASE_{name}") for name in (
+    "PROVISIONING", "MATERIALIZING", "INITIALIZING", "STARTING_SIDECARS", "RUNNING", "CHECKPOINTING",
+    "STOPPING", "SUCCEEDED", "FAILED", "LOST", "CANCELLED")}
+TERMINAL = L.TERMINAL
+GANG_STEPS = {"Assemble": agent_pb2.GANG_STEP_ASSEMBLE, "Mesh": agent_pb2.GANG_STEP_MESH,
+              "Start": agent_pb2.GANG_STEP_START}
+
+
+class Stage(str, enum.Enum):
+    ACCEPTED = "accepted"
+    """Known; inputs are being materialized; no supervisor exists and nothing of it has run."""
+    SUPERVISED = "supervised"
+    """A supervisor was spawned (its lock was taken before the fork); it owns the attempt's processes."""
+    COLLECTING = "collecting"
+    """The command succeeded; the agent uploads the outputs the supervisor collected."""
+    DONE = "done"
+    """The end is fixed; it waits for the coordinator's ack of the update that reported it."""
+
+
+def timestamp(seconds: float | None) -> Timestamp | None:
+    if seconds is None:
+        return None
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+@dataclass(slots=True)
+class Attempt:
+    id: str
+    job: dict[str, str] = field(default_factory=dict)
+    index: int = 0
+    number: int = 0
+    stage: Stage = Stage.ACCEPTED
+    phase: str = "PROVISIONING"
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    oom_killed: bool = False
+    start_time: float | None = None
+    finish_time: float | None = None
+    inputs_ready_time: float | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """OutputCommits uploaded so far (name, path, uri, sha256, size)."""
+    stop: dict[str, Any] | None = None
+    """The stop asked for: reason, grace_seconds, phase."""
+    log_done: bool = False
+    """The log was shipped to its end (eof acknowledged)."""
+    restored_from_seq: int = 0
+    """The checkpoint restored before the command; 0 if none."""
+    gang: dict[str, Any] | None = None
+    """A gang member's facts (gang.py): epoch, rank, size, launcher, the step done, the reserved ports,
+    the latest plan."""
+    # -- not persisted ---------------------------------------------------------------------------
+    acked: bool = False
+    terminal_seq: tuple[int, int] | None = None
+    """(stream, seq) of the message that reported the end."""
+    reported: tuple[Any, ...] | None = None
+    supervisor_ended: bool = False
+
+    PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
+                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq", "gang")
+
+    @classmethod
+    def of(cls, a: agent_pb2.Assignment) -> "Attempt":
+        return cls(a.attempt_id, {"project": a.job.project, "name": a.job.name, "uid": a.job.uid}, a.index,
+                   a.attempt_number)
+
+    def persisted(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.PERSISTED}
+        d["stage"] = self.stage.value
+        return d
+
+    @classmethod
+    def from_persisted(cls, d: dict[str, Any]) -> "Attempt":
+        att = cls(d["id"], **{k: d[k] for k in cls.PERSISTED if k in d and k != "id"})
+        att.stage = Stage(d.get("stage", "accepted"))
+        att.supervisor_ended = att.stage in (Stage.COLLECTING, Stage.DONE)
+        return att
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL
+
+    @property
+    def live(self) -> bool:
+        """Work exists or may start (anything before the end is fixed and stopping is not asked)."""
+        return self.stage in (Stage.ACCEPTED, Stage.SUPERVISED)
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.phase, self.reason, self.exit_code, len(self.outputs), self.inputs_ready_time, self.start_time,
+                (self.gang or {}).get("done"))
+
+    def update(self, now: float | None = None) -> agent_pb2.AttemptUpdate:
+        u = agent_pb2.AttemptUpdate(attempt_id=self.id, phase=PHASES[self.phase], reason=self.reason,
+                                    message=self.message, oom_killed=self.oom_killed,
+                                    time=timestamp(now if now is not None else time.time()))
+        if self.exit_code is not None:
+            u.exit_code = self.exit_code
+        for name, value in (("start_time", self.start_time), ("finish_time", self.finish_time),
+                            ("inputs_ready_time", self.inputs_ready_time)):
+            if value is not None:
+                getattr(u, name).CopyFrom(timestamp(value))
+        if self.restored_from_seq:
+            u.restored_from_seq = self.restored_from_seq
+        for o in self.outputs:
+            u.outputs.add(name=o["name"], path=o["path"], uri=o["uri"], sha256=o["sha256"], size_bytes=o["size"],
+                          rank=int(o.get("rank") or 0))
+        if self.gang and self.gang.get("done"):
+            g = self.gang
+            u.gang.CopyFrom(agent_pb2.GangMemberReport(
+                epoch=int(g["epoch"]), done=GANG_STEPS[g["done"]], address=g.get("address", ""),
+                port=int(g.get("port") or 0), probe_port=int(g.get("probe_port") or 0)))
+        return u
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What a status file says about an attempt, folded with whether its supervisor lives."""
+
+    stage: Stage
+    phase: str
+    fields: dict[str, Any]
+    kill_leftovers: bool = False
+    """The supervisor died without finishing: what it started may still run."""
+
+
+def observe(status: dict[str, Any] | None, alive: bool) -> Observed | None:
+    """The pure step: supervisor status + liveness → the attempt's next stage and phase (None: no news).
+
+    Read `alive` before `status`: a supervisor that ends between the two reads has written its final
+    status before it let go of its lock.
+    """
+    if status is None:
+        if alive:
+            return None
+        return Observed(Stage.DONE, L.LOST, {"reason": "AgentFault", "message": "the attempt's supervisor exited "
+                                             "before it started anything"}, kill_leftovers=True)
+    phase = str(status.get("phase") or L.SPAWNED)
+    fields = {k: status.get(k) for k in ("reason", "message", "exit_code", "oom_killed", "start_time", "finish_time")
+              if status.get(k) is not None}
+    if phase in TERMINAL:
+        if phase == L.SUCCEEDED and status.get("outputs"):
+            return Observed(Stage.COLLECTING, L.STOPPING, fields)
+        return Observed(Stage.DONE, phase, fields)
+    if alive:
+        if phase == L.SPAWNED:
+            return None
+        return Observed(Stage.SUPERVISED, phase, fields)
+    return Observed(Stage.DONE, L.LOST, {**fields, "reason": "AgentFault",
+                                         "message": "the attempt's supervisor exited unexpectedly" + (
+                                             "" if phase == L.SPAWNED else f" while {phase.lower().replace('_', ' ')}"),
+                                         "finish_time": time.time()}, kill_leftovers=True)

@@ -1,0 +1,283 @@
+"""A gang member on this node: reserve ports, assemble, probe, start through the launcher.
+
+The coordinator tells each member its step (GangPlan), derived from what every member reported:
+
+1. Assemble: the attempt is materialized, restored and spawned like any other; its supervisor runs
+   the init command and the sidecars and then waits at its gate (status `gate: waiting`). The agent
+   has reserved two ports by listening on them (the rendezvous port, rank 0's MASTER_PORT, and the
+   probe's echo port) and reports done = Assemble with its advertised address and both ports.
+2. Mesh: the probe (`probe.py`, a subprocess) measures TCP RTT to every peer and the gang's
+   all-reduce bus bandwidth within its budget; the agent sends the ProbeResult and reports
+   done = Mesh. A failed probe is reported as such and does not stop the gang.
+3. Start: the launcher (`nodus.launchers`) turns the plan into this member's steps and environment;
+   the agent releases its reservations and writes run/launch.json, which opens the gate.
+
+Reservations live in this process: after an agent restart the ports are reserved again (the same
+numbers; the member already reported them). The epoch is the fencing token: a plan for another
+epoch than the attempt's is ignored.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from nodus.launchers.model import MemberPlan, Rendezvous, Topology
+from nodus.launchers.registry import launch
+from nodus.v1 import agent_pb2, common_pb2
+
+from . import layout as L
+from .attempts import GANG_STEPS
+from .launch import GangLaunch
+from .statefile import read_json, write_json
+
+if TYPE_CHECKING:
+    from .attempts import Attempt
+    from .daemon import Agent
+
+log = logging.getLogger("nodus.agent.gang")
+
+LAUNCHERS = {common_pb2.LAUNCHER_PLAIN: "Plain", common_pb2.LAUNCHER_TORCHRUN: "Torchrun",
+             common_pb2.LAUNCHER_RAY: "Ray", common_pb2.LAUNCHER_VERL: "Verl",
+             common_pb2.LAUNCHER_ACCELERATE: "Accelerate", common_pb2.LAUNCHER_DEEPSPEED: "Deepspeed"}
+STEPS = {number: name for name, number in GANG_STEPS.items()}
+PATHS = {"Private": common_pb2.NETWORK_PATH_PRIVATE, "Public": common_pb2.NETWORK_PATH_PUBLIC,
+         "Direct": common_pb2.NETWORK_PATH_DIRECT, "Relayed": common_pb2.NETWORK_PATH_RELAYED}
+PROBE_GRACE = 15.0
+"""Seconds past the probe's own budget before the agent gives up on it."""
+
+
+def _seconds(d: Any) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def plan_dict(plan: agent_pb2.GangPlan) -> dict[str, Any]:
+    return {"epoch": plan.epoch, "rank": plan.rank, "size": plan.size, "gpus_per_node": plan.gpus_per_node,
+            "launcher": LAUNCHERS.get(plan.launcher, "Plain"), "step": STEPS.get(plan.step, "Assemble"),
+            "rendezvous_address": plan.rendezvous_address, "rendezvous_port": plan.rendezvous_port,
+            "peers": [{"rank": p.rank, "address": p.address, "port": p.port, "probe_port": p.probe_port}
+                      for p in plan.peers],
+            "probe_max_bytes": plan.probe_max_bytes or (16 << 20),
+            "probe_budget": _seconds(plan.probe_budget) if plan.HasField("probe_budget") else 30.0,
+            "startup_timeout": _seconds(plan.startup_timeout) if plan.HasField("startup_timeout") else 900.0}
+
+
+def _reserve(address: str, port: int = 0, listen: bool = True) -> socket.socket:
+    """A socket bound to `port` (0: any free one) of every interface: the port stays ours. The probe's
+    port listens (the probe takes the socket over); the rendezvous port is bound only, so a worker
+    waiting for rank 0's head is refused until the head itself listens there, never fooled by the
+    reservation."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        if listen:
+            s.listen(64)
+        s.set_inheritable(False)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+class Member:
+    """The in-memory half of one member (sockets and tasks); the durable half is `Attempt.gang`."""
+
+    def __init__(self) -> None:
+        self.rendezvous: socket.socket | None = None
+        self.probe: socket.socket | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def release(self) -> None:
+        for s in (self.rendezvous, self.probe):
+            if s is not None:
+                s.close()
+        self.rendezvous = self.probe = None
+
+
+class Gangs:
+    """The gang members of one agent."""
+
+    def __init__(self, agent: "Agent", address: str) -> None:
+        self.agent = agent
+        self.address = address
+        self.members: dict[str, Member] = {}
+
+    # -- joining -----------------------------------------------------------------------------------
+    def accept(self, att: "Attempt", a: agent_pb2.Assignment) -> None:
+        """A new member: its facts and its reserved ports (before anything of it runs)."""
+        plan = plan_dict(a.gang)
+        m = Member()
+        try:
+            m.rendezvous = _reserve(self.address, listen=False)
+            m.probe = _reserve(self.address)
+        except OSError:
+            m.release()
+            raise
+        self.members[att.id] = m
+        att.gang = {"epoch": plan["epoch"], "rank": plan["rank"], "size": plan["size"],
+                    "gpus_per_node": plan["gpus_per_node"], "launcher": plan["launcher"], "done": "",
+                    "address": self.address, "port": m.rendezvous.getsockname()[1],
+                    "probe_port": m.probe.getsockname()[1], "plan": plan}
+
+    def adopt(self, att: "Attempt") -> None:
+        """After an agent restart: reserve the same ports again (unless the member already started)."""
+        g = att.gang or {}
+        if not g or g.get("done") == "Start":
+            return
+        m = self.members[att.id] = Member()
+        try:
+            m.rendezvous = _reserve(self.address, int(g.get("port") or 0), listen=False)
+            m.probe = _reserve(self.address, int(g.get("probe_port") or 0))
+        except OSError as e:
+            log.warning("attempt %s: could not reserve its gang ports again: %s", att.id, e)
+
+    def forget(self, attempt_id: str) -> None:
+        m = self.members.pop(attempt_id, None)
+        if m is not None:
+            if m.task is not None:
+                m.task.cancel()
+            m.release()
+
+    # -- the steps ---------------------------------------------------------------------------------
+    def on_plan(self, plan: agent_pb2.GangPlan) -> None:
+        att = self.agent.attempts.get(plan.attempt_id)
+        if att is None or not att.gang or not att.live or att.stop is not None:
+            return
+        if plan.epoch != att.gang["epoch"]:
+            log.info("attempt %s: a plan for epoch %d ignored (the member is of epoch %d)", att.id, plan.epoch,
+                     att.gang["epoch"])
+            return
+        att.gang["plan"] = plan_dict(plan)
+        self.agent.persist(durable=False)
+        self.step(att)
+
+    def at_gate(self, att: "Attempt") -> None:
+        """The supervisor waits at its gate: the member is assembled."""
+        g = att.gang
+        if not g or g.get("done"):
+            return
+        g["done"] = "Assemble"
+        self.agent.persist()
+        self.agent.report(att)
+        log.info("attempt %s: gang rank %d of epoch %d assembled (%s, port %s, probe port %s)", att.id, g["rank"],
+                 g["epoch"], g["address"], g["port"], g["probe_port"])
+        self.step(att)
+
+    def step(self, att: "Attempt") -> None:
+        g = att.gang or {}
+        plan = g.get("plan") or {}
+        m = self.members.get(att.id)
+        if m is None or not g.get("done") or att.stop is not None:
+            return
+        if plan.get("step") == "Mesh" and g["done"] == "Assemble" and m.task is None:
+            m.task = asyncio.get_running_loop().create_task(self._mesh(att, m, plan), name=f"probe:{att.id}")
+        elif plan.get("step") == "Start" and g["done"] in ("Assemble", "Mesh") and (m.task is None or m.task.done()):
+            self._start(att, m, plan)
+
+    async def _mesh(self, att: "Attempt", m: Member, plan: dict[str, Any]) -> None:
+        g = att.gang or {}
+        budget = float(plan.get("probe_budget") or 30.0)
+        request = {"rank": g["rank"], "size": g["size"],
+                   "peers": [{"rank": p["rank"], "address": p["address"], "probe_port": p["probe_port"]}
+                             for p in plan.get("peers") or []],
+                   "store": {"address": plan.get("rendezvous_address"), "port": plan.get("rendezvous_port")},
+                   "backend": "auto", "max_bytes": int(plan.get("probe_max_bytes") or (16 << 20)),
+                   "budget_s": budget}
+        fds: tuple[int, ...] = ()
+        if m.probe is not None:
+            request["listen_fd"] = m.probe.fileno()
+            fds = (m.probe.fileno(),)
+        if g["rank"] == 0 and m.rendezvous is not None:
+            m.rendezvous.close()  # the probe's store binds it; reserved again afterwards
+            m.rendezvous = None
+        result: dict[str, Any] = {}
+        error = ""
+        proc: asyncio.subprocess.Process | None = None
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "nodus.agent.probe", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=fds)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(json.dumps(request).encode()), budget + PROBE_GRACE)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+                out, err = b"", b"the probe ran past its budget"
+            lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
+            if lines:
+                try:
+                    result = json.loads(lines[-1])
+                except ValueError:
+                    error = f"the probe's output was not JSON: {lines[-1][:200]}"
+            if not result and not error:
+                error = (err.decode(errors="replace").strip().splitlines() or ["the probe failed"])[-1][:300]
+        except OSError as e:
+            error = f"the probe could not start: {e}"
+        except asyncio.CancelledError:  # forgotten (stopped) meanwhile: the probe goes with it
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        finally:
+            if g["rank"] == 0 and m.rendezvous is None and self.members.get(att.id) is m:
+                try:
+                    m.rendezvous = _reserve(self.address, int(g["port"]), listen=False)
+                except OSError as e:
+                    log.warning("attempt %s: rendezvous port %s could not be reserved again: %s", att.id, g["port"], e)
+        self._send_probe(att, result, error or str(result.get("error") or ""))
+        if att.live and att.stop is None and att.gang is g:
+            g["done"] = "Mesh"
+            self.agent.persist()
+            self.agent.report(att)
+            m.task = None
+            self.step(att)
+
+    def _send_probe(self, att: "Attempt", result: dict[str, Any], error: str) -> None:
+        g = att.gang or {}
+        measured = Timestamp()
+        measured.FromNanoseconds(int(time.time() * 1e9))
+        probe = agent_pb2.ProbeResult(gang_id="", epoch=g["epoch"], attempt_id=att.id, rank=g["rank"],
+                                      measured_time=measured, error=error[:500])
+        if result.get("worst_rtt_ms") is not None:
+            probe.rtt_ms = f"{float(result['worst_rtt_ms']):.3f}"
+        if result.get("bus_gbps") is not None:
+            probe.bus_gbps = f"{float(result['bus_gbps']):.3f}"
+        probe.path = PATHS.get(str(result.get("path") or ""), common_pb2.NETWORK_PATH_UNSPECIFIED)
+        log.info("attempt %s: probe rank %d: rtt %s ms, busbw %s Gbit/s%s", att.id, g["rank"], probe.rtt_ms or "?",
+                 probe.bus_gbps or "?", f" ({error})" if error else "")
+        self.agent.link.send(probe_result=probe)
+
+    def _start(self, att: "Attempt", m: Member, plan: dict[str, Any]) -> None:
+        g = att.gang or {}
+        layout = self.agent.runtime.layout(att.id)
+        spec = read_json(layout.spec) or {}
+        try:
+            rendezvous = Rendezvous(str(plan.get("rendezvous_address") or ""), int(plan.get("rendezvous_port") or 0),
+                                    int(g["epoch"]))
+            member = MemberPlan(
+                rank=int(g["rank"]), topology=Topology(int(g["size"]), int(g.get("gpus_per_node") or 0)),
+                rendezvous=rendezvous, command=tuple(spec.get("command") or ()), env=dict(spec.get("env") or {}),
+                job=str(att.job.get("name", "")), project=str(att.job.get("project", "")), address=g.get("address", ""),
+                launcher_dir=str(layout.root / "launcher"),
+                startup_timeout_s=max(1, int(plan.get("startup_timeout") or 900)))
+            steps = launch(str(g.get("launcher") or "Plain"), member)
+        except ValueError as e:
+            log.warning("attempt %s: the launcher refused the plan: %s", att.id, e)
+            self.agent.stop(att.id, "LaunchFailed", 0, L.FAILED)
+            return
+        m.release()  # the program binds the rendezvous port now
+        write_json(layout.launch, GangLaunch(steps, rendezvous.endpoint, member.startup_timeout_s).to_json(),
+                   mode=0o600)
+        g["done"] = "Start"
+        self.agent.persist()
+        self.agent.report(att)
+        log.info("attempt %s: gang rank %d of epoch %d starts through %s (rendezvous %s)", att.id, g["rank"],
+                 g["epoch"], steps.launcher, rendezvous.endpoint)

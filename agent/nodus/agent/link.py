@@ -1,0 +1,183 @@
+"""The agent's end of AgentService: Register, then one Connect stream at a time, for ever.
+
+The conversation is agent.proto's header: Register (inventory) → Connect → Hello (full observed
+state) → the coordinator's FullState → changes both ways, every message numbered per stream and
+direction from 1, Heartbeat every heartbeat_interval. Any failure closes the stream; the link waits
+(exponential backoff with jitter, reset once a FullState arrived) and reconnects with a new Hello,
+so a lost message never leaves the two sides apart. FAILED_PRECONDITION (unknown or superseded
+session) is the only reason to Register again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from nodus.v1 import agent_pb2, agent_pb2_grpc
+
+from .backoff import Backoff
+from .blobs import BlobClient
+
+if TYPE_CHECKING:
+    from .daemon import Agent
+
+log = logging.getLogger("nodus.agent.link")
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+NOT_ACKED = ("ack", "lease_renewal")
+
+
+class StreamEnded(Exception):
+    pass
+
+
+def _seconds(d: Any) -> float:
+    return float(d.seconds + d.nanos / 1e9)
+
+
+class Link:
+    def __init__(self, agent: "Agent", target: str, token: str, *, backoff: Backoff, tls_ca: bytes | None = None,
+                 register_timeout: float = 15.0) -> None:
+        self.agent = agent
+        self.target = target
+        self.metadata = (("authorization", f"Bearer {token}"),)
+        if tls_ca is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self.channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self.blobs = BlobClient(self.channel, self.metadata)
+        self.backoff = backoff
+        self.register_timeout = register_timeout
+        self.session: agent_pb2.RegisterResponse | None = None
+        self.connected = asyncio.Event()
+        """Set while a stream is open and its FullState has arrived."""
+        self.stream_id = 0
+        self._seq = 0
+        self._queue: asyncio.Queue[agent_pb2.AgentMessage] | None = None
+        self._last_error = ""
+
+    @property
+    def heartbeat_interval(self) -> float:
+        if self.session is not None and self.session.HasField("heartbeat_interval"):
+            return max(0.05, _seconds(self.session.heartbeat_interval))
+        return 5.0
+
+    @property
+    def lease_duration(self) -> float:
+        if self.session is not None and self.session.HasField("lease_duration"):
+            return _seconds(self.session.lease_duration)
+        return 0.0
+
+    def send(self, **message: Any) -> int | None:
+        """Queues one message on the open stream; returns its seq, or None when no stream is open."""
+        if self._queue is None:
+            return None
+        self._seq += 1
+        self._queue.put_nowait(agent_pb2.AgentMessage(seq=self._seq, **message))
+        return self._seq
+
+    async def close(self) -> None:
+        await self.channel.close(grace=None)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if self.session is None:
+                    await self._register()
+                await self._converse()
+                self._note("the coordinator closed the stream")
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.info("session %s is unknown or superseded (%s); registering again",
+                             self.session.session_id if self.session else "-", e.details())
+                    self.session = None
+                elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self._note(f"the coordinator refused the join token: {e.details()}", logging.ERROR)
+                    self.session = None
+                else:
+                    self._note(f"coordinator {self.target} unavailable: {code.name}: {e.details()}")
+            except StreamEnded as e:
+                self._note(str(e))
+            finally:
+                self._queue = None
+                self.connected.clear()
+            delay = self.backoff.next()
+            log.debug("reconnecting in %.2fs", delay)
+            await asyncio.sleep(delay)
+
+    def _note(self, text: str, level: int = logging.WARNING) -> None:
+        """Logs a connection problem once, not on every retry."""
+        if text != self._last_error:
+            log.log(level, "%s", text)
+            self._last_error = text
+
+    async def _register(self) -> None:
+        inventory = await asyncio.to_thread(self.agent.inventory)
+        req = agent_pb2.RegisterRequest(node_name=self.agent.node_name, inventory=inventory)
+        self.session = await self.stub.Register(req, metadata=self.metadata, timeout=self.register_timeout)
+        log.info("registered node %s as %s (session %s, epoch %d, lease %.1fs, heartbeat %.1fs)",
+                 self.agent.node_name, self.session.node_id, self.session.session_id, self.session.epoch,
+                 self.lease_duration, self.heartbeat_interval)
+
+    async def _converse(self) -> None:
+        assert self.session is not None
+        call = self.stub.Connect(metadata=self.metadata)
+        self.stream_id += 1
+        self._seq = 0
+        queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        self._queue = queue
+        hello = self.agent.hello(self.session, self.stream_id, hello_seq=1)
+        self.send(hello=hello)
+        tasks = [asyncio.create_task(self._write(call, queue), name="link-write"),
+                 asyncio.create_task(self._read(call), name="link-read"),
+                 asyncio.create_task(self._heartbeat(), name="link-heartbeat")]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # raises what ended the stream
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            call.cancel()
+
+    async def _write(self, call: Any, queue: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
+        while True:
+            msg = await queue.get()
+            await call.write(msg)
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("message")
+            if kind == "full_state":
+                self.backoff.reset()
+                self._last_error = ""
+                self.connected.set()
+            self.agent.on_message(msg, self.stream_id)
+            if kind not in NOT_ACKED:
+                self.send(ack=agent_pb2.Ack(seq=msg.seq))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            gpus = await asyncio.to_thread(self.agent.nvml.read)
+            ts = Timestamp()
+            ts.FromNanoseconds(time.time_ns())
+            self.send(heartbeat=agent_pb2.Heartbeat(time=ts, gpus=gpus,
+                                                    disk_free_bytes=self.agent.disk_free()))

@@ -1,0 +1,181 @@
+"""GPUs through NVML (`nvidia-ml-py`, imported as `pynvml`).
+
+Every reading is optional: a counter a GPU does not support (NVML_ERROR_NOT_SUPPORTED, or any other
+NVML error) stays at its zero value instead of failing the whole GPU. Without NVML (no library, no
+driver, init failing) the host simply has no GPUs, said once in an info line.
+
+Xid errors arrive through an NVML event set; a daemon thread waits on it and keeps the last 64 per
+GPU, which every reading carries (`Gpu.xid_events`).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from nodus.v1 import common_pb2
+
+log = logging.getLogger("nodus.agent.nvml")
+
+XID_KEEP = 64
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class Nvml:
+    """One NVML session for the agent's life."""
+
+    def __init__(self, module: Any = None) -> None:
+        self.nv: Any = None
+        self.handles: list[Any] = []
+        self.driver_version = ""
+        self.cuda_version = ""
+        self.xids: dict[int, collections.deque[common_pb2.XidEvent]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            nv = module
+            if nv is None:
+                import pynvml as nv  # type: ignore[no-redef]
+            nv.nvmlInit()
+        except Exception as e:  # noqa: BLE001 - no library, no driver, no device: no GPUs
+            log.info("NVML unavailable (%s): this host reports no GPUs", e)
+            return
+        self.nv = nv
+        try:
+            count = nv.nvmlDeviceGetCount()
+            self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except Exception as e:  # noqa: BLE001
+            log.info("NVML could not list GPUs (%s): this host reports no GPUs", e)
+            self.handles = []
+        self.driver_version = _text(self._try(nv.nvmlSystemGetDriverVersion, default=""))
+        cuda = self._try(nv.nvmlSystemGetCudaDriverVersion, default=0)
+        if cuda:
+            self.cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+        self.xids = {i: collections.deque(maxlen=XID_KEEP) for i in range(len(self.handles))}
+
+    @property
+    def available(self) -> bool:
+        return self.nv is not None
+
+    def _try(self, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: leave the field unset
+            return default
+
+    def read(self) -> list[common_pb2.Gpu]:
+        """Every GPU's identity and current health readings, ordered by index."""
+        if self.nv is None:
+            return []
+        return [self._gpu(i, h) for i, h in enumerate(self.handles)]
+
+    def _gpu(self, index: int, h: Any) -> common_pb2.Gpu:
+        nv, t = self.nv, self._try
+        gpu = common_pb2.Gpu(index=index, name=_text(t(nv.nvmlDeviceGetName, h, default="")),
+                             uuid=_text(t(nv.nvmlDeviceGetUUID, h, default="")))
+        mem = t(nv.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            gpu.memory_bytes = int(mem.total)
+        corrected, uncorrected = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        volatile, aggregate = nv.NVML_VOLATILE_ECC, nv.NVML_AGGREGATE_ECC
+        gpu.ecc.volatile_corrected = int(t(nv.nvmlDeviceGetTotalEccErrors, h, corrected, volatile, default=0))
+        gpu.ecc.volatile_uncorrected = int(t(nv.nvmlDeviceGetTotalEccErrors, h, uncorrected, volatile, default=0))
+        gpu.ecc.aggregate_corrected = int(t(nv.nvmlDeviceGetTotalEccErrors, h, corrected, aggregate, default=0))
+        gpu.ecc.aggregate_uncorrected = int(t(nv.nvmlDeviceGetTotalEccErrors, h, uncorrected, aggregate, default=0))
+        rows = t(nv.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            gpu.remapped_rows.correctable = int(corr)
+            gpu.remapped_rows.uncorrectable = int(unc)
+            gpu.remapped_rows.pending = bool(pending)
+            gpu.remapped_rows.failure = bool(failure)
+        gpu.temperature_c = int(t(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU, default=0))
+        milliwatts = t(nv.nvmlDeviceGetPowerUsage, h)
+        if milliwatts is not None:
+            gpu.power_w = f"{milliwatts / 1000:.1f}"
+        gpu.pcie.generation = int(t(nv.nvmlDeviceGetCurrPcieLinkGeneration, h, default=0))
+        gpu.pcie.width = int(t(nv.nvmlDeviceGetCurrPcieLinkWidth, h, default=0))
+        gpu.pcie.max_generation = int(t(nv.nvmlDeviceGetMaxPcieLinkGeneration, h, default=0))
+        gpu.pcie.max_width = int(t(nv.nvmlDeviceGetMaxPcieLinkWidth, h, default=0))
+        gpu.nvlink_active_links = self._nvlinks(h)
+        with self._lock:
+            gpu.xid_events.extend(self.xids.get(index, ()))
+        return gpu
+
+    def _nvlinks(self, h: Any) -> int:
+        nv = self.nv
+        active = 0
+        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                if nv.nvmlDeviceGetNvLinkState(h, link) == nv.NVML_FEATURE_ENABLED:
+                    active += 1
+            except Exception:  # noqa: BLE001 - past the last link, or no NVLink at all
+                break
+        return active
+
+    # -- Xid events --------------------------------------------------------------------------------
+    def start_xid_watch(self) -> None:
+        if self.nv is None or not self.handles or self._thread is not None:
+            return
+        nv = self.nv
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except Exception as e:  # noqa: BLE001
+            log.info("NVML events unavailable (%s): no Xid reporting", e)
+            return
+        registered = 0
+        for h in self.handles:
+            try:
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, event_set)
+                registered += 1
+            except Exception:  # noqa: BLE001 - e.g. not supported on this GPU
+                continue
+        if not registered:
+            self._try(nv.nvmlEventSetFree, event_set)
+            return
+        self._thread = threading.Thread(target=self._watch, args=(event_set,), name="nvml-xid", daemon=True)
+        self._thread.start()
+
+    def _watch(self, event_set: Any) -> None:
+        nv = self.nv
+        while not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait_v2(event_set, 1000)
+            except Exception as e:  # noqa: BLE001
+                if getattr(e, "value", None) == getattr(nv, "NVML_ERROR_TIMEOUT", object()):
+                    continue
+                if self._stop.wait(1.0):
+                    break
+                continue
+            self.record_xid(data)
+        self._try(nv.nvmlEventSetFree, event_set)
+
+    def record_xid(self, data: Any) -> None:
+        """Files one NVML event (device handle, eventType, eventData = the Xid code) under its GPU."""
+        index = next((i for i, h in enumerate(self.handles) if h == data.device), None)
+        if index is None:
+            index = int(self._try(self.nv.nvmlDeviceGetIndex, data.device, default=-1))
+        if index not in self.xids:
+            return
+        ts = Timestamp()
+        ts.FromNanoseconds(time.time_ns())
+        event = common_pb2.XidEvent(code=int(data.eventData), time=ts)
+        with self._lock:
+            self.xids[index].append(event)
+        log.warning("GPU %d: Xid %d", index, event.code)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self.nv is not None:
+            self._try(self.nv.nvmlShutdown)
+            self.nv = None

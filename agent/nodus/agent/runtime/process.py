@@ -1,0 +1,408 @@
+"""The process runtime: attempts run as plain processes in the node's own environment.
+
+The runtime prepares an attempt's directories, secret files and `run/spec.json`, then spawns the
+attempt's supervisor (`nodus.agent.supervisor`) in its own session with the supervisor lock already
+held, and hands secret values to it over a pipe, so they never touch the disk except as the secret
+mounts the Job asked for. Everything after the spawn is the supervisor's; the runtime only reads
+`run/status.json`, probes the lock, writes stop requests and cleans up.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from nodus.v1 import agent_pb2, common_pb2
+
+from ..cgroups import DEFAULT_FS, Cgroup
+from ..checkpointing import handshake_dir, handshake_env
+from ..inputs import working_dir
+from ..layout import AttemptLayout, safe_name
+from ..statefile import read_json, write_json
+from ..zygote import Zygote, ZygoteError
+
+log = logging.getLogger("nodus.agent.runtime")
+
+# What a workload inherits from the agent's environment; everything else is the Assignment's.
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "LD_LIBRARY_PATH")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Refused(Exception):
+    """The runtime cannot run this assignment at all (the attempt fails with `reason`)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def cgroups_fs() -> str:
+    return str(DEFAULT_FS)
+
+
+def _seconds(d: Any) -> float:
+    return float(d.seconds + d.nanos / 1e9)
+
+
+def _env_name(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).upper()
+
+
+def attempt_env(a: agent_pb2.Assignment, layout: AttemptLayout, base: Mapping[str, str],
+                host_gpus: int = 0) -> dict[str, str]:
+    """The main command's environment, without secret values (those travel to the supervisor apart)."""
+    env = {k: base[k] for k in PASSED_ENV if k in base}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env["HOME"] = str(layout.root)
+    env["TMPDIR"] = str(layout.tmp)
+    env.update(a.env)
+    identity = {"NODUS_INDEX": str(a.index), "JOB_COMPLETION_INDEX": str(a.index), "NODUS_PROJECT": a.job.project,
+                "NODUS_JOB": a.job.name, "NODUS_ATTEMPT": a.attempt_id,
+                "NODUS_ATTEMPT_NUMBER": str(a.attempt_number)}
+    for k, v in identity.items():
+        env.setdefault(k, v)
+    env.update({"NODUS_STATE_DIR": str(layout.state), "NODUS_INPUTS_DIR": str(layout.inputs),
+                "NODUS_OUTPUTS_DIR": str(layout.outputs), "NODUS_PROGRESS": str(layout.progress),
+                "NODUS_READY_FILE": str(layout.ready / "main")})
+    env.update(handshake_env(layout))  # the checkpoint handshake's request and answer files (recovery)
+    if a.secrets:
+        env["NODUS_SECRETS_DIR"] = str(layout.secrets)
+    for vol in a.volumes:
+        env[f"NODUS_VOLUME_{_env_name(vol.volume)}"] = str(layout.volumes / vol.volume)
+    if a.gpu_indexes:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.gpu_indexes)
+    elif host_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU was reserved for this attempt
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadUser:
+    """The account attempts run as (the agent runs as root to manage cgroups)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def lookup(cls, name: str) -> "WorkloadUser":
+        import pwd
+
+        try:
+            pw = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
+        except KeyError:
+            raise ValueError(f"workload user {name!r} does not exist on this host") from None
+        return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+
+    def as_spec(self) -> dict[str, Any]:
+        return {"name": self.name, "uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
+
+
+def supervisor_spec(a: agent_pb2.Assignment, layout: AttemptLayout, env: dict[str, str], *,
+                    cgroup_root: str, cgroups: bool, stop_grace: float, cgroup_name: str = "",
+                    user: WorkloadUser | None = None) -> dict[str, Any]:
+    """run/spec.json: what the supervisor runs. Secret values are never in it."""
+    secret_names = {s.name for s in a.secret_env}
+    init = None
+    if a.HasField("init_command") and a.init_command.command:
+        init = {"command": list(a.init_command.command),
+                "timeout": _seconds(a.init_command.timeout) if a.init_command.HasField("timeout") else 1800}
+    sidecars = []
+    for sc in a.sidecars:
+        sidecars.append({"name": sc.name, "command": list(sc.command), "env": dict(sc.env),
+                         "startup_timeout": _seconds(sc.startup_timeout) if sc.HasField("startup_timeout") else 60})
+    return {
+        "attempt_id": a.attempt_id,
+        "command": [*a.command, *a.args],
+        "env": {k: v for k, v in env.items() if k not in secret_names},
+        "working_dir": str(working_dir(a, layout)),
+        "init": init,
+        "sidecars": sidecars,
+        # fromRanks Zero (the default) is collected on rank 0 only; All on every rank, as rank-N.
+        "outputs": [{"name": o.name, "path": o.path} for o in a.outputs
+                    if not a.HasField("gang") or a.gang.rank == 0 or o.all_ranks],
+        "resources": {"memory_bytes": a.resources.memory_bytes, "cpu_millis": a.resources.cpu_millis},
+        "cgroup_root": cgroup_root,
+        "cgroup_name": cgroup_name or layout.root.name,
+        "cgroups": cgroups,
+        "stop_grace": stop_grace,
+        "secret_env_names": sorted(secret_names),
+        "user": user.as_spec() if user else None,
+        "checkpoint": {"paths": list(a.checkpoint.paths), "max_size_bytes": a.checkpoint.max_size_bytes,
+                       "integration": a.checkpoint.integration,
+                       "format": a.checkpoint.format} if a.HasField("checkpoint") else None,
+        # A gang member waits at its gate after the init command and sidecars until the agent writes
+        # run/launch.json (the launcher's steps, once the gang assembled).
+        "gang": {"epoch": a.gang.epoch, "rank": a.gang.rank} if a.HasField("gang") else None,
+    }
+
+
+def write_secret_mounts(a: agent_pb2.Assignment, layout: AttemptLayout, user: WorkloadUser | None = None) -> None:
+    """Each SecretMount becomes run/secrets/<name>/<key>, mode 0400, in a 0500 directory (the workload's)."""
+    for mount in a.secrets:
+        if not mount.data:
+            continue
+        name = safe_name(mount.name)
+        d = layout.secrets / name
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for key, value in mount.data.items():
+            if not key or "/" in key or key in (".", ".."):
+                continue
+            path = d / key
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
+            try:
+                os.write(fd, value)
+                if user:
+                    os.fchown(fd, user.uid, user.gid)
+            finally:
+                os.close(fd)
+        d.chmod(0o500)
+        if user:
+            os.chown(d, user.uid, user.gid)
+    if layout.secrets.exists():
+        layout.secrets.chmod(0o500)
+        if user:
+            os.chown(layout.secrets, user.uid, user.gid)
+
+
+@dataclass(slots=True)
+class Spawned:
+    """A supervisor just started: our child (a cold spawn, to reap) or the zygote's (nothing to reap)."""
+
+    pid: int | None
+    proc: subprocess.Popen[bytes] | None = None
+
+
+class ProcessRuntime:
+    """Runs attempts without images, each under its own supervisor process."""
+
+    runtime = common_pb2.RUNTIME_PROCESS
+
+    def __init__(self, work_dir: Path, *, notify_address: str | None = None, cgroup_root: str = "nodus",
+                 cgroups: bool = True, stop_grace: float = 10.0, python: str = sys.executable,
+                 host_gpus: int = 0, base_env: Mapping[str, str] | None = None, workload_user: str = "",
+                 zygote: bool = True) -> None:
+        self.work_dir = work_dir
+        self.notify_address = notify_address
+        self.cgroup_root = cgroup_root
+        self.cgroups = cgroups
+        self.stop_grace = stop_grace
+        self.python = python
+        self.host_gpus = host_gpus
+        self.base_env = dict(base_env if base_env is not None else os.environ)
+        self.user = WorkloadUser.lookup(workload_user) if workload_user else None
+        # Attempt ids are unique in a cluster, not on a host that runs agents of several clusters
+        # (tests, development): the work dir's digest keeps their cgroups apart.
+        self.scope = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:8]
+        self.zygote = Zygote(python, self._supervisor_env(), work_dir / "zygote.log") if zygote else None
+
+    def layout(self, attempt_id: str) -> AttemptLayout:
+        return AttemptLayout.of(self.work_dir, attempt_id)
+
+    def check(self, a: agent_pb2.Assignment) -> None:
+        """Raises Refused for what the process runtime cannot run."""
+        if a.image:
+            raise Refused("ImageUnsupported", f"this node runs the process runtime, which cannot run images "
+                                              f"(the Job names image {a.image}); place it on a node with the "
+                                              f"oci runtime or drop spec.image")
+        for sc in a.sidecars:
+            if sc.image:
+                raise Refused("ImageUnsupported", f"sidecar {sc.name} names image {sc.image}, which the process "
+                                                  f"runtime cannot run")
+            if not sc.command:
+                raise Refused("SidecarFailed", f"sidecar {sc.name} has no command (the process runtime has no "
+                                               f"image entrypoint to fall back on)")
+        if not a.command and not a.args:
+            raise Refused("Error", "the Job has no command (the process runtime has no image entrypoint to fall "
+                                   "back on)")
+
+    def prepare(self, a: agent_pb2.Assignment) -> AttemptLayout:
+        layout = self.layout(a.attempt_id)
+        layout.make()
+        layout.progress.touch()
+        handshake_dir(layout).mkdir(exist_ok=True)
+        if self.user is not None:
+            # The attempt directory is the default working directory: the workload may create files
+            # there, but (sticky bit) not move or remove what the agent put there.
+            os.chown(layout.root, 0, self.user.gid)
+            layout.root.chmod(0o1770)
+            layout.run.chmod(0o711)  # the workload reaches its own entries in run/, lists nothing
+            for d in (layout.state, layout.outputs, layout.tmp, layout.ready, layout.progress, handshake_dir(layout)):
+                os.chown(d, self.user.uid, self.user.gid)
+        return layout
+
+    def write_spec(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
+        write_secret_mounts(a, layout, self.user)
+        env = attempt_env(a, layout, self.base_env, self.host_gpus)
+        spec = supervisor_spec(a, layout, env, cgroup_root=self.cgroup_root, cgroup_name=self.cgroup_name(layout),
+                               cgroups=self.cgroups, stop_grace=self.stop_grace, user=self.user)
+        # Not fsynced: the supervisor reads it at once, and a host crash ends the attempt anyway.
+        write_json(layout.spec, spec, mode=0o600, durable=False)
+
+    @property
+    def notify_arg(self) -> str | None:
+        """The notify address as it travels on a command line (an abstract socket's NUL as "@")."""
+        addr = self.notify_address
+        if addr and addr.startswith("\0"):
+            return "@" + addr[1:]
+        return addr
+
+    def start_zygote(self) -> None:
+        if self.zygote is not None:
+            try:
+                self.zygote.start()
+            except OSError as e:
+                log.warning("supervisor zygote unavailable (%s): attempts start cold", e)
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+
+    def cgroup_name(self, layout: AttemptLayout) -> str:
+        return f"{self.scope}-{layout.root.name}"
+
+    def probe_cgroups(self) -> None:
+        """Says once, at start, whether attempts will get cgroups (each supervisor's log says it again)."""
+        if not self.cgroups:
+            log.info("cgroups disabled (--cgroups false): attempts run without memory limits or OOM detection")
+            return
+        probe = Cgroup.create(self.cgroup_root, f"probe-{os.getpid()}")
+        try:
+            if probe.missing:
+                log.warning("attempts run without some cgroup controllers: %s", ", ".join(probe.missing))
+            else:
+                log.info("attempts run in cgroup v%d under %s/%s (%s)", probe.version, cgroups_fs(),
+                         self.cgroup_root, ", ".join(sorted(probe.paths)))
+        finally:
+            probe.remove()
+
+    def _lock(self, layout: AttemptLayout) -> int:
+        fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def spawn(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> Spawned:
+        """Starts the attempt's supervisor with the lock held from before the fork; blocking (use a thread).
+
+        Through the zygote when it works, else cold. Never twice: when the zygote fails after it may
+        have forked, the lock tells whether a supervisor got it.
+        """
+        secrets = {"env": {s.name: s.value for s in a.secret_env},
+                   "sidecars": {sc.name: {s.name: s.value for s in sc.secret_env} for sc in a.sidecars if sc.secret_env}}
+        if self.zygote is not None:
+            lock_fd = self._lock(layout)
+            try:
+                return Spawned(self.zygote.spawn(str(layout.root), self.notify_arg, secrets, lock_fd))
+            except ZygoteError as e:
+                log.warning("attempt %s: %s; starting its supervisor cold", a.attempt_id, e)
+            finally:
+                os.close(lock_fd)
+            if self.supervisor_alive(layout):
+                return Spawned(None)  # the zygote forked it before it failed: it runs
+        return self._spawn_cold(layout, secrets)
+
+    def _spawn_cold(self, layout: AttemptLayout, secrets: dict[str, Any]) -> Spawned:
+        lock_fd = self._lock(layout)
+        try:
+            argv = [self.python, "-m", "nodus.agent.supervisor", str(layout.root), "--lock-fd", str(lock_fd)]
+            if self.notify_arg:
+                argv += ["--notify", self.notify_arg]
+            with open(layout.run / "supervisor.log", "ab") as out:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True, pass_fds=(lock_fd,), close_fds=True,
+                                        env=self._supervisor_env())
+        finally:
+            os.close(lock_fd)  # the supervisor's copy keeps the lock
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(secrets).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; its missing status says so
+        return Spawned(proc.pid, proc)
+
+    def _supervisor_env(self) -> dict[str, str]:
+        env = {k: v for k, v in self.base_env.items() if k in PASSED_ENV or k.startswith("PYTHON")}
+        env.setdefault("PATH", DEFAULT_PATH)
+        if "NODUS_CGROUP_FS" in self.base_env:
+            env["NODUS_CGROUP_FS"] = self.base_env["NODUS_CGROUP_FS"]
+        return env
+
+    # -- observing ---------------------------------------------------------------------------------
+    @staticmethod
+    def supervisor_alive(layout: AttemptLayout) -> bool:
+        """Whether a supervisor holds the attempt's lock (pid reuse cannot fool a lock)."""
+        try:
+            fd = os.open(layout.lock, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def read_status(layout: AttemptLayout) -> dict[str, Any] | None:
+        return read_json(layout.status)
+
+    def request_stop(self, layout: AttemptLayout, reason: str, grace: float, phase: str = "CANCELLED") -> None:
+        """Writes the stop request, then wakes the supervisor with SIGTERM."""
+        write_json(layout.cancel, {"reason": reason, "grace_seconds": grace, "phase": phase}, mode=0o600)
+        status = read_json(layout.status) or {}
+        pid = status.get("supervisor_pid")
+        if pid and self.supervisor_alive(layout):
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def kill_leftovers(self, layout: AttemptLayout) -> None:
+        """After a supervisor died abnormally: kill whatever of the attempt still runs."""
+        status = read_json(layout.status) or {}
+        for pgid in status.get("process_groups") or []:
+            try:
+                os.killpg(int(pgid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+        cg = Cgroup.locate(self.cgroup_root, self.cgroup_name(layout))
+        cg.kill_all()
+        cg.remove()
+
+    @staticmethod
+    def remove(layout: AttemptLayout) -> None:
+        def onerror(func: Any, path: str, exc: Any) -> None:
+            try:
+                os.chmod(os.path.dirname(path), 0o700)
+                func(path)
+            except OSError:
+                pass
+
+        for p in [layout.secrets, *layout.secrets.glob("*")] if layout.secrets.exists() else []:
+            try:
+                p.chmod(0o700)
+            except OSError:
+                pass
+        shutil.rmtree(layout.root, onerror=onerror)

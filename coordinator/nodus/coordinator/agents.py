@@ -1,0 +1,673 @@
+"""AgentService, the coordinator's side of agent.proto: Register, and one Connect stream per node.
+
+Register checks the join token, creates or updates the node (a new session: epoch + 1) and renews its
+lease; a stream of an older session is closed with FAILED_PRECONDITION, so a stale agent cannot act.
+
+Connect expects Hello first (unknown or superseded session: FAILED_PRECONDITION, and the agent
+registers again), folds everything the Hello reports into the Attempts, and answers FullState: every
+attempt placed on the node that should run, every one that should stop (spec.stop, or one the agent
+still runs that the coordinator already gave up: Lost and replaced, deleted, or placed elsewhere).
+From then on the stream sends what changes, computed as a diff between the node's desired state
+(from the cache, fed by the store) and what this stream already said; and it takes Heartbeats
+(renew the lease, answered with LeaseRenewal), AttemptUpdates and Progress (folded into the Attempt,
+then acknowledged once durable) and Acks. A reconnect starts from scratch both ways, and every fold
+is idempotent, so a resent report never counts twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+from .clock import Clock, parse, rfc3339
+from . import checkpoints
+from .controllers import assignment
+from .controllers import gang as gangs
+from .controllers.attempts import (GANG_STEPS, PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_probe,
+                                   fold_progress, fold_report, phase_of)
+from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
+from .controllers.interruptions import Interruptions
+from .controllers.objects import Objects
+from .errors import NodusError, new_request_id
+from .grpc_api import status_for
+from .identity import Identity
+from .nodes import NodeRegistry
+from .vault import Vault
+
+log = logging.getLogger("nodus.agents")
+
+HELLO_TIMEOUT = 30.0
+_END = object()
+
+
+def _seconds(ts: timestamp_pb2.Timestamp) -> float | None:
+    return ts.ToNanoseconds() / 1e9 if (ts.seconds or ts.nanos) else None
+
+
+def _duration(secs: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(secs * 1e9)))
+    return d
+
+
+PATH_WORDS = {common_pb2.NETWORK_PATH_PRIVATE: "Private", common_pb2.NETWORK_PATH_PUBLIC: "Public",
+              common_pb2.NETWORK_PATH_DIRECT: "Direct", common_pb2.NETWORK_PATH_RELAYED: "Relayed"}
+"""common.proto NetworkPath numbers to the words of status.gang (the GangService maps them back)."""
+_STEP_NUMBERS = {gangs.ASSEMBLE: agent_pb2.GANG_STEP_ASSEMBLE, gangs.MESH: agent_pb2.GANG_STEP_MESH,
+                 gangs.START: agent_pb2.GANG_STEP_START}
+LAUNCHER_NUMBERS = {"Plain": common_pb2.LAUNCHER_PLAIN, "Torchrun": common_pb2.LAUNCHER_TORCHRUN,
+                    "Ray": common_pb2.LAUNCHER_RAY, "Verl": common_pb2.LAUNCHER_VERL,
+                    "Accelerate": common_pb2.LAUNCHER_ACCELERATE, "Deepspeed": common_pb2.LAUNCHER_DEEPSPEED}
+"""spec.distributed.launcher words to common.proto Launcher numbers."""
+
+
+def _gang_report(u: agent_pb2.AttemptUpdate) -> dict[str, Any] | None:
+    if not u.HasField("gang"):
+        return None
+    g = u.gang
+    step = GANG_STEPS[g.done] if 0 <= g.done < len(GANG_STEPS) else ""
+    return {"epoch": g.epoch, "done": step, "address": g.address, "port": g.port, "probePort": g.probe_port}
+
+
+def _gang_facts(obj: dict[str, Any] | None) -> Any:
+    """What of a gang member its siblings' plans depend on (None: it does not exist)."""
+    if obj is None:
+        return None
+    return (obj["spec"].get("node"), (obj.get("status") or {}).get("gang"), phase_of(obj).terminal)
+
+
+def probe_of(p: agent_pb2.ProbeResult) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if p.rtt_ms:
+        out["rttMs"] = p.rtt_ms
+    if p.bus_gbps:
+        out["busGbps"] = p.bus_gbps
+    if p.path in PATH_WORDS:
+        out["path"] = PATH_WORDS[p.path]
+    if p.HasField("measured_time"):
+        out["measuredTime"] = rfc3339(p.measured_time.ToNanoseconds() / 1e9)
+    if p.error:
+        out["error"] = p.error[:500]
+    return out
+
+
+def plan_message(plan: gangs.Plan, config: gangs.GangConfig) -> agent_pb2.GangPlan:
+    return agent_pb2.GangPlan(
+        attempt_id=plan.attempt_id, gang_id=plan.gang_id, epoch=plan.epoch, rank=plan.rank, size=plan.size,
+        gpus_per_node=plan.gpus_per_node, launcher=LAUNCHER_NUMBERS.get(plan.launcher, common_pb2.LAUNCHER_PLAIN),
+        rendezvous_address=plan.rendezvous_address, rendezvous_port=plan.rendezvous_port,
+        step=_STEP_NUMBERS[plan.step],
+        peers=[agent_pb2.GangPeer(rank=r, address=a, port=p, probe_port=pp) for r, a, p, pp in plan.peers],
+        probe_max_bytes=config.probe_max_bytes, probe_budget=_duration(config.probe_budget_seconds),
+        startup_timeout=_duration(plan.startup_timeout))
+
+
+def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:
+    phase = PROTO_PHASES.get(u.phase)
+    if phase is None:
+        return None
+    return Report(gang=_gang_report(u), phase=phase, exit_code=u.exit_code if u.HasField("exit_code") else None, reason=u.reason,
+                  message=u.message, start_time=_seconds(u.start_time), finish_time=_seconds(u.finish_time),
+                  oom_killed=u.oom_killed, time=_seconds(u.time), inputs_ready_time=_seconds(u.inputs_ready_time),
+                  restored_from_seq=u.restored_from_seq,
+                  outputs=tuple({"name": o.name, "path": o.path, "rank": o.rank, "uri": o.uri, "sha256": o.sha256,
+                                 "size": o.size_bytes} for o in u.outputs))
+
+
+def progress_of(p: agent_pb2.Progress) -> ProgressReport:
+    return ProgressReport(stage=p.stage, units_completed=p.units_completed, units_total=p.units_total,
+                          metrics=dict(p.metrics), step=p.step, total_steps=p.total_steps,
+                          tokens_per_second=p.tokens_per_second, gpu_memory_bytes=p.gpu_memory_bytes,
+                          time=_seconds(p.time))
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, registry: NodeRegistry, objects: Objects, identity: Identity, vault: Vault,
+                 clock: Clock, gang_config: gangs.GangConfig = gangs.GangConfig(),
+                 interruptions: Interruptions | None = None) -> None:
+        self.registry, self.objects, self.identity, self.vault, self.clock = registry, objects, identity, vault, clock
+        self.gang_config = gang_config
+        self.cache: Cache = registry.cache
+        self.interruptions = interruptions or Interruptions(self.cache, clock)
+        self.sessions: dict[str, Session] = {}
+        self.cache.listen(ATTEMPTS, self._on_attempt)
+        self.cache.listen(NODES, self._on_node)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        for obj in (old, new):
+            node = ((obj or {}).get("spec") or {}).get("node")
+            if node and node in self.sessions:
+                self.sessions[node].dirty.set()
+        obj = new or old or {}
+        if (obj.get("spec") or {}).get("gang") and _gang_facts(old) != _gang_facts(new):
+            # A member's gang report (or a member coming or going) can move every member's step: wake
+            # the streams of the whole gang. Progress lines and other folds do not.
+            for sibling in self.cache.attempts_of(obj["metadata"]["namespace"], obj["spec"].get("job", "")):
+                node = (sibling.get("spec") or {}).get("node")
+                if node and node in self.sessions:
+                    self.sessions[node].dirty.set()
+
+    def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        session = self.sessions.get(key[len(NODES):])
+        if session is not None and (new is None or new.get("sessionId") != session.session_id):
+            session.end(NodusError("StaleSession", "a newer registration of this node superseded the session"))
+
+    async def _auth(self, context: grpc.aio.ServicerContext) -> None:
+        await self.identity.verify_join_token(dict(context.invocation_metadata()).get("authorization"))
+
+    async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext) -> Any:
+        rid = new_request_id()
+        try:
+            await self._auth(context)
+            name = request.node_name
+            if not name or len(name) > 253 or not all(c.isalnum() or c in "-._" for c in name):
+                raise NodusError("BadRequest", f"node name {name!r} is not valid",
+                                 fix="use --node with letters, digits, '-', '.' or '_' (at most 253)")
+            node = await self.registry.register(name, request.inventory)
+        except NodusError as e:
+            await context.abort_with_status(status_for(e, rid))
+            raise  # unreachable: abort raises
+        log.info("node %s registered: session epoch %d", name, node["epoch"])
+        return agent_pb2.RegisterResponse(node_id=node["id"], session_id=node["sessionId"], epoch=node["epoch"],
+                                          lease_duration=_duration(self.registry.leases.duration),
+                                          heartbeat_interval=_duration(self.registry.heartbeat_interval))
+
+    async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        rid = new_request_id()
+        try:
+            await self._auth(context)
+            try:
+                first = await asyncio.wait_for(request_iterator.__anext__(), HELLO_TIMEOUT)
+            except (StopAsyncIteration, asyncio.TimeoutError):
+                raise NodusError("BadRequest", "the stream must start with Hello", fix="send Hello first") from None
+            if first.WhichOneof("message") != "hello":
+                raise NodusError("BadRequest", "the stream must start with Hello", fix="send Hello first")
+            hello = first.hello
+            node = self.registry.node_by_id(hello.node_id)
+            if node is None or node.get("sessionId") != hello.session_id or node.get("epoch") != hello.epoch:
+                raise NodusError("StaleSession", f"session {hello.session_id or '?'} (epoch {hello.epoch}) of node "
+                                 f"{hello.node_id or '?'} is unknown or superseded")
+        except NodusError as e:
+            await context.abort_with_status(status_for(e, rid))
+            return
+        session = Session(self, node["name"], hello.session_id, hello.epoch)
+        previous = self.sessions.get(session.node)
+        if previous is not None:
+            previous.end()  # the same session reconnected: the older stream is simply over
+        self.sessions[session.node] = session
+        reader: asyncio.Task[None] | None = None
+        differ: asyncio.Task[None] | None = None
+        cadence: asyncio.Task[None] | None = None
+        try:
+            await session.open(first)
+            reader = asyncio.create_task(session.read(request_iterator), name=f"agent-read:{session.node}")
+            differ = asyncio.create_task(session.follow(), name=f"agent-diff:{session.node}")
+            cadence = asyncio.create_task(session.checkpoint_cadence(), name=f"agent-cadence:{session.node}")
+            async for message in session.outbound():
+                yield message
+        finally:
+            for task in (reader, differ, cadence):
+                if task is not None:
+                    task.cancel()
+            if self.sessions.get(session.node) is session:
+                del self.sessions[session.node]
+        if session.error is not None:
+            await context.abort_with_status(status_for(session.error, rid))
+
+
+class Session:
+    """One Connect stream of one node's session."""
+
+    def __init__(self, service: AgentServicer, node: str, session_id: str, epoch: int) -> None:
+        self.service = service
+        self.node, self.session_id, self.epoch = node, session_id, epoch
+        self.dirty = asyncio.Event()
+        self.error: NodusError | None = None
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._seq = 0
+        self._said: dict[str, str] = {}
+        """attempt id → "assign" or "cancel": what this stream told the agent."""
+        self._finished: set[str] = set()
+        """Attempts the agent reported ended: nothing left to stop."""
+        self._plans: dict[str, tuple[int, str]] = {}
+        """attempt id → (epoch, step) of the last GangPlan this stream sent."""
+        self._known: set[str] = set()
+        """Attempts the agent has: those its Hello reported and those assigned on this stream. A stop
+        for an attempt outside this set is settled here, since no agent will ever report it."""
+        self._acked = 0
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def send(self, **message: Any) -> None:
+        self._seq += 1
+        self._out.put_nowait(agent_pb2.CoordinatorMessage(seq=self._seq, **message))
+
+    def end(self, error: NodusError | None = None) -> None:
+        if self.error is None:
+            self.error = error
+        self._out.put_nowait(_END)
+
+    async def outbound(self) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
+        while True:
+            message = await self._out.get()
+            if message is _END:
+                return
+            yield message
+
+    @property
+    def cache(self) -> Cache:
+        return self.service.cache
+
+    # -- the conversation -------------------------------------------------------------------------
+    async def open(self, first: agent_pb2.AgentMessage) -> None:
+        """Folds the Hello's observations, then sends FullState (the first message down)."""
+        reported: dict[str, Any] = {}
+        for observation in first.hello.attempts:
+            attempt_id = observation.status.attempt_id
+            self._known.add(attempt_id)
+            if observation.HasField("checkpoint"):  # before the status: a suspended attempt has ended since
+                await checkpoints.commit(self.cache, self.service.objects, observation.checkpoint,
+                                         self.service.clock.now())
+            reported[attempt_id] = await self._update(observation.status, from_hello=True)
+            if observation.HasField("progress"):
+                await self._progress(observation.progress)
+        assignments, cancels = await self._desired(reported)
+        self.send(full_state=agent_pb2.FullState(assignments=assignments, cancels=cancels, lease=self._lease()))
+        self.send(ack=agent_pb2.Ack(seq=first.seq))
+        self.dirty.set()  # what FullState cannot say (a pending Suspend) follows from the first diff
+
+    async def read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+        """Handles what the agent sends, in order, a batch at a time: the reports that arrived
+        together are folded together (one write per attempt, the attempts' writes in one group
+        commit) and acknowledged, in order, once durable."""
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for message in messages:
+                    inbox.put_nowait(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the transport broke; the agent reconnects
+                inbox.put_nowait(e)
+                return
+            inbox.put_nowait(_END)
+
+        pumper = asyncio.create_task(pump(), name=f"agent-pump:{self.node}")
+        try:
+            while True:
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                last = batch[-1]
+                ended = last is _END or isinstance(last, Exception)
+                await self._handle_batch(batch[:-1] if ended else batch)
+                if ended:
+                    if isinstance(last, Exception):
+                        log.info("node %s: stream ended: %s", self.node, last)
+                    break
+        except asyncio.CancelledError:
+            raise
+        except NodusError as e:
+            self.end(e)
+            return
+        except Exception as e:  # noqa: BLE001 - the transport broke; the agent reconnects
+            log.info("node %s: stream ended: %s", self.node, e)
+        finally:
+            pumper.cancel()
+        self.end()
+
+    async def _handle_batch(self, batch: list[agent_pb2.AgentMessage]) -> None:
+        """Reports (AttemptUpdate, Progress) are gathered per attempt, in order, and folded at the
+        next message of another kind or the batch's end; everything else is handled as it comes."""
+        group: dict[str, list[agent_pb2.AgentMessage]] = {}
+        pending: list[int] = []
+
+        async def flush() -> None:
+            if group:
+                results = await asyncio.gather(*(self._fold(attempt_id, items) for attempt_id, items in group.items()),
+                                               return_exceptions=True)
+                group.clear()
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+            for seq in pending:
+                self.send(ack=agent_pb2.Ack(seq=seq))
+            pending.clear()
+
+        for message in batch:
+            kind = message.WhichOneof("message")
+            if kind == "progress" or (kind == "attempt_update" and message.attempt_update.reason != "SuspendFailed"):
+                body = message.progress if kind == "progress" else message.attempt_update
+                group.setdefault(body.attempt_id, []).append(message)
+                pending.append(message.seq)
+            elif kind == "ack":
+                self._acked = max(self._acked, message.ack.seq)
+            else:
+                await flush()
+                await self._handle(message)
+        await flush()
+
+    async def _fold(self, attempt_id: str, items: list[agent_pb2.AgentMessage]) -> None:
+        """Folds one attempt's reports, in the order they came, in one write (as `_update` and
+        `_progress` would one by one)."""
+        folds: list[tuple[bool, Any]] = []
+        unwanted = 0
+        for message in items:
+            if message.WhichOneof("message") == "progress":
+                folds.append((False, progress_of(message.progress)))
+                continue
+            report = report_of(message.attempt_update)
+            if report is None:
+                continue
+            if report.phase.terminal:
+                self._finished.add(attempt_id)
+            else:
+                unwanted += 1
+            folds.append((True, report))
+        attempt = self.cache.attempt_by_id(attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            for _ in range(unwanted):
+                # Nobody wants it here (deleted, or placed elsewhere): stop it.
+                self._cancel(attempt_id, "Unassigned", 0)
+            return
+        if not folds:
+            return
+        now = self.service.clock.now()
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            changed = False
+            for is_report, report in folds:
+                status = fold_report(obj, report, now) if is_report else fold_progress(obj, report)
+                if status is not None:
+                    obj, changed = {**obj, "status": status}, True
+            return obj if changed else None
+        await self.service.objects.mutate(key, mutate)
+
+    async def _handle(self, message: agent_pb2.AgentMessage) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "heartbeat":
+            await self.service.registry.renew(self.node, self.session_id, self.epoch,
+                                              message.heartbeat.disk_free_bytes)
+            self.send(lease_renewal=self._lease())
+        elif kind == "attempt_update":
+            await self._update(message.attempt_update)
+            if message.attempt_update.reason == "SuspendFailed":
+                await checkpoints.suspend_failed(self.cache, self.service.objects, message.attempt_update.attempt_id,
+                                                 checkpoints.rules.SUSPEND_TRIES)
+        elif kind == "checkpoint_commit":
+            await checkpoints.commit(self.cache, self.service.objects, message.checkpoint_commit,
+                                     self.service.clock.now())
+        elif kind == "progress":
+            await self._progress(message.progress)
+        elif kind == "ack":
+            self._acked = max(self._acked, message.ack.seq)
+            return
+        elif kind == "hello":
+            raise NodusError("BadRequest", "Hello may only open a stream", fix="open a new stream to resync")
+        elif kind == "probe_result":
+            await self._probe(message.probe_result)
+        self.send(ack=agent_pb2.Ack(seq=message.seq))
+
+    async def _probe(self, result: agent_pb2.ProbeResult) -> None:
+        attempt = self.cache.attempt_by_id(result.attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            return
+        probe = probe_of(result)
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_probe(obj, int(result.epoch), probe)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"]),
+                                          mutate)
+
+    async def _update(self, update: agent_pb2.AttemptUpdate, from_hello: bool = False) -> Any:
+        """Folds one report into its Attempt (durably) and returns the report's phase."""
+        report = report_of(update)
+        attempt = self.cache.attempt_by_id(update.attempt_id)
+        if report is None:
+            return None
+        if report.phase.terminal:
+            self._finished.add(update.attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            if not report.phase.terminal and not from_hello:
+                # Nobody wants it here (deleted, or placed elsewhere): stop it.
+                self._cancel(update.attempt_id, "Unassigned", 0)
+            return report.phase
+        now = self.service.clock.now()
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_report(obj, report, now)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(key, mutate)
+        return report.phase
+
+    async def _progress(self, progress: agent_pb2.Progress) -> None:
+        attempt = self.cache.attempt_by_id(progress.attempt_id)
+        if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
+            return
+        report = progress_of(progress)
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_progress(obj, report)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(key, mutate)
+
+    def _lease(self) -> agent_pb2.LeaseRenewal:
+        leases = self.service.registry.leases
+        lease = self.service.registry.lease(self.node) or {}
+        expire = timestamp_pb2.Timestamp()
+        expire.FromNanoseconds(int((parse(lease.get("expireTime")) or self.service.clock.now()) * 1e9))
+        return agent_pb2.LeaseRenewal(valid_for=_duration(leases.duration), expire_time=expire)
+
+    def _cancel(self, attempt_id: str, reason: str, grace: int) -> None:
+        self._said[attempt_id] = "cancel"
+        self.send(cancel=agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=grace))
+
+    # -- desired state ----------------------------------------------------------------------------
+    async def _desired(self, reported: dict[str, Any]) -> tuple[list[agent_pb2.Assignment], list[agent_pb2.Cancel]]:
+        """FullState's content; `reported` maps what the Hello named to the phase it reported."""
+        assignments, cancels = [], []
+        wanted: set[str] = set()
+        for attempt in self.cache.attempts_on(self.node):
+            spec = attempt["spec"]
+            if phase_of(attempt).terminal:
+                continue
+            wanted.add(spec["id"])
+            if spec.get("stop") and checkpoints.suspend_message(attempt) is not None and spec["id"] in self._known:
+                pass  # keep it running: the Suspend (checkpoint, then stop) follows FullState from _diff
+            elif spec.get("stop"):
+                if spec["id"] not in self._known:
+                    await self._never_started(attempt)
+                    continue
+                cancels.append(agent_pb2.Cancel(attempt_id=spec["id"], reason=spec["stop"].get("reason", "Cancelled"),
+                                                grace_seconds=int(spec["stop"].get("graceSeconds") or 0)))
+                self._said[spec["id"]] = "cancel"
+            if not spec.get("stop") or self._said.get(spec["id"]) != "cancel":
+                built = await self._assignment(attempt, running=spec["id"] in reported)
+                if built is not None:
+                    assignments.append(built)
+                    self._said[spec["id"]] = "assign"
+                    self._known.add(spec["id"])
+        for attempt_id, phase in reported.items():
+            if attempt_id in wanted or phase is None or phase.terminal:
+                continue
+            known = self.cache.attempt_by_id(attempt_id)
+            reason = "Unassigned"
+            if known is not None and (known.get("spec") or {}).get("node") == self.node:
+                reason = (known.get("status") or {}).get("reason") or "Unassigned"  # e.g. NodeLost: replaced
+            cancels.append(agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=0))
+            self._said[attempt_id] = "cancel"
+        return assignments, cancels
+
+    async def follow(self) -> None:
+        """Sends what changes in the node's desired state, for as long as the stream lives."""
+        while True:
+            await self.dirty.wait()
+            self.dirty.clear()
+            try:
+                await self._diff()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next change retries; a reconnect resyncs anyway
+                log.exception("node %s: sending desired state failed", self.node)
+
+    async def checkpoint_cadence(self) -> None:
+        """Sends Periodic CheckpointRequests as they fall due (recovery.checkpoint.interval)."""
+        asked: dict[str, tuple[int, float]] = {}
+        while True:
+            await asyncio.sleep(checkpoints.CADENCE_TICK)
+            try:
+                for request in checkpoints.due_requests(self.cache, self.node, self.service.clock.now(), asked,
+                                                          self.service.interruptions.of):
+                    await self._with_store(request)
+                    self.send(checkpoint_request=request)
+            except Exception:  # noqa: BLE001 - the next tick tries again
+                log.exception("node %s: checkpoint cadence failed", self.node)
+
+    async def _with_store(self, message: agent_pb2.CheckpointRequest | agent_pb2.Suspend) -> None:
+        """Adds the attempt's checkpoint store with its Connection's keys as they are now, so a rotated
+        Secret reaches a running attempt."""
+        attempt = self.cache.attempt_by_id(message.attempt_id)
+        if attempt is None:
+            return
+        job = self.cache.job(attempt["metadata"]["namespace"], attempt["spec"]["job"])
+        store = await self._current_store(attempt, job) if job is not None else None
+        if store is not None:
+            message.store.CopyFrom(store)
+
+    async def _current_store(self, attempt: dict[str, Any], job: dict[str, Any]) -> agent_pb2.Location | None:
+        """A running attempt's checkpoint store as it is now. When its keys cannot be read now (the
+        Connection or Secret is gone) it goes without: the agent keeps the keys it has."""
+        try:
+            return await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects), self.service.vault, job)
+        except NodusError as e:
+            log.warning("attempt %s: its checkpoint store's keys cannot be read now (%s); the agent keeps its own",
+                        attempt["metadata"]["name"], e.message)
+            return None
+
+    async def _diff(self) -> None:
+        on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
+        for attempt_id, attempt in on_node.items():
+            spec, said = attempt["spec"], self._said.get(attempt_id)
+            if phase_of(attempt).terminal:
+                if said == "assign" and attempt_id not in self._finished:
+                    # Ended without the agent saying so (Lost while it was away): stop it there.
+                    self._cancel(attempt_id, (attempt.get("status") or {}).get("reason") or "Unassigned", 0)
+                continue
+            if spec.get("stop"):
+                if attempt_id not in self._known:
+                    await self._never_started(attempt)
+                elif attempt_id not in self._finished and (suspend := checkpoints.suspend_message(attempt)) is not None:
+                    if said != f"suspend:{suspend.seq}" and said != "cancel":
+                        self._said[attempt_id] = f"suspend:{suspend.seq}"
+                        await self._with_store(suspend)
+                        self.send(suspend=suspend)  # checkpoint, then stop
+                elif said != "cancel" and attempt_id not in self._finished:
+                    self._cancel(attempt_id, spec["stop"].get("reason", "Cancelled"),
+                                 int(spec["stop"].get("graceSeconds") or 0))
+            elif said is None:
+                built = await self._assignment(attempt)
+                if built is not None:
+                    self._said[attempt_id] = "assign"
+                    self._known.add(attempt_id)
+                    self.send(assignment=built)
+            elif said == "assign" and spec.get("gang") and attempt_id not in self._finished:
+                self._send_plan(attempt)
+        for attempt_id in list(self._plans):
+            if attempt_id not in on_node:
+                del self._plans[attempt_id]
+        for attempt_id, said in list(self._said.items()):
+            if attempt_id not in on_node:
+                if said == "assign" and attempt_id not in self._finished:
+                    self._cancel(attempt_id, "Unassigned", 0)  # deleted, or moved off this node
+                self._said.pop(attempt_id, None)
+        for gone in (self._known | self._finished) - on_node.keys() - self._said.keys():
+            self._known.discard(gone)  # deleted: forget it, so a long-lived stream does not grow
+            self._finished.discard(gone)
+
+    async def _never_started(self, attempt: dict[str, Any]) -> None:
+        """A stop for an attempt this agent never had (stopped before its assignment went out): it ends
+        here as the agent would have reported it, so it neither holds capacity nor stays live."""
+        stop = attempt["spec"]["stop"]
+        report = Report(AttemptPhase.CANCELLED, reason=stop.get("reason", "Cancelled"),
+                        message="stopped before it started on the node")
+        now = self.service.clock.now()
+
+        def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+            status = fold_report(obj, report, now)
+            return None if status is None else {**obj, "status": status}
+        await self.service.objects.mutate(attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"]),
+                                          mutate)
+
+    async def _assignment(self, attempt: dict[str, Any], running: bool = False) -> agent_pb2.Assignment | None:
+        """The attempt's Assignment; None when its Job is gone or it cannot be built (then it fails as
+        InvalidAssignment). `running`: the agent reported it, and this is FullState's copy after a
+        reconnect; a checkpoint store whose Connection or Secret is gone by now does not fail it (the
+        agent keeps the keys it has: `_current_store`)."""
+        project = attempt["metadata"]["namespace"]
+        job = self.cache.job(project, attempt["spec"]["job"])
+        if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
+            return None  # its Job is gone: the Job controller stops and deletes it
+
+        try:
+            built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
+            siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
+            store = (await self._current_store(attempt, job) if running
+                     else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
+                                                             self.service.vault, job))
+            checkpoints.prepare(built, attempt, job, siblings, store, self.service.interruptions.of(attempt))
+            plan = gangs.plan_for(attempt, siblings, job, self.service.gang_config)
+            if plan is not None:
+                built.gang.CopyFrom(plan_message(plan, self.service.gang_config))
+                self._plans[attempt["spec"]["id"]] = (plan.epoch, plan.step)
+            return built
+        except NodusError as e:
+            # The message names objects and keys, never a value (the vault's values stay in the Assignment).
+            message = f"{e.message}: {e.fix}" if e.fix else e.message
+            log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], message)
+            await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),
+                                              _fail("InvalidAssignment", message, self.service.clock.now()))
+            return None
+
+    def _send_plan(self, attempt: dict[str, Any]) -> None:
+        """Tells a gang member its next step when it changed (every member's report can change it)."""
+        project = attempt["metadata"]["namespace"]
+        job = self.cache.job(project, attempt["spec"]["job"])
+        if job is None:
+            return
+        plan = gangs.plan_for(attempt, self.cache.attempts_of(project, attempt["spec"]["job"]), job,
+                              self.service.gang_config)
+        if plan is None or self._plans.get(plan.attempt_id) == (plan.epoch, plan.step):
+            return
+        self._plans[plan.attempt_id] = (plan.epoch, plan.step)
+        self.send(gang_plan=plan_message(plan, self.service.gang_config))
+
+    def _output_of(self, project: str) -> Any:
+        def find(job: str, output: str, index: int) -> dict[str, Any] | None:
+            producer = self.cache.job(project, job) or {}
+            return next((o for o in (producer.get("status") or {}).get("outputs") or []
+                         if o.get("name") == output and int(o.get("index") or 0) == index and o.get("sha256")), None)
+        return find
+
+
+def _fail(reason: str, message: str, now: float) -> Any:
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        if phase_of(obj).terminal:
+            return None
+        obj["status"] = {**(obj.get("status") or {}), "phase": AttemptPhase.FAILED.value, "reason": reason,
+                         "message": message, "finishTime": rfc3339(now)}
+        return obj
+    return mutate
+
+
+def add_to_server(server: grpc.aio.Server, servicer: AgentServicer) -> None:
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)

@@ -1,0 +1,184 @@
+"""An Attempt and its Job compiled into the wire Assignment: everything resolved, so the agent never
+reads the store (agent.proto). Secret values come from the vault at their pinned versions and travel
+only in this message.
+
+The environment contract of DESIGN.md, the coordinator's half: NODUS_INDEX, JOB_COMPLETION_INDEX,
+NODUS_PROJECT, NODUS_JOB, NODUS_ATTEMPT (the attempt id), NODUS_ATTEMPT_NUMBER, plus the Job's
+literal `env` (identity variables win over a Job variable of the same name). The agent adds the
+directory variables and NODUS_PROGRESS.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import Any
+
+from google.protobuf import duration_pb2
+
+from nodus.v1 import agent_pb2, common_pb2
+
+from ..clock import seconds
+from ..scheduler import Request
+from ..vault import Vault
+
+log = logging.getLogger("nodus.assignment")
+
+BLOB_URI = "blob://sha256/"
+SECRETS_DIR = "/nodus/secrets"
+"""Where a mounted Secret's keys become files: /nodus/secrets/<secret>/<key>."""
+OUTPUTS_DIR = "/nodus/outputs"
+_EGRESS = {"Deny": agent_pb2.EGRESS_POLICY_DENY, "AllowList": agent_pb2.EGRESS_POLICY_ALLOW_LIST,
+           "Open": agent_pb2.EGRESS_POLICY_OPEN}
+
+
+def identity_env(attempt: dict[str, Any]) -> dict[str, str]:
+    """The identity variables, and a gang member's variables known from its creation (spec.env)."""
+    spec = attempt["spec"]
+    return {"NODUS_INDEX": str(spec["index"]), "JOB_COMPLETION_INDEX": str(spec["index"]),
+            "NODUS_PROJECT": attempt["metadata"]["namespace"], "NODUS_JOB": spec["job"],
+            "NODUS_ATTEMPT": spec["id"], "NODUS_ATTEMPT_NUMBER": str(spec["number"]),
+            **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
+
+
+def _duration(text: Any) -> duration_pb2.Duration | None:
+    secs = seconds(text)
+    if secs is None:
+        return None
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(secs * 1e9)))
+    return d
+
+
+def _text(value: str) -> str:
+    try:
+        return base64.b64decode(value, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return value
+
+
+def _raw(value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return value.encode()
+
+
+class Secrets:
+    """The pinned versions of a Job's Secrets, read from the vault once per assignment."""
+
+    def __init__(self, vault: Vault, project: str, job_status: dict[str, Any]) -> None:
+        self._vault, self._project = vault, project
+        self._versions = job_status.get("secretVersions") or {}
+        self._ids = job_status.get("secretVersionIDs") or {}
+        self._values: dict[str, dict[str, str]] = {}
+
+    async def values(self, name: str) -> dict[str, str]:
+        if name not in self._values:
+            version = self._versions.get(name)
+            self._values[name] = await self._vault.get(self._project, name, int(version)) if version else {}
+        return self._values[name]
+
+    async def env(self, env: list[dict[str, Any]]) -> tuple[dict[str, str], list[agent_pb2.SecretEnvVar]]:
+        literal: dict[str, str] = {}
+        secret: list[agent_pb2.SecretEnvVar] = []
+        for var in env:
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                value = (await self.values(ref["name"])).get(ref["key"])
+                if value is not None:
+                    secret.append(agent_pb2.SecretEnvVar(name=var["name"], value=_text(value)))
+            elif "value" in var:
+                literal[var["name"]] = str(var["value"])
+        return literal, secret
+
+    async def mount(self, name: str) -> agent_pb2.SecretMount:
+        values = await self.values(name)
+        return agent_pb2.SecretMount(name=name, version=int(self._versions.get(name) or 0),
+                                     version_id=str(self._ids.get(name) or ""),
+                                     data={k: _raw(v) for k, v in values.items()}, mount_path=f"{SECRETS_DIR}/{name}")
+
+
+def _location(sha256: str) -> agent_pb2.Location:
+    return agent_pb2.Location(uri=BLOB_URI + sha256)
+
+
+def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> list[agent_pb2.Input]:
+    pinned = {p.get("name"): p for p in status.get("inputs") or [] if isinstance(p, dict)}
+    out = []
+    for item in spec.get("inputs") or []:
+        name = item["name"]
+        if item.get("url"):
+            out.append(agent_pb2.Input(name=name, source=agent_pb2.Location(uri=item["url"]["url"]),
+                                       sha256=item["url"].get("sha256", "")))
+        elif item.get("volume") and pinned.get(name, {}).get("sha256"):
+            sha = pinned[name]["sha256"]
+            out.append(agent_pb2.Input(name=name, source=_location(sha), sha256=sha, archive=True))
+        elif item.get("output"):
+            ref = item["output"]
+            found = outputs_of(ref["job"], ref["name"], int(ref.get("index") or 0))
+            if found is not None:
+                out.append(agent_pb2.Input(name=name, source=_location(found["sha256"]), sha256=found["sha256"],
+                                           size_bytes=int(found.get("size") or 0)))
+            else:
+                log.warning("input %s: output %s of Job %s is not committed", name, ref["name"], ref["job"])
+        else:
+            log.warning("input %s: only url, volume and output inputs are materialized in this release", name)
+    return out
+
+
+async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outputs_of: Any) -> agent_pb2.Assignment:
+    """The Assignment for `attempt`. `outputs_of(job, output, index)` finds another Job's committed output."""
+    project = attempt["metadata"]["namespace"]
+    spec, status, a = job.get("spec") or {}, job.get("status") or {}, attempt["spec"]
+    secrets = Secrets(vault, project, status)
+    literal, secret_env = await secrets.env(spec.get("env") or [])
+    env = {**literal, **identity_env(attempt)}
+    request = Request.of(a.get("resources"), a.get("image"))
+    image = spec.get("image", "")
+    digest = (status.get("image") or {}).get("digest")
+    if image and digest and "@" not in image:
+        image = f"{image}@{digest}"  # name:tag@digest is valid, and the digest wins
+    out = agent_pb2.Assignment(
+        attempt_id=a["id"], job=common_pb2.JobRef(project=project, name=a["job"], uid=a["jobUID"]),
+        index=int(a["index"]), attempt_number=int(a["number"]), env=env, secret_env=secret_env,
+        command=spec.get("command") or [], args=spec.get("args") or [], image=image,
+        working_dir=spec.get("workingDir", ""),
+        resources=common_pb2.Resources(cpu_millis=request.cpu_millis, memory_bytes=request.memory_bytes,
+                                       disk_bytes=request.disk_bytes, gpus=len(a.get("gpuIndexes") or [])),
+        gpu_indexes=a.get("gpuIndexes") or [],
+        secrets=[await secrets.mount(m["name"]) for m in spec.get("secrets") or []],
+        inputs=_inputs(spec, status, outputs_of),
+        outputs=[agent_pb2.Output(name=o["name"], path=o["path"], all_ranks=o.get("fromRanks") == "All")
+                 for o in spec.get("outputs") or []] + [agent_pb2.Output(name="outputs", path=OUTPUTS_DIR)],
+    )
+    init = spec.get("initCommand")
+    if init:
+        out.init_command.CopyFrom(agent_pb2.InitCommand(command=init["command"],
+                                                        timeout=_duration(init.get("timeout"))))
+    for sidecar in spec.get("sidecars") or []:
+        s_literal, s_secret = await secrets.env(sidecar.get("env") or [])
+        out.sidecars.append(agent_pb2.Sidecar(name=sidecar["name"], image=sidecar.get("image", ""),
+                                              command=sidecar.get("command") or [], env=s_literal,
+                                              secret_env=s_secret,
+                                              startup_timeout=_duration(sidecar.get("startupTimeout"))))
+    pinned_volumes = {(v.get("volume"), v.get("mountPath")): v for v in status.get("volumes") or []}
+    for mount in spec.get("volumes") or []:
+        pin = pinned_volumes.get((mount["volume"], mount["mountPath"])) or {}
+        out.volumes.append(agent_pb2.VolumeMount(volume=mount["volume"], revision=int(pin.get("revision") or 0),
+                                                 mount_path=mount["mountPath"], read_only=bool(mount.get("readOnly")),
+                                                 source=_location(pin["sha256"]) if pin.get("sha256") else None))
+    source = spec.get("source") or {}
+    if source.get("git"):
+        git = source["git"]
+        repo = git["repo"] if git["repo"].startswith("https://") else f"https://github.com/{git['repo']}"
+        commit = (status.get("source") or {}).get("commit") or git.get("ref", "")
+        out.source.CopyFrom(agent_pb2.Source(git=agent_pb2.GitSource(repo=agent_pb2.Location(uri=repo), commit=commit),
+                                             path=git.get("path", "")))
+    elif source.get("blob"):
+        sha = source["blob"].removeprefix("sha256:")
+        out.source.CopyFrom(agent_pb2.Source(blob=agent_pb2.BlobSource(location=_location(sha), sha256=sha)))
+    egress = ((spec.get("network") or {}).get("egress")) or {}
+    if egress.get("policy"):
+        out.egress.CopyFrom(agent_pb2.Egress(policy=_EGRESS[egress["policy"]], allow=egress.get("allow") or []))
+    return out

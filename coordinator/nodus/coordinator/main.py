@@ -1,0 +1,289 @@
+"""`nodus-coordinator`: the control plane process.
+
+One asyncio loop serves the gRPC API and the HTTPS REST gateway over one resource service and one
+store. First start bootstraps the data dir: the store, the projects `default` and `nodus`, a CA and
+serving certificate, an admin kubeconfig (0600) and an agent join token.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from aiohttp import web
+
+from nodus import config as daemon_config
+
+from . import grpc_api
+from .api import units
+from .blobs import BlobStore
+from .clock import OffsetClock, SystemClock
+from .api.job import set_gang_max_nodes
+from .controllers.checkpoints import set_free_storage
+from .controllers.gang import GangConfig
+from .plane import ControlPlane
+from .gateway import downloads
+from .gateway.app import make_app
+from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
+from .resources import ResourceService
+from .store.sqlite import SqliteStore
+from .tls import TlsFiles, ensure_tls, write_private
+from .vault import Vault, load_or_create_key
+
+log = logging.getLogger("nodus.coordinator")
+
+DEFAULTS = {
+    "data_dir": "/var/lib/nodus/coordinator",
+    "grpc_listen": "127.0.0.1:7070",
+    "http_listen": "127.0.0.1:8080",
+    "store_url": "",
+    "tls_cert": "",
+    "tls_key": "",
+    "compact_interval": 300.0,
+    "lease_duration": "15s",
+    "heartbeat_interval": "3s",
+    "controllers": "on",
+    "log_level": "INFO",
+    "gang_probe": "on",
+    "gang_probe_bytes": "16Mi",
+    "gang_probe_budget": "30s",
+    "clock_offset_file": "",
+    "gang_max_nodes": 8,
+    "free_storage": "10Gi",
+    "retention_interval": "1m",
+}
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+@dataclass(slots=True)
+class Endpoints:
+    grpc: str
+    http: str
+
+
+def kubeconfig(server: str, ca_pem: bytes | None, token: str) -> dict[str, Any]:
+    import base64
+    cluster: dict[str, Any] = {"server": server}
+    if ca_pem:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+    return {
+        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "clusters": [{"name": "nodus", "cluster": cluster}],
+        "users": [{"name": "nodus-admin", "user": {"token": token}}],
+        "contexts": [{"name": "nodus", "context": {"cluster": "nodus", "user": "nodus-admin", "namespace": "default"}}],
+        "current-context": "nodus",
+    }
+
+
+async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFiles) -> None:
+    """Idempotent: projects, the admin kubeconfig and the agent join token."""
+    await identity.ensure_project(DEFAULT_PROJECT, "Default project")
+    await identity.ensure_project(CATALOG_PROJECT, "Managed catalog")
+    path = data_dir / "kubeconfig"
+    token = ""
+    if path.exists():
+        try:
+            current = yaml.safe_load(path.read_text())
+            token = current["users"][0]["user"]["token"]
+            await identity.authenticate(f"Bearer {token}")
+        except Exception:  # noqa: BLE001 - an unusable file is replaced with a fresh token
+            token = ""
+    if not token:
+        token, _ = await identity.create_token(ALL_PROJECTS, Role.ADMIN, subject="admin")
+    ca_pem = tls.ca.read_bytes() if tls.ca is not None else None
+    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token), sort_keys=False).encode())
+    join = data_dir / "join-token"
+    if not join.exists():
+        write_private(join, (await identity.create_join_token()).encode() + b"\n")
+
+
+async def _compact_loop(store: SqliteStore, interval: float) -> None:
+    """Keeps at least `interval` seconds of history, as kube-apiserver keeps five minutes."""
+    previous = store.revision
+    while True:
+        await asyncio.sleep(interval)
+        if previous > store.compacted_revision:
+            await store.compact(previous)
+        previous = store.revision
+
+
+def _notify(message: str) -> None:
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(addr)
+            s.sendall(message.encode())
+        except OSError as e:
+            log.warning("sd_notify failed: %s", e)
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    if args.store_url:
+        raise SystemExit("--store-url: only the embedded SQLite store is available in this release")
+    store = await SqliteStore.open(data_dir / "store.db")
+    identity = Identity(store)
+    vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
+    service = ResourceService(store, identity, vault)
+    lease, heartbeat = _lease_settings(args)
+    clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
+    blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
+    plane = ControlPlane(store, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
+                         gangs=_gang_settings(args), blobs=blobs, retention_interval=_storage_settings(args))
+    await plane.start(controllers=args.controllers != "off")
+
+    grpc_host, grpc_port = _split(args.grpc_listen)
+    http_host, http_port = _split(args.http_listen)
+    if args.tls_cert and args.tls_key:
+        tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), None)
+    else:
+        tls = ensure_tls(data_dir, [http_host])
+
+    grpc_server, bound_grpc = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
+                                                   servicers=plane.servicers())
+    app, gateway = make_app(service)
+    app[downloads.BLOBS] = blobs
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, http_host, http_port, ssl_context=tls.server_context(), backlog=1024)
+    await site.start()
+    bound_http = http_port or runner.addresses[0][1]
+    endpoints = Endpoints(f"{_client_host(grpc_host)}:{bound_grpc}", f"https://{_client_host(http_host)}:{bound_http}")
+    await bootstrap(data_dir, identity, endpoints.http, tls)
+    write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
+    gateway.ready = True
+    grpc_api.set_serving(grpc_server)
+    log.info("nodus-coordinator ready: REST %s, gRPC %s, data %s", endpoints.http, endpoints.grpc, data_dir)
+    print(f"nodus-coordinator ready: REST {endpoints.http} gRPC {endpoints.grpc} "
+          f"kubeconfig {data_dir / 'kubeconfig'}", flush=True)
+    _notify("READY=1")
+
+    compactor = asyncio.create_task(_compact_loop(store, float(args.compact_interval)))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await stop.wait()
+    _notify("STOPPING=1")
+    gateway.ready = False
+    compactor.cancel()
+    await plane.stop()
+    await grpc_server.stop(grace=2)
+    await runner.cleanup()
+    await store.close()
+
+
+def _lease_settings(args: argparse.Namespace) -> tuple[float, float]:
+    """--lease-duration and --heartbeat-interval as seconds; a heartbeat must fit in a lease twice."""
+    try:
+        lease = units.parse_duration_ns(str(args.lease_duration)) / units.NS_PER_SECOND
+        heartbeat = units.parse_duration_ns(str(args.heartbeat_interval)) / units.NS_PER_SECOND
+    except ValueError as e:
+        raise SystemExit(f"--lease-duration / --heartbeat-interval: {e}") from None
+    if lease <= 0 or heartbeat <= 0 or heartbeat * 2 > lease:
+        raise SystemExit("--heartbeat-interval must be positive and at most half of --lease-duration "
+                         f"(got {args.heartbeat_interval} and {args.lease_duration})")
+    return lease, heartbeat
+
+
+def _gang_settings(args: argparse.Namespace) -> GangConfig:
+    try:
+        size = int(units.parse_quantity(str(args.gang_probe_bytes)))
+        budget = units.parse_duration_ns(str(args.gang_probe_budget)) / units.NS_PER_SECOND
+    except (ValueError, ArithmeticError) as e:
+        raise SystemExit(f"--gang-probe-bytes / --gang-probe-budget: {e}") from None
+    if not 8 <= size <= 1 << 30:
+        raise SystemExit(f"--gang-probe-bytes must be between 8 and 1Gi (got {args.gang_probe_bytes})")
+    if not 1 <= budget <= 30:
+        raise SystemExit(f"--gang-probe-budget must be between 1s and 30s (got {args.gang_probe_budget})")
+    try:
+        set_gang_max_nodes(int(args.gang_max_nodes))
+    except ValueError as e:
+        raise SystemExit(f"--gang-max-nodes: {e}") from None
+    return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
+
+
+def _storage_settings(args: argparse.Namespace) -> float:
+    """Sets --free-storage; returns --retention-interval in seconds."""
+    try:
+        set_free_storage(int(units.parse_quantity(str(args.free_storage))))
+    except (ValueError, ArithmeticError) as e:
+        raise SystemExit(f"--free-storage: {e}") from None
+    try:
+        interval = units.parse_duration_ns(str(args.retention_interval)) / units.NS_PER_SECOND
+    except ValueError as e:
+        raise SystemExit(f"--retention-interval: {e}") from None
+    if not 1 <= interval <= 3600:
+        raise SystemExit(f"--retention-interval must be between 1s and 1h (got {args.retention_interval})")
+    return interval
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nodus-coordinator", description="The Nodus control plane.")
+    p.add_argument("--config", help="YAML file of settings (keys as the long flags, without --)")
+    p.add_argument("--data-dir", help=f"state directory (default {DEFAULTS['data_dir']}; env NODUS_DATA_DIR)")
+    p.add_argument("--grpc-listen", help=f"gRPC HOST:PORT (default {DEFAULTS['grpc_listen']})")
+    p.add_argument("--http-listen", help=f"HTTPS REST HOST:PORT (default {DEFAULTS['http_listen']})")
+    p.add_argument("--store-url", help="postgresql://… (default: SQLite in the data dir)")
+    p.add_argument("--tls-cert", help="serving certificate (PEM); default: one signed by a CA made in the data dir")
+    p.add_argument("--tls-key", help="its private key (PEM)")
+    p.add_argument("--compact-interval", type=float, help="seconds of watch history kept (default 300)")
+    p.add_argument("--lease-duration", help="how long a node's lease lasts without a heartbeat, as a duration "
+                   "(default 15s); past it the node is NotReady and its attempts are replaced")
+    p.add_argument("--heartbeat-interval", help="how often agents send a heartbeat (default 3s; at most half the "
+                   "lease duration)")
+    p.add_argument("--controllers", choices=("on", "off"),
+                   help="off serves the API (and agents) without running the Job, placement and lease controllers: "
+                        "for a replica that does not lead, or for tests of the API's own semantics (default on)")
+    p.add_argument("--gang-probe", choices=("on", "off"),
+                   help="measure a gang's network (RTT between members, all-reduce bus bandwidth) before it starts "
+                        "(default on)")
+    p.add_argument("--free-storage", help="bytes of checkpoints and outputs each Job keeps free of charge; "
+                   "status.storage.billedBytes is the share above it (default 10Gi)")
+    p.add_argument("--retention-interval", help="how often checkpoints past their retention (retainAfterFinish, "
+                   "the TTL, a deleted Job) and superseded ones are deleted, 1s-1h (default 1m)")
+    p.add_argument("--gang-max-nodes", type=int, help="the most nodes a gang may ask for, 2-16 (default 8 during "
+                   "the beta)")
+    p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")
+    p.add_argument("--gang-probe-budget", help="time budget of one probe, at most 30s (default 30s)")
+    p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to the wall "
+                   "clock (re-read every 50 ms), to see timeouts, TTLs and leases play out without waiting")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.set_defaults(_defaults=DEFAULTS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = daemon_config.resolve(parser(), argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

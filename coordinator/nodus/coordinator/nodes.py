@@ -1,0 +1,333 @@
+"""Nodes: the registry of hosts and their leases, and NodeService for operators.
+
+A node is two records in the store: `_nodes/<name>` (identity, session, inventory, cordon and drain
+state; written on registration and by operators) and `_leases/<name>` (written by every heartbeat,
+so that renewals do not rewrite the inventory). A node is Ready while its lease holds. The lease
+controller (controllers/lease.py) marks an expired lease `expired` and its attempts Lost.
+
+Why a grace after a restart: while the coordinator is down no heartbeat can arrive, so every lease
+would look expired the moment it comes back and every running attempt would be replaced for
+nothing. A lease not yet marked expired therefore holds at least until `lease_duration` after the
+coordinator started; agents reconnect well within it. The grace only protects what runs: new attempts
+go only to nodes whose lease a heartbeat renewed (`Leases.fresh`).
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, timestamp_pb2
+
+from nodus.v1 import common_pb2, node_pb2, node_pb2_grpc
+
+from . import checkpoints
+from .clock import Clock, parse, rfc3339
+from .controllers.attempts import PHASE_NUMBERS, phase_of
+from .controllers.cache import LEASES, NODES, Cache, attempt_key
+from .controllers.job_controller import stop
+from .controllers.objects import Objects
+from .errors import NodusError
+from .grpc_api import rpc
+from .identity import ALL_PROJECTS, Caller, Identity, Role
+from .scheduler import OCI, PROCESS, Amount, Gpu, NodeView, Request, Reservation
+from .selectors import parse_label_selector
+
+_RUNTIMES = {common_pb2.RUNTIME_PROCESS: PROCESS, common_pb2.RUNTIME_OCI: OCI}
+
+
+class Leases:
+    """When a node's lease holds, on the injected clock."""
+
+    def __init__(self, clock: Clock, duration: float) -> None:
+        self.clock = clock
+        self.duration = duration
+        self.started = clock.now()
+
+    def expiry(self, lease: dict[str, Any]) -> float:
+        expire = parse(lease.get("expireTime")) or 0.0
+        return expire if lease.get("expired") else max(expire, self.started + self.duration)
+
+    def ready(self, lease: dict[str, Any] | None, now: float | None = None) -> bool:
+        """The node counts as alive: its attempts are not Lost (the restart grace applies)."""
+        if not lease or lease.get("expired"):
+            return False
+        return (self.clock.now() if now is None else now) < self.expiry(lease)
+
+    def fresh(self, lease: dict[str, Any] | None, now: float | None = None) -> bool:
+        """The node may take new attempts: a heartbeat renewed its lease and it has not run out. No
+        restart grace here: a node that died while the coordinator was down gets nothing new."""
+        if not lease or lease.get("expired"):
+            return False
+        return (self.clock.now() if now is None else now) < (parse(lease.get("expireTime")) or 0.0)
+
+
+def capacity_of(inventory: common_pb2.NodeInventory) -> dict[str, int]:
+    host = inventory.host
+    return {"cpuMillis": host.cpus * 1000, "memoryBytes": host.memory_bytes, "diskBytes": host.disk_bytes,
+            "gpus": len(inventory.gpus)}
+
+
+def _amount(doc: dict[str, Any] | None) -> Amount:
+    doc = doc or {}
+    return Amount(int(doc.get("cpuMillis", 0)), int(doc.get("memoryBytes", 0)), int(doc.get("diskBytes", 0)),
+                  int(doc.get("gpus", 0)))
+
+
+def reservation_of(attempt: dict[str, Any]) -> Reservation | None:
+    """What a live, placed attempt holds on its node (None for an unplaced or finished one)."""
+    spec = attempt.get("spec") or {}
+    if not spec.get("node") or phase_of(attempt).terminal:
+        return None
+    request = Request.of(spec.get("resources"), spec.get("image"))
+    gpu_indexes = tuple(spec.get("gpuIndexes") or ())
+    amount = request.amount
+    if gpu_indexes:
+        amount = Amount(amount.cpu_millis, amount.memory_bytes, amount.disk_bytes, len(gpu_indexes))
+    return Reservation(spec["node"], amount, gpu_indexes)
+
+
+class NodeRegistry:
+    def __init__(self, cache: Cache, objects: Objects, clock: Clock, lease_duration: float,
+                 heartbeat_interval: float) -> None:
+        self.cache, self.objects, self.clock = cache, objects, clock
+        self.leases = Leases(clock, lease_duration)
+        self.heartbeat_interval = heartbeat_interval
+
+    # -- reads ------------------------------------------------------------------------------------
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self.cache.get(NODES + name)
+
+    def node_by_id(self, node_id: str) -> dict[str, Any] | None:
+        return next((doc for _, doc in self.cache.under(NODES) if doc.get("id") == node_id), None)
+
+    def lease(self, name: str) -> dict[str, Any] | None:
+        return self.cache.get(LEASES + name)
+
+    def names(self) -> list[str]:
+        return sorted(doc["name"] for _, doc in self.cache.under(NODES))
+
+    def ready(self, name: str) -> bool:
+        return self.leases.ready(self.lease(name))
+
+    def views(self) -> list[NodeView]:
+        """What the scheduler sees of every node."""
+        now = self.clock.now()
+        out = []
+        for _, doc in self.cache.under(NODES):
+            gpus = tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
+                             int(g.get("nvlinkLinks", 0))) for g in doc.get("gpus") or [])
+            out.append(NodeView(doc["name"], self.leases.fresh(self.lease(doc["name"]), now),
+                                bool(doc.get("cordoned")), frozenset(doc.get("runtimes") or ()),
+                                _amount(doc.get("capacity")), gpus, doc.get("labels") or {}, doc.get("region", ""),
+                                doc.get("offering", "")))
+        return sorted(out, key=lambda v: v.name)
+
+    def reservations(self) -> list[Reservation]:
+        return [r for a in self.cache.attempts() if (r := reservation_of(a)) is not None]
+
+    # -- registration and leases --------------------------------------------------------------------
+    async def register(self, name: str, inventory: common_pb2.NodeInventory) -> dict[str, Any]:
+        """Creates or updates the node and opens a new session (epoch + 1); renews its lease."""
+        now = self.clock.now()
+        session = secrets.token_hex(16)
+
+        def update(doc: dict[str, Any] | None) -> dict[str, Any]:
+            doc = doc or {"name": name, "id": "node-" + secrets.token_hex(6), "epoch": 0}
+            doc.update(epoch=int(doc.get("epoch", 0)) + 1, sessionId=session, registerTime=rfc3339(now),
+                       inventory=json_format.MessageToDict(inventory, preserving_proto_field_name=True),
+                       capacity=capacity_of(inventory),
+                       gpus=[{"index": g.index, "name": g.name, "memoryBytes": g.memory_bytes,
+                              "nvlinkLinks": g.nvlink_active_links} for g in inventory.gpus],
+                       runtimes=sorted({_RUNTIMES[r] for r in inventory.runtimes if r in _RUNTIMES}),
+                       labels=dict(inventory.labels), region=inventory.region_class, offering=inventory.offering)
+            return doc
+
+        node = await self.objects.upsert(NODES + name, update)
+        await self.objects.upsert(LEASES + name, lambda _: self._lease(node, now))
+        return node
+
+    def _lease(self, node: dict[str, Any], now: float) -> dict[str, Any]:
+        return {"node": node["name"], "epoch": node["epoch"], "sessionId": node["sessionId"], "renewTime": rfc3339(now),
+                "expireTime": rfc3339(now + self.leases.duration), "expired": False}
+
+    async def renew(self, name: str, session_id: str, epoch: int, disk_free_bytes: int = 0) -> dict[str, Any]:
+        """A heartbeat of the current session renews the lease (and revives an expired one)."""
+        node = self.node(name)
+        if node is None or node.get("sessionId") != session_id or int(node.get("epoch", 0)) != epoch:
+            raise NodusError("StaleSession", f'session {epoch} of node "{name}" was superseded or is unknown')
+        now = self.clock.now()
+        lease = self._lease(node, now)
+        if disk_free_bytes:
+            lease["diskFreeBytes"] = disk_free_bytes
+        return await self.objects.upsert(LEASES + name, lambda _: lease)
+
+    # -- operators --------------------------------------------------------------------------------
+    async def set_cordon(self, name: str, cordoned: bool, message: str = "", draining: bool = False) -> dict[str, Any]:
+        def mutate(doc: dict[str, Any]) -> dict[str, Any]:
+            doc.update(cordoned=cordoned, draining=draining, message=message)
+            return doc
+        if self.node(name) is None and await self.objects.read(NODES + name) is None:
+            raise _no_node(name)
+        return await self.objects.mutate(NODES + name, mutate) or self.node(name) or {}
+
+    async def drain(self, name: str, grace_seconds: int, message: str) -> dict[str, Any]:
+        """Cordon, then stop every attempt on the node with reason Drained: they are recorded Lost and
+        replaced elsewhere, counted against recovery.maxAttempts, never against backoffLimit."""
+        doc = await self.set_cordon(name, True, message, draining=True)
+        now = self.clock.now()
+        for attempt in self.cache.attempts_on(name):
+            if not phase_of(attempt).terminal:
+                key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+                await self.objects.mutate(key, stop("Drained", grace_seconds, now))
+        return doc
+
+
+def _no_node(name: str) -> NodusError:
+    return NodusError("NotFound", f'node "{name}" not found', name=name, kind="nodes",
+                      fix="list the nodes with NodeService.ListNodes")
+
+
+def _ts(text: Any) -> timestamp_pb2.Timestamp | None:
+    t = parse(text)
+    if t is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(round(t * 1e9)))
+    return ts
+
+
+def _resources(amount: Amount) -> common_pb2.Resources:
+    return common_pb2.Resources(cpu_millis=amount.cpu_millis, memory_bytes=amount.memory_bytes,
+                                disk_bytes=amount.disk_bytes, gpus=amount.gpus)
+
+
+def node_proto(registry: NodeRegistry, doc: dict[str, Any]) -> node_pb2.Node:
+    name = doc["name"]
+    lease = registry.lease(name) or {}
+    live = [a for a in registry.cache.attempts_on(name) if not phase_of(a).terminal]
+    capacity = _amount(doc.get("capacity"))
+    held = Amount()
+    for a in live:
+        if (r := reservation_of(a)) is not None:
+            held = held + r.amount
+    if not registry.leases.ready(lease):
+        phase = node_pb2.NODE_PHASE_NOT_READY
+    elif doc.get("draining"):
+        phase = node_pb2.NODE_PHASE_DRAINING if live else node_pb2.NODE_PHASE_DRAINED
+    elif doc.get("cordoned"):
+        phase = node_pb2.NODE_PHASE_CORDONED
+    else:
+        phase = node_pb2.NODE_PHASE_READY
+    inventory = json_format.ParseDict(doc.get("inventory") or {}, common_pb2.NodeInventory(),
+                                      ignore_unknown_fields=True)
+    expire = registry.leases.expiry(lease) if lease else None
+    return node_pb2.Node(
+        name=name, id=doc.get("id", ""), phase=phase, inventory=inventory, capacity=_resources(capacity),
+        free=_resources(capacity - held), lease_expire_time=_ts(rfc3339(expire)) if expire else None,
+        last_heartbeat_time=_ts(lease.get("renewTime")), epoch=int(doc.get("epoch", 0)),
+        register_time=_ts(doc.get("registerTime")), message=doc.get("message", ""), active_attempts=len(live))
+
+
+def attempt_proto(obj: dict[str, Any], offering: str = "") -> node_pb2.Attempt:
+    spec, status, meta = obj.get("spec") or {}, obj.get("status") or {}, obj["metadata"]
+    out = node_pb2.Attempt(
+        id=spec.get("id", ""), job=common_pb2.JobRef(project=meta.get("namespace", ""), name=spec.get("job", ""),
+                                                     uid=spec.get("jobUID", "")),
+        index=int(spec.get("index", 0)), number=int(spec.get("number", 1)), node=spec.get("node", ""),
+        phase=PHASE_NUMBERS[phase_of(obj)], reason=status.get("reason", ""), message=status.get("message", ""),
+        create_time=_ts(meta.get("creationTimestamp")), start_time=_ts(status.get("startTime")),
+        finish_time=_ts(status.get("finishTime")), offering=offering,
+        restored_from_seq=int(status.get("restoredFromSeq") or 0))
+    if status.get("exitCode") is not None:
+        out.exit_code = int(status["exitCode"])
+    return out
+
+
+def require_operator(caller: Caller) -> None:
+    """Operator services (NodeService, GangService) answer an admin of every project only."""
+    if caller.project != ALL_PROJECTS or caller.role < Role.ADMIN:
+        raise NodusError("Forbidden", f'User "{caller.subject}" is not a cluster operator',
+                         fix="use an admin token for every project (the one in DATA_DIR/kubeconfig)")
+
+
+class NodeServicer(node_pb2_grpc.NodeServiceServicer):
+    """Operators: admin tokens for every project (`*`), as the bootstrap kubeconfig holds."""
+
+    def __init__(self, registry: NodeRegistry, identity: Identity) -> None:
+        self.registry = registry
+        self.identity = identity
+
+    def _get(self, name: str) -> dict[str, Any]:
+        doc = self.registry.node(name)
+        if doc is None:
+            raise _no_node(name)
+        return doc
+
+    @rpc("listnodes")
+    async def ListNodes(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        selector = parse_label_selector(request.label_selector)
+        nodes = [node_proto(self.registry, self._get(n)) for n in self.registry.names()]
+        nodes = [n for n in nodes if selector.matches(dict(n.inventory.labels))
+                 and (not request.phase or n.phase == request.phase)]
+        return node_pb2.ListNodesResponse(nodes=nodes)
+
+    @rpc("getnode")
+    async def GetNode(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        return node_proto(self.registry, self._get(request.name))
+
+    @rpc("cordon")
+    async def Cordon(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        return node_proto(self.registry, await self.registry.set_cordon(request.name, True, request.message))
+
+    @rpc("uncordon")
+    async def Uncordon(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        return node_proto(self.registry, await self.registry.set_cordon(request.name, False))
+
+    @rpc("drain")
+    async def Drain(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        if request.grace_seconds < 0:
+            raise NodusError("BadRequest", "grace_seconds must not be negative")
+        doc = await self.registry.drain(request.name, int(request.grace_seconds or 30), request.message)
+        return node_proto(self.registry, doc)
+
+    @rpc("reclaim")
+    async def Reclaim(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        if request.grace_seconds < 0:
+            raise NodusError("BadRequest", "grace_seconds must not be negative")
+        registry = self.registry
+        doc = await registry.set_cordon(request.name, True, request.message or "reclaimed", draining=True)
+        await checkpoints.reclaim(registry.cache, registry.objects, request.name, int(request.grace_seconds or 30),
+                                  registry.clock.now())
+        return node_proto(registry, doc)
+
+    @rpc("listattempts")
+    async def ListAttempts(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        if request.job and not request.project:
+            raise NodusError("BadRequest", "job requires project", fix='set "project" too')
+        if request.node:
+            candidates = self.registry.cache.attempts_on(request.node)
+        elif request.job:
+            candidates = self.registry.cache.attempts_of(request.project, request.job)
+        else:
+            candidates = self.registry.cache.attempts()
+        chosen = [a for a in candidates
+                  if (not request.project or a["metadata"].get("namespace") == request.project)
+                  and (not request.node or (a.get("spec") or {}).get("node") == request.node)
+                  and (request.include_finished or not phase_of(a).terminal)]
+        chosen.sort(key=lambda a: (a["metadata"].get("namespace", ""), a["spec"].get("job", ""),
+                                   int(a["spec"].get("index", 0)), int(a["spec"].get("number", 1))))
+        offerings = {n: (self.registry.node(n) or {}).get("offering", "") for n in self.registry.names()}
+        return node_pb2.ListAttemptsResponse(
+            attempts=[attempt_proto(a, offerings.get(a["spec"].get("node", ""), "")) for a in chosen])
+
+
+def add_to_server(server: grpc.aio.Server, registry: NodeRegistry, identity: Identity) -> None:
+    node_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(registry, identity), server)

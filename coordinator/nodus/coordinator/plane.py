@@ -1,0 +1,73 @@
+"""The control plane's moving parts, wired once: the cache, the controllers, AgentService and
+NodeService. `main.py` builds one, registers its gRPC services, starts it and stops it."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import grpc
+
+from .agents import AgentServicer
+from .checkpoints import RETENTION_TICK, Retention
+from .agents import add_to_server as add_agent_service
+from .clock import Clock
+from .gangs_api import add_to_server as add_gang_service
+from .grpc_api import AGENT_SERVICE, GANG_SERVICE, NODE_SERVICE
+from .nodes import NodeRegistry
+from .nodes import add_to_server as add_node_service
+from .resources import ResourceService
+from .store.base import Store
+from .vault import Vault
+from .controllers.cache import Cache
+from .controllers.gang import GangConfig
+from .controllers.interruptions import Interruptions
+from .controllers.job_controller import JobController
+from .controllers.lease import LeaseController
+from .controllers.objects import Objects
+from .controllers.placement import PlacementController
+
+log = logging.getLogger("nodus.controllers")
+
+
+class ControlPlane:
+    def __init__(self, store: Store, service: ResourceService, vault: Vault, clock: Clock, *,
+                 lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
+                 blobs: Any = None, retention_interval: float = RETENTION_TICK) -> None:
+        self.cache = Cache(store)
+        self.objects = Objects(store, self.cache)
+        self.registry = NodeRegistry(self.cache, self.objects, clock, lease_duration, heartbeat_interval)
+        interruptions = Interruptions(self.cache, clock)  # one MTBI memo for the streams and the Job controller
+        self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions)
+        self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions)
+        self.placement = PlacementController(self.registry, self.objects, clock)
+        self.leases = LeaseController(self.registry, self.objects)
+        self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
+                                   tick=retention_interval) if blobs is not None else None
+        self._identity = service.identity
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def servicers(self) -> list[tuple[str, Callable[[grpc.aio.Server], None]]]:
+        return [(AGENT_SERVICE, lambda server: add_agent_service(server, self.agents)),
+                (NODE_SERVICE, lambda server: add_node_service(server, self.registry, self._identity)),
+                (GANG_SERVICE, lambda server: add_gang_service(server, self.cache, self._identity))]
+
+    async def start(self, controllers: bool = True) -> None:
+        """Loads the cache from the store, then starts every controller (unless told not to)."""
+        await self.cache.start()
+        if not controllers:
+            log.warning("controllers are off: Jobs are stored but never run")
+            return
+        runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run)]
+        if self.retention is not None:
+            runs.append(("checkpoint-retention", self.retention.run))
+        for name, run in runs:
+            self._tasks.append(asyncio.create_task(run(), name=name))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for session in list(self.agents.sessions.values()):
+            session.end()
+        await self.cache.stop()

@@ -1,1 +1,0 @@
-"""Nodus: run GPU work to completion. The customer CLI and the program-side helpers live here."""

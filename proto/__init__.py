@@ -1,1 +1,0 @@
-"""The gRPC contract (`proto/nodus/v1/*.proto`) and its committed generated code."""
