@@ -6,7 +6,7 @@ The coordinator tells each member its step (GangPlan), derived from what every m
    the init command and the sidecars and then waits at its gate (status `gate: waiting`). The agent
    has reserved two ports by listening on them (the rendezvous port, rank 0's MASTER_PORT, and the
    probe's echo port) and reports done = Assemble with its advertised address and both ports.
-2. Mesh: the probe (`probe.py`, a subprocess) measures TCP RTT to every peer and the gang's
+2. Mesh: the probe (`probe/`, a subprocess) measures TCP RTT to every peer and the gang's
    all-reduce bus bandwidth within its budget; the agent sends the ProbeResult and reports
    done = Mesh. A failed probe is reported as such and does not stop the gang.
 3. Start: the launcher (`nodus.launchers`) turns the plan into this member's steps and environment;
