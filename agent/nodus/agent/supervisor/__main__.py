@@ -1,0 +1,76 @@
+"""`python -m nodus.agent.supervisor ATTEMPT_DIR --lock-fd N`, or `--zygote` (fork supervisors on request)."""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..layout import AttemptLayout
+from ..statefile import read_json
+from .lifecycle import Supervisor
+
+
+def _notify_address(text: str | None) -> str | None:
+    if text and text.startswith("@"):
+        return "\0" + text[1:]  # an abstract unix socket
+    return text
+
+
+def _from_zygote(request: dict[str, Any], lock_fd: int) -> None:
+    """In a child the zygote forked: become the supervisor of request["attempt_dir"]."""
+    layout = AttemptLayout(Path(request["attempt_dir"]))
+    log = os.open(layout.run / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.set_inheritable(lock_fd, False)
+    spec = read_json(layout.spec)
+    if spec is None:
+        print(f"no spec at {layout.spec}", file=sys.stderr)
+        return
+    Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify"))).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="nodus-supervisor")
+    p.add_argument("attempt_dir", nargs="?")
+    p.add_argument("--lock-fd", type=int, default=-1)
+    p.add_argument("--notify", default=None)
+    p.add_argument("--zygote", action="store_true", help="fork supervisors on request (fd 0: the agent's socket)")
+    args = p.parse_args(argv)
+    if args.zygote:
+        import importlib
+
+        from ..zygote import serve
+        for module in ("tarfile", "psutil", "zstandard"):  # warm what supervisors need, once
+            importlib.import_module(module)
+        serve(_from_zygote)
+        return
+    if not args.attempt_dir:
+        p.error("ATTEMPT_DIR is required")
+    layout = AttemptLayout(Path(args.attempt_dir))
+    if args.lock_fd >= 0:
+        os.set_inheritable(args.lock_fd, False)
+    else:  # started by hand: take the lock ourselves
+        fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    secrets: dict[str, Any] = {}
+    if not sys.stdin.isatty():
+        raw = sys.stdin.read()
+        secrets = json.loads(raw) if raw.strip() else {}
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    spec = read_json(layout.spec)
+    if spec is None:
+        print(f"no spec at {layout.spec}", file=sys.stderr)
+        sys.exit(2)
+    Supervisor(layout, spec, secrets, _notify_address(args.notify)).run()
+
+
+if __name__ == "__main__":
+    main()

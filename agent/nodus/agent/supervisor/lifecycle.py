@@ -1,0 +1,354 @@
+"""The supervisor's main loop: cgroup → init command → sidecars → (a gang member's gate and
+launch) → main command → wind down (teardown, sidecars, the cgroup) → outputs, and its status file.
+
+It records what it sees in `run/status.json` (atomically, phases of `SupervisorPhase`) and pokes
+the agent over a datagram socket after every write.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ..cgroups import Cgroup
+from ..launch import GangLaunch
+from ..layout import AttemptLayout
+from ..outputs import collect_outputs
+from ..statefile import read_json, write_json
+from .member import GATE_POLL, await_head, write_launch_files
+from .phase import SupervisorPhase as P
+from .processes import MESSAGE_LINES, LINE_LIMIT, Processes
+from .sidecars import Sidecars, Teardown
+
+PREFIX_INIT = b"[init] "
+PREFIX_SETUP = b"[setup] "
+OWN_PREFIXES = ("[init] ", "[setup] ", "[teardown] ", "[sidecar ", "[nodus] ")
+"""Log lines that are not the main command's."""
+
+
+class Stop(Exception):
+    """The agent (or someone) asked the attempt to stop."""
+
+    def __init__(self, phase: P, reason: str, grace: float) -> None:
+        super().__init__(reason)
+        self.phase, self.reason, self.grace = phase, reason, grace
+
+
+class Supervisor:
+    def __init__(self, layout: AttemptLayout, spec: dict[str, Any], secrets: dict[str, Any],
+                 notify_path: str | None) -> None:
+        self.layout = layout
+        self.spec = spec
+        self.secret_env: dict[str, str] = dict(secrets.get("env") or {})
+        self.sidecar_secret_env: dict[str, dict[str, str]] = dict(secrets.get("sidecars") or {})
+        self.secret_values = sorted({v for v in self.secret_env.values() if len(v) >= 4} |
+                                    {v for m in self.sidecar_secret_env.values() for v in m.values() if len(v) >= 4},
+                                    key=len, reverse=True)
+        self.notify_path = notify_path
+        self.status: dict[str, Any] = {"attempt_id": spec["attempt_id"], "supervisor_pid": os.getpid(),
+                                       "phase": P.SPAWNED, "reason": "", "message": "", "exit_code": None,
+                                       "oom_killed": False, "start_time": None, "finish_time": None,
+                                       "outputs": [], "process_groups": [], "cgroup": []}
+        self.log_fd = os.open(layout.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.procs = Processes(self.log_fd, self.cwd, spec.get("user"), self.check_stop)
+        self.sidecars = Sidecars(self.procs, self.note, float(spec.get("stop_grace", 10)))
+        self.teardown = Teardown(self.procs, self.note)
+
+    @property
+    def cgroup(self) -> Cgroup:
+        return self.procs.cgroup
+
+    # -- status ------------------------------------------------------------------------------------
+    def set(self, durable: bool = False, **changes: Any) -> None:
+        self.status.update(changes)
+        self.status["process_groups"] = list(self.procs.process_groups)
+        self.status["time"] = time.time()
+        write_json(self.layout.status, self.status, mode=0o644, durable=durable)
+        self._notify()
+
+    def _notify(self) -> None:
+        if not self.notify_path:
+            return
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                s.setblocking(False)
+                s.sendto(self.spec["attempt_id"].encode(), self.notify_path)
+        except OSError:
+            pass  # the agent is away; it reads status.json when it comes back
+
+    def scrub(self, text: str) -> str:
+        for value in self.secret_values:
+            text = text.replace(value, "***")
+        return text
+
+    def note(self, text: str) -> None:
+        """A line from Nodus itself in the attempt log."""
+        os.write(self.log_fd, b"[nodus] " + self.scrub(text).encode() + b"\n")
+
+    def finish(self, phase: P, reason: str, message: str, **extra: Any) -> None:
+        assert phase.terminal
+        self.set(durable=True, phase=phase, reason=reason, message=self.scrub(message), finish_time=time.time(),
+                 **extra)
+
+    # -- stops -------------------------------------------------------------------------------------
+    def stop_request(self) -> Stop | None:
+        request = read_json(self.layout.cancel)
+        if request is None and not self.procs.stop_signalled:
+            return None
+        request = request or {}
+        default_phase = P.CANCELLED if request else P.LOST
+        phase = P(request["phase"]) if request.get("phase") else default_phase
+        reason = request.get("reason") or ("Cancelled" if request else "Terminated")
+        grace = float(request.get("grace_seconds", self.spec.get("stop_grace", 10)))
+        return Stop(phase, reason, grace)
+
+    def check_stop(self) -> None:
+        stop = self.stop_request()
+        if stop is not None:
+            raise stop
+
+    # -- the attempt -------------------------------------------------------------------------------
+    def env(self, extra: dict[str, str] | None = None, secret: dict[str, str] | None = None,
+            base: dict[str, str] | None = None) -> dict[str, str]:
+        """`base` (the spec's env unless given), then the secret env, `extra` and `secret` on top."""
+        env = dict((self.spec.get("env") or {}) if base is None else base)
+        env.update(self.secret_env)
+        env.update(extra or {})
+        env.update(secret or {})
+        return env
+
+    @property
+    def cwd(self) -> str:
+        return str(self.spec.get("working_dir") or self.layout.root)
+
+    def run(self) -> None:
+        self.set(phase=P.SPAWNED)
+        try:
+            self._prepare()
+            self._run()
+        except Stop as stop:
+            self._stop_everything(stop.grace)
+            self.finish(stop.phase, stop.reason, f"stopped: {stop.reason}")
+        except Exception as e:  # noqa: BLE001 - a supervisor fault must still end in a status
+            traceback.print_exc()
+            self._stop_everything(0)
+            self.finish(P.LOST, "AgentFault", f"attempt supervisor failed: {type(e).__name__}: {e}")
+        finally:
+            shutil.rmtree(self.layout.secrets, ignore_errors=True)
+            self.cgroup.remove()
+
+    def _prepare(self) -> None:
+        limits = self.spec.get("resources") or {}
+        if self.spec.get("cgroups", True):
+            self.procs.cgroup = Cgroup.create(self.spec.get("cgroup_root", "nodus"),
+                                              self.spec.get("cgroup_name") or self.layout.root.name,
+                                              int(limits.get("memory_bytes") or 0), int(limits.get("cpu_millis") or 0))
+            if self.cgroup.missing:
+                print(f"cgroups: running without {', '.join(self.cgroup.missing)}", file=sys.stderr, flush=True)
+            self.status["cgroup"] = [str(p) for p in self.cgroup.paths.values()]
+        cwd = Path(self.cwd)
+        if not cwd.exists():
+            cwd.mkdir(parents=True, exist_ok=True)
+            user = self.spec.get("user")
+            if user and cwd.resolve().is_relative_to(self.layout.root.resolve()):
+                os.chown(cwd, user["uid"], user["gid"])
+
+    def _run(self) -> None:
+        self.check_stop()  # a stop asked for before the spawn
+        init = self.spec.get("init")
+        if init and init.get("command"):
+            self.set(phase=P.INITIALIZING)
+            if not self._run_init(init):
+                return
+        sidecars = self.spec.get("sidecars") or []
+        if sidecars:
+            self.set(phase=P.STARTING_SIDECARS)
+            for sc in sidecars:
+                if not self._start_sidecar(sc):
+                    return
+        if self.spec.get("gang"):
+            self._run_launch(self._await_launch())
+        else:
+            self._main_step(list(self.spec.get("command") or []),
+                            self.env({"NODUS_READY_FILE": str(self.layout.ready / "main")}))
+
+    def _run_init(self, init: dict[str, Any]) -> bool:
+        timeout = float(init.get("timeout") or 1800)
+        try:
+            child = self.procs.spawn("init", list(init["command"]), self.env(), PREFIX_INIT)
+        except OSError as e:
+            self.finish(P.FAILED, "InitFailed", f"init command could not start: {e.strerror or e}")
+            return False
+        self.procs.wait(timeout, [child])
+        if child.exit_code is None:
+            self.note(f"init command timed out after {timeout:g}s")
+            self.procs.terminate(child, 0)
+            self.finish(P.FAILED, "InitFailed",
+                        "\n".join([*child.tail, f"init command timed out after {timeout:g}s"][-3:]))
+            return False
+        self.procs.drain(child)
+        self.procs.signal_group(child, signal.SIGKILL)  # what the init command left behind ends with it
+        if child.exit_code != 0:
+            lines = list(child.tail) or [f"init command exited with code {child.exit_code}"]
+            self.finish(P.FAILED, "InitFailed", "\n".join(lines[-MESSAGE_LINES:]))
+            return False
+        return True
+
+    def _start_sidecar(self, sc: dict[str, Any]) -> bool:
+        name = sc["name"]
+        ready_file = self.layout.ready / name
+        ready_file.unlink(missing_ok=True)
+        env = self.env({**(sc.get("env") or {}), "NODUS_READY_FILE": str(ready_file), "NODUS_SIDECAR": name},
+                       self.sidecar_secret_env.get(name))
+        problem = self.sidecars.start(sc, env, ready_file)
+        if problem is None:
+            return True
+        self._fail(P.FAILED, "SidecarFailed", problem)
+        return False
+
+    def _fail(self, phase: P, reason: str, message: str) -> None:
+        """Ends the attempt before its main command ran to its end: noted, wound down, finished."""
+        self.note(message.splitlines()[0])
+        self._wind_down()
+        self.finish(phase, reason, message)
+
+    def _main_step(self, argv: list[str], env: dict[str, str], service: bool = False) -> None:
+        """Runs the main command (or a gang member's main step) to its end and finishes the attempt.
+
+        A `service` (a Ray worker) is only ever meant to end by a stop: exiting on its own loses the member.
+        """
+        oom_before = self.cgroup.oom_kills()
+        try:
+            main = self.procs.spawn("main", argv, env, None)
+        except OSError as e:
+            code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC) else 127
+            self.note(f"command could not start: {argv[:1]}: {e.strerror or e}")
+            self._wind_down()
+            self.finish(P.FAILED, "Error", f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}",
+                        exit_code=code)
+            return
+        self.set(phase=P.RUNNING, start_time=time.time(), main_pid=main.proc.pid)
+        try:
+            while main.exit_code is None:
+                self.procs.wait(3600, [main])
+        except Stop as stop:
+            self.set(phase=P.STOPPING)
+            self.procs.terminate(main, stop.grace)
+            self.status["exit_code"] = main.exit_code
+            raise  # run() stops the rest (teardown included) and finishes with the stop's phase
+        code = main.exit_code
+        assert code is not None
+        self.set(phase=P.STOPPING, exit_code=code)
+        self.procs.signal_group(main, signal.SIGKILL)  # what the command left behind in its group
+        oom = code != 0 and self.cgroup.oom_kills() > oom_before
+        self._wind_down()
+        if service:
+            lines = [f"the {argv[0]} service of this gang member exited on its own with code {code}",
+                     *self.main_tail()[-(MESSAGE_LINES - 1):]]
+            self.finish(P.LOST, "GangMemberExited", "\n".join(lines), exit_code=code, oom_killed=oom)
+        elif oom:
+            self.finish(P.FAILED, "OOMKilled", "the command was killed by the kernel's OOM killer (memory limit "
+                        f"{(self.spec.get('resources') or {}).get('memory_bytes', 0)} bytes)", exit_code=code,
+                        oom_killed=True)
+        elif code != 0:
+            lines = self.main_tail() or [f"the command exited with code {code}"]
+            self.finish(P.FAILED, "Error", "\n".join(lines), exit_code=code)
+        else:
+            gang = self.spec.get("gang") or {}
+            outputs, problem = collect_outputs(self.layout, self.spec.get("outputs") or [],
+                                               default=int(gang.get("rank") or 0) == 0)
+            if problem:
+                self.finish(P.FAILED, "OutputMissing", problem, exit_code=code)
+            else:
+                self.finish(P.SUCCEEDED, "Completed", "", exit_code=code, outputs=outputs)
+
+    # -- a gang member -----------------------------------------------------------------------------
+    def _await_launch(self) -> GangLaunch:
+        """Waits at the gate (interruptibly, pumping sidecar output) until the agent writes launch.json."""
+        gang = self.spec["gang"]
+        self.set(gate="waiting")
+        self.note(f"gang member rank {gang.get('rank')} (epoch {gang.get('epoch')}): waiting at the gate")
+        while (raw := read_json(self.layout.launch)) is None:
+            self.procs.wait(GATE_POLL)
+        self.check_stop()  # a stop that came with the launch wins: nothing of the launch starts
+        launch = GangLaunch.parse(raw)  # a bad launch.json is the agent's fault: run() ends LOST AgentFault
+        if launch.launch.rank != gang.get("rank"):
+            raise ValueError(f"launch.json is for rank {launch.launch.rank}, this member is rank {gang.get('rank')}")
+        self.set(gate="open")
+        self.note(f"the gate is open: {launch.launch.launcher} {launch.launch.role}")
+        return launch
+
+    def _run_launch(self, gl: GangLaunch) -> None:
+        """Files → wait for the head → setup steps → the main step (teardown steps armed before setup)."""
+        launch = gl.launch
+        env = self.env({"NODUS_READY_FILE": str(self.layout.ready / "main")}, base=launch.env)
+        write_launch_files(launch.files, self.spec.get("user"))
+        if launch.waits_for_head:
+            problem = await_head(gl.head, gl.head_timeout_s, self.procs.wait, self.note)
+            if problem is not None:
+                self._fail(P.LOST, "RendezvousTimeout", problem)
+                return
+        self.teardown.arm(list(launch.teardown), env)
+        for number, step in enumerate(launch.setup, 1):
+            if not self._run_setup(number, list(step), env):
+                return
+        self._main_step(list(launch.argv), env, service=not launch.runs_command)
+
+    def _run_setup(self, number: int, argv: list[str], env: dict[str, str]) -> bool:
+        """One setup step to its end; False (and FAILED LaunchFailed) when it fails.
+
+        What a step leaves running (`ray start --head`'s daemons) stays: the main step needs it.
+        """
+        try:
+            child = self.procs.spawn("setup", argv, env, PREFIX_SETUP)
+        except OSError as e:
+            self._fail(P.FAILED, "LaunchFailed",
+                       f"setup step {number} ({argv[0] if argv else ''}) could not start: {e.strerror or e}")
+            return False
+        while child.exit_code is None:
+            self.procs.wait(3600, [child])
+        self.procs.drain(child)
+        if child.exit_code != 0:
+            lines = list(child.tail)[-(MESSAGE_LINES - 1):]
+            self._fail(P.FAILED, "LaunchFailed",
+                       "\n".join([f"setup step {number} ({argv[0]}) exited with code {child.exit_code}", *lines]))
+            return False
+        return True
+
+    # -- the end -----------------------------------------------------------------------------------
+    def main_tail(self) -> list[str]:
+        """The last lines the main command wrote (init, setup, teardown, sidecar and Nodus lines left out)."""
+        try:
+            with open(self.layout.log, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+                data = f.read()
+        except OSError:
+            return []
+        lines = [ln.decode(errors="replace").rstrip() for ln in data.split(b"\n")]
+        own = [ln[:LINE_LIMIT] for ln in lines if ln.strip() and not ln.startswith(OWN_PREFIXES)]
+        return own[-MESSAGE_LINES:]
+
+    def _stop_everything(self, grace: float) -> None:
+        for child in self.procs.children:
+            if child.name in ("main", "init", "setup"):
+                if child.exit_code is None:
+                    self.procs.terminate(child, grace)
+                self.procs.signal_group(child, signal.SIGKILL)
+        self._wind_down()
+
+    def _wind_down(self) -> None:
+        """What is left once the command ended or failed to start: the armed teardown steps (once), what
+        a setup step left running (a Ray head's daemons), the sidecars, then anything else in the cgroup."""
+        self.teardown.run()
+        for child in self.procs.children:
+            if child.name == "setup":
+                self.procs.signal_group(child, signal.SIGKILL)
+        self.sidecars.stop()
+        self.cgroup.kill_all()

@@ -1,0 +1,220 @@
+"""The supervisor's children and its one select loop: spawn, wait (pumping output), drain, terminate.
+
+Single-threaded: init, setup, teardown and sidecar output is pumped through one selector, and a
+signal wakes it through a pipe (`signal.set_wakeup_fd`), so moving each child into the attempt's
+cgroup (and then to the workload user) in `preexec_fn` before exec is safe.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..cgroups import Cgroup
+
+MESSAGE_LINES = 3
+"""Lines of a child's output kept for the attempt's message."""
+LINE_LIMIT = 400
+STOP_CHECK_INTERVAL = 0.5
+"""Seconds between looks for a stop request while waiting (a signal is noticed at once)."""
+
+
+@dataclass(slots=True)
+class Child:
+    """One process the supervisor started (init, a sidecar, a setup or teardown step, or the main command)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    pidfd: int
+    prefix: bytes = b""
+    pipe: int | None = None
+    partial: bytes = b""
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=MESSAGE_LINES))
+
+    @property
+    def exit_code(self) -> int | None:
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        return 128 - rc if rc < 0 else rc
+
+
+class Processes:
+    """Every child of one supervisor, the attempt log they write to, and the wait that pumps them."""
+
+    def __init__(self, log_fd: int, cwd: str, user: dict[str, Any] | None, check_stop: Callable[[], None]) -> None:
+        self.log_fd = log_fd
+        self.cwd = cwd
+        self.user = user
+        """{"uid", "gid", "groups"} or None: children run as the supervisor's user."""
+        self.check_stop = check_stop
+        """Raises the supervisor's Stop when a stop was asked for; called by interruptible waits."""
+        self.cgroup = Cgroup(0)
+        """Where children go; the supervisor replaces it once it created the attempt's cgroup."""
+        self.children: list[Child] = []
+        self.process_groups: list[int] = []
+        self.stop_signalled = False
+        self.selector = selectors.DefaultSelector()
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake_r = wake_r
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.selector.register(wake_r, selectors.EVENT_READ, None)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.stop_signalled = True
+
+    def wait(self, timeout: float, children: Sequence[Child] = (), interruptible: bool = True) -> None:
+        """Waits up to `timeout` for one of `children` to exit, pumping output meanwhile."""
+        deadline = time.monotonic() + timeout
+        checked = 0.0
+        watched = {c.pidfd: c for c in children if c.pidfd >= 0}
+        for fd in watched:
+            self.selector.register(fd, selectors.EVENT_READ, "exit")
+        try:
+            while True:
+                if interruptible and (self.stop_signalled or time.monotonic() - checked >= STOP_CHECK_INTERVAL):
+                    checked = time.monotonic()
+                    self.check_stop()
+                if any(c.exit_code is not None for c in children):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for key, _ in self.selector.select(min(left, 1.0)):
+                    if key.fd == self.wake_r:
+                        self._read_wake()
+                    elif isinstance(key.data, Child):
+                        self._pump(key.data)
+        finally:
+            for fd in watched:
+                self.selector.unregister(fd)
+
+    def _read_wake(self) -> None:
+        try:
+            os.read(self.wake_r, 512)
+        except BlockingIOError:
+            pass
+
+    def _pump(self, child: Child) -> None:
+        assert child.pipe is not None
+        try:
+            data = os.read(child.pipe, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_pipe(child)
+            return
+        buf = child.partial + data
+        lines = buf.split(b"\n")
+        child.partial = lines.pop()
+        if len(child.partial) > 65536:
+            lines.append(child.partial)
+            child.partial = b""
+        self._emit(child, lines)
+
+    def _emit(self, child: Child, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        out = b"".join(child.prefix + line + b"\n" for line in lines)
+        os.write(self.log_fd, out)
+        for line in lines:
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                child.tail.append(text[:LINE_LIMIT])
+
+    def _close_pipe(self, child: Child) -> None:
+        if child.pipe is None:
+            return
+        if child.partial:
+            self._emit(child, [child.partial])
+            child.partial = b""
+        self.selector.unregister(child.pipe)
+        os.close(child.pipe)
+        child.pipe = None
+
+    def drain(self, child: Child, timeout: float = 1.0) -> None:
+        """Reads what an exited child left in its pipe (its own children may hold it open)."""
+        deadline = time.monotonic() + timeout
+        while child.pipe is not None and time.monotonic() < deadline:
+            ready = self.selector.select(max(0.0, deadline - time.monotonic()))
+            for key, _ in ready:
+                if isinstance(key.data, Child):
+                    self._pump(key.data)
+                elif key.fd == self.wake_r:
+                    self._read_wake()
+        if child.pipe is not None:
+            self._close_pipe(child)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], prefix: bytes | None) -> Child:
+        """Starts a child in its own session; `prefix` None: its output goes to the log unprefixed."""
+        cgroup = self.cgroup
+        user = self.user
+
+        def child_setup() -> None:
+            """In the child, before exec: cgroup, OOM score, then the workload user (in that order:
+            only root may write cgroup.procs)."""
+            if cgroup.usable:
+                try:
+                    cgroup.attach()
+                except OSError:
+                    pass  # run without rather than fail; the supervisor logged what is missing
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("0")  # the supervisor is protected from the OOM killer; its workload is not
+            except OSError:
+                pass
+            if user:
+                os.setgroups(user.get("groups") or [])
+                os.setgid(user["gid"])
+                os.setuid(user["uid"])
+
+        if prefix is None:
+            out_fd, pipe = self.log_fd, None
+        else:
+            pipe, out_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out_fd,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    preexec_fn=child_setup)
+        finally:
+            if pipe is not None:
+                os.close(out_fd)
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            pidfd = -1
+        child = Child(name, proc, pidfd, prefix or b"", pipe)
+        if pipe is not None:
+            os.set_blocking(pipe, False)
+            self.selector.register(pipe, selectors.EVENT_READ, child)
+        self.children.append(child)
+        self.process_groups = sorted({*self.process_groups, proc.pid})
+        return child
+
+    def signal_group(self, child: Child, sig: int) -> None:
+        try:
+            os.killpg(child.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self, child: Child, grace: float) -> None:
+        """SIGTERM to the child's process group, SIGKILL after `grace` seconds."""
+        if child.exit_code is None:
+            self.signal_group(child, signal.SIGTERM)
+            self.wait(grace, [child], interruptible=False)
+        self.signal_group(child, signal.SIGKILL)
+        if child.exit_code is None:
+            self.wait(5.0, [child], interruptible=False)
+        if child.pipe is not None:
+            self.drain(child, 0.5)
