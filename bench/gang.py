@@ -49,9 +49,11 @@ import requests
 import yaml
 
 from nodus.agent.probe import TARGET_S
-from nodus.agent.testing import free_port
 
-from daemons import stop_all
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' doubles
+from agent_double import free_port  # noqa: E402
+
+from daemons import stop_all  # noqa: E402
 
 BIN = Path(sys.executable).parent
 API = "/apis/nodus.dev/v1/namespaces/default"

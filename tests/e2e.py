@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from conftest import BIN, Coordinator, job
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 
 NS = "/apis/nodus.dev/v1/namespaces/default"
 JOBS = f"{NS}/jobs"

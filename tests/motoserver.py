@@ -13,7 +13,7 @@ from typing import Iterator
 
 import requests
 
-from nodus.agent.testing import free_port
+from agent_double import free_port
 
 BIN = Path(sys.executable).parent
 

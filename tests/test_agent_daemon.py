@@ -1,6 +1,6 @@
 """The agent daemon against a protocol double of the coordinator: a real `nodus-agent` process.
 
-The double (nodus.agent.testing.FakeCoordinator) speaks agent.proto's conversation from the
+The double (agent_double.FakeCoordinator) speaks agent.proto's conversation from the
 coordinator's end and records every message; the coordinator's real servicer is tested end to end
 in test_agent_e2e.py.
 """
@@ -16,7 +16,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from nodus.agent.testing import AgentProcess, FakeCoordinator, wait_for
+from agent_double import AgentProcess, FakeCoordinator, wait_for
 from nodus.v1 import agent_pb2
 
 PY = sys.executable

@@ -14,7 +14,7 @@ import zstandard
 
 from conftest import Coordinator, job
 from e2e import JOBS, ended, get_job, start_agent
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 
 INDEXED = r"""
 import os, sys, time

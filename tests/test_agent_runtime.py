@@ -20,7 +20,7 @@ import zstandard
 
 from httpsfiles import HttpsFiles
 from nodus.agent import cgroups
-from nodus.agent.testing import AgentProcess, FakeCoordinator, free_port, wait_for
+from agent_double import AgentProcess, FakeCoordinator, free_port, wait_for
 from nodus.v1 import agent_pb2
 
 PY = sys.executable

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 from nodus.agent import sdnotify
-from nodus.agent.testing import AgentProcess, FakeCoordinator
+from agent_double import AgentProcess, FakeCoordinator
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Coordinator
 from e2e import JOBS, attempts_of, create, patch_state, start_agent, suspend, units, wait_job
-from nodus.agent.testing import AgentProcess
+from agent_double import AgentProcess
 
 # Counts in $NODUS_STATE_DIR/counter beside 1 MiB of random weights; the marker records the weights'
 # digest, so the test can tell the restored bytes are the program's.

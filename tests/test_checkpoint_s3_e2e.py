@@ -21,7 +21,7 @@ from conftest import Coordinator, job
 from e2e import (ATTEMPTS, JOBS, MERGE, NS, attempts_of, create, patch_state, start_agent, suspend,
                  units, wait_job)
 from motoserver import moto_server
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 from test_recovery_e2e import starts
 
 REGION = "eu-west-1"

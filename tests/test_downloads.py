@@ -23,7 +23,7 @@ import zstandard
 
 from conftest import Coordinator, job
 from e2e import ATTEMPTS, JOBS, agent_md, following, start_agent
-from nodus.agent.testing import AgentProcess
+from agent_double import AgentProcess
 from nodus.v1 import blob_pb2, blob_pb2_grpc
 
 UNPLACEABLE = {"resources": {"gpu": {"count": 8, "type": ["H100"]}}}

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import Coordinator
 from e2e import JOBS, attempts_of, create, ended, fleet
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,7 @@ from e2e import AGENT_ENV, attempts_of, create, ended, joined, wait_job
 from netns import Host, Lab
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.statefile import read_json
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 from nodus.v1 import node_pb2, node_pb2_grpc
 
 pytestmark = [pytest.mark.slow,

@@ -26,7 +26,7 @@ import pytest
 
 from conftest import Coordinator
 from e2e import attempts_of, create, fleet, get_job, wait_job
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 from nodus.v1 import node_pb2, node_pb2_grpc
 
 pytestmark = pytest.mark.slow

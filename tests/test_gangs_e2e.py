@@ -19,7 +19,7 @@ import pytest
 
 from conftest import BIN, Coordinator, job
 from e2e import ENDED, JOBS, attempts_of, create, ended, fleet, get_job, patch_state, wait_job
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 from nodus.v1 import gang_pb2, gang_pb2_grpc
 
 pytestmark = pytest.mark.slow

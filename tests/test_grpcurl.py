@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conftest import BIN, Coordinator, job
-from nodus.agent.testing import wait_for
+from agent_double import wait_for
 
 RS = "nodus.v1.ResourceService"
 # grpcurl prints response fields by their proto names (resource_version), not their JSON names.

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Coordinator
 from e2e import attempts_of, create, patch_state, start_agent, suspend, units, wait_job
-from nodus.agent.testing import AgentProcess
+from agent_double import AgentProcess
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import Coordinator
 from e2e import ENDED, JOBS, attempts_of, create, following, patch_state, settled, start_agent, status, wait_status
 from httpsfiles import HttpsFiles
-from nodus.agent.testing import AgentProcess, free_port, wait_for
+from agent_double import AgentProcess, free_port, wait_for
 
 PY = sys.executable
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nodus.agent.testing import free_port
+from agent_double import free_port
 from nodus.launchers import (GANG_VARIABLES, LAUNCHERS, Launch, MemberPlan, PythonCommand,
                              Rendezvous, Role, Topology, check, gang_env, launch, launch_gang,
                              parse_python)

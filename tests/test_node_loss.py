@@ -22,7 +22,7 @@ import pytest
 
 from conftest import Coordinator
 from e2e import attempts_of, create, joined, settled, start_agent, status
-from nodus.agent.testing import AgentProcess, wait_for
+from agent_double import AgentProcess, wait_for
 
 PY = sys.executable
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nodus.agent.testing import free_port
+from agent_double import free_port
 from nodus.agent.probe import (Budget, EchoServer, PlanError, Report, bus_factor, classify_path,
                                message_sizes, parse_plan, run_probe)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nodus.agent.testing import wait_for
+from agent_double import wait_for
 import zstandard
 
 from nodus.agent.cgroups import Cgroup

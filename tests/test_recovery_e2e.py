@@ -11,7 +11,7 @@ import pytest
 
 from conftest import Coordinator, job
 from e2e import JOBS, attempts_of, joined, patch_state, start_agent, suspend, units, wait_job
-from nodus.agent.testing import AgentProcess
+from agent_double import AgentProcess
 
 # Counts to TARGET, one step every 0.1 s, keeping the count in the state dir (written atomically);
 # records where each run started, so the test sees what a resumed run restored.

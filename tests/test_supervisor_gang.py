@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from nodus.agent.testing import free_port
+from agent_double import free_port
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.statefile import read_json, write_json
 from nodus.agent.launch import GangLaunch, split_endpoint
