@@ -19,8 +19,7 @@ from .controllers.cache import JOBS, Cache
 from .controllers.gang import is_gang
 from .errors import NodusError
 from .grpc_api import rpc
-from .identity import Caller, Identity
-from .nodes import require_operator
+from .identity import Caller, Identity, require_operator
 
 _PHASES = {name: getattr(gang_pb2, f"GANG_PHASE_{name.upper()}") for name in (
     "Queued", "Assembling", "Meshing", "Starting", "Running", "Recovering", "Stopping", "Releasing", "Done")}

@@ -73,6 +73,13 @@ class Caller:
         return role is not None and role >= needed
 
 
+def require_operator(caller: Caller) -> None:
+    """Operator services (NodeService, GangService) answer an admin of every project only."""
+    if caller.project != ALL_PROJECTS or caller.role < Role.ADMIN:
+        raise NodusError("Forbidden", f'User "{caller.subject}" is not a cluster operator',
+                         fix="use an admin token for every project (the one in DATA_DIR/kubeconfig)")
+
+
 SYSTEM = Caller("system:coordinator", ALL_PROJECTS, Role.ADMIN)
 """The coordinator's own controllers."""
 

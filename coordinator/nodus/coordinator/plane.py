@@ -14,8 +14,8 @@ from .agents import add_to_server as add_agent_service
 from .clock import Clock
 from .gangs_api import add_to_server as add_gang_service
 from .grpc_api import AGENT_SERVICE, GANG_SERVICE, NODE_SERVICE
+from .node_api import add_to_server as add_node_service
 from .nodes import NodeRegistry
-from .nodes import add_to_server as add_node_service
 from .resources import ResourceService
 from .store.base import Store
 from .vault import Vault

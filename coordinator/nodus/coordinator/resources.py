@@ -19,7 +19,7 @@ import jsonpatch
 import orjson
 
 from .api.admission import admit_create, admit_status, admit_update
-from .api.kinds import KindInfo
+from .api.kinds import KindInfo, resolve
 from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .selectors import FieldSelector, LabelSelector
@@ -568,6 +568,15 @@ class ResourceService:
                 await self.vault.drop(project, name)
             return deleted  # type: ignore[return-value]
         raise self._conflict(info, name)
+
+    # -- the Job controller's writes (controllers/job_controller.py JobWriter) -------------------------
+    async def write_job_status(self, project: str, job: dict[str, Any]) -> dict[str, Any]:
+        written, _ = await self.replace(SYSTEM, resolve("jobs"), project, job["metadata"]["name"], job,
+                                        subresource="status")
+        return written
+
+    async def delete_job(self, project: str, name: str) -> None:
+        await self.delete(SYSTEM, resolve("jobs"), project, name)
 
     # -- secrets ----------------------------------------------------------------------------------
     def _secret_status(self, old: dict[str, Any] | None, version: int, values: dict[str, str],

@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Any
+from typing import Any, Protocol
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
-from ..api.kinds import resolve
 from ..clock import Clock, rfc3339
 from ..errors import NodusError
-from ..identity import SYSTEM
-from ..resources import ResourceService
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .gang import CreateMember, GangConfig, decide_gang, is_gang, topology
@@ -109,11 +106,23 @@ def _deletable(obj: dict[str, Any]) -> bool:
     return phase_of(obj).terminal or not (obj.get("spec") or {}).get("node")
 
 
+class JobWriter(Protocol):
+    """What the controller writes to Jobs, as the system: their status (admitted and compared on
+    resourceVersion, so a changed Job raises Conflict) and the delete a TTL asks for. The resource
+    service implements it; the controller needs nothing else of it."""
+
+    async def write_job_status(self, project: str, job: dict[str, Any]) -> dict[str, Any]:
+        """Writes `job["status"]` over the stored Job; returns the Job as written."""
+
+    async def delete_job(self, project: str, name: str) -> None:
+        """Deletes the Job (its attempts become orphans the controller collects)."""
+
+
 class JobController:
-    def __init__(self, cache: Cache, objects: Objects, service: ResourceService, clock: Clock,
+    def __init__(self, cache: Cache, objects: Objects, jobs: JobWriter, clock: Clock,
                  workers: int = 4, gangs: GangConfig = GangConfig(),
                  interruptions: Interruptions | None = None) -> None:
-        self.cache, self.objects, self.service, self.clock = cache, objects, service, clock
+        self.cache, self.objects, self.writer, self.clock = cache, objects, jobs, clock
         self.gangs = gangs
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
@@ -121,7 +130,6 @@ class JobController:
         self._memo: dict[str, dict[int, tuple[dict[str, Any], AttemptView]]] = {}
         """Per Job: the AttemptView of each attempt object last seen (by identity; the entry holds the
         object, so its id cannot be reused while it is there)."""
-        self._jobs = resolve("jobs")
         self.interruptions = interruptions or Interruptions(cache, clock)
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
@@ -238,8 +246,7 @@ class JobController:
     async def _write_status(self, job: dict[str, Any], project: str, status: dict[str, Any]) -> bool:
         name = job["metadata"]["name"]
         try:
-            written, _ = await self.service.replace(SYSTEM, self._jobs, project, name, {**job, "status": status},
-                                                    subresource="status")
+            written = await self.writer.write_job_status(project, {**job, "status": status})
         except NodusError as e:
             if e.reason in ("Conflict", "NotFound"):
                 return False
@@ -249,7 +256,7 @@ class JobController:
 
     async def _delete_job(self, project: str, name: str) -> None:
         try:
-            await self.service.delete(SYSTEM, self._jobs, project, name)
+            await self.writer.delete_job(project, name)
         except NodusError as e:
             if e.reason != "NotFound":
                 raise
