@@ -377,7 +377,7 @@ class AgentProcess:
             return ""
 
     def state(self) -> dict[str, Any]:
-        from .statefile import read_json
+        from nodus.agent.statefile import read_json
 
         return read_json(self.work_dir / "state.json") or {}
 
@@ -394,9 +394,9 @@ class AgentProcess:
         import os
         import signal as signals
 
-        from .cgroups import Cgroup
-        from .layout import AttemptLayout
-        from .statefile import read_json
+        from nodus.agent.cgroups import Cgroup
+        from nodus.agent.layout import AttemptLayout
+        from nodus.agent.statefile import read_json
 
         attempts = self.work_dir / "attempts"
         if not attempts.is_dir():

@@ -197,21 +197,28 @@ def test_a_failing_init_command_fails_the_attempt_with_three_lines(
     slow = assignment("rt-init-slow", "print('main')")
     slow.init_command.command.extend([PY, "-c", "import time; print('waiting', flush=True); time.sleep(60)"])
     slow.init_command.timeout.FromMilliseconds(500)
-    t0 = time.monotonic()
-    end = run(fake, slow)
+    end = run(fake, slow)  # its 60 s sleep outlasts run()'s wait: only the 500 ms timeout ends it in time
     assert end.phase == 10 and end.reason == "InitFailed" and "timed out" in end.message
-    assert time.monotonic() - t0 < 15
 
 
 def test_a_passing_init_command_runs_before_the_main_command(
         env: tuple[FakeCoordinator, AgentProcess, HttpsFiles, Path]) -> None:
-    fake, _, _, _ = env
+    fake, _, _, tmp = env
+    go = tmp / "init-ok.go"
     a = assignment("rt-init-ok", "import os; print('main sees', open(os.environ['NODUS_STATE_DIR'] + '/prepared').read())")
-    a.init_command.command.extend(["sh", "-c", 'echo ready > "$NODUS_STATE_DIR/prepared"; echo prepared'])
-    end = run(fake, a)
+    # The init command holds until the test has seen INITIALIZING, so that phase cannot be coalesced away.
+    a.init_command.command.extend(["sh", "-c", 'echo ready > "$NODUS_STATE_DIR/prepared"; '
+                                   f'while [ ! -e {str(go)!r} ]; do sleep 0.02; done; echo prepared'])
+    fake.assign(a)
+    wait_for(lambda: "INITIALIZING" in fake.phases("rt-init-ok"), 30, what="INITIALIZING")
+    assert "RUNNING" not in fake.phases("rt-init-ok")
+    go.touch()
+    end = fake.wait_final("rt-init-ok", 30)
+    wait_for(lambda: "rt-init-ok" in fake.log_eof, 10, what="the log's eof")
     assert end.phase == 9
     assert fake.log("rt-init-ok") == "[init] prepared\nmain sees ready\n\n"
-    assert "INITIALIZING" in fake.phases("rt-init-ok") or True  # may be coalesced when init is instant
+    phases = fake.phases("rt-init-ok")
+    assert phases.index("INITIALIZING") < phases.index("SUCCEEDED")
 
 
 # -- sidecars --------------------------------------------------------------------------------------
@@ -319,15 +326,13 @@ def test_progress_is_folded_and_rate_limited(env: tuple[FakeCoordinator, AgentPr
     code = ("import time\nfrom nodus import progress\n"
             "for i in range(1, 151):\n"
             "    progress.report(stage='train', completed=i, total=150, metrics={'loss': round(2 / i, 4)})\n"
-            "    time.sleep(0.01)\n"
             "progress.report(step=7, totalSteps=10, tokensPerSecond=1234.5, gpuMemoryBytes=1 << 30)\n")
-    t0 = time.monotonic()
     end = run(fake, assignment("rt-progress", code))
-    took = time.monotonic() - t0
     assert end.phase == 9
     sent = fake.progress("rt-progress")
     assert sent, "progress reached the coordinator"
-    assert len(sent) <= 2 * took + 2, f"{len(sent)} Progress messages in {took:.1f}s: not rate-limited"
+    # 151 reports written back to back: folded, not one message each (the rate itself is bench/startup.py's)
+    assert len(sent) < 20, f"{len(sent)} Progress messages for 151 reports: not folded"
     last = sent[-1]
     assert (last.stage, last.units_completed, last.units_total) == ("train", 150, 150)
     assert last.metrics["loss"] == str(round(2 / 150, 4))

@@ -205,7 +205,7 @@ def test_a_gang_is_placed_all_at_once_one_member_per_node() -> None:
     out = place_gang(reqs(3), [node("a"), node("b"), node("c")], [])
     assert sorted(p.node for p in out.values()) == ["a", "b", "c"]
     none = place_gang(reqs(4), [node("a"), node("b"), node("c")], [])
-    assert all(p.node is None for p in none.values())
+    assert sorted(none) == ["r0", "r1", "r2", "r3"] and all(p.node is None for p in none.values())
     assert "a gang of 4 needs 4 nodes at once" in none["r0"].explain
 
 
@@ -215,8 +215,10 @@ def test_regional_and_colocated_gangs_stay_in_one_locality() -> None:
     assert {p.node for p in regional.values()} in ({"b", "c"}, {"a", "d"})
     colocated = place_gang(reqs(2), nodes, [], "Colocated")
     assert {p.node for p in colocated.values()} == {"a", "d"}
-    assert all(p.node is None for p in place_gang(reqs(3), nodes, [], "Colocated").values())
-    assert all(p.node for p in place_gang(reqs(4), nodes, [], "Global").values())
+    unplaced = place_gang(reqs(3), nodes, [], "Colocated")
+    assert sorted(unplaced) == ["r0", "r1", "r2"] and all(p.node is None for p in unplaced.values())
+    everywhere = place_gang(reqs(4), nodes, [], "Global")
+    assert sorted(p.node for p in everywhere.values()) == ["a", "b", "c", "d"]
 
 
 def test_ranks_keep_their_node_and_avoiding_a_node_is_only_a_preference() -> None:

@@ -23,6 +23,9 @@ def c(shared_coordinator: Coordinator) -> Coordinator:
     c.run("nodus", "project", "create", "b")
     r = c.session().post(c.url(B_JOBS), json=job("secret-plan"))
     assert r.status_code == 201, r.text
+    # one of A's own, so that "only A's objects are listed" is not said of an empty list
+    r = c.session().post(c.url("/apis/nodus.dev/v1/namespaces/a/jobs"), json=job("a-plan"))
+    assert r.status_code == 201, r.text
     return c
 
 
@@ -61,8 +64,9 @@ def test_project_a_token_gets_nothing_of_project_b_over_rest(c: Coordinator, a_a
     # the object is untouched
     assert c.session().get(c.url(f"{B_JOBS}/secret-plan")).json()["metadata"]["generation"] == 1
     # across projects, only A's objects are listed
-    everything = s.get(c.url("/apis/nodus.dev/v1/jobs")).json()
-    assert all(o["metadata"]["namespace"] == "a" for o in everything["items"])
+    everything = s.get(c.url("/apis/nodus.dev/v1/jobs")).json()["items"]
+    assert {o["metadata"]["namespace"] for o in everything} == {"a"}
+    assert "a-plan" in [o["metadata"]["name"] for o in everything]
 
 
 def test_roles_within_a_project(c: Coordinator) -> None:
@@ -108,7 +112,8 @@ def test_project_a_token_gets_nothing_of_project_b_over_grpc(c: Coordinator, a_a
                 call(())
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
         listed = stub.List(resource_pb2.ListRequest(kind="jobs"), metadata=(("authorization", f"Bearer {a_admin}"),))
-        assert all(item["metadata"]["namespace"] == "a" for item in listed.items)
+        assert {item["metadata"]["namespace"] for item in listed.items} == {"a"}
+        assert "a-plan" in [item["metadata"]["name"] for item in listed.items]
         projects = project_pb2_grpc.ProjectServiceStub(channel)
         with pytest.raises(grpc.RpcError) as e:
             projects.CreateToken(project_pb2.CreateTokenRequest(project="b", role="admin"),
