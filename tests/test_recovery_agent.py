@@ -230,14 +230,6 @@ class _Blobs:
         dest.write_bytes(self.archive.read_bytes())
 
 
-class _Agent:
-    """What restore_before_start reads of the daemon: the link's blob client and the runtime's user."""
-
-    def __init__(self, archive: Path) -> None:
-        self.link = type("Link", (), {"blobs": _Blobs(archive)})()
-        self.runtime = type("Runtime", (), {"user": None})()
-
-
 def _trainer_checkpoint(d: Path, step: int, *, complete: bool) -> None:
     d.mkdir(parents=True)
     (d / "model.safetensors").write_bytes(b"weights")
@@ -258,7 +250,7 @@ def _restore_trainer_state(tmp_path: Path, integration: int, env: dict[str, str]
                              checkpoint=agent_pb2.CheckpointPolicy(paths=["/nodus/state"], integration=integration),
                              restore_from=agent_pb2.CheckpointRef(seq=3, sha256=snap.sha256, size_bytes=snap.size))
     layout = attempt(tmp_path, "new")
-    seq = asyncio.run(recovery.restore_before_start(_Agent(snap.archive), a, layout))  # type: ignore[arg-type]
+    seq = asyncio.run(recovery.restore_before_start(_Blobs(snap.archive), None, a, layout))  # type: ignore[arg-type]
     assert seq == 3 and (layout.state / "out" / "checkpoint-200" / "optimizer.pt").exists()
     return a, layout
 

@@ -23,8 +23,7 @@ import json
 import logging
 import socket
 import sys
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -34,12 +33,14 @@ from nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
 from .attempts import GANG_STEPS
+from .clock import Clock
 from .launch import GangLaunch
 from .statefile import read_json, write_json
 
 if TYPE_CHECKING:
     from .attempts import Attempt
-    from .daemon import Agent
+    from .runtime import ProcessRuntime
+    from .table import AttemptTable
 
 log = logging.getLogger("nodus.agent.gang")
 
@@ -102,12 +103,29 @@ class Member:
         self.rendezvous = self.probe = None
 
 
+class Stream(Protocol):
+    def send(self, **message: Any) -> int | None: ...
+
+
+class Host(Protocol):
+    """What a member's steps ask of the agent."""
+
+    def report(self, att: "Attempt", force: bool = False) -> None: ...
+
+    def stop(self, attempt_id: str, reason: str, grace: float, phase: str = L.CANCELLED) -> None: ...
+
+
 class Gangs:
     """The gang members of one agent."""
 
-    def __init__(self, agent: "Agent", address: str) -> None:
-        self.agent = agent
+    def __init__(self, table: "AttemptTable", runtime: "ProcessRuntime", stream: Stream, host: Host, address: str,
+                 clock: Clock) -> None:
+        self.table = table
+        self.runtime = runtime
+        self.stream = stream
+        self.host = host
         self.address = address
+        self.clock = clock
         self.members: dict[str, Member] = {}
 
     # -- joining -----------------------------------------------------------------------------------
@@ -148,7 +166,7 @@ class Gangs:
 
     # -- the steps ---------------------------------------------------------------------------------
     def on_plan(self, plan: agent_pb2.GangPlan) -> None:
-        att = self.agent.attempts.get(plan.attempt_id)
+        att = self.table.get(plan.attempt_id)
         if att is None or not att.gang or not att.live or att.stop is not None:
             return
         if plan.epoch != att.gang["epoch"]:
@@ -156,7 +174,7 @@ class Gangs:
                      att.gang["epoch"])
             return
         att.gang["plan"] = plan_dict(plan)
-        self.agent.persist(durable=False)
+        self.table.persist(durable=False)
         self.step(att)
 
     def at_gate(self, att: "Attempt") -> None:
@@ -165,8 +183,8 @@ class Gangs:
         if not g or g.get("done"):
             return
         g["done"] = "Assemble"
-        self.agent.persist()
-        self.agent.report(att)
+        self.table.persist()
+        self.host.report(att)
         log.info("attempt %s: gang rank %d of epoch %d assembled (%s, port %s, probe port %s)", att.id, g["rank"],
                  g["epoch"], g["address"], g["port"], g["probe_port"])
         self.step(att)
@@ -235,15 +253,15 @@ class Gangs:
         self._send_probe(att, result, error or str(result.get("error") or ""))
         if att.live and att.stop is None and att.gang is g:
             g["done"] = "Mesh"
-            self.agent.persist()
-            self.agent.report(att)
+            self.table.persist()
+            self.host.report(att)
             m.task = None
             self.step(att)
 
     def _send_probe(self, att: "Attempt", result: dict[str, Any], error: str) -> None:
         g = att.gang or {}
         measured = Timestamp()
-        measured.FromNanoseconds(int(time.time() * 1e9))
+        measured.FromNanoseconds(int(self.clock.now() * 1e9))
         probe = agent_pb2.ProbeResult(gang_id="", epoch=g["epoch"], attempt_id=att.id, rank=g["rank"],
                                       measured_time=measured, error=error[:500])
         if result.get("worst_rtt_ms") is not None:
@@ -253,11 +271,11 @@ class Gangs:
         probe.path = PATHS.get(str(result.get("path") or ""), common_pb2.NETWORK_PATH_UNSPECIFIED)
         log.info("attempt %s: probe rank %d: rtt %s ms, busbw %s Gbit/s%s", att.id, g["rank"], probe.rtt_ms or "?",
                  probe.bus_gbps or "?", f" ({error})" if error else "")
-        self.agent.link.send(probe_result=probe)
+        self.stream.send(probe_result=probe)
 
     def _start(self, att: "Attempt", m: Member, plan: dict[str, Any]) -> None:
         g = att.gang or {}
-        layout = self.agent.runtime.layout(att.id)
+        layout = self.runtime.layout(att.id)
         spec = read_json(layout.spec) or {}
         try:
             rendezvous = Rendezvous(str(plan.get("rendezvous_address") or ""), int(plan.get("rendezvous_port") or 0),
@@ -271,13 +289,13 @@ class Gangs:
             steps = launch(str(g.get("launcher") or "Plain"), member)
         except ValueError as e:
             log.warning("attempt %s: the launcher refused the plan: %s", att.id, e)
-            self.agent.stop(att.id, "LaunchFailed", 0, L.FAILED)
+            self.host.stop(att.id, "LaunchFailed", 0, L.FAILED)
             return
         m.release()  # the program binds the rendezvous port now
         write_json(layout.launch, GangLaunch(steps, rendezvous.endpoint, member.startup_timeout_s).to_json(),
                    mode=0o600)
         g["done"] = "Start"
-        self.agent.persist()
-        self.agent.report(att)
+        self.table.persist()
+        self.host.report(att)
         log.info("attempt %s: gang rank %d of epoch %d starts through %s (rendezvous %s)", att.id, g["rank"],
                  g["epoch"], steps.launcher, rendezvous.endpoint)

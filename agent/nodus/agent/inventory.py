@@ -54,3 +54,13 @@ def node_inventory(work_dir: Path, nvml: Nvml, *, runtimes: list[int], region: s
         hostname=socket.gethostname(), agent_version=AGENT_VERSION, runtimes=runtimes, region_class=region,
         offering=offering, labels=labels, host=host(work_dir, nvml), gpus=nvml.read(),
         advertise_address=advertise_address, interruptible=interruptible)
+
+
+def default_address() -> str:
+    """The address of the interface that routes off the host (no packet is sent), else the host name."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()

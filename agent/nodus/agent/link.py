@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from nodus.v1 import agent_pb2, agent_pb2_grpc
+from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 from .backoff import Backoff
-from .blobs import BlobClient
-
-if TYPE_CHECKING:
-    from .daemon import Agent
+from .clock import Clock
 
 log = logging.getLogger("nodus.agent.link")
 
@@ -45,19 +41,45 @@ def _seconds(d: Any) -> float:
     return float(d.seconds + d.nanos / 1e9)
 
 
+Metadata = tuple[tuple[str, str], ...]
+
+
+def open_channel(target: str, token: str, tls_ca: bytes | None = None) -> tuple[grpc.aio.Channel, Metadata]:
+    """The one channel to the coordinator (AgentService and BlobService share it) and its call metadata."""
+    metadata = (("authorization", f"Bearer {token}"),)
+    if tls_ca is not None:
+        creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+        return grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS), metadata
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS), metadata
+
+
+class Node(Protocol):
+    """The agent as the conversation sees it: what it registers with, says and is told."""
+
+    node_name: str
+
+    def inventory(self) -> common_pb2.NodeInventory: ...
+
+    def hello(self, session: agent_pb2.RegisterResponse, stream_id: int, hello_seq: int) -> agent_pb2.Hello: ...
+
+    def on_message(self, msg: agent_pb2.CoordinatorMessage, stream_id: int) -> None: ...
+
+    def gpus(self) -> list[common_pb2.Gpu]:
+        """A heartbeat's GPU readings (blocking: called on a thread)."""
+        ...
+
+    def disk_free(self) -> int: ...
+
+
 class Link:
-    def __init__(self, agent: "Agent", target: str, token: str, *, backoff: Backoff, tls_ca: bytes | None = None,
-                 register_timeout: float = 15.0) -> None:
-        self.agent = agent
+    def __init__(self, node: Node, channel: grpc.aio.Channel, metadata: Metadata, target: str, *, backoff: Backoff,
+                 clock: Clock, register_timeout: float = 15.0) -> None:
+        self.node = node
         self.target = target
-        self.metadata = (("authorization", f"Bearer {token}"),)
-        if tls_ca is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-            self.channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
-        else:
-            self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.metadata = metadata
+        self.channel = channel
         self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
-        self.blobs = BlobClient(self.channel, self.metadata)
+        self.clock = clock
         self.backoff = backoff
         self.register_timeout = register_timeout
         self.session: agent_pb2.RegisterResponse | None = None
@@ -125,11 +147,11 @@ class Link:
             self._last_error = text
 
     async def _register(self) -> None:
-        inventory = await asyncio.to_thread(self.agent.inventory)
-        req = agent_pb2.RegisterRequest(node_name=self.agent.node_name, inventory=inventory)
+        inventory = await asyncio.to_thread(self.node.inventory)
+        req = agent_pb2.RegisterRequest(node_name=self.node.node_name, inventory=inventory)
         self.session = await self.stub.Register(req, metadata=self.metadata, timeout=self.register_timeout)
         log.info("registered node %s as %s (session %s, epoch %d, lease %.1fs, heartbeat %.1fs)",
-                 self.agent.node_name, self.session.node_id, self.session.session_id, self.session.epoch,
+                 self.node.node_name, self.session.node_id, self.session.session_id, self.session.epoch,
                  self.lease_duration, self.heartbeat_interval)
 
     async def _converse(self) -> None:
@@ -139,7 +161,7 @@ class Link:
         self._seq = 0
         queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
         self._queue = queue
-        hello = self.agent.hello(self.session, self.stream_id, hello_seq=1)
+        hello = self.node.hello(self.session, self.stream_id, hello_seq=1)
         self.send(hello=hello)
         tasks = [asyncio.create_task(self._write(call, queue), name="link-write"),
                  asyncio.create_task(self._read(call), name="link-read"),
@@ -169,15 +191,15 @@ class Link:
                 self.backoff.reset()
                 self._last_error = ""
                 self.connected.set()
-            self.agent.on_message(msg, self.stream_id)
+            self.node.on_message(msg, self.stream_id)
             if kind not in NOT_ACKED:
                 self.send(ack=agent_pb2.Ack(seq=msg.seq))
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            gpus = await asyncio.to_thread(self.agent.nvml.read)
+            gpus = await asyncio.to_thread(self.node.gpus)
             ts = Timestamp()
-            ts.FromNanoseconds(time.time_ns())
+            ts.FromNanoseconds(int(self.clock.now() * 1e9))
             self.send(heartbeat=agent_pb2.Heartbeat(time=ts, gpus=gpus,
-                                                    disk_free_bytes=self.agent.disk_free()))
+                                                    disk_free_bytes=self.node.disk_free()))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from nodus import config as daemon_config
 
 if TYPE_CHECKING:  # the daemon (grpc, psutil) is imported only once the flags are good
-    from .daemon import AgentConfig
+    from .settings import AgentConfig
 
 DEFAULTS = {
     "coordinator": "127.0.0.1:7070",
@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> "AgentConfig":
-    from .daemon import AgentConfig
+    from .settings import AgentConfig
     from .inventory import parse_labels
 
     token_file = Path(args.join_token_file)

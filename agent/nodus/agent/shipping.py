@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
 import grpc
 
@@ -23,10 +22,12 @@ from . import layout as L
 from .aio import wait_event
 from .attempts import Attempt
 from .backoff import Backoff
-from .blobs import log_size_from_error
+from .blobs import BlobClient, log_size_from_error
+from .clock import Clock
 
 if TYPE_CHECKING:
-    from .daemon import Agent
+    from .runtime import ProcessRuntime
+    from .table import AttemptTable
 
 log = logging.getLogger("nodus.agent")
 
@@ -36,81 +37,107 @@ TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 """Errors worth retrying for ever (the coordinator is away or busy)."""
 
 
-def _stop_if_shutting_down(agent: "Agent") -> None:
-    """grpc.aio reports a call cancelled with its task as CANCELLED: on shutdown that is no retry."""
-    if agent.shutting_down:
-        raise asyncio.CancelledError
+class Stream(Protocol):
+    connected: asyncio.Event
+    """Set while a stream to the coordinator is open (the blob service is reachable)."""
 
 
-async def upload_outputs(agent: "Agent", att: Attempt) -> None:
-    """Uploads what the supervisor collected, then reports Succeeded with every OutputCommit."""
-    status = agent.runtime.read_status(agent.runtime.layout(att.id)) or {}
-    fields = {k: status.get(k) for k in ("reason", "message", "finish_time")}
-    done = {o["name"] for o in att.outputs}
-    backoff = Backoff(base=0.2, cap=agent.cfg.reconnect_max)
-    for out in status.get("outputs") or []:
-        if out["name"] in done:
-            continue
-        failures = 0
-        while True:
-            try:
-                await agent.link.connected.wait()
-                ref = await agent.link.blobs.put(Path(out["file"]), out["sha256"], int(out["size"]),
-                                                out.get("media_type", ""))
-                break
-            except grpc.aio.AioRpcError as e:
-                _stop_if_shutting_down(agent)
-                if e.code() in TRANSIENT:
+class Ends(Protocol):
+    """What shipping tells the agent."""
+
+    shutting_down: bool
+
+    def finish(self, att: Attempt, phase: str, reason: str, message: str = "", **fields: Any) -> None: ...
+
+    def log_shipped(self, att: Attempt) -> None:
+        """The log is in the blob store to its end (or can never be): the attempt may be forgotten."""
+        ...
+
+
+class Shipping:
+    def __init__(self, runtime: "ProcessRuntime", blobs: BlobClient, stream: Stream, table: "AttemptTable",
+                 ends: Ends, clock: Clock, reconnect_max: float) -> None:
+        self.runtime = runtime
+        self.blobs = blobs
+        self.stream = stream
+        self.table = table
+        self.ends = ends
+        self.clock = clock
+        self.reconnect_max = reconnect_max
+
+    def _stop_if_shutting_down(self) -> None:
+        """grpc.aio reports a call cancelled with its task as CANCELLED: on shutdown that is no retry."""
+        if self.ends.shutting_down:
+            raise asyncio.CancelledError
+
+    async def upload_outputs(self, att: Attempt) -> None:
+        """Uploads what the supervisor collected, then reports Succeeded with every OutputCommit."""
+        status = self.runtime.read_status(self.runtime.layout(att.id)) or {}
+        fields = {k: status.get(k) for k in ("reason", "message", "finish_time")}
+        done = {o["name"] for o in att.outputs}
+        backoff = Backoff(base=0.2, cap=self.reconnect_max)
+        for out in status.get("outputs") or []:
+            if out["name"] in done:
+                continue
+            failures = 0
+            while True:
+                try:
+                    await self.stream.connected.wait()
+                    ref = await self.blobs.put(Path(out["file"]), out["sha256"], int(out["size"]),
+                                               out.get("media_type", ""))
+                    break
+                except grpc.aio.AioRpcError as e:
+                    self._stop_if_shutting_down()
+                    if e.code() in TRANSIENT:
+                        await asyncio.sleep(backoff.next())
+                        continue
+                    failures += 1
+                    if failures >= 3:
+                        self.ends.finish(att, L.LOST, "AgentFault", f"output {out['name']} could not be uploaded: "
+                                                                    f"{e.code().name}: {e.details()}")
+                        return
                     await asyncio.sleep(backoff.next())
-                    continue
-                failures += 1
-                if failures >= 3:
-                    agent.finish(att, L.LOST, "AgentFault", f"output {out['name']} could not be uploaded: "
-                                                          f"{e.code().name}: {e.details()}")
+                except OSError as e:
+                    self.ends.finish(att, L.LOST, "AgentFault", f"output {out['name']} could not be read: {e}")
                     return
+            if ref.sha256 and ref.sha256 != out["sha256"]:
+                self.ends.finish(att, L.LOST, "AgentFault", f"output {out['name']}: the blob store computed sha256 "
+                                                            f"{ref.sha256}, the agent {out['sha256']}")
+                return
+            att.outputs.append({"name": out["name"], "path": out["path"], "sha256": out["sha256"],
+                                "size": int(out["size"]), "uri": ref.uri or f"blob://sha256/{out['sha256']}",
+                                "rank": int((att.gang or {}).get("rank") or 0)})
+            self.table.persist()
+        self.ends.finish(att, L.SUCCEEDED, str(fields.get("reason") or "Completed"), str(fields.get("message") or ""),
+                         finish_time=fields.get("finish_time") or self.clock.now())
+
+    async def ship_log(self, att: Attempt, wake: asyncio.Event) -> None:
+        """Streams logs/attempt.log with AppendLog by offset, resuming from the server's size; `wake` is
+        set when there may be more to read (the watch loop's tick, the attempt's end)."""
+        path = self.runtime.layout(att.id).log
+        offset: int | None = None
+        backoff = Backoff(base=0.2, cap=self.reconnect_max)
+        while True:
+            await self.stream.connected.wait()
+            try:
+                if offset is None:
+                    offset = await self.blobs.log_size(att.id)
+                await self.blobs.append_log(_log_chunks(att, path, offset, wake))
+                self.ends.log_shipped(att)
+                return
+            except grpc.aio.AioRpcError as e:
+                self._stop_if_shutting_down()
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.warning("the coordinator has no BlobService.AppendLog; attempt %s's log stays local", att.id)
+                    self.ends.log_shipped(att)
+                    return
+                offset = log_size_from_error(e) if e.code() == grpc.StatusCode.FAILED_PRECONDITION else None
+                if e.code() not in TRANSIENT and e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    log.warning("attempt %s: log shipping failed: %s: %s", att.id, e.code().name, e.details())
                 await asyncio.sleep(backoff.next())
-            except OSError as e:
-                agent.finish(att, L.LOST, "AgentFault", f"output {out['name']} could not be read: {e}")
-                return
-        if ref.sha256 and ref.sha256 != out["sha256"]:
-            agent.finish(att, L.LOST, "AgentFault", f"output {out['name']}: the blob store computed sha256 "
-                                                  f"{ref.sha256}, the agent {out['sha256']}")
-            return
-        att.outputs.append({"name": out["name"], "path": out["path"], "sha256": out["sha256"],
-                            "size": int(out["size"]), "uri": ref.uri or f"blob://sha256/{out['sha256']}",
-                            "rank": int((att.gang or {}).get("rank") or 0)})
-        agent.persist()
-    agent.finish(att, L.SUCCEEDED, str(fields.get("reason") or "Completed"), str(fields.get("message") or ""),
-                finish_time=fields.get("finish_time") or time.time())
 
-async def ship_log(agent: "Agent", att: Attempt) -> None:
-    """Streams logs/attempt.log with AppendLog by offset, resuming from the server's size."""
-    path = agent.runtime.layout(att.id).log
-    offset: int | None = None
-    backoff = Backoff(base=0.2, cap=agent.cfg.reconnect_max)
-    while True:
-        await agent.link.connected.wait()
-        try:
-            if offset is None:
-                offset = await agent.link.blobs.log_size(att.id)
-            await agent.link.blobs.append_log(_log_chunks(agent, att, path, offset))
-            att.log_done = True
-            agent._forget_done()
-            return
-        except grpc.aio.AioRpcError as e:
-            _stop_if_shutting_down(agent)
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                log.warning("the coordinator has no BlobService.AppendLog; attempt %s's log stays local", att.id)
-                att.log_done = True
-                agent._forget_done()
-                return
-            offset = log_size_from_error(e) if e.code() == grpc.StatusCode.FAILED_PRECONDITION else None
-            if e.code() not in TRANSIENT and e.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                log.warning("attempt %s: log shipping failed: %s: %s", att.id, e.code().name, e.details())
-            await asyncio.sleep(backoff.next())
 
-async def _log_chunks(agent: "Agent", att: Attempt, path: Path, offset: int) -> AsyncIterator[blob_pb2.LogChunk]:
-    v = agent.volatile[att.id]
+async def _log_chunks(att: Attempt, path: Path, offset: int, wake: asyncio.Event) -> AsyncIterator[blob_pb2.LogChunk]:
     pos = offset
     while True:
         ended = att.supervisor_ended  # read before the size: nothing writes after the supervisor ends
@@ -128,5 +155,5 @@ async def _log_chunks(agent: "Agent", att: Attempt, path: Path, offset: int) -> 
         if ended:
             yield blob_pb2.LogChunk(attempt_id=att.id, offset=pos, eof=True)
             return
-        v.log_wake.clear()
-        await wait_event(v.log_wake, 1.0)
+        wake.clear()
+        await wait_event(wake, 1.0)
