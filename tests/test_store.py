@@ -182,16 +182,22 @@ def test_list_at_every_revision_matches_a_model(tmp_path: Path, ops: list[tuple[
         history = [dict(state)]  # history[r]: the state at revision r
         for kind, name, value in ops:
             key = f"p/{name}"
-            try:
-                if kind == "create":
-                    state[key] = await store.create(key, value)
-                elif kind == "update":
-                    state[key] = await store.update(key, value, None)
-                else:
-                    await store.delete(key)
-                    del state[key]
-            except NodusError:
+            # The model says which writes the store must refuse, and why; every other write must land.
+            refusal = ("AlreadyExists" if kind == "create" and key in state
+                       else "NotFound" if kind != "create" and key not in state else None)
+            if refusal:
+                with pytest.raises(NodusError) as e:
+                    await (store.create(key, value) if kind == "create" else
+                           store.update(key, value, None) if kind == "update" else store.delete(key))
+                assert e.value.reason == refusal, (kind, key, e.value)
                 continue
+            if kind == "create":
+                state[key] = await store.create(key, value)
+            elif kind == "update":
+                state[key] = await store.update(key, value, None)
+            else:
+                await store.delete(key)
+                del state[key]
             history.append(dict(state))
         assert store.revision == len(history) - 1
         compacted = min(compact_at, store.revision)
