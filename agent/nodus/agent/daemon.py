@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Any
+from typing import Any, Coroutine
 
 from nodus.v1 import agent_pb2, common_pb2
 
@@ -223,7 +223,7 @@ class Agent:
             self.gangs.adopt(att)
 
     @staticmethod
-    def _spawn_task(coro: Any, name: str) -> asyncio.Task[None]:
+    def _spawn_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(coro, name=name)
 
     # -- attempts ----------------------------------------------------------------------------------
@@ -373,7 +373,7 @@ class Agent:
     def handle(self, event: Event) -> None:
         """Performs what decisions.decide returns for `event` (session.Attempts)."""
         actions = decide(event, self.table.views(), self.table.lease_deadline, self.cfg.stop_grace)
-        stops = [a for a in actions if isinstance(a, Stop)]
+        stops = [a for a in actions if isinstance(a, Stop)]  # decisions stop attempts only when the lease is gone
         if stops:
             log.warning("no lease renewal for the lease duration: stopping %d attempts (their replacements "
                         "may already run elsewhere)", len(stops))

@@ -235,7 +235,8 @@ class Checkpoints:
                 break
             await asyncio.sleep(0.1)
         else:
-            raise CheckpointFailed(f"checkpoint {seq} was uploaded but no stream to the coordinator opened to commit it")
+            raise CheckpointFailed(f"checkpoint {seq} was uploaded but no stream to the coordinator opened to "
+                                   "commit it")
         log.info("attempt %s: checkpoint %d committed to %s (%d bytes, %s pause %.3fs)", attempt_id, seq, uri, size,
                  snap.method, snap.pause)
         return commit
@@ -309,7 +310,7 @@ class Checkpoints:
         if errors and preempted:
             log.warning("attempt %s: no checkpoint before the capacity goes: %s", s.attempt_id, errors[-1])
         elif errors:
-            u = att.update()
+            u = att.update(self.clock.now())
             u.reason = "SuspendFailed"
             u.message = f"{len(errors)} checkpoint tries failed; the attempt keeps running: {errors[-1]}"[:2048]
             self.stream.send(attempt_update=u)
