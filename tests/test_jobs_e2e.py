@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
+import orjson
 import psutil
 import pytest
 
@@ -183,31 +185,70 @@ def test_cancel_stops_the_job_for_good(c: Coordinator, agent: AgentProcess, tmp_
 
 
 def test_ttl_deletes_the_finished_job(c: Coordinator, agent: AgentProcess) -> None:
+    create(c, "e2e-no-ttl", command=[PY, "-c", "print('stay')"])
+    assert settled(c, "e2e-no-ttl")["phase"] == "Succeeded"
+    rv = c.session().get(c.url(JOBS)).json()["metadata"]["resourceVersion"]
+    seen: list[dict[str, Any]] = []
+
+    def watch() -> None:
+        with c.session().get(c.url(JOBS), params={"watch": "true", "resourceVersion": rv,
+                                                  "fieldSelector": "metadata.name=e2e-ttl",
+                                                  "timeoutSeconds": "60"}, stream=True) as resp:
+            for line in resp.iter_lines():
+                if line:
+                    seen.append(orjson.loads(line))
+                    if seen[-1]["type"] == "DELETED":
+                        return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     create(c, "e2e-ttl", ttlSecondsAfterFinished=1, command=[PY, "-c", "print('bye')"])
-    wait_for(lambda: c.session().get(c.url(f"{JOBS}/e2e-ttl")).status_code == 404
-             and not attempts_of(c, "e2e-ttl"), 30,
-             what="the Job and its Attempts to be deleted after ttlSecondsAfterFinished")
+    watcher.join(70)
+    # Deleted, and only once it had finished: the watch saw it Succeeded (with a completionTime) first.
+    assert [e["type"] for e in seen][-1:] == ["DELETED"], seen
+    finished = [e for e in seen if (e["object"].get("status") or {}).get("phase") == "Succeeded"]
+    assert finished and finished[0] is not seen[-1], [e["type"] for e in seen]
+    assert finished[0]["object"]["status"].get("completionTime"), finished[0]
+    wait_for(lambda: not attempts_of(c, "e2e-ttl"), 30, what="the TTL'd Job's Attempts to be deleted")
+    # A finished Job without the TTL stays.
+    assert c.session().get(c.url(f"{JOBS}/e2e-no-ttl")).status_code == 200
+    c.session().delete(c.url(f"{JOBS}/e2e-no-ttl"))
 
 
+# Each sidecar records, when told to stop, whether the main command had finished by then.
 SIDECAR_HTTP = r"""
-import os, sys
-open(sys.argv[1], "w").write(str(os.getpid()))
-os.execv(sys.executable, [sys.executable, "-m", "http.server", sys.argv[2], "--bind", "127.0.0.1",
-                          "--directory", sys.argv[3]])
+import functools, http.server, os, signal, sys
+pid_file, port, www, done, stopped = sys.argv[1:6]
+open(pid_file, "w").write(str(os.getpid()))
+def stop(*_):
+    open(stopped, "w").write("after main" if os.path.exists(done) else "before main")
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=www)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(port)), handler).serve_forever(poll_interval=0.05)
 """
 SIDECAR_SECOND = r"""
-import os, sys, time, urllib.request
-open(sys.argv[1], "w").write(str(os.getpid()))
+import os, signal, sys, time, urllib.request
+pid_file, port, done, stopped, ready = sys.argv[1:6]
+open(pid_file, "w").write(str(os.getpid()))
+def stop(*_):
+    open(stopped, "w").write("after main" if os.path.exists(done) else "before main")
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
 # Started only once the first sidecar is ready: its server answers right away.
-urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[2]}/hello.txt", timeout=5).read()
+urllib.request.urlopen(f"http://127.0.0.1:{port}/hello.txt", timeout=5).read()
 print("second sees the first", flush=True)
+open(ready, "w").close()
 open(os.environ["NODUS_READY_FILE"], "w").close()
 while True:
-    time.sleep(1)
+    time.sleep(0.05)
 """
 MAIN_FETCHES = r"""
-import sys, urllib.request
-print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/hello.txt", timeout=5).read().decode().strip())
+import os, sys, urllib.request
+port, ready, done = sys.argv[1:4]
+print(urllib.request.urlopen(f"http://127.0.0.1:{port}/hello.txt", timeout=5).read().decode().strip())
+print("main sees the second ready" if os.path.exists(ready) else "main started before the second was ready")
+open(done, "w").close()
 """
 
 
@@ -218,18 +259,23 @@ def test_sidecars_start_in_order_are_ready_first_and_stop_after(c: Coordinator, 
     www.mkdir()
     (www / "hello.txt").write_text("hello from the sidecar\n")
     first_pid, second_pid = tmp_path / "first.pid", tmp_path / "second.pid"
-    create(c, "e2e-sidecars", backoffLimit=0, command=[PY, "-c", MAIN_FETCHES, str(port)], sidecars=[
-        {"name": "web", "command": [PY, "-c", SIDECAR_HTTP, str(first_pid), str(port), str(www)],
-         "startupTimeout": "30s"},
-        {"name": "second", "command": [PY, "-c", SIDECAR_SECOND, str(second_pid), str(port)],
-         "startupTimeout": "30s"}])
+    first_stop, second_stop = tmp_path / "first.stop", tmp_path / "second.stop"
+    ready, done = tmp_path / "second.ready", tmp_path / "main.done"
+    create(c, "e2e-sidecars", backoffLimit=0, command=[PY, "-c", MAIN_FETCHES, str(port), str(ready), str(done)],
+           sidecars=[
+        {"name": "web", "command": [PY, "-c", SIDECAR_HTTP, str(first_pid), str(port), str(www), str(done),
+                                    str(first_stop)], "startupTimeout": "30s"},
+        {"name": "second", "command": [PY, "-c", SIDECAR_SECOND, str(second_pid), str(port), str(done),
+                                       str(second_stop), str(ready)], "startupTimeout": "30s"}])
     st = settled(c, "e2e-sidecars")
     assert st["phase"] == "Succeeded", st
     log = c.run("nodus", "logs", "e2e-sidecars").stdout
-    assert "hello from the sidecar" in log, log
-    assert "[sidecar second] second sees the first" in log, log
-    for pid_file in (first_pid, second_pid):
+    assert "hello from the sidecar" in log, log                          # the first was ready before main
+    assert "[sidecar second] second sees the first" in log, log          # ... and before the second
+    assert "main sees the second ready" in log, log                      # the second was ready before main
+    for pid_file, stop_file in ((first_pid, first_stop), (second_pid, second_stop)):
         assert_gone(int(pid_file.read_text()), f"sidecar {pid_file.stem}")
+        assert stop_file.read_text() == "after main", stop_file.stem     # stopped after main, by SIGTERM
 
 
 def test_a_failing_init_command_fails_the_job_naming_it(c: Coordinator, agent: AgentProcess,
