@@ -19,6 +19,7 @@ from agent_double import wait_for
 import zstandard
 
 from nodus.agent.cgroups import Cgroup
+from nodus.agent import checkpointing
 from nodus.agent.checkpointing import CheckpointFailed, handshake_env, physical, restore, take
 from nodus.agent.layout import AttemptLayout
 
@@ -38,6 +39,49 @@ while True:
 """
 
 SLEEPER = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.01)\n"
+
+# Rewrites its parts in place without pause, non-atomically (truncate, then write): a copy taken
+# while it runs sees parts of different rounds, half-written ones, and changes under its feet.
+WRITER = r"""
+import os, signal, sys
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # opted in, but never answers the handshake
+state, n = sys.argv[1], 0
+def round_():
+    for i in range(8):
+        with open(os.path.join(state, f"part-{i}"), "w") as f:
+            f.write(str(n) * 512)
+round_()
+print("ready", flush=True)
+while True:
+    n += 1
+    round_()
+"""
+
+
+def parts(state: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(state.glob("part-*"))}
+
+
+def watched_copy(monkeypatch: pytest.MonkeyPatch, state: Path) -> dict[str, dict[str, bytes]]:
+    """Wraps the agent's local copy: records the parts as the held program left them, and fails if
+    any of them moves during the copy or in a window after it (the writer rewrites them in ~1 ms)."""
+    seen: dict[str, dict[str, bytes]] = {}
+    real = checkpointing.copy_tree
+
+    def copy_tree(src: Path, dst: Path) -> None:
+        seen["held"] = parts(state)
+        real(src, dst)
+        window = time.monotonic() + 0.3
+        while time.monotonic() < window:
+            assert parts(state) == seen["held"], "the program moved while held for the copy"
+    monkeypatch.setattr(checkpointing, "copy_tree", copy_tree)
+    return seen
+
+
+def archived(snap_archive: Path, sha256: str, tmp_path: Path) -> dict[str, bytes]:
+    target = attempt(tmp_path, "restored")
+    restore(target, snap_archive, sha256)
+    return parts(target.state)
 
 
 def attempt(tmp_path: Path, name: str = "a") -> AttemptLayout:
@@ -79,7 +123,7 @@ def test_a_program_that_opted_in_gets_the_handshake(tmp_path: Path) -> None:
         proc.wait()
     assert snap.method == "handshake" and snap.seq == 7 and snap.paths == ("/nodus/state",)
     assert hashlib.sha256(snap.archive.read_bytes()).hexdigest() == snap.sha256
-    assert snap.size == snap.archive.stat().st_size and snap.pause < 5
+    assert snap.size == snap.archive.stat().st_size and snap.pause > 0  # its length is bench/checkpoint.py's
     assert not list(layout.run.glob("checkpoint-*.d")), "the local copy is gone once archived"
     assert not Path(handshake_env(layout)["NODUS_CHECKPOINT_REQUEST"]).exists(), "released"
     target = attempt(tmp_path, "b")
@@ -87,47 +131,44 @@ def test_a_program_that_opted_in_gets_the_handshake(tmp_path: Path) -> None:
     assert (target.state / "model.bin").read_text() == "consistent at 7"
 
 
-def test_a_program_that_does_not_answer_is_held_anyway(tmp_path: Path) -> None:
+def test_a_program_that_does_not_answer_is_held_anyway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     layout = attempt(tmp_path)
-    (layout.state / "counter").write_text("41")
-    proc = spawn(SLEEPER, layout)
+    seen = watched_copy(monkeypatch, layout.state)
+    proc = spawn(WRITER, layout, str(layout.state))
     try:
         snap = take(layout, 1, ["/nodus/state"], opted_in=True, main_pid=proc.pid, cgroup=None,
                     handshake_timeout=0.2)
         assert snap.method == "sigstop"
-        time.sleep(0.05)
-        assert state_of(proc) != "T", "continued before compression and upload"
+        # released before compression and upload: it writes again
+        wait_for(lambda: parts(layout.state) != seen["held"], 10, what="the writer to move after the copy")
     finally:
         proc.kill()
         proc.wait()
-    target = attempt(tmp_path, "b")
-    restore(target, snap.archive, snap.sha256)
-    assert (target.state / "counter").read_text() == "41"
+    assert len(seen["held"]) == 8
+    assert archived(snap.archive, snap.sha256, tmp_path) == seen["held"], "the archive is what was held"
 
 
-def test_the_cgroup_freezer_holds_the_attempt_for_the_copy(tmp_path: Path) -> None:
+def test_the_cgroup_freezer_holds_the_attempt_for_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cg = Cgroup.create("nodus-tests", f"ckpt-{os.getpid()}")
     if not cg.usable or ("freezer" not in cg.paths and "unified" not in cg.paths):
         cg.remove()
         pytest.skip("no cgroup freezer here")
     layout = attempt(tmp_path)
-    (layout.state / "w").write_bytes(os.urandom(1 << 16))
-    proc = spawn(SLEEPER, layout, preexec=lambda: cg.attach())
+    seen = watched_copy(monkeypatch, layout.state)
+    proc = spawn(WRITER, layout, str(layout.state), preexec=lambda: cg.attach())
     try:
         snap = take(layout, 2, ["/nodus/state"], opted_in=False, main_pid=proc.pid, cgroup=cg)
         assert snap.method == "freeze"
-        time.sleep(0.05)
+        wait_for(lambda: parts(layout.state) != seen["held"], 10, what="the writer to move after the copy")
         if "freezer" in cg.paths:
             assert (cg.paths["freezer"] / "freezer.state").read_text().strip() == "THAWED"
-        assert state_of(proc) in ("S", "R")
     finally:
         proc.kill()
         proc.wait()
         cg.kill_all()
         cg.remove()
-    target = attempt(tmp_path, "b")
-    restore(target, snap.archive, snap.sha256)
-    assert (target.state / "w").read_bytes() == (layout.state / "w").read_bytes()
+    assert len(seen["held"]) == 8
+    assert archived(snap.archive, snap.sha256, tmp_path) == seen["held"], "the archive is what was held"
 
 
 def test_a_missing_path_fails_the_checkpoint_with_a_reason(tmp_path: Path) -> None:
