@@ -193,6 +193,38 @@ def test_the_sweep_deletes_archives_then_records_and_survives_a_restart(tmp_path
     asyncio.run(_sweep_scenario(tmp_path))
 
 
+async def _restart_scenario(path: Path) -> None:
+    clock = ManualClock()
+    store = await SqliteStore.open(path / "store.db")
+    blobs = BlobStore(path)
+    doomed = await blobs.put_bytes(b"checkpoint of a deleted job")
+    job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default", "uid": "u1"},
+           "spec": {"command": ["true"]}, "status": {"phase": "Running"}}
+    attempt = new_attempt(job, 0, 1, clock.now())
+    attempt["status"] = {"phase": "Running", "checkpoints": [{"seq": 1, "sha256": doomed.sha256, "size": 27}]}
+    cache = Cache(store)
+    await cache.start()
+    objects = Objects(store, cache)
+    Retention(cache, objects, blobs, clock)
+    await objects.create(attempt_key("default", attempt["metadata"]["name"]), attempt)
+    # The Job was deleted by hand: its attempt goes with its records, and the coordinator stops
+    # before any sweep ran.
+    assert await objects.delete(attempt_key("default", attempt["metadata"]["name"]))
+    await cache.stop()
+
+    cache = Cache(store)  # restarted: the deleted attempt's archive is known only from the store
+    await cache.start()
+    await Retention(cache, Objects(store, cache), blobs, clock).sweep()
+    assert await blobs.stat(doomed.sha256) is None, "the archive of the deleted attempt leaked"
+    assert (await store.list("_retention/")).records == (), "the record is dropped once its archive is gone"
+    await cache.stop()
+    await store.close()
+
+
+def test_the_archives_of_a_deleted_attempt_are_deleted_after_a_restart(tmp_path: Path) -> None:
+    asyncio.run(_restart_scenario(tmp_path))
+
+
 # -- superseded checkpoints, and checkpoints in customers' buckets ----------------------------------------
 
 def running_with(w: World, shas: list[str], size: int = GiB, uri: str = "") -> str:

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from typing import Any, Callable, Protocol, Sequence
+
+import orjson
 
 from ..clock import Clock
 from ..controllers import checkpoints as rules
@@ -24,6 +27,29 @@ class Blobs(Protocol):
     """What the sweep needs of the embedded blob store (blobs.BlobStore)."""
 
     async def delete(self, sha256: str) -> bool: ...
+
+FORGOTTEN = "_retention/"
+"""Archives of Attempts deleted with their records (their Job was deleted): one stored record per
+Attempt uid, written before the Attempt's delete and dropped once the sweep deleted them, so a
+coordinator that stops in between deletes them after its restart."""
+
+
+def _archives(attempt: dict[str, Any]) -> tuple[set[str], set[rules.S3Archive]]:
+    """The blob digests and the S3 stores an Attempt's records name (committed and superseded)."""
+    status = attempt.get("status") or {}
+    project = attempt["metadata"].get("namespace", "")
+    digests: set[str] = set()
+    s3: set[rules.S3Archive] = set()
+    for c in [*(status.get("checkpoints") or []), *(status.get(rules.SUPERSEDED) or [])]:
+        if rules.in_s3(c):
+            s3.add(rules.s3_archive(project, c, whole=True))
+        elif c.get("sha256"):
+            digests.add(str(c["sha256"]))
+    return digests, s3
+
+
+def _s3_order(archive: rules.S3Archive) -> tuple[str, int, str, str]:
+    return archive.prefix, archive.seq, archive.project, archive.connection
 
 
 def delete_s3(archive: rules.S3Archive, fields: dict[str, str]) -> None:
@@ -52,8 +78,8 @@ class Retention:
     between the two only repeats the first step (deleting a missing archive is a no-op). The Job
     controller derives status.checkpoint and status.storage from the same clock, and deletes a Job past
     its TTL once its records are gone. A Job deleted by hand takes its Attempts (and their records)
-    with it at once; their archives are remembered from the deletion event and deleted on the next
-    sweep, so only a coordinator that stops in between leaves them behind.
+    with it at once; their archives are stored (FORGOTTEN) before each Attempt's delete and deleted
+    by the next sweep, so a coordinator that stops in between deletes them after its restart.
 
     Checkpoints in a customer's bucket are deleted with the keys of the Connection they went to (read
     now, as at assignment). A deletion that may succeed later (the network, a throttle) keeps its
@@ -66,20 +92,46 @@ class Retention:
                  tick: float = RETENTION_TICK, delete: Callable[[rules.S3Archive, dict[str, str]], None] = delete_s3) -> None:
         self.cache, self.objects, self.blobs, self.clock, self.tick = cache, objects, blobs, clock, tick
         self.vault, self._delete = vault, delete
-        self._forgotten: set[str] = set()
-        """Archives of Attempts deleted with their records (their Job was deleted)."""
-        self._forgotten_s3: set[rules.S3Archive] = set()
-        cache.listen(ATTEMPTS, self._on_attempt)
+        objects.before_delete(ATTEMPTS, self._remember)
 
-    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        if new is None and old is not None:
-            status = old.get("status") or {}
-            project = old["metadata"].get("namespace", "")
-            for c in [*(status.get("checkpoints") or []), *(status.get(rules.SUPERSEDED) or [])]:
-                if rules.in_s3(c):
-                    self._forgotten_s3.add(rules.s3_archive(project, c, whole=True))
-                elif c.get("sha256"):
-                    self._forgotten.add(str(c["sha256"]))
+    async def _remember(self, key: str, attempt: dict[str, Any]) -> None:
+        """Stores the archives of an Attempt about to be deleted (FORGOTTEN)."""
+        digests, s3 = _archives(attempt)
+        if digests or s3:
+            await self._write_forgotten(FORGOTTEN + str(attempt["metadata"].get("uid") or key), digests, s3)
+
+    async def _write_forgotten(self, key: str, digests: set[str], s3: set[rules.S3Archive]) -> None:
+        """Writes (or, with nothing left, deletes) one FORGOTTEN record, whatever it held before."""
+        store = self.objects.store
+        value = orjson.dumps({"digests": sorted(digests),
+                              "s3": [dataclasses.asdict(a) for a in sorted(s3, key=_s3_order)]})
+        for _ in range(8):
+            rec = await store.get(key)
+            try:
+                if not digests and not s3:
+                    if rec is not None:
+                        await store.delete(key, rec.revision)
+                elif rec is None:
+                    await store.create(key, value)
+                else:
+                    await store.update(key, value, rec.revision)
+                return
+            except NodusError as e:
+                if e.reason not in ("Conflict", "AlreadyExists", "NotFound"):
+                    raise
+        raise NodusError("Conflict", f"{key} kept changing", fix="the next sweep tries again")
+
+    async def _forgotten(self) -> dict[str, tuple[set[str], set[rules.S3Archive]]]:
+        """The FORGOTTEN records of Attempts that are gone (one still here may yet fail its delete)."""
+        live = {str(a["metadata"].get("uid")) for a in self.cache.attempts()}
+        out = {}
+        for rec in (await self.objects.store.list(FORGOTTEN)).records:
+            if rec.key[len(FORGOTTEN):] in live:
+                continue
+            doc = orjson.loads(rec.value)
+            out[rec.key] = ({str(d) for d in doc.get("digests") or []},
+                            {rules.S3Archive(**a) for a in doc.get("s3") or []})
+        return out
 
     async def run(self) -> None:
         await self.cache.synced.wait()
@@ -96,15 +148,17 @@ class Retention:
         """One pass: deletes what is due now; returns what it found due."""
         jobs = [obj for _, obj in self.cache.under(JOBS)]
         due = rules.release(self.cache.job, self.cache.attempts(), jobs, self.clock.now())
-        # Archives of deleted Attempts go unless something that is still here names them.
-        forgotten = rules.unnamed(self._forgotten, [*map(rules.unlisted, self.cache.attempts()), *jobs])
-        self._forgotten &= forgotten  # one still named by something is not ours to delete
+        # Archives of deleted Attempts go unless something that is still here names them (then they
+        # are not ours to delete). A failed blob delete raises before any record is dropped.
+        records = await self._forgotten()
+        remembered = {d for digests, _ in records.values() for d in digests}
+        forgotten = rules.unnamed(remembered, [*map(rules.unlisted, self.cache.attempts()), *jobs])
         for digest in sorted(set(due.digests) | forgotten):
             await self.blobs.delete(digest)
-            self._forgotten.discard(digest)  # a failed delete stays remembered for the next sweep
-        forgotten_s3, self._forgotten_s3 = self._forgotten_s3, set()
+        forgotten_s3 = {a for _, s3 in records.values() for a in s3}
         retry = await self._delete_s3(sorted({*due.s3, *forgotten_s3}, key=lambda x: (x.prefix, x.seq)))
-        self._forgotten_s3 |= retry & forgotten_s3
+        for key, (_, s3) in records.items():
+            await self._write_forgotten(key, set(), s3 & retry)  # only S3 deletions to try again stay
         for project, name in due.attempts:
             await self.objects.mutate(attempt_key(project, name),
                                       lambda obj: _with_status(obj, rules.without_checkpoints, retry))

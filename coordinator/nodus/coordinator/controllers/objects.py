@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 
@@ -26,6 +26,8 @@ from .cache import Cache, decode
 Mutation = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 """Gets a private copy of the current value; returns the new value, or None to write nothing."""
 _RETRIES = 32
+BeforeDelete = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""(key, current value) → awaited before that value is deleted, so what it must outlive is stored first."""
 
 
 def encode(obj: dict[str, Any]) -> bytes:
@@ -38,6 +40,11 @@ class Objects:
     def __init__(self, store: Store, cache: Cache) -> None:
         self.store = store
         self.cache = cache
+        self._before_delete: list[tuple[str, BeforeDelete]] = []
+
+    def before_delete(self, prefix: str, hook: BeforeDelete) -> None:
+        """Runs `hook` before every delete under `prefix` (again on a retried one: it must be idempotent)."""
+        self._before_delete.append((prefix, hook))
 
     async def read(self, key: str) -> tuple[dict[str, Any], int] | None:
         """The current value from the store (not the cache) and its revision."""
@@ -110,6 +117,9 @@ class Objects:
             current = await self.read(key)
             if current is None or not check(current[0]):
                 return False
+            for prefix, hook in self._before_delete:
+                if key.startswith(prefix):
+                    await hook(key, current[0])
             try:
                 rec = await self.store.delete(key, current[1])
             except NodusError as e:
