@@ -28,13 +28,13 @@ from aiohttp import web
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL
 from ..api.kinds import resolve
-from ..api.volume import find_revision, latest_ready
 from ..blobs import CHUNK, BlobRef, BlobStore, check_digest, digest_of_uri
-from ..controllers import checkpoints as ckpt
+from ..checkpoints import listing
 from ..controllers.attempts import phase_of
 from ..errors import NodusError
-from ..identity import SYSTEM, Role
-from ..resources import ResourceService, utc_now
+from ..identity import SYSTEM
+from ..resources import ResourceService
+from ..volumes import VolumeService
 from ..selectors import parse_field_selector, parse_label_selector
 
 log = logging.getLogger("nodus.gateway")
@@ -47,7 +47,6 @@ ZSTD = "application/zstd"
 BASE = "/apis/nodus.dev/v1/namespaces/{namespace}"
 _IDLE_POLLS_AFTER_END = 3
 """A follower of a finished attempt whose log saw no eof stops after this many quiet polls (5 s each)."""
-_MAX_REVISION_RETRIES = 8
 
 
 def add_routes(app: web.Application, gateway: Any) -> None:
@@ -91,11 +90,6 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 # -- which attempt's log -----------------------------------------------------------------------------
 
-def _attempt_number(obj: dict[str, Any]) -> int:
-    number = (obj.get("spec") or {}).get("number")
-    return number if isinstance(number, int) else 0
-
-
 def attempt_id(obj: dict[str, Any]) -> str:
     """The id the agent sends logs under (Assignment.attempt_id, NODUS_ATTEMPT)."""
     return str((obj.get("spec") or {}).get("id") or obj["metadata"]["name"])
@@ -116,9 +110,9 @@ async def find_attempt(service: ResourceService, project: str, job: str, index: 
     else:
         page_items = page.items
     # A gang's members share their number (the epoch): rank 0 (the driver) comes last among equals.
-    attempts = sorted(page_items, key=lambda a: (_attempt_number(a), -_rank(a)))
+    attempts = sorted(page_items, key=lambda a: (listing.attempt_number(a), -_rank(a)))
     if number is not None:
-        return next((a for a in reversed(attempts) if _attempt_number(a) == number), None)
+        return next((a for a in reversed(attempts) if listing.attempt_number(a) == number), None)
     return attempts[-1] if attempts else None
 
 
@@ -184,6 +178,7 @@ class Downloads:
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
         self.service: ResourceService = gateway.service
+        self.volumes = VolumeService(self.service)
 
     @staticmethod
     def _blobs(request: web.Request) -> BlobStore:
@@ -263,19 +258,6 @@ class Downloads:
         return await self._stream_blob(request, blobs, ref, stem + suffix)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    async def _checkpoints(self, caller: Any, project: str, name: str, index: int) -> list[dict[str, Any]]:
-        """The index's committed checkpoints a restore could use, oldest first (a Dcp checkpoint once
-        every rank stored its part, with the parts), each with the number of the attempt that took it."""
-        job = await self.service.get(caller, resolve("jobs"), project, name)
-        page = await self.service.list(SYSTEM, resolve("attempts"), project,
-                                       labels=parse_label_selector(f"{JOB_LABEL}={name},{INDEX_LABEL}={index}"),
-                                       fields=parse_field_selector(None))
-        uid = job["metadata"].get("uid")
-        mine = [{"status": {"checkpoints": [{**c, "attempt": _attempt_number(a)}
-                                            for c in (a.get("status") or {}).get("checkpoints") or []]}}
-                for a in page.items if (a.get("spec") or {}).get("jobUID") == uid]
-        return ckpt.complete(mine)
-
     async def checkpoints(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "list", "jobs/checkpoints"
         caller = await self.gateway._caller(request)
@@ -283,7 +265,7 @@ class Downloads:
         index = _int_param(request, "index", 0) or 0
         fields = ("seq", "time", "size", "sha256", "uri", "reason", "format", "epoch", "attempt")
         items = []
-        for c in await self._checkpoints(caller, project, name, index):
+        for c in await listing.committed(self.service, caller, project, name, index):
             item = {k: c[k] for k in fields if k in c}
             if c.get("parts"):
                 item["parts"] = [{k: p[k] for k in ("rank", "size", "sha256", "uri") if k in p} for p in c["parts"]]
@@ -302,30 +284,14 @@ class Downloads:
             raise NodusError("BadRequest", f"checkpoint {text!r} is not a sequence number",
                              fix=f"list them with `nodus checkpoint ls --job {name}`")
         seq, index, rank = int(text), _int_param(request, "index", 0) or 0, _int_param(request, "rank", 0) or 0
-        found = [c for c in await self._checkpoints(caller, project, name, index) if int(c.get("seq", 0)) == seq]
-        if not found:
-            raise NodusError("NotFound", f'job "{name}" has no committed checkpoint {seq} for index {index}',
-                             name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
-                             fix=f"list what is kept with `nodus checkpoint ls --job {name} --index {index}` "
-                                 "(checkpoints go retainAfterFinish after the Job ends)")
-        parts = found[0].get("parts") or [found[0]]
-        part = next((p for p in parts if int(p.get("rank") or 0) == rank), None)
-        if part is None:
-            raise NodusError("NotFound", f"checkpoint {seq} of job \"{name}\" has no part for rank {rank}",
-                             name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
-                             fix=f"ranks 0 to {len(parts) - 1} each stored a part")
+        part, nparts = await listing.held_part(self.service, caller, project, name, index, seq, rank)
         uri = str(part.get("uri") or "")
-        if ckpt.in_s3(part):
-            raise NodusError("BadRequest", f"checkpoint {seq} of job \"{name}\" is in the Connection's bucket "
-                             f"({uri}), not held by Nodus", name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
-                             fix=f"read it with your keys: nodus checkpoint restore {uri.rpartition('/')[0]} "
-                                 f"--seq {seq} --into DIR")
         ref = await blobs.stat(digest_of_uri(uri) if uri else check_digest(str(part.get("sha256", ""))))
         if ref is None:
             raise NodusError("NotFound", f"the archive of checkpoint {seq} of job \"{name}\" is no longer stored",
                              name=str(seq), kind="jobs/checkpoints", group="nodus.dev",
                              fix="it was deleted by retention; a newer checkpoint may be kept")
-        stem = f"{name}-{index}-checkpoint-{seq}" + (f"-rank{rank}" if len(parts) > 1 else "")
+        stem = f"{name}-{index}-checkpoint-{seq}" + (f"-rank{rank}" if nparts > 1 else "")
         return await self._stream_blob(request, blobs, ref, stem + ".tar.zst")
 
     # -- logs -------------------------------------------------------------------------------------
@@ -350,7 +316,7 @@ class Downloads:
         rid = request["rid"]
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
-            "X-Nodus-Attempt": log_id, "X-Nodus-Attempt-Number": str(_attempt_number(attempt)),
+            "X-Nodus-Attempt": log_id, "X-Nodus-Attempt-Number": str(listing.attempt_number(attempt)),
             "X-Request-Id": rid, "Audit-Id": rid})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -381,26 +347,11 @@ class Downloads:
         caller = await self.gateway._caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         info = resolve("volumes")
-        if not caller.can(project, Role.EDITOR):
-            raise NodusError("Forbidden", f'volumes.nodus.dev is forbidden: User "{caller.subject}" cannot create '
-                             f'resource "volumes/revisions" in API group "nodus.dev" in the namespace "{project}"',
-                             kind="volumes", group="nodus.dev", fix=f"use a token with the editor role in project {project}")
+        self.volumes.authorize_push(caller, project)
         if request.content_type not in (ZSTD, "application/x-zstd"):
             raise NodusError("UnsupportedMediaType", f"a volume revision must be a tar.zst archive, not "
                              f"{request.content_type!r}", fix="send the archive with Content-Type: application/zstd")
-        created_volume = False
-        try:
-            await self.service.get(caller, info, project, name)
-        except NodusError as e:
-            if e.reason != "NotFound":
-                raise
-            body = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": name}, "spec": {}}
-            try:
-                await self.service.create(caller, info, project, body)
-                created_volume = True
-            except NodusError as race:
-                if race.reason != "AlreadyExists":  # a concurrent first push created it: fine
-                    raise
+        created_volume = await self.volumes.ensure(caller, project, name)
         ref, new_blob = await blobs.put(request.content.iter_chunked(CHUNK),
                                         request.headers.get("X-Content-SHA256", ""), request.content_length or 0)
         try:
@@ -409,34 +360,10 @@ class Downloads:
             if new_blob:
                 await blobs.delete(ref.sha256)
             raise
-        revision, added = await self._append_revision(project, name, ref, files)
+        revision, added = await self.volumes.append_revision(project, name, ref, files)
         body = {"kind": "VolumeRevision", "apiVersion": info.api_version, "volume": name, "namespace": project,
                 **revision, "created": added, "volumeCreated": created_volume}
         return web.Response(body=orjson.dumps(body), status=201 if added else 200, content_type="application/json")
-
-    async def _append_revision(self, project: str, name: str, ref: BlobRef, files: int) -> tuple[dict[str, Any], bool]:
-        """Appends `ref` as the next revision (as the system caller, compare-and-swap); the same content
-        as the latest revision adds none."""
-        info = resolve("volumes")
-        for _ in range(_MAX_REVISION_RETRIES):
-            volume = await self.service.get(SYSTEM, info, project, name)
-            latest = latest_ready(volume)
-            if latest is not None and latest.get("sha256") == ref.sha256:
-                return latest, False
-            status = dict(volume.get("status") or {})
-            revisions = list(status.get("revisions") or [])
-            number = max((r.get("revision") or 0 for r in revisions if isinstance(r, dict)), default=0) + 1
-            entry = {"revision": number, "sha256": ref.sha256, "size": ref.size, "files": files,
-                     "createTime": utc_now(), "phase": "Ready"}
-            volume["status"] = {**status, "revisions": revisions + [entry], "latestRevision": number}
-            try:
-                await self.service.replace(SYSTEM, info, project, name, volume, subresource="status")
-                return entry, True
-            except NodusError as e:
-                if e.reason != "Conflict":
-                    raise
-        raise NodusError("Conflict", f'volume "{name}" kept changing while a revision was added',
-                         name=name, kind="volumes", group="nodus.dev", fix="push again")
 
     async def revision_archive(self, request: web.Request) -> web.StreamResponse:
         request["verb"], request["resource"] = "get", "volumes/revisions"
@@ -444,14 +371,7 @@ class Downloads:
         caller = await self.gateway._caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         text = request.match_info["revision"]
-        volume = await self.service.get(caller, resolve("volumes"), project, name)
-        chosen = latest_ready(volume) if text == "latest" else (
-            find_revision(volume, int(text)) if text.isdigit() else None)
-        if chosen is None:
-            latest = (volume.get("status") or {}).get("latestRevision")
-            raise NodusError("NotFound", f'volume "{name}" has no revision {text}', name=name, kind="volumes",
-                             group="nodus.dev", fix=f"the latest revision is {latest}" if latest else
-                             f"push one with `nodus volume push {name} DIR`")
+        chosen = await self.volumes.revision(caller, project, name, text)
         ref = await blobs.stat(chosen["sha256"])
         if ref is None:
             raise NodusError("NotFound", f'the content of revision {chosen["revision"]} of volume "{name}" is no '
