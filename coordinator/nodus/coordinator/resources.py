@@ -24,11 +24,13 @@ from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .selectors import FieldSelector, LabelSelector
 from .store.base import EventType, Record, Store
+from .strategies import KindStrategy, strategies
 from .vault import Vault
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _MAX_PATCH_RETRIES = 8
 _MAX_PAGE = 1 << 31
+_DEFAULT = KindStrategy()
 
 
 def utc_now() -> str:
@@ -130,9 +132,13 @@ class ResourceService:
         self.store = store
         self.identity = identity
         self.vault = vault
+        self._strategies = strategies(vault)
         self._now = now
         self._lookup = _Lookup(self)
         self.bookmark_seconds = bookmark_seconds
+
+    def _strategy(self, info: KindInfo) -> KindStrategy:
+        return self._strategies.get(info.kind, _DEFAULT)
 
     # -- authorization --------------------------------------------------------------------------
     async def _authorize(self, caller: Caller, info: KindInfo, project: str, verb: str, needed: Role) -> None:
@@ -349,12 +355,8 @@ class ResourceService:
         for system in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(system, None)
         meta.update(namespace=project, uid=str(uuid.uuid4()), generation=1, creationTimestamp=self._now())
-        values: dict[str, str] | None = None
-        if info.kind == "Secret":
-            values = new.pop("data", {}) or {}
-            new.pop("stringData", None)
-            self._scrub_last_applied(new)
-            new["status"] = self._secret_status(None, 1, values, self._now())
+        strategy = self._strategy(info)
+        values = strategy.on_create(new, self._now())
         if dry_run:
             new["metadata"]["resourceVersion"] = ""
             return new, admitted.warnings
@@ -362,7 +364,7 @@ class ResourceService:
         if values is not None:
             if await self.store.get(key) is not None:
                 raise self._already_exists(info, meta["name"])
-            await self.vault.put(project, meta["name"], 1, values)
+            await strategy.keep(project, meta["name"], new, values)
         try:
             rec = await self.store.create(key, _encode(new))
         except NodusError as e:
@@ -415,8 +417,8 @@ class ResourceService:
             if old is None or old_rec is None:
                 raise self._not_found(info, name)
             base = copy.deepcopy(old)
-            if info.kind == "Secret" and not subresource:
-                base["data"] = await self.vault.get(project, name, old["status"]["version"])
+            if not subresource:
+                await self._strategy(info).readable(project, name, old, base)
             if patch_type == "merge":
                 if not isinstance(patch, dict):
                     raise NodusError("BadRequest", "a merge patch must be a JSON object")
@@ -494,18 +496,7 @@ class ResourceService:
                 result["status"] = old["status"]
             else:
                 result.pop("status", None)
-            if info.kind == "Secret":
-                values = result.pop("data", None)
-                result.pop("stringData", None)
-                self._scrub_last_applied(result)
-                if values is not None and values == await self.vault.get(project, name, old["status"]["version"]):
-                    values = None  # same values: no new version
-                if values is not None:
-                    version = old["status"]["version"] + 1
-                    result["status"] = self._secret_status(old["status"], version, values, self._now())
-                    meta["generation"] = old["metadata"]["generation"] + 1
-            elif result.get("spec") != old.get("spec"):
-                meta["generation"] = old["metadata"].get("generation", 1) + 1
+            values = await self._strategy(info).on_update(project, name, old, result, self._now())
         result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if result == old:
             return old, warnings  # nothing changed: same object, same resourceVersion
@@ -519,7 +510,7 @@ class ResourceService:
             assert deleted is not None
             return deleted, warnings
         if values is not None:
-            await self.vault.put(project, name, result["status"]["version"], values)
+            await self._strategy(info).keep(project, name, result, values)
         try:
             rec = await self.store.update(key, _encode(result), expected)
         except NodusError as e:
@@ -564,8 +555,7 @@ class ResourceService:
                 if e.reason == "NotFound":
                     raise self._not_found(info, name) from None
                 raise
-            if info.kind == "Secret":
-                await self.vault.drop(project, name)
+            await self._strategy(info).on_delete(project, name)
             return deleted  # type: ignore[return-value]
         raise self._conflict(info, name)
 
@@ -577,28 +567,3 @@ class ResourceService:
 
     async def delete_job(self, project: str, name: str) -> None:
         await self.delete(SYSTEM, resolve("jobs"), project, name)
-
-    # -- secrets ----------------------------------------------------------------------------------
-    def _secret_status(self, old: dict[str, Any] | None, version: int, values: dict[str, str],
-                       now: str) -> dict[str, Any]:
-        version_id = str(uuid.uuid4())
-        keys = sorted(values)
-        versions = list((old or {}).get("versions", []))
-        versions.append({"version": version, "versionID": version_id, "keys": keys, "createTime": now})
-        return {"version": version, "versionID": version_id, "keys": keys, "versions": versions}
-
-    @staticmethod
-    def _scrub_last_applied(obj: dict[str, Any]) -> None:
-        """kubectl apply copies the whole file into an annotation; never keep secret values there."""
-        annotations = obj.get("metadata", {}).get("annotations") or {}
-        raw = annotations.get("kubectl.kubernetes.io/last-applied-configuration")
-        if not raw:
-            return
-        try:
-            applied = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return
-        for field in ("data", "stringData"):
-            if isinstance(applied.get(field), dict):
-                applied[field] = {k: "" for k in applied[field]}
-        annotations["kubectl.kubernetes.io/last-applied-configuration"] = orjson.dumps(applied).decode() + "\n"
