@@ -1,15 +1,14 @@
-"""Launchers: every member's argv and environment, as tables; then, where the CLIs are installed,
-the real torchrun, accelerate, deepspeed and ray parse our argv, and small gangs run on loopback.
+"""Launchers: every member's argv and environment, as tables; then the real torchrun, accelerate,
+deepspeed and ray parse our argv, and small gangs run on loopback.
 
-torch, accelerate, deepspeed and ray are not project dependencies, so those checks skip with a
-reason unless the CLIs are on PATH (put a virtual environment that has them first on PATH).
+torch, accelerate, deepspeed and ray are in the test extra: their CLIs are taken from the bin
+directory of the Python that runs the tests (whatever PATH says), and a missing one fails.
 """
 from __future__ import annotations
 
 import ast
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -437,20 +436,21 @@ def test_check_for_admission() -> None:
 # ---------------------------------------------------------------------------------------------
 # the real CLIs, where installed
 
+VENV_BIN = Path(sys.executable).parent
+
+
 def _cli(*names: str) -> Path:
+    """The test extra's console scripts, in the bin directory of the Python running the tests."""
     for name in names:
-        found = shutil.which(name)
-        if found is None:
-            pytest.skip(f"{name} is not installed here (not a project dependency)")
-    return Path(shutil.which(names[0]) or "")
+        assert (VENV_BIN / name).exists(), f"{name} is missing from {VENV_BIN}: install the test extra"
+    return VENV_BIN / names[0]
 
 
 def _interpreter(cli: Path) -> str:
     """The Python that runs a console script, from its shebang."""
     first = cli.read_bytes().split(b"\n", 1)[0].decode(errors="replace")
     interpreter = first[2:].strip().split()[0] if first.startswith("#!") else ""
-    if not Path(interpreter).name.startswith("python"):
-        pytest.skip(f"cannot tell which Python runs {cli} ({first!r})")
+    assert Path(interpreter).name.startswith("python"), f"cannot tell which Python runs {cli} ({first!r})"
     return interpreter
 
 
@@ -476,21 +476,20 @@ HELP = [
                                                 for i, h in enumerate(HELP)])
 def test_real_cli_help_lists_our_flags(cli: str, help_argv: tuple[str, ...],
                                        make: Callable[[int], Launch]) -> None:
-    _cli(cli)
-    text = subprocess.run(help_argv, capture_output=True, text=True, timeout=180).stdout
+    text = subprocess.run((str(_cli(cli)), *help_argv[1:]), capture_output=True, text=True, timeout=180).stdout
     for rank in (0, 1):
         missing = [f for f in _flags(make(rank).argv[1:]) if f not in text]
         assert not missing, f"{cli} --help does not list {missing}"
 
 
 def test_real_ray_help_lists_our_flags() -> None:
-    _cli("ray")
-    start = subprocess.run(["ray", "start", "--help"], capture_output=True, text=True,
+    ray = str(_cli("ray"))
+    start = subprocess.run([ray, "start", "--help"], capture_output=True, text=True,
                            timeout=180).stdout
     head, worker = member("Ray", T2x8, 0), member("Ray", T2x8, 1, address="10.0.0.2")
     for argv in (head.setup[0], worker.argv):
         assert [f for f in _flags(argv) if f not in start] == []
-    assert subprocess.run(["ray", "stop", "--help"], capture_output=True,
+    assert subprocess.run([ray, "stop", "--help"], capture_output=True,
                           timeout=180).returncode == 0
 
 
@@ -598,7 +597,8 @@ def _run_gang(launcher: str, topology: Topology, command: tuple[str, ...], tmp: 
               backend: str = "static", timeout: float = 240) -> dict[int, object]:
     port = free_port()
     rdzv = Rendezvous("127.0.0.1", port, 1, backend)
-    env = {**os.environ, "OUT_DIR": str(tmp)}
+    # the launchers' argv names bare CLIs (deepspeed, python, ray): they are the test extra's
+    env = {**os.environ, "OUT_DIR": str(tmp), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     launches = [launch(launcher, MemberPlan(r, topology, rdzv, command, env=env, job="t",
                                             launcher_dir=str(tmp / f"m{r}"), startup_timeout_s=90))
                 for r in range(topology.nodes)]
