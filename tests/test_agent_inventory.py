@@ -1,6 +1,7 @@
 """Host inventory (psutil) and GPU inventory (NVML), the latter through a fake `pynvml` module."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ class NVMLError(Exception):
         self.value = value
 
 
-NOT_SUPPORTED, TIMEOUT = 3, 10
+NOT_SUPPORTED, TIMEOUT, DRIVER_NOT_LOADED = 3, 10, 9
 
 
 def fake_pynvml(gpus: list[dict[str, Any]], fail_init: bool = False) -> types.ModuleType:
@@ -29,8 +30,9 @@ def fake_pynvml(gpus: list[dict[str, Any]], fail_init: bool = False) -> types.Mo
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError  # type: ignore[attr-defined]
     consts = dict(NVML_MEMORY_ERROR_TYPE_CORRECTED=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0,
-                  NVML_AGGREGATE_ECC=1, NVML_TEMPERATURE_GPU=0, NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=18,
-                  NVML_ERROR_TIMEOUT=TIMEOUT, nvmlEventTypeXidCriticalError=8)
+                  NVML_AGGREGATE_ECC=1, NVML_TEMPERATURE_GPU=0, NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=36,
+                  NVML_ERROR_TIMEOUT=TIMEOUT, NVML_ERROR_NOT_SUPPORTED=NOT_SUPPORTED,
+                  NVML_ERROR_DRIVER_NOT_LOADED=DRIVER_NOT_LOADED, nvmlEventTypeXidCriticalError=8)
     for k, v in consts.items():
         setattr(m, k, v)
     events: list[Any] = []
@@ -44,7 +46,7 @@ def fake_pynvml(gpus: list[dict[str, Any]], fail_init: bool = False) -> types.Mo
 
     def init() -> None:
         if fail_init:
-            raise NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
+            raise NVMLError(DRIVER_NOT_LOADED)
 
     def shutdown() -> None:
         m.shutdown_called = True  # type: ignore[attr-defined]
@@ -69,7 +71,7 @@ def fake_pynvml(gpus: list[dict[str, Any]], fail_init: bool = False) -> types.Mo
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlSystemGetCudaDriverVersion=lambda: 12040,
         nvmlDeviceGetName=lambda h: get(h, "name"), nvmlDeviceGetUUID=lambda h: get(h, "uuid"),
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=get(h, "memory"), free=0, used=0),
+        nvmlDeviceGetMemoryInfo=lambda h, version=None: types.SimpleNamespace(total=get(h, "memory"), free=0, used=0),
         nvmlDeviceGetTotalEccErrors=ecc, nvmlDeviceGetRemappedRows=lambda h: get(h, "remapped"),
         nvmlDeviceGetTemperature=lambda h, sensor: get(h, "temp"),
         nvmlDeviceGetPowerUsage=lambda h: get(h, "power_mw"),
@@ -89,6 +91,31 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0f6b5a7e-1111-2222-3333-44
 # An older, PCIe card: no row remapping, no NVLink, a degraded link, name as bytes (old bindings).
 A10 = {"name": b"NVIDIA A10", "uuid": b"GPU-a10", "memory": 24_146_608_128, "ecc": {(0, 0): 0, (1, 0): 0, (0, 1): 0,
        (1, 1): 0}, "temp": 35, "power_mw": 15_000, "pcie": (3, 8, 4, 16)}
+
+
+def _shape(fn: Any) -> list[tuple[Any, bool]]:
+    """How a function can be called: each parameter's kind and whether it has a default."""
+    return [(p.kind, p.default is not p.empty) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_the_fake_holds_to_the_installed_nvidia_ml_py() -> None:
+    """The fake's names, constants and call shapes are the real binding's (it drifted: 18 NVLinks
+    where nvidia-ml-py has 36, a GetMemoryInfo without its version argument)."""
+    import pynvml as real
+
+    fake = fake_pynvml([H100])
+    names = [n for n in vars(fake) if n.startswith(("nvml", "NVML"))]
+    assert len(names) > 30
+    for name in names:
+        assert hasattr(real, name), f"pynvml has no {name}"
+        ours, theirs = getattr(fake, name), getattr(real, name)
+        if callable(theirs):
+            assert _shape(ours) == _shape(theirs), (name, inspect.signature(ours), inspect.signature(theirs))
+        else:
+            assert ours == theirs, (name, ours, theirs)
+    memory_fields = {f[0] for f in real.c_nvmlMemory_t._fields_}
+    assert {"total", "free", "used"} <= memory_fields
+    assert issubclass(real.NVMLError, Exception) and real.NVMLError(NOT_SUPPORTED).value == NOT_SUPPORTED
 
 
 def test_nvml_fields_map_onto_the_gpu_message() -> None:
