@@ -149,19 +149,16 @@ def test_cancel_sigterm_then_grace(fake: FakeCoordinator, agent: AgentProcess, t
     fake.assign(assignment("a-stubborn", stubborn))
     for attempt in ("a-polite", "a-stubborn"):
         wait_for(lambda: "up" in fake.log(attempt), 15, what=f"{attempt} to run")
-    t0 = time.monotonic()
     fake.cancel("a-polite", reason="DeadlineExceeded", grace=30)
-    end = fake.wait_final("a-polite")
-    assert time.monotonic() - t0 < 10, "a program that exits on SIGTERM does not wait out the grace"
+    end = fake.wait_final("a-polite")  # it waits less than the 30 s grace: the program ended itself
     assert end.phase == 12 and end.reason == "DeadlineExceeded"
+    assert end.exit_code != 128 + signal.SIGKILL, "a program that exits on SIGTERM is not killed"
     wait_for(lambda: "got SIGTERM" in fake.log("a-polite"), 5, what="the SIGTERM in the log")
 
-    t0 = time.monotonic()
     fake.cancel("a-stubborn", reason="Cancelled", grace=1)
     end = fake.wait_final("a-stubborn")
-    took = time.monotonic() - t0
     assert end.phase == 12 and end.reason == "Cancelled" and end.exit_code == 128 + signal.SIGKILL
-    assert 0.9 <= took < 10, f"SIGKILL follows after the grace period (took {took:.2f}s)"
+    # SIGTERM first, then SIGKILL (how long the grace lasted is a duration: not asserted here)
     wait_for(lambda: "ignoring SIGTERM" in fake.log("a-stubborn"), 5, what="the SIGTERM in the log")
 
 
@@ -278,10 +275,11 @@ def test_agent_keeps_trying_while_the_coordinator_is_away(tmp_path: Path) -> Non
     fake = FakeCoordinator().start()
     address = fake.address
     fake.stop()  # nobody listens there now
-    agent = AgentProcess(tmp_path / "work", address, fake.token)
+    agent = AgentProcess(tmp_path / "work", address, fake.token, env={"NODUS_LOG_LEVEL": "DEBUG"})
     agent.start()
     try:
-        time.sleep(0.3)  # a few refused attempts (backoff capped at 0.5s here)
+        # three refused attempts, each followed by its backoff: it outlived them
+        wait_for(lambda: agent.log().count("reconnecting in") >= 3, 20, what="three refused attempts")
         assert agent.proc.poll() is None
         port = int(address.rsplit(":", 1)[1])
         second = FakeCoordinator()

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psutil
 import pytest
 
 from agent_double import free_port
@@ -130,7 +131,10 @@ def test_the_gate_holds_the_member_until_launch_json_then_runs_its_argv(member: 
     waiting = m.at_gate()
     assert waiting["phase"] == "STARTING_SIDECARS"  # no phase of its own: the gate is a field
     wait_until(lambda: "waiting at the gate" in m.log(), 5, "the gate's log line")
-    time.sleep(0.3)  # long enough for a command that was wrongly started to show up
+    # A command wrongly started before the gate is by now a process of the supervisor's (or has left
+    # its file): only the sidecar may run.
+    running = [" ".join(c.cmdline()) for c in psutil.Process(m.proc.pid).children(recursive=True)]
+    assert len(running) == 1 and "sidecar up" in running[0], running
     assert m.status()["gate"] == "waiting" and m.status()["start_time"] is None
     assert not (m.layout.root / "spec-command-ran").exists()
 
@@ -151,10 +155,8 @@ def test_the_gate_holds_the_member_until_launch_json_then_runs_its_argv(member: 
 def test_a_stop_at_the_gate_cancels_promptly(member: Callable[..., Member]) -> None:
     m = member()
     m.at_gate()
-    asked = time.monotonic()
     m.stop("ScaledDown")
-    end = m.final(timeout=5)
-    assert time.monotonic() - asked < 2.0
+    end = m.final(timeout=30)  # a wait, not a measure: no test asserts a duration
     assert (end["phase"], end["reason"]) == ("CANCELLED", "ScaledDown")
     assert end["start_time"] is None and end["gate"] == "waiting"
 
