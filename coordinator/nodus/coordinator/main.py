@@ -27,7 +27,6 @@ from .api import units
 from .blobs import BlobStore
 from .clock import OffsetClock, SystemClock
 from .api.job import set_gang_max_nodes
-from .controllers.checkpoints import set_free_storage
 from .controllers.gang import GangConfig
 from .plane import ControlPlane
 from .gateway import downloads
@@ -150,8 +149,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     lease, heartbeat = _lease_settings(args)
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
     blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
+    free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
-                         gangs=_gang_settings(args), blobs=blobs, retention_interval=_storage_settings(args))
+                         gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
+                         free_storage=free_storage)
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -228,19 +229,21 @@ def _gang_settings(args: argparse.Namespace) -> GangConfig:
     return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
 
 
-def _storage_settings(args: argparse.Namespace) -> float:
-    """Sets --free-storage; returns --retention-interval in seconds."""
+def _storage_settings(args: argparse.Namespace) -> tuple[int, float]:
+    """--free-storage in bytes and --retention-interval in seconds."""
     try:
-        set_free_storage(int(units.parse_quantity(str(args.free_storage))))
+        free = int(units.parse_quantity(str(args.free_storage)))
     except (ValueError, ArithmeticError) as e:
         raise SystemExit(f"--free-storage: {e}") from None
+    if free < 0:
+        raise SystemExit(f"--free-storage: the free storage inclusion must not be negative, got {free}")
     try:
         interval = units.parse_duration_ns(str(args.retention_interval)) / units.NS_PER_SECOND
     except ValueError as e:
         raise SystemExit(f"--retention-interval: {e}") from None
     if not 1 <= interval <= 3600:
         raise SystemExit(f"--retention-interval must be between 1s and 1h (got {args.retention_interval})")
-    return interval
+    return free, interval
 
 
 def parser() -> argparse.ArgumentParser:

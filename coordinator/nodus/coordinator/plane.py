@@ -20,6 +20,7 @@ from .resources import ResourceService
 from .store.base import Store
 from .vault import Vault
 from .controllers.cache import Cache
+from .controllers.checkpoints import FREE_STORAGE_BYTES
 from .controllers.gang import GangConfig
 from .controllers.interruptions import Interruptions
 from .controllers.job_controller import JobController
@@ -33,13 +34,15 @@ log = logging.getLogger("nodus.controllers")
 class ControlPlane:
     def __init__(self, store: Store, service: ResourceService, vault: Vault, clock: Clock, *,
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
-                 blobs: Any = None, retention_interval: float = RETENTION_TICK) -> None:
+                 blobs: Any = None, retention_interval: float = RETENTION_TICK,
+                 free_storage: int = FREE_STORAGE_BYTES) -> None:
         self.cache = Cache(store)
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(self.cache, self.objects, clock, lease_duration, heartbeat_interval)
         interruptions = Interruptions(self.cache, clock)  # one MTBI memo for the streams and the Job controller
         self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions)
-        self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions)
+        self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
+                                  free_storage=free_storage)
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.leases = LeaseController(self.registry, self.objects)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,

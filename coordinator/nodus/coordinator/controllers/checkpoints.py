@@ -44,16 +44,9 @@ RELEASE_GRACE = 600.0
 before it is deleted anyway (a sweep runs every minute; past this one is not running, and waiting
 longer would keep the Job forever)."""
 FREE_STORAGE_BYTES = 10 * 2**30
-"""status.storage's free inclusion per Job (billedBytes is the share above it). The spec names a free
-inclusion without a number, so it is the operator's to set (`nodus-coordinator --free-storage`,
-default 10Gi)."""
-
-
-def set_free_storage(size: int) -> None:
-    global FREE_STORAGE_BYTES
-    if size < 0:
-        raise ValueError(f"the free storage inclusion must not be negative, got {size}")
-    FREE_STORAGE_BYTES = size
+"""status.storage's free inclusion per Job (billedBytes is the share above it), by default. The spec
+names a free inclusion without a number, so it is the operator's to set (`nodus-coordinator
+--free-storage`, which reaches the Job controller's constructor)."""
 
 
 def _spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -300,10 +293,9 @@ def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, An
     return owned + outs, held + outs
 
 
-def storage_status(total: int, held: int | None = None, free: int | None = None) -> dict[str, int] | None:
+def storage_status(total: int, held: int | None = None, free: int = FREE_STORAGE_BYTES) -> dict[str, int] | None:
     """status.storage: the bytes a Job owns and the share of those Nodus holds (`held`, default all)
     above the free inclusion."""
-    free = FREE_STORAGE_BYTES if free is None else free
     held = total if held is None else held
     return {"bytes": total, "billedBytes": max(0, held - free)} if total else None
 

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..clock import parse, rfc3339, seconds
 from .attempts import AttemptPhase
+from .checkpoints import FREE_STORAGE_BYTES
 from .job import (Action, AttemptView, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans,
                   decide)
 
@@ -249,7 +250,8 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
 # -- decide --------------------------------------------------------------------------------------------
 
 def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
-                config: GangConfig = GangConfig(), mtbi: float | None = None) -> Decision:
+                config: GangConfig = GangConfig(), mtbi: float | None = None,
+                free_storage: int = FREE_STORAGE_BYTES) -> Decision:
     meta, spec = job["metadata"], job.get("spec") or {}
     prev = job.get("status") or {}
     uid = meta.get("uid", "")
@@ -300,7 +302,7 @@ def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float
                    f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
                    f"maxAssemblyRetries {retries}); the last time rank(s) {', '.join(map(str, stuck)) or '?'} never "
                    f"became ready")
-    decision = decide(job, list(views.values()), now, extra_verdict=verdict, mtbi=mtbi)
+    decision = decide(job, list(views.values()), now, extra_verdict=verdict, mtbi=mtbi, free_storage=free_storage)
     for action in decision.actions:
         if isinstance(action, CreateAttempt):
             actions.extend(_new_epoch(action.number, size, epochs, views))

@@ -195,10 +195,12 @@ def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
 
 
 def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
-           extra_verdict: tuple[JobPhase, str, str] | None = None, mtbi: float | None = None) -> Decision:
+           extra_verdict: tuple[JobPhase, str, str] | None = None, mtbi: float | None = None,
+           free_storage: int = ckpt.FREE_STORAGE_BYTES) -> Decision:
     """`extra_verdict` ends the Job for a reason only its caller knows (a gang that never assembled),
     unless it is cancelled or done anyway. `mtbi` is the measured mean time between interruptions
-    of the offering the Job runs on (None: the default), for an `auto` checkpoint cadence."""
+    of the offering the Job runs on (None: the default), for an `auto` checkpoint cadence.
+    `free_storage` is the operator's free inclusion of status.storage."""
     meta, spec = job["metadata"], job.get("spec") or {}
     prev: dict[str, Any] = job.get("status") or {}
     mine = [a for a in attempts if a.job_uid == meta.get("uid")]
@@ -350,7 +352,8 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     objs = [a.obj for a in mine]
     released = phase.terminal and ckpt.released({**job, "status": status}, meta.get("uid", ""), now)
     put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs, mtbi))
-    put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released)))
+    put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released),
+                                                free=free_storage))
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
              if (a.obj.get("status") or {}).get("inputsReadyTime")]
     if ready:

@@ -17,6 +17,7 @@ from ..clock import Clock, rfc3339
 from ..errors import NodusError
 from .attempts import AttemptPhase, phase_of
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
+from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang, is_gang, topology
 from .interruptions import Interruptions
 from .job import (Action, AttemptView, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans,
@@ -121,9 +122,11 @@ class JobWriter(Protocol):
 class JobController:
     def __init__(self, cache: Cache, objects: Objects, jobs: JobWriter, clock: Clock,
                  workers: int = 4, gangs: GangConfig = GangConfig(),
-                 interruptions: Interruptions | None = None) -> None:
+                 interruptions: Interruptions | None = None, free_storage: int = FREE_STORAGE_BYTES) -> None:
         self.cache, self.objects, self.writer, self.clock = cache, objects, jobs, clock
         self.gangs = gangs
+        self.free_storage = free_storage
+        """status.storage's free inclusion per Job (`--free-storage`)."""
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self._failures: dict[str, int] = {}
@@ -183,9 +186,9 @@ class JobController:
             return
         mtbi = self._mtbi(job, attempts)
         if is_gang(job.get("spec") or {}):
-            decision = decide_gang(job, attempts, now, self.gangs, mtbi)
+            decision = decide_gang(job, attempts, now, self.gangs, mtbi, self.free_storage)
         else:
-            decision = decide(job, attempts, now, mtbi=mtbi)
+            decision = decide(job, attempts, now, mtbi=mtbi, free_storage=self.free_storage)
         await self._execute(job, project, decision.actions, now)
         if decision.status is not None:
             written = await self._write_status(job, project, decision.status)
