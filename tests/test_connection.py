@@ -13,7 +13,7 @@ import yaml
 
 from conftest import Coordinator
 from nodus.coordinator import checkpoints
-from nodus.coordinator.api import admission
+from nodus.coordinator.api import admission, openapi
 from nodus.coordinator.api.connection import bucket_problem
 from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.errors import NodusError
@@ -163,7 +163,7 @@ def test_registry_table_and_openapi() -> None:
     cells = {c.name: c.cell(obj) for c in CONNECTION.columns if c.priority == 0}
     assert list(cells) == ["Type", "Bucket", "Endpoint", "Age"]
     assert cells["Type"] == "S3" and cells["Bucket"] == "my-checkpoints" and cells["Endpoint"] == "http://minio:9000"
-    doc = admission.openapi_v3("nodus.dev/v1")
+    doc = openapi.openapi_v3("nodus.dev/v1")
     schema = doc["components"]["schemas"]["dev.nodus.v1.Connection"]
     s3 = schema["properties"]["spec"]["properties"]["s3"]
     assert s3["required"] == ["bucket", "secret"] and "accessKeyId" in s3["properties"]["secret"]["description"]

@@ -6,7 +6,7 @@ from typing import Any, Iterator
 import orjson
 import pytest
 
-from nodus.coordinator.api.admission import META, openapi_v3
+from nodus.coordinator.api.openapi import META, openapi_v3
 from nodus.coordinator.api.kinds import KINDS, by_group_version, resolve
 from nodus.coordinator.errors import NodusError
 

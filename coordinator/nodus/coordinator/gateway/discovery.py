@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from ..api.admission import openapi_v3
+from ..api.openapi import openapi_v3
 from ..api.kinds import KINDS, KindInfo
 
 GROUP = "nodus.dev"
