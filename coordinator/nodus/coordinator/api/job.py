@@ -2,20 +2,21 @@
 
 Sweep's template.spec is JOB_SPEC itself, and TrainingJob/TrainingRuntime reuse RESOURCES,
 PLACEMENT, DISTRIBUTED, INIT_COMMAND and SIDECARS, so a rule written here holds everywhere.
-Descriptions are the spec pages' text (spec/job.md, rebuilt from the seed documents).
+Descriptions are the spec pages' text (spec/job.md, rebuilt from the seed documents). The aliases
+folded before decoding are in job_folding.py, the checks of referenced Secrets and Volumes in
+references.py; the names other kinds use are re-exported here.
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from .. import errors
 from ..errors import Cause
-from . import units
-from .schema import (Bool, Int, KindSchema, List, Obj, Resolution, Str, duration, get, money,
+from .schema import (Bool, Int, KindSchema, List, Obj, Str, duration, get, money,
                      quantity, strings)
+from .job_folding import complete_spec, fold_gpu, fold_resources, fold_spec
 from .job_status import JOB_STATUS
-from .volume import find_revision, latest_ready
+from .references import not_found, resolve_references, resolve_secrets, resolve_volumes, secret_version
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_LABEL_MESSAGE = ("must be a lowercase RFC 1123 label: lowercase letters, digits and '-', starting "
@@ -37,11 +38,6 @@ def set_gang_max_nodes(nodes: int) -> None:
     BETA_MAX_NODES = nodes
 STATES = ("Running", "Suspended", "Cancelled")
 """`Cancelled` is the "cancel state" of the spec pages: it stops the object for good."""
-
-
-def not_found(path: str, value: Any) -> Cause:
-    """A reference to an object that does not exist (Kubernetes' field.NotFound)."""
-    return Cause(path, "FieldValueNotFound", f"Not found: {errors.render_value(value)}")
 
 
 def _absolute(value: str, path: str) -> list[Cause]:
@@ -391,90 +387,6 @@ JOB_SPEC = Obj(
     },
 )
 
-# -- folding -----------------------------------------------------------------------------------------
-
-_GPU_SHORTHAND = re.compile(r"^([A-Za-z0-9._-]+)(?::([0-9]+))?$")
-
-
-def fold_gpu(value: Any, path: str) -> tuple[Any, list[Cause]]:
-    """`"H100:1"` → `{"type": ["H100"], "count": 1}`, the shorthand the spec pages use; others unchanged."""
-    if not isinstance(value, str):
-        return value, []
-    m = _GPU_SHORTHAND.match(value)
-    if m is None:
-        return value, [errors.invalid_value(path, value, 'must be an object or the shorthand "TYPE:COUNT" such as "H100:1"')]
-    return {"type": [m.group(1)]} | ({"count": int(m.group(2))} if m.group(2) else {}), []
-
-
-def fold_resources(spec: dict[str, Any], at: str, *, has_distributed: bool = True) -> list[Cause]:
-    """resources.nodes > 1 becomes distributed.nodes; resources.nodes = 1 is dropped."""
-    resources = spec.get("resources")
-    if not isinstance(resources, dict):
-        return []
-    causes: list[Cause] = []
-    if "gpu" in resources:
-        resources["gpu"], causes = fold_gpu(resources["gpu"], f"{at}.resources.gpu")
-    nodes = resources.get("nodes")
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        return causes  # decoding reports the type or range
-    if nodes == 1:
-        del resources["nodes"]
-        return causes
-    if not has_distributed:
-        return causes
-    dist = spec.get("distributed")
-    if dist is None:
-        spec["distributed"] = {"nodes": nodes}
-    elif isinstance(dist, dict):
-        if dist.get("totalGPUs") is not None:
-            return causes + [errors.invalid_value(f"{at}.resources.nodes", nodes,
-                                                  f"conflicts with {at}.distributed.totalGPUs (exactly one of nodes and totalGPUs)")]
-        if dist.get("nodes") is not None and dist["nodes"] != nodes:
-            return causes + [errors.invalid_value(f"{at}.resources.nodes", nodes,
-                                                  f"conflicts with {at}.distributed.nodes ({dist['nodes']})")]
-        dist["nodes"] = nodes
-    else:
-        return causes
-    del resources["nodes"]
-    return causes
-
-
-def fold_spec(spec: Any, at: str = "spec") -> list[Cause]:
-    """The Job's aliases, folded into their stored form before decoding."""
-    if not isinstance(spec, dict):
-        return []
-    causes: list[Cause] = []
-    ads = spec.get("activeDeadlineSeconds")
-    if isinstance(ads, int) and not isinstance(ads, bool) and ads >= 1:
-        folded = units.format_duration(ads * units.NS_PER_SECOND)
-        timeout = spec.get("timeout")
-        if timeout is None:
-            spec["timeout"] = folded
-            del spec["activeDeadlineSeconds"]
-        else:
-            try:
-                same = units.parse_duration_ns(timeout) == ads * units.NS_PER_SECOND
-            except ValueError:
-                same = True  # timeout's own error is reported by decoding
-            if same:
-                del spec["activeDeadlineSeconds"]
-            else:
-                causes.append(errors.invalid_value(f"{at}.activeDeadlineSeconds", ads,
-                                                   f"conflicts with {at}.timeout ({errors.render_value(timeout)})"))
-    causes += fold_resources(spec, at)
-    secrets = spec.get("secrets")
-    if isinstance(secrets, list):
-        spec["secrets"] = [{"name": s} if isinstance(s, str) else s for s in secrets]
-    return causes
-
-
-def complete_spec(spec: dict[str, Any]) -> None:
-    """Defaults that depend on other fields: the checkpoint format is Dcp for a distributed Job."""
-    checkpoint = get(spec, "recovery.checkpoint")
-    if isinstance(checkpoint, dict) and "format" not in checkpoint:
-        checkpoint["format"] = "Dcp" if "distributed" in spec else "Snapshot"
-
-
 # -- cross-field rules -------------------------------------------------------------------------------
 
 def distributed_rules(spec: dict[str, Any], at: str) -> list[Cause]:
@@ -540,143 +452,6 @@ def complete_body(body: dict[str, Any]) -> None:
         complete_spec(body["spec"])
 
 
-# -- references --------------------------------------------------------------------------------------
-
-def secret_version(secret: dict[str, Any], version: int | None) -> dict[str, Any] | None:
-    """`{version, versionID, keys}` of a stored Secret's version (None: the latest), or None if absent."""
-    status = secret.get("status") or {}
-    versions = [v for v in status.get("versions") or [] if isinstance(v, dict)]
-    if version is None:
-        if status.get("version") is not None:
-            return {"version": status["version"], "versionID": status.get("versionID"), "keys": status.get("keys")}
-        return max(versions, key=lambda v: v.get("version", 0), default=None)
-    for v in versions:
-        if v.get("version") == version:
-            return v
-    if status.get("version") == version:
-        return {"version": version, "versionID": status.get("versionID"), "keys": status.get("keys")}
-    return None
-
-
-def secret_references(spec: dict[str, Any], at: str) -> tuple[dict[str, tuple[str, int | None]], list[tuple[str, str, str]]]:
-    """Mounted secrets {name: (path, version)} and key references [(path, secret, key)]."""
-    mounts: dict[str, tuple[str, int | None]] = {}
-    for i, mount in enumerate(spec.get("secrets") or []):
-        if isinstance(mount.get("name"), str):  # a missing name is reported by decoding
-            mounts.setdefault(mount["name"], (f"{at}.secrets[{i}]", mount.get("version")))
-    keys: list[tuple[str, str, str]] = []
-    envs = [(f"{at}.env", spec.get("env") or [])]
-    envs += [(f"{at}.sidecars[{j}].env", s.get("env") or []) for j, s in enumerate(spec.get("sidecars") or [])]
-    for env_path, env in envs:
-        for i, var in enumerate(env):
-            ref = get(var, "valueFrom.secretKeyRef")
-            if isinstance(ref, dict) and "name" in ref and "key" in ref:
-                keys.append((f"{env_path}[{i}].valueFrom.secretKeyRef", ref["name"], ref["key"]))
-    return mounts, keys
-
-
-async def resolve_secrets(spec: dict[str, Any], lookup: Any, project: str, at: str = "spec") -> Resolution:
-    """Every referenced Secret exists, pinned versions exist, keys exist; pins {name: version}."""
-    out = Resolution()
-    mounts, keys = secret_references(spec, at)
-    names: dict[str, str] = {name: f"{path}.name" for name, (path, _) in mounts.items()}
-    for path, name, _ in keys:
-        names.setdefault(name, f"{path}.name")
-    pinned: dict[str, dict[str, Any] | None] = {}
-    for name, path in names.items():
-        secret = await lookup.get("secrets", project, name)
-        if secret is None:
-            out.causes.append(not_found(path, name))
-            continue
-        mount_path, version = mounts.get(name, ("", None))
-        chosen = secret_version(secret, version)
-        if chosen is None and version is not None:
-            out.causes.append(not_found(f"{mount_path}.version", version))
-            continue
-        pinned[name] = chosen
-        if chosen is not None and chosen.get("version") is not None:
-            out.status.setdefault("secretVersions", {})[name] = chosen["version"]
-            if chosen.get("versionID") is not None:
-                out.status.setdefault("secretVersionIDs", {})[name] = chosen["versionID"]
-    for path, name, key in keys:
-        chosen = pinned.get(name)
-        if chosen is None or chosen.get("keys") is None:
-            continue  # a missing Secret is reported above; a Secret without recorded keys cannot be checked
-        if key not in chosen["keys"]:
-            have = ", ".join(sorted(chosen["keys"])) or "none"
-            out.causes.append(errors.invalid_value(
-                f"{path}.key", key, f'not a key of Secret "{name}" version {chosen.get("version")} (keys: {have})'))
-    return out
-
-
-async def resolve_volumes(spec: dict[str, Any], lookup: Any, project: str, at: str = "spec") -> Resolution:
-    """Every referenced Volume exists and has the named (or a Ready) revision; pins each reference.
-
-    Pins go to status, as Secret versions do, so the spec stays as written (a re-apply of the same
-    file changes nothing): `status.inputs[]` {name, volumeRevision, sha256} for each volume input and
-    `status.volumes[]` {volume, mountPath, revision, sha256} for each mount. A writable mount is
-    pinned too: it starts from that revision. `inputs[].output` is not checked here: the producing
-    Job may legitimately not exist yet, and its output is resolved when the attempt's inputs are."""
-    out = Resolution()
-    volumes: dict[str, dict[str, Any] | None] = {}
-
-    async def pin(name: Any, revision: Any, name_path: str, revision_path: str) -> dict[str, Any] | None:
-        if not isinstance(name, str):
-            return None  # a missing or mistyped name is reported by decoding
-        if name not in volumes:
-            volumes[name] = await lookup.get("volumes", project, name)
-        volume = volumes[name]
-        if volume is None:
-            out.causes.append(not_found(name_path, name))
-            return None
-        if isinstance(revision, int) and revision > 0:
-            chosen = find_revision(volume, revision)
-            if chosen is None or chosen.get("phase", "Ready") != "Ready":
-                latest = (volume.get("status") or {}).get("latestRevision")
-                out.causes.append(errors.invalid_value(
-                    revision_path, revision, f'Volume "{name}" has no Ready revision {revision} '
-                                             f'(latest: {latest or "none"})'))
-                return None
-            return chosen
-        chosen = latest_ready(volume)
-        if chosen is None:
-            out.causes.append(errors.invalid_value(
-                name_path, name, f'Volume "{name}" has no revision yet; push one with `nodus volume push {name} DIR`'))
-        return chosen
-
-    for i, item in enumerate(spec.get("inputs") or []):
-        if not isinstance(item, dict):
-            continue
-        ref = item.get("volume")
-        if isinstance(ref, dict):
-            at_i = f"{at}.inputs[{i}].volume"
-            chosen = await pin(ref.get("name"), ref.get("revision"), f"{at_i}.name", f"{at_i}.revision")
-            if chosen is not None:
-                out.status.setdefault("inputs", []).append(
-                    {"name": item.get("name"), "volumeRevision": chosen["revision"], "sha256": chosen.get("sha256")})
-    for i, mount in enumerate(spec.get("volumes") or []):
-        if isinstance(mount, dict):
-            revision = mount.get("revision") if mount.get("readOnly") else None
-            chosen = await pin(mount.get("volume"), revision, f"{at}.volumes[{i}].volume",
-                               f"{at}.volumes[{i}].revision")
-            if chosen is not None:
-                out.status.setdefault("volumes", []).append(
-                    {"volume": mount["volume"], "mountPath": mount.get("mountPath"), "revision": chosen["revision"],
-                     "sha256": chosen.get("sha256")})
-    return out
-
-
-async def _resolve(body: dict[str, Any], lookup: Any, project: str) -> Resolution:
-    spec = body.get("spec")
-    if not isinstance(spec, dict):
-        return Resolution()
-    out = await resolve_secrets(spec, lookup, project)
-    volumes = await resolve_volumes(spec, lookup, project)
-    out.causes += volumes.causes
-    out.status.update(volumes.status)
-    return out
-
-
 JOB = KindSchema(
     kind="Job",
     description="Job is a run-to-completion container with checkpoints, recovery from preemption, Indexed "
@@ -687,7 +462,7 @@ JOB = KindSchema(
     rules=body_rules,
     fold=fold_body,
     complete=complete_body,
-    resolve=_resolve,
+    resolve=resolve_references,
     mutable=("spec.parallelism", "spec.backoffLimit", "spec.timeout", "spec.maxCostUSD", "spec.recovery.maxAttempts",
              "spec.recovery.checkpoint.interval", "spec.recovery.checkpoint.retainAfterFinish",
              "spec.ttlSecondsAfterFinished", "spec.state"),
