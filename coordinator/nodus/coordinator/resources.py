@@ -6,7 +6,6 @@ the same rules with the same errors. Objects are plain JSON dicts; the store hol
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import secrets as pysecrets
@@ -23,11 +22,11 @@ from .api.kinds import KindInfo, resolve
 from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .selectors import FieldSelector, LabelSelector
-from .store.base import EventType, Record, Store
+from .store.base import Record, Store
 from .strategies import KindStrategy, strategies
 from .vault import Vault
+from .watches import WatchEvent, stream
 
-INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _MAX_PATCH_RETRIES = 8
 _MAX_PAGE = 1 << 31
 _DEFAULT = KindStrategy()
@@ -43,13 +42,6 @@ class ListPage:
     resource_version: str
     continue_token: str
     remaining: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    type: str
-    """ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."""
-    object: dict[str, Any]
 
 
 def _key(info: KindInfo, project: str, name: str) -> str:
@@ -248,78 +240,9 @@ class ResourceService:
             start = int(page.resource_version)
         elif start < self.store.compacted_revision:
             raise NodusError("Expired", f"too old resource version: {start} ({self.store.compacted_revision})")
-        return self._stream(caller, info, project, labels, fields, start, initial,
-                            send_initial_events, allow_bookmarks)
-
-    def _bookmark(self, info: KindInfo, revision: int, initial_end: bool = False) -> WatchEvent:
-        meta: dict[str, Any] = {"resourceVersion": str(revision)}
-        if initial_end:
-            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
-        return WatchEvent("BOOKMARK", {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta})
-
-    async def _stream(self, caller: Caller, info: KindInfo, project: str | None, labels: LabelSelector,
-                      fields: FieldSelector, start: int, initial: list[dict[str, Any]],
-                      send_initial_events: bool, allow_bookmarks: bool) -> AsyncIterator[WatchEvent]:
-        for obj in initial:
-            yield WatchEvent("ADDED", obj)
-        if send_initial_events:
-            yield self._bookmark(info, start, initial_end=True)
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-        events = self.store.watch(_prefix(info, project), start)
-
-        async def pump() -> None:
-            try:
-                async for ev in events:
-                    await queue.put(ev)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                await queue.put(e)
-
-        task = asyncio.create_task(pump())
-        last = start
-        name = fields.name()
-        try:
-            while True:
-                try:
-                    ev = await asyncio.wait_for(queue.get(), self.bookmark_seconds)
-                except asyncio.TimeoutError:
-                    if allow_bookmarks:
-                        yield self._bookmark(info, last)
-                    continue
-                if isinstance(ev, BaseException):
-                    raise ev
-                last = ev.revision
-                if name and not ev.key.endswith("/" + name):
-                    continue
-                out = self._translate(caller, project, labels, fields, ev)
-                if out is not None:
-                    yield out
-        finally:
-            task.cancel()
-            try:
-                await events.aclose()  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001
-                pass
-
-    def _translate(self, caller: Caller, project: str | None, labels: LabelSelector,
-                   fields: FieldSelector, ev: Any) -> WatchEvent | None:
-        obj = orjson.loads(ev.value)
-        obj["metadata"]["resourceVersion"] = str(ev.revision)
-        if not project and not caller.can(obj["metadata"]["namespace"], Role.VIEWER):
-            return None
-        now_match = labels.matches(obj["metadata"].get("labels")) and fields.matches(obj)
-        prev_match = False
-        if ev.prev_value is not None:
-            prev = orjson.loads(ev.prev_value)
-            prev_match = labels.matches(prev["metadata"].get("labels")) and fields.matches(prev)
-        if ev.type is EventType.DELETE:
-            return WatchEvent("DELETED", obj) if (now_match or prev_match) else None
-        if now_match and prev_match:
-            return WatchEvent("MODIFIED", obj)
-        if now_match:
-            return WatchEvent("ADDED", obj)
-        if prev_match:
-            return WatchEvent("DELETED", obj)
-        return None
+        return stream(self.store, caller, info, project, labels, fields, start, initial,
+                      send_initial_events=send_initial_events, allow_bookmarks=allow_bookmarks,
+                      bookmark_seconds=self.bookmark_seconds)
 
     # -- writes -----------------------------------------------------------------------------------
     def _check_body(self, info: KindInfo, project: str, obj: Any) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from ..api.kinds import KindInfo, resolve
 from ..errors import NodusError, new_request_id
 from ..identity import Caller
 from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
-from ..resources import ResourceService, WatchEvent
+from ..resources import ResourceService
+from ..watches import WatchEvent
 from ..selectors import parse_field_selector, parse_label_selector
 from . import discovery, downloads, tables
 
