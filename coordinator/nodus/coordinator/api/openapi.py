@@ -2,14 +2,84 @@
 from the same schema trees that admission validates with (admission.py), so the two cannot disagree."""
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ..errors import NodusError
+from . import units
 from .admission import schema_for
 from .kinds import GROUP, KindInfo, by_group_version
-from .schema import FIELD_VALIDATION, KindSchema, to_openapi
+from .schema import FIELD_VALIDATION, Any_, Bool, Free, Int, KindSchema, List, Map, Node, Obj, Scalar, Str
 
-__all__ = ["META", "openapi_v3"]
+__all__ = ["META", "openapi_v3", "to_openapi"]
+
+_FORMAT_HINTS = {"duration": "duration", "quantity": "quantity", "money": "decimal", "time": "date-time",
+                 "decimal": "decimal"}
+
+
+def to_openapi(node: Node) -> dict[str, Any]:
+    """The OpenAPI v3 (structural) schema of a node, with its description and default."""
+    out: dict[str, Any] = {}
+    if node.description:
+        out["description"] = node.description
+    if isinstance(node, Obj):
+        out["type"] = "object"
+        out["properties"] = {k: to_openapi(v) for k, v in node.fields.items()}
+        if node.required:
+            out["required"] = list(node.required)
+    elif isinstance(node, List):
+        out["type"] = "array"
+        out["items"] = to_openapi(node.items)
+        if node.max_items is not None:
+            out["maxItems"] = node.max_items
+        if node.min_items is not None:
+            out["minItems"] = node.min_items
+        if node.unique_key:
+            out["x-kubernetes-list-type"] = "map"
+            out["x-kubernetes-list-map-keys"] = [node.unique_key]
+    elif isinstance(node, Map):
+        out["type"] = "object"
+        out["additionalProperties"] = to_openapi(node.values)
+        if node.max_entries is not None:
+            out["maxProperties"] = node.max_entries
+    elif isinstance(node, Str):
+        out["type"] = "string"
+        if node.enum:
+            out["enum"] = list(node.enum)
+        if node.pattern and not node.literals:
+            out["pattern"] = node.pattern
+        if node.format == "money":
+            out["pattern"] = units.MONEY_PATTERN
+        if node.format:
+            out["format"] = _FORMAT_HINTS[node.format]
+        if node.min_length is not None:
+            out["minLength"] = node.min_length
+        if node.max_length is not None:
+            out["maxLength"] = node.max_length
+    elif isinstance(node, Int):
+        out["type"] = "integer"
+        out["format"] = "int32" if node.maximum is not None and node.maximum < 2**31 else "int64"
+        if node.enum:
+            out["enum"] = list(node.enum)
+        if node.minimum is not None:
+            out["minimum"] = node.minimum
+        if node.maximum is not None:
+            out["maximum"] = node.maximum
+    elif isinstance(node, Bool):
+        out["type"] = "boolean"
+        if node.enum:
+            out["enum"] = list(node.enum)
+    elif isinstance(node, Free):
+        out["type"] = "object"
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    elif isinstance(node, Scalar):
+        out["anyOf"] = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]
+    elif isinstance(node, Any_):
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if node.default is not None:
+        out["default"] = copy.deepcopy(node.default)
+    return out
+
 
 META = "io.k8s.apimachinery.pkg.apis.meta.v1."
 

@@ -2,8 +2,8 @@
 
 Each kind module builds a tree of these nodes; from the one tree come strict decoding (unknown fields
 and wrong types reported by full path), defaulting, the per-field rule checks, and the OpenAPI v3
-schema that `kubectl explain` reads. Keeping all four in one place is what stops the documented
-rules and the enforced rules from drifting apart.
+schema that `kubectl explain` reads (rendered by openapi.py). Deriving all four from one tree is what
+stops the documented rules and the enforced rules from drifting apart.
 
 Rules that involve more than one field (exactly-one-of aside) live in the kind modules as functions
 over the decoded object; `KindSchema` bundles a kind's tree with those functions.
@@ -471,73 +471,3 @@ class KindSchema:
     """On update: carry over from the old body what the new one may leave out (Secret data)."""
     finish: Callable[[dict[str, Any]], None] | None = None
     """After a successful validation: the stored form (Secret stringData folded into data)."""
-
-
-# -- OpenAPI -----------------------------------------------------------------------------------------
-
-_FORMAT_HINTS = {"duration": "duration", "quantity": "quantity", "money": "decimal", "time": "date-time",
-                 "decimal": "decimal"}
-
-
-def to_openapi(node: Node) -> dict[str, Any]:
-    """The OpenAPI v3 (structural) schema of a node, with its description and default."""
-    out: dict[str, Any] = {}
-    if node.description:
-        out["description"] = node.description
-    if isinstance(node, Obj):
-        out["type"] = "object"
-        out["properties"] = {k: to_openapi(v) for k, v in node.fields.items()}
-        if node.required:
-            out["required"] = list(node.required)
-    elif isinstance(node, List):
-        out["type"] = "array"
-        out["items"] = to_openapi(node.items)
-        if node.max_items is not None:
-            out["maxItems"] = node.max_items
-        if node.min_items is not None:
-            out["minItems"] = node.min_items
-        if node.unique_key:
-            out["x-kubernetes-list-type"] = "map"
-            out["x-kubernetes-list-map-keys"] = [node.unique_key]
-    elif isinstance(node, Map):
-        out["type"] = "object"
-        out["additionalProperties"] = to_openapi(node.values)
-        if node.max_entries is not None:
-            out["maxProperties"] = node.max_entries
-    elif isinstance(node, Str):
-        out["type"] = "string"
-        if node.enum:
-            out["enum"] = list(node.enum)
-        if node.pattern and not node.literals:
-            out["pattern"] = node.pattern
-        if node.format == "money":
-            out["pattern"] = units.MONEY_PATTERN
-        if node.format:
-            out["format"] = _FORMAT_HINTS[node.format]
-        if node.min_length is not None:
-            out["minLength"] = node.min_length
-        if node.max_length is not None:
-            out["maxLength"] = node.max_length
-    elif isinstance(node, Int):
-        out["type"] = "integer"
-        out["format"] = "int32" if node.maximum is not None and node.maximum < 2**31 else "int64"
-        if node.enum:
-            out["enum"] = list(node.enum)
-        if node.minimum is not None:
-            out["minimum"] = node.minimum
-        if node.maximum is not None:
-            out["maximum"] = node.maximum
-    elif isinstance(node, Bool):
-        out["type"] = "boolean"
-        if node.enum:
-            out["enum"] = list(node.enum)
-    elif isinstance(node, Free):
-        out["type"] = "object"
-        out["x-kubernetes-preserve-unknown-fields"] = True
-    elif isinstance(node, Scalar):
-        out["anyOf"] = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]
-    elif isinstance(node, Any_):
-        out["x-kubernetes-preserve-unknown-fields"] = True
-    if node.default is not None:
-        out["default"] = copy.deepcopy(node.default)
-    return out
