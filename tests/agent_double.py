@@ -381,6 +381,33 @@ class AgentProcess:
 
         return read_json(self.work_dir / "state.json") or {}
 
+    def leftovers(self) -> list[str]:
+        """What a test must not leave behind it, as dask's gen_cluster checks at teardown: a process
+        working in an attempt's directory once that attempt has ended (the agent forgets an ended,
+        acknowledged attempt's directory, so the processes are found by their working directory)."""
+        import os
+
+        from nodus.agent.layout import AttemptLayout
+        from nodus.agent.statefile import read_json
+
+        prefix = str(self.work_dir.resolve() / "attempts") + os.sep
+        found: list[str] = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or not _alive(int(entry)):
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if not cwd.startswith(prefix):
+                continue
+            attempt = cwd[len(prefix):].split(os.sep)[0].removesuffix(" (deleted)")
+            status = read_json(AttemptLayout(Path(prefix) / attempt).status) or {}
+            if status and status.get("phase") not in TERMINAL:
+                continue  # still running on purpose (a test that ends with it): reap() kills it
+            found.append(f"pid {entry} still works in ended attempt {attempt} ({status.get('phase', 'forgotten')})")
+        return found
+
     def reap(self) -> None:
         """Stops the agent and kills every workload it left (tests must not leak processes); fails
         when the agent needed SIGKILL to stop."""
@@ -417,3 +444,12 @@ class AgentProcess:
             cg = Cgroup.locate(spec.get("cgroup_root", "nodus"), spec.get("cgroup_name") or d.name)
             cg.kill_all()
             cg.remove()
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie waiting for its parent does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -43,6 +43,8 @@ def agent(tmp_path: Path, fake: FakeCoordinator) -> Iterator[AgentProcess]:
                                                                               "--region", "eu", "--offering", "cpu-x1"))
     try:
         yield a
+        # invariants at teardown: nothing of an attempt that ended is left running
+        wait_for(lambda: not a.leftovers(), 10, what="ended attempts to leave nothing (AgentProcess.leftovers)")
     finally:
         a.reap()
 

@@ -39,6 +39,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeCoordina
     try:
         wait_for(fake.current, 15, what="the agent's stream")
         yield fake, agent, https, tmp
+        # invariants at teardown: nothing of an attempt that ended is left running
+        wait_for(lambda: not agent.leftovers(), 10, what="ended attempts to leave nothing (AgentProcess.leftovers)")
     finally:
         agent.reap()
         fake.stop()
