@@ -195,7 +195,7 @@ def test_kill_9_while_saving_never_loses_the_latest(tmp_path: Path) -> None:
         store.collect_garbage(grace=timedelta(0))
         for p in tmp_path.glob(f"restore-{trial}"):
             subprocess.run(["rm", "-rf", str(p)], check=True)
-    elapsed = time.monotonic() - started  # printed, not asserted: how long is bench/checkpoint.py's to say
+    elapsed = time.monotonic() - started  # printed, not asserted (a duration)
     print(f"{trials} kills, {committed_before} checkpoints committed, {torn_seen} torn leftovers collected, "
           f"{elapsed:.1f}s, seed {seed}")
 
