@@ -378,7 +378,7 @@ def place_gang(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[Nod
         # Avoiding where a rank failed to assemble is a preference: better there again than nowhere.
         again = place_gang([(k, replace(r, avoid_nodes=())) for k, r in requests], nodes, reservations, network,
                            scorer)
-        if all(p.node for p in again.values()):
+        if again and all(p.node for p in again.values()):
             return again
     if not nodes:
         reason = "no node has registered"
