@@ -28,8 +28,9 @@ from .clock import Clock, parse, rfc3339
 from . import checkpoints
 from .controllers import assignment
 from .controllers import gang as gangs
-from .controllers.attempts import (GANG_STEPS, PROTO_PHASES, AttemptPhase, ProgressReport, Report, fold_probe,
-                                   fold_progress, fold_report, phase_of)
+from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
+from .controllers.attempts import (GANG_STEPS, AttemptPhase, ProgressReport, Report, fold_probe, fold_progress,
+                                   fold_report, phase_of)
 from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
 from .controllers.interruptions import Interruptions
 from .controllers.objects import Objects
@@ -108,7 +109,7 @@ def plan_message(plan: gangs.Plan, config: gangs.GangConfig) -> agent_pb2.GangPl
 
 
 def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:
-    phase = PROTO_PHASES.get(u.phase)
+    phase = AttemptPhase.of_proto(u.phase)
     if phase is None:
         return None
     return Report(gang=_gang_report(u), phase=phase, exit_code=u.exit_code if u.HasField("exit_code") else None, reason=u.reason,
@@ -661,10 +662,10 @@ class Session:
 
 def _fail(reason: str, message: str, now: float) -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
-        if phase_of(obj).terminal:
-            return None
-        obj["status"] = {**(obj.get("status") or {}), "phase": AttemptPhase.FAILED.value, "reason": reason,
-                         "message": message, "finishTime": rfc3339(now)}
+        status = transition(obj, AssignmentRefused(reason, message, now))
+        if isinstance(status, Refusal):
+            return None  # it ended meanwhile
+        obj["status"] = status
         return obj
     return mutate
 

@@ -1,4 +1,5 @@
-"""The Attempt state machine: phases, and how an agent's report folds into an Attempt's status.
+"""How an agent's report folds into an Attempt's status (the phases and their legal moves are
+`attempt_machine.py`'s; a report's move goes through its `transition`).
 
 Pure: a report and the stored object in, the next status out (or None: nothing changes). The agent
 stream (`agents.py`) performs the write. Folding is idempotent and order-safe, because reconnects
@@ -6,82 +7,21 @@ resend everything (Hello carries every attempt the agent knows): the same report
 report after a newer one, changes nothing. Nothing here counts anything; the Job controller derives
 its counts from the set of Attempt objects, so a resent report can never be counted twice.
 
-Legal transitions (anything else is ignored):
-
-    Pending -> Provisioning            the scheduler placed it (scheduler, not an agent report)
-    Provisioning -> Materializing -> Initializing -> StartingSidecars -> Running -> Stopping
-        (an agent may skip steps; never go back, except Checkpointing <-> Running)
-    any non-terminal -> Succeeded | Failed | Lost | Cancelled    (terminal: never left)
+A report the machine refuses (backwards, after the end, older than the latest) changes nothing.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import parse, rfc3339
+from .attempt_machine import (LOST_CAPACITY_STOPS, PHASE_NUMBERS, TERMINAL, AttemptPhase, Refusal, Reported, phase_of,
+                              transition)
+
+__all__ = ["AttemptPhase", "PHASE_NUMBERS", "TERMINAL", "phase_of", "Report", "ProgressReport", "fold_report", "fold_gang",
+           "fold_probe", "fold_progress", "scrub", "GANG_STEPS"]
 
 
-class AttemptPhase(str, enum.Enum):
-    """Where one attempt (one run of one Job index) stands; the words of common.proto's AttemptPhase."""
-
-    PENDING = "Pending"
-    """Created by the job controller, not yet placed on a node."""
-    PROVISIONING = "Provisioning"
-    """Placed on a node; the assignment is on its way to the agent, or the agent reserves capacity."""
-    MATERIALIZING = "Materializing"
-    """The agent fetches the image, code, inputs and volumes, and restores a checkpoint."""
-    INITIALIZING = "Initializing"
-    """The init command runs."""
-    STARTING_SIDECARS = "StartingSidecars"
-    """Sidecars start and become ready."""
-    RUNNING = "Running"
-    """The main command runs."""
-    CHECKPOINTING = "Checkpointing"
-    """A checkpoint is being taken while the program keeps running."""
-    STOPPING = "Stopping"
-    """The program was asked to stop or has exited; outputs are collected."""
-    SUCCEEDED = "Succeeded"
-    """Terminal: exit 0 and every output committed."""
-    FAILED = "Failed"
-    """Terminal: a customer failure (non-zero exit, OOM, init command, sidecar); counts against backoffLimit."""
-    LOST = "Lost"
-    """Terminal: lost capacity (lease expired, drain, preemption, agent fault); counts against maxAttempts."""
-    CANCELLED = "Cancelled"
-    """Terminal: stopped on purpose (cancel, suspend, deadline); counts against nothing."""
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-    @classmethod
-    def parse(cls, value: object) -> "AttemptPhase":
-        """The stored word; an absent phase is Pending (an attempt is created before anything happens)."""
-        try:
-            return cls(value) if value else cls.PENDING
-        except ValueError:
-            return cls.PENDING
-
-
-TERMINAL = frozenset({AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST, AttemptPhase.CANCELLED})
-
-_RANK = {
-    AttemptPhase.PENDING: 0, AttemptPhase.PROVISIONING: 1, AttemptPhase.MATERIALIZING: 2,
-    AttemptPhase.INITIALIZING: 3, AttemptPhase.STARTING_SIDECARS: 4, AttemptPhase.RUNNING: 5,
-    AttemptPhase.CHECKPOINTING: 5, AttemptPhase.STOPPING: 6,
-}
-
-PROTO_PHASES = {
-    1: AttemptPhase.PENDING, 2: AttemptPhase.PROVISIONING, 3: AttemptPhase.MATERIALIZING,
-    4: AttemptPhase.INITIALIZING, 5: AttemptPhase.STARTING_SIDECARS, 6: AttemptPhase.RUNNING,
-    7: AttemptPhase.CHECKPOINTING, 8: AttemptPhase.STOPPING, 9: AttemptPhase.SUCCEEDED, 10: AttemptPhase.FAILED,
-    11: AttemptPhase.LOST, 12: AttemptPhase.CANCELLED,
-}
-"""common.proto AttemptPhase numbers to phases (0, unspecified, is absent on purpose)."""
-PHASE_NUMBERS = {phase: number for number, phase in PROTO_PHASES.items()}
-
-INFRA_STOP_REASONS = frozenset({"Drained", "Preempted", "Reclaimed", "NodeLost"})
-"""Stops the coordinator asks for because capacity goes away: the attempt is recorded Lost and replaced."""
 MAX_UNIT_SAMPLES = 64
 MAX_MESSAGE_LINES = 3
 
@@ -122,10 +62,6 @@ class ProgressReport:
     time: float | None = None
 
 
-def phase_of(attempt: dict[str, Any]) -> AttemptPhase:
-    return AttemptPhase.parse((attempt.get("status") or {}).get("phase"))
-
-
 def scrub(message: str, lines: int = MAX_MESSAGE_LINES) -> str:
     """At most the last `lines` non-empty lines: a customer exit's message is a log tail, not a log."""
     kept = [line.rstrip() for line in (message or "").splitlines() if line.strip()]
@@ -135,17 +71,7 @@ def scrub(message: str, lines: int = MAX_MESSAGE_LINES) -> str:
 def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str, Any] | None:
     """The attempt's next status after `report`, or None when the report changes nothing."""
     status = dict(attempt.get("status") or {})
-    current = AttemptPhase.parse(status.get("phase"))
-    if current.terminal:
-        return None  # terminal phases are never left; a resend after the end is a no-op
-    seen = parse(status.get("reportTime"))
-    if report.time is not None and seen is not None and report.time < seen:
-        return None  # older than what we have: a resend from before a reconnect
     phase = report.phase
-    if not phase.terminal:
-        if _RANK[phase] < _RANK[current] and not (phase is AttemptPhase.RUNNING
-                                                  and current is AttemptPhase.CHECKPOINTING):
-            return None
     reason = report.reason
     stop = (attempt.get("spec") or {}).get("stop") or {}
     if phase is AttemptPhase.FAILED and stop:
@@ -156,7 +82,7 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         if not stop:
             # Nobody asked for the stop: the capacity went away under the attempt.
             phase, reason = AttemptPhase.LOST, reason or "AgentFault"
-        elif stop.get("reason") in INFRA_STOP_REASONS:
+        elif stop.get("reason") in LOST_CAPACITY_STOPS:
             phase, reason = AttemptPhase.LOST, stop["reason"]
         else:
             reason = reason or stop.get("reason") or "Cancelled"
@@ -166,7 +92,6 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         reason = reason or "Completed"
     elif phase is AttemptPhase.LOST:
         reason = reason or "AgentFault"
-    status["phase"] = phase.value
     status["reason"] = reason
     if report.message:
         status["message"] = scrub(report.message)
@@ -193,7 +118,11 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         status["gang"] = fold_gang(status.get("gang") or {}, report.gang)
     if report.time is not None:
         status["reportTime"] = rfc3339(report.time, precise=True)
-    return None if status == (attempt.get("status") or {}) else status
+    # The machine refuses a move backwards, past an end, or a report older than the latest one.
+    moved = transition(attempt, Reported(phase, status, report.time))
+    if isinstance(moved, Refusal):
+        return None
+    return None if moved == (attempt.get("status") or {}) else moved
 
 
 GANG_STEPS = ("", "Assemble", "Mesh", "Start")

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
 from ..clock import Clock, rfc3339
 from ..errors import NodusError
-from .attempts import AttemptPhase, phase_of
+from .attempt_machine import Created, Refusal, StoppedUnplaced, phase_of, transition
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang, is_gang, topology
@@ -44,7 +44,7 @@ def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dic
     constraints = {k: v for k, v in (spec.get("placement") or {}).items() if k in ("regions", "offerings") and v}
     if constraints:
         attempt_spec["placement"] = constraints
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "nodus.dev/v1", "kind": "Attempt",
         "metadata": {
             "name": attempt_name(meta["name"], index, number), "namespace": meta["namespace"], "uid": new_uid(),
@@ -54,8 +54,11 @@ def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dic
                                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
         },
         "spec": attempt_spec,
-        "status": {"phase": AttemptPhase.PENDING.value},
     }
+    status = transition(obj, Created())
+    assert not isinstance(status, Refusal)  # a new object has no phase yet
+    obj["status"] = status
+    return obj
 
 
 def gang_env(spec: dict[str, Any], member: CreateMember) -> dict[str, str]:
@@ -92,8 +95,11 @@ def stop(reason: str, grace_seconds: int, now: float, checkpoint_seq: int = 0) -
         if phase_of(obj).terminal or (obj.get("spec") or {}).get("stop"):
             return None
         if not obj["spec"].get("node"):
-            obj["status"] = {**(obj.get("status") or {}), "phase": AttemptPhase.CANCELLED.value, "reason": reason,
-                             "finishTime": rfc3339(now)}
+            status = transition(obj, StoppedUnplaced(reason, now))
+            if isinstance(status, Refusal):
+                log.warning("attempt %s not stopped: %s", obj["metadata"].get("name"), status)
+                return None
+            obj["status"] = status
             return obj
         obj["spec"]["stop"] = {"reason": reason, "graceSeconds": grace_seconds, "time": rfc3339(now)}
         if checkpoint_seq:

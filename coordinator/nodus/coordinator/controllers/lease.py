@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from ..clock import rfc3339
-from .attempts import AttemptPhase, phase_of
+from .attempt_machine import NodeLost, Refusal, phase_of, transition
 from .cache import LEASES, attempt_key
 from .objects import Objects
 
@@ -23,12 +23,9 @@ log = logging.getLogger("nodus.controllers.lease")
 
 def lost(node: str, now: float) -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
-        if phase_of(obj).terminal or (obj.get("spec") or {}).get("node") != node:
-            return None
-        status = dict(obj.get("status") or {})
-        status.update(phase=AttemptPhase.LOST.value, reason="NodeLost",
-                      message=f'node "{node}" stopped renewing its lease', lostTime=rfc3339(now),
-                      finishTime=rfc3339(now))
+        status = transition(obj, NodeLost(node, now))
+        if isinstance(status, Refusal):
+            return None  # ended meanwhile, or placed elsewhere: nothing to mark
         obj["status"] = status
         return obj
     return mutate

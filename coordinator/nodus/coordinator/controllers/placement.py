@@ -14,9 +14,9 @@ import asyncio
 import logging
 from typing import Any
 
-from ..clock import Clock, parse, rfc3339
+from ..clock import Clock, parse
 from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
-from .attempts import AttemptPhase, phase_of
+from .attempt_machine import Placed, Refusal, phase_of, transition
 from .cache import ATTEMPTS, LEASES, NODES
 from .objects import Objects
 
@@ -42,6 +42,10 @@ def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
         if not _waiting(obj):
             return None
+        status = transition(obj, Placed(now, placement.explain))
+        if isinstance(status, Refusal):
+            log.warning("attempt %s not bound: %s", obj["metadata"].get("name"), status)
+            return None
         obj["spec"]["node"] = placement.node
         if node is not None:
             # The customer-facing words for where it runs (status.gang.members, status.placement).
@@ -51,9 +55,6 @@ def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
                 obj["spec"]["regionClass"] = node.region
         if placement.gpu_indexes:
             obj["spec"]["gpuIndexes"] = list(placement.gpu_indexes)
-        status = {k: v for k, v in (obj.get("status") or {}).items() if k not in ("reason", "message")}
-        status.update(phase=AttemptPhase.PROVISIONING.value, provisioningTime=rfc3339(now),
-                      placement={"explain": placement.explain})
         obj["status"] = status
         obj["metadata"]["generation"] = int(obj["metadata"].get("generation") or 1) + 1
         return obj
