@@ -16,15 +16,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodus.v1 import common_pb2
+
 from ..errors import Cause
 from .schema import Bool, Int, KindSchema, List, Map, Obj, Str
 
 JOB_LABEL = "nodus.dev/job"
 INDEX_LABEL = "nodus.dev/index"
 RANK_LABEL = "nodus.dev/rank"
-PHASES = ("Pending", "Provisioning", "Materializing", "Initializing", "StartingSidecars", "Running", "Checkpointing",
-          "Stopping", "Succeeded", "Failed", "Lost", "Cancelled")
-"""The AttemptPhase vocabulary of common.proto, in CamelCase words (controllers/attempts.py defines the enum)."""
+PHASES = tuple("".join(word.capitalize() for word in name.removeprefix("ATTEMPT_PHASE_").split("_"))
+               for name in common_pb2.AttemptPhase.keys() if name != "ATTEMPT_PHASE_UNSPECIFIED")
+"""common.proto's AttemptPhase names as CamelCase words, in the proto's order (controllers/attempt_machine.py
+defines the enum; tests hold the two equal)."""
 
 
 def attempt_name(job: str, index: int, number: int) -> str:
