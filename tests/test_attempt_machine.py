@@ -142,3 +142,14 @@ def test_no_module_but_the_machine_writes_an_attempt_phase():
                  if (lines := phase_writes(path.read_text()))}
     assert offenders == {}
     assert phase_writes(MACHINE.read_text())  # the scan sees the machine's own writes
+
+
+def test_gang_phases_are_the_protos_by_name():
+    from nodus.v1 import gang_pb2
+
+    from nodus.coordinator.controllers.gang_phase import GangPhase, terminal_phases
+
+    proto_names = {n for n in gang_pb2.GangPhase.keys() if n != "GANG_PHASE_UNSPECIFIED"}
+    assert proto_names == {"GANG_PHASE_" + p.name for p in GangPhase}
+    assert all(p.value.upper() == p.name for p in GangPhase)
+    assert terminal_phases() == {GangPhase.DONE} and GangPhase.DONE.terminal and not GangPhase.RUNNING.terminal

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..clock import parse, rfc3339, seconds
 from .attempts import AttemptPhase
+from .gang_phase import GangPhase
 from .checkpoints import FREE_STORAGE_BYTES
 from .job import (Action, AttemptView, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans,
                   decide)
@@ -364,29 +365,29 @@ def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[Att
     ready = meshed if config.probe else assembled
     view = views.get(current)
     if not members:
-        phase = "Done" if job_phase.terminal else "Queued"
+        phase = GangPhase.DONE if job_phase.terminal else GangPhase.QUEUED
     elif job_phase.terminal or job_phase is JobPhase.SUSPENDED or (view is not None and view.stop_requested):
         if not live:
-            phase = "Done"
+            phase = GangPhase.DONE
         elif all(m.phase is AttemptPhase.STOPPING for m in live):
-            phase = "Releasing"
+            phase = GangPhase.RELEASING
         else:
-            phase = "Stopping"
+            phase = GangPhase.STOPPING
     elif view is not None and (view.phase is AttemptPhase.STOPPING or (view.phase.terminal and view.phase is not AttemptPhase.SUCCEEDED)):
-        phase = "Recovering"
+        phase = GangPhase.RECOVERING
     elif view is not None and view.phase is AttemptPhase.SUCCEEDED:
-        phase = "Done"
+        phase = GangPhase.DONE
     elif not all(m.placed for m in members) or len(members) < size:
-        phase = "Queued"
+        phase = GangPhase.QUEUED
     elif len(assembled) < size:
-        phase = "Assembling"
+        phase = GangPhase.ASSEMBLING
     elif config.probe and len(meshed) < size:
-        phase = "Meshing"
+        phase = GangPhase.MESHING
     elif len(started) < size or not all(m.phase in (AttemptPhase.RUNNING, AttemptPhase.CHECKPOINTING) for m in live):
-        phase = "Starting"
+        phase = GangPhase.STARTING
     else:
-        phase = "Running"
-    out: dict[str, Any] = {"epoch": current, "phase": phase, "size": size, "ready": len(ready),
+        phase = GangPhase.RUNNING
+    out: dict[str, Any] = {"epoch": current, "phase": phase.value, "size": size, "ready": len(ready),
                            "started": len(started), "restarts": restarts}
     rank0 = next((m for m in members if rank_of(m) == 0), None)
     if rank0 is not None and len(assembled) == size:
