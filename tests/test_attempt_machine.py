@@ -153,3 +153,23 @@ def test_gang_phases_are_the_protos_by_name():
     assert proto_names == {"GANG_PHASE_" + p.name for p in GangPhase}
     assert all(p.value.upper() == p.name for p in GangPhase)
     assert terminal_phases() == {GangPhase.DONE} and GangPhase.DONE.terminal and not GangPhase.RUNNING.terminal
+
+
+def test_reasons_are_one_proto_enum_shared_by_agent_and_coordinator():
+    from nodus.agent.attempts import LOST_CAPACITY_REASONS
+
+    from nodus.coordinator.controllers.attempt_machine import LOST_CAPACITY_STOPS, REASON_CLASSES
+
+    # The stored words stay the words the tests and objects use.
+    assert {"Completed", "Error", "OOMKilled", "NodeLost", "Drained", "Preempted", "Reclaimed", "AgentFault",
+            "Cancelled", "Suspended", "GangRestart", "InvalidAssignment", "WaitingForCapacity"} <= set(REASON_CLASSES)
+    assert {"Drained", "Preempted", "Reclaimed", "NodeLost"} <= LOST_CAPACITY_STOPS
+    assert LOST_CAPACITY_STOPS == LOST_CAPACITY_REASONS  # one list: both sides read the proto
+    assert REASON_CLASSES["OOMKilled"] == common_pb2.REASON_CLASS_CUSTOMER_FAILURE
+    assert REASON_CLASSES["Suspended"] == common_pb2.REASON_CLASS_CANCEL
+    assert all(counts != common_pb2.REASON_CLASS_UNSPECIFIED for counts in REASON_CLASSES.values())
+    # A drain is lost capacity: the Cancelled report of a drained attempt is recorded Lost.
+    drained = {**_attempt("Running", node="n1")}
+    drained["spec"]["stop"] = {"reason": "Drained"}
+    folded = fold_report(drained, Report(AttemptPhase.CANCELLED, reason="Drained"), 1.0)
+    assert folded["phase"] == "Lost" and folded["reason"] == "Drained"

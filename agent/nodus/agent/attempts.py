@@ -29,6 +29,20 @@ PHASES: dict[str, int] = {name: common_pb2.AttemptPhase.Value(f"ATTEMPT_PHASE_{n
     "PROVISIONING", "MATERIALIZING", "INITIALIZING", "STARTING_SIDECARS", "RUNNING", "CHECKPOINTING",
     "STOPPING", "SUCCEEDED", "FAILED", "LOST", "CANCELLED")}
 TERMINAL = L.TERMINAL
+
+
+def _reason_word(proto_name: str) -> str:
+    """The wire's word for a common.proto AttemptReason name: ATTEMPT_REASON_NODE_LOST is "NodeLost"."""
+    words = proto_name.removeprefix("ATTEMPT_REASON_").split("_")
+    return "".join(w if w == "OOM" else w.capitalize() for w in words)
+
+
+_COUNTS_AS: dict[str, int] = {value.name: value.GetOptions().Extensions[common_pb2.counts_as]  # type: ignore[index]
+              for value in common_pb2.AttemptReason.DESCRIPTOR.values}
+LOST_CAPACITY_REASONS = frozenset(_reason_word(name) for name, counts in _COUNTS_AS.items()
+                                  if counts == common_pb2.REASON_CLASS_LOST_CAPACITY)
+"""Stops because the capacity goes (common.proto's ReasonClass, read by name): a checkpoint before
+such a stop is a Preemption checkpoint, best effort within the grace."""
 GANG_STEPS = {"Assemble": agent_pb2.GANG_STEP_ASSEMBLE, "Mesh": agent_pb2.GANG_STEP_MESH,
               "Start": agent_pb2.GANG_STEP_START}
 

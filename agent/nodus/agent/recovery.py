@@ -31,6 +31,7 @@ from nodus.handshake import OPT_IN_ENV, RESUME_FROM_ENV
 from nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
+from .attempts import LOST_CAPACITY_REASONS as PREEMPTION_REASONS
 from .attempts import Attempt, Stage, timestamp
 from .blobs import BlobClient
 from .cgroups import Cgroup
@@ -48,8 +49,6 @@ log = logging.getLogger("nodus.agent.recovery")
 SUSPEND_TRIES = 3
 """The first try and two retries (spec/job.md, status.suspendFailures)."""
 RETRY_DELAY = 1.0
-PREEMPTION_REASONS = frozenset({"Preempted", "Reclaimed", "Drained"})
-"""Stops because the capacity goes: the checkpoint is best effort within the grace, the stop is not."""
 _TRAINER_INTEGRATIONS = frozenset({agent_pb2.CHECKPOINT_INTEGRATION_UNSPECIFIED, agent_pb2.CHECKPOINT_INTEGRATION_AUTO,
                                    agent_pb2.CHECKPOINT_INTEGRATION_HF_TRAINER})
 """Integration HFTrainer/Auto: the restored `checkpoint-N` to pass to `trainer.train(resume_from_checkpoint=…)`."""

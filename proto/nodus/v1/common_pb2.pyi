@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -31,6 +32,51 @@ class AttemptPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTEMPT_PHASE_FAILED: _ClassVar[AttemptPhase]
     ATTEMPT_PHASE_LOST: _ClassVar[AttemptPhase]
     ATTEMPT_PHASE_CANCELLED: _ClassVar[AttemptPhase]
+
+class ReasonClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REASON_CLASS_UNSPECIFIED: _ClassVar[ReasonClass]
+    REASON_CLASS_SUCCESS: _ClassVar[ReasonClass]
+    REASON_CLASS_CUSTOMER_FAILURE: _ClassVar[ReasonClass]
+    REASON_CLASS_LOST_CAPACITY: _ClassVar[ReasonClass]
+    REASON_CLASS_CANCEL: _ClassVar[ReasonClass]
+    REASON_CLASS_NO_END: _ClassVar[ReasonClass]
+
+class AttemptReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTEMPT_REASON_UNSPECIFIED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_COMPLETED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_ERROR: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_OOM_KILLED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_INIT_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_SIDECAR_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_LAUNCH_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_INPUT_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_IMAGE_UNSUPPORTED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_INVALID_ASSIGNMENT: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_NODE_LOST: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_DRAINED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_PREEMPTED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_RECLAIMED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_AGENT_FAULT: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_RENDEZVOUS_TIMEOUT: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_GANG_MEMBER_EXITED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_CANCELLED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_TERMINATED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_SUSPENDED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_UNASSIGNED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_JOB_DELETED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_GANG_RESTART: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_GANG_COMPLETED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_ASSEMBLY_TIMEOUT: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_DEADLINE_EXCEEDED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_BACKOFF_LIMIT_EXCEEDED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_MAX_ATTEMPTS_EXCEEDED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_CAPACITY_UNAVAILABLE: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_GANG_ASSEMBLY_TIMEOUT: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_MAX_COST_REACHED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_WAITING_FOR_CAPACITY: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_SUSPEND_FAILED: _ClassVar[AttemptReason]
 
 class Launcher(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -65,6 +111,45 @@ ATTEMPT_PHASE_SUCCEEDED: AttemptPhase
 ATTEMPT_PHASE_FAILED: AttemptPhase
 ATTEMPT_PHASE_LOST: AttemptPhase
 ATTEMPT_PHASE_CANCELLED: AttemptPhase
+REASON_CLASS_UNSPECIFIED: ReasonClass
+REASON_CLASS_SUCCESS: ReasonClass
+REASON_CLASS_CUSTOMER_FAILURE: ReasonClass
+REASON_CLASS_LOST_CAPACITY: ReasonClass
+REASON_CLASS_CANCEL: ReasonClass
+REASON_CLASS_NO_END: ReasonClass
+ATTEMPT_REASON_UNSPECIFIED: AttemptReason
+ATTEMPT_REASON_COMPLETED: AttemptReason
+ATTEMPT_REASON_ERROR: AttemptReason
+ATTEMPT_REASON_OOM_KILLED: AttemptReason
+ATTEMPT_REASON_INIT_FAILED: AttemptReason
+ATTEMPT_REASON_SIDECAR_FAILED: AttemptReason
+ATTEMPT_REASON_LAUNCH_FAILED: AttemptReason
+ATTEMPT_REASON_INPUT_FAILED: AttemptReason
+ATTEMPT_REASON_IMAGE_UNSUPPORTED: AttemptReason
+ATTEMPT_REASON_INVALID_ASSIGNMENT: AttemptReason
+ATTEMPT_REASON_NODE_LOST: AttemptReason
+ATTEMPT_REASON_DRAINED: AttemptReason
+ATTEMPT_REASON_PREEMPTED: AttemptReason
+ATTEMPT_REASON_RECLAIMED: AttemptReason
+ATTEMPT_REASON_AGENT_FAULT: AttemptReason
+ATTEMPT_REASON_RENDEZVOUS_TIMEOUT: AttemptReason
+ATTEMPT_REASON_GANG_MEMBER_EXITED: AttemptReason
+ATTEMPT_REASON_CANCELLED: AttemptReason
+ATTEMPT_REASON_TERMINATED: AttemptReason
+ATTEMPT_REASON_SUSPENDED: AttemptReason
+ATTEMPT_REASON_UNASSIGNED: AttemptReason
+ATTEMPT_REASON_JOB_DELETED: AttemptReason
+ATTEMPT_REASON_GANG_RESTART: AttemptReason
+ATTEMPT_REASON_GANG_COMPLETED: AttemptReason
+ATTEMPT_REASON_ASSEMBLY_TIMEOUT: AttemptReason
+ATTEMPT_REASON_DEADLINE_EXCEEDED: AttemptReason
+ATTEMPT_REASON_BACKOFF_LIMIT_EXCEEDED: AttemptReason
+ATTEMPT_REASON_MAX_ATTEMPTS_EXCEEDED: AttemptReason
+ATTEMPT_REASON_CAPACITY_UNAVAILABLE: AttemptReason
+ATTEMPT_REASON_GANG_ASSEMBLY_TIMEOUT: AttemptReason
+ATTEMPT_REASON_MAX_COST_REACHED: AttemptReason
+ATTEMPT_REASON_WAITING_FOR_CAPACITY: AttemptReason
+ATTEMPT_REASON_SUSPEND_FAILED: AttemptReason
 LAUNCHER_UNSPECIFIED: Launcher
 LAUNCHER_PLAIN: Launcher
 LAUNCHER_TORCHRUN: Launcher
@@ -77,6 +162,8 @@ NETWORK_PATH_PRIVATE: NetworkPath
 NETWORK_PATH_PUBLIC: NetworkPath
 NETWORK_PATH_DIRECT: NetworkPath
 NETWORK_PATH_RELAYED: NetworkPath
+COUNTS_AS_FIELD_NUMBER: _ClassVar[int]
+counts_as: _descriptor.FieldDescriptor
 
 class JobRef(_message.Message):
     __slots__ = ("project", "name", "uid")

@@ -116,7 +116,18 @@ LEGAL: Mapping[AttemptPhase, frozenset[AttemptPhase]] = {
 }
 """Every legal (from, to) pair: an agent may skip steps but never go back, except Checkpointing -> Running."""
 
-LOST_CAPACITY_STOPS = frozenset({"Drained", "Preempted", "Reclaimed", "NodeLost"})
+def reason_word(proto_name: str) -> str:
+    """The wire's word for a common.proto AttemptReason name: ATTEMPT_REASON_NODE_LOST is "NodeLost"."""
+    words = proto_name.removeprefix("ATTEMPT_REASON_").split("_")
+    return "".join(w if w == "OOM" else w.capitalize() for w in words)
+
+
+REASON_CLASSES: Mapping[str, int] = {
+    reason_word(value.name): value.GetOptions().Extensions[common_pb2.counts_as]  # type: ignore[index]
+    for value in common_pb2.AttemptReason.DESCRIPTOR.values if value.number}
+"""Each reason word and what it counts as (common.proto's ReasonClass), read from the proto by name."""
+LOST_CAPACITY_STOPS = frozenset(word for word, counts in REASON_CLASSES.items()
+                                if counts == common_pb2.REASON_CLASS_LOST_CAPACITY)
 """Stops the coordinator asks for because capacity goes away: the attempt is recorded Lost and replaced."""
 
 
