@@ -8,8 +8,9 @@ import pytest
 
 from nodus.coordinator.clock import rfc3339
 from nodus.coordinator.controllers.attempts import fold_gang
-from nodus.coordinator.controllers.gang import (ASSEMBLE, MESH, START, CreateMember, GangConfig, decide_gang, plan_for,
-                                                topology, weakest)
+from nodus.coordinator.controllers.gang import (ASSEMBLE, MESH, START, CreateMember, GangConfig, decide_gang, topology,
+                                                weakest)
+from nodus.coordinator.controllers.gang_plan import plan_for
 from nodus.coordinator.controllers.job import AttemptView, StopAttempt
 from nodus.coordinator.scheduler import Amount, NodeView, Request, place_gang
 

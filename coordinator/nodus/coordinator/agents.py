@@ -28,6 +28,7 @@ from .clock import Clock, parse, rfc3339
 from . import checkpoints
 from .controllers import assignment
 from .controllers import gang as gangs
+from .controllers import gang_plan
 from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
 from .controllers.attempts import (GANG_STEPS, AttemptPhase, ProgressReport, Report, fold_probe, fold_progress,
                                    fold_report, phase_of)
@@ -97,7 +98,7 @@ def probe_of(p: agent_pb2.ProbeResult) -> dict[str, Any]:
     return out
 
 
-def plan_message(plan: gangs.Plan, config: gangs.GangConfig) -> agent_pb2.GangPlan:
+def plan_message(plan: gang_plan.Plan, config: gangs.GangConfig) -> agent_pb2.GangPlan:
     return agent_pb2.GangPlan(
         attempt_id=plan.attempt_id, gang_id=plan.gang_id, epoch=plan.epoch, rank=plan.rank, size=plan.size,
         gpus_per_node=plan.gpus_per_node, launcher=LAUNCHER_NUMBERS.get(plan.launcher, common_pb2.LAUNCHER_PLAIN),
@@ -626,7 +627,7 @@ class Session:
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
                                                              self.service.vault, job))
             checkpoints.prepare(built, attempt, job, siblings, store, self.service.interruptions.of(attempt))
-            plan = gangs.plan_for(attempt, siblings, job, self.service.gang_config)
+            plan = gang_plan.plan_for(attempt, siblings, job, self.service.gang_config)
             if plan is not None:
                 built.gang.CopyFrom(plan_message(plan, self.service.gang_config))
                 self._plans[attempt["spec"]["id"]] = (plan.epoch, plan.step)
@@ -645,7 +646,7 @@ class Session:
         job = self.cache.job(project, attempt["spec"]["job"])
         if job is None:
             return
-        plan = gangs.plan_for(attempt, self.cache.attempts_of(project, attempt["spec"]["job"]), job,
+        plan = gang_plan.plan_for(attempt, self.cache.attempts_of(project, attempt["spec"]["job"]), job,
                               self.service.gang_config)
         if plan is None or self._plans.get(plan.attempt_id) == (plan.epoch, plan.step):
             return

@@ -19,7 +19,7 @@ turns its actions back into member actions. What only a gang has lives here:
 - ranks keep their node across epochs unless that node is the one that was lost, or its member
   never assembled;
 - the gang's steps: every member assembles (prepares and reserves ports), then meshes (the probe),
-  then starts through the launcher; `plan_for` is the step each member is told, derived from what
+  then starts through the launcher; `gang_plan.plan_for` is the step each member is told, derived from what
   the members reported, so a resent report or a reconnect changes nothing;
 - status.gang and status.topology.
 """
@@ -451,57 +451,3 @@ def _number(value: Any) -> bool:
 
 def _host(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
-
-
-# -- the plan each member is told ---------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The GangPlan of one member, as plain values (agents.py turns it into the proto)."""
-
-    attempt_id: str
-    gang_id: str
-    epoch: int
-    rank: int
-    size: int
-    gpus_per_node: int
-    launcher: str
-    step: str
-    rendezvous_address: str = ""
-    rendezvous_port: int = 0
-    peers: tuple[tuple[int, str, int, int], ...] = ()
-    """(rank, address, port, probe port) of every member, rank 0 first."""
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
-
-
-def plan_for(attempt: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], job: Mapping[str, Any],
-             config: GangConfig) -> Plan | None:
-    """The step `attempt` (a gang member) should take now, from what its epoch's members reported."""
-    gang = (attempt.get("spec") or {}).get("gang") or {}
-    if not gang:
-        return None
-    epoch, rank = int(gang.get("epoch") or 0), int(gang.get("rank") or 0)
-    spec = job.get("spec") or {}
-    topo = topology(spec, (job.get("status") or {}).get("topology"))
-    size = int(gang.get("size") or topo["nodes"])
-    dist = spec.get("distributed") or {}
-    same = [s for s in siblings if int(((s.get("spec") or {}).get("gang") or {}).get("epoch") or 0) == epoch
-            and (s.get("spec") or {}).get("jobUID") == (attempt.get("spec") or {}).get("jobUID")]
-    by_rank = {int(((s.get("spec") or {}).get("gang") or {}).get("rank") or 0): s for s in same}
-    base = Plan(attempt_id=(attempt.get("spec") or {}).get("id", ""), gang_id=f"{(job.get('metadata') or {}).get('uid', '')}",
-                epoch=epoch, rank=rank, size=size, gpus_per_node=int(topo.get("gpusPerNode") or 0),
-                launcher=dist.get("launcher") or "Plain", step=ASSEMBLE,
-                startup_timeout=seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT)
-    if len(by_rank) < size:
-        return base
-    steps = [done_step(by_rank[r], epoch) for r in range(size)]
-    if any(s == "" for s in steps):
-        return base
-    peers = []
-    for r in range(size):
-        report = report_of(by_rank[r])
-        peers.append((r, str(report.get("address") or ""), int(report.get("port") or 0),
-                      int(report.get("probePort") or 0)))
-    rank0 = peers[0]
-    step = MESH if config.probe and any(s == ASSEMBLE for s in steps) else START
-    return replace(base, step=step, rendezvous_address=rank0[1], rendezvous_port=rank0[2], peers=tuple(peers))
