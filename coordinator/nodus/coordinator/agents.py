@@ -16,7 +16,9 @@ is idempotent, so a resent report never counts twice.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import grpc
@@ -223,6 +225,28 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort_with_status(status_for(session.error, rid))
 
 
+class Told(enum.Enum):
+    """What a stream last told the agent about an attempt."""
+
+    ASSIGN = "assign"
+    """An Assignment (in FullState or on its own): the agent should run it."""
+    SUSPEND = "suspend"
+    """A Suspend: checkpoint with its seq, then stop."""
+    CANCEL = "cancel"
+    """A Cancel: stop it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """One message this stream sent about an attempt; a Suspend's seq tells a newer one apart."""
+
+    told: Told
+    seq: int = 0
+
+
+ASSIGNED, CANCELLED = Said(Told.ASSIGN), Said(Told.CANCEL)
+
+
 class Session:
     """One Connect stream of one node's session."""
 
@@ -233,8 +257,8 @@ class Session:
         self.error: NodusError | None = None
         self._out: asyncio.Queue[Any] = asyncio.Queue()
         self._seq = 0
-        self._said: dict[str, str] = {}
-        """attempt id → "assign" or "cancel": what this stream told the agent."""
+        self._said: dict[str, Said] = {}
+        """attempt id → what this stream told the agent."""
         self._finished: set[str] = set()
         """Attempts the agent reported ended: nothing left to stop."""
         self._plans: dict[str, tuple[int, str]] = {}
@@ -471,7 +495,7 @@ class Session:
         return agent_pb2.LeaseRenewal(valid_for=_duration(leases.duration), expire_time=expire)
 
     def _cancel(self, attempt_id: str, reason: str, grace: int) -> None:
-        self._said[attempt_id] = "cancel"
+        self._said[attempt_id] = CANCELLED
         self.send(cancel=agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=grace))
 
     # -- desired state ----------------------------------------------------------------------------
@@ -492,12 +516,12 @@ class Session:
                     continue
                 cancels.append(agent_pb2.Cancel(attempt_id=spec["id"], reason=spec["stop"].get("reason", "Cancelled"),
                                                 grace_seconds=int(spec["stop"].get("graceSeconds") or 0)))
-                self._said[spec["id"]] = "cancel"
-            if not spec.get("stop") or self._said.get(spec["id"]) != "cancel":
+                self._said[spec["id"]] = CANCELLED
+            if not spec.get("stop") or self._said.get(spec["id"]) != CANCELLED:
                 built = await self._assignment(attempt, running=spec["id"] in reported)
                 if built is not None:
                     assignments.append(built)
-                    self._said[spec["id"]] = "assign"
+                    self._said[spec["id"]] = ASSIGNED
                     self._known.add(spec["id"])
         for attempt_id, phase in reported.items():
             if attempt_id in wanted or phase is None or phase.terminal:
@@ -507,7 +531,7 @@ class Session:
             if known is not None and (known.get("spec") or {}).get("node") == self.node:
                 reason = (known.get("status") or {}).get("reason") or "Unassigned"  # e.g. NodeLost: replaced
             cancels.append(agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=0))
-            self._said[attempt_id] = "cancel"
+            self._said[attempt_id] = CANCELLED
         return assignments, cancels
 
     async def follow(self) -> None:
@@ -561,7 +585,7 @@ class Session:
         for attempt_id, attempt in on_node.items():
             spec, said = attempt["spec"], self._said.get(attempt_id)
             if phase_of(attempt).terminal:
-                if said == "assign" and attempt_id not in self._finished:
+                if said == ASSIGNED and attempt_id not in self._finished:
                     # Ended without the agent saying so (Lost while it was away): stop it there.
                     self._cancel(attempt_id, (attempt.get("status") or {}).get("reason") or "Unassigned", 0)
                 continue
@@ -569,27 +593,27 @@ class Session:
                 if attempt_id not in self._known:
                     await self._never_started(attempt)
                 elif attempt_id not in self._finished and (suspend := checkpoints.suspend_message(attempt)) is not None:
-                    if said != f"suspend:{suspend.seq}" and said != "cancel":
-                        self._said[attempt_id] = f"suspend:{suspend.seq}"
+                    if said != Said(Told.SUSPEND, suspend.seq) and said != CANCELLED:
+                        self._said[attempt_id] = Said(Told.SUSPEND, suspend.seq)
                         await self._with_store(suspend)
                         self.send(suspend=suspend)  # checkpoint, then stop
-                elif said != "cancel" and attempt_id not in self._finished:
+                elif said != CANCELLED and attempt_id not in self._finished:
                     self._cancel(attempt_id, spec["stop"].get("reason", "Cancelled"),
                                  int(spec["stop"].get("graceSeconds") or 0))
             elif said is None:
                 built = await self._assignment(attempt)
                 if built is not None:
-                    self._said[attempt_id] = "assign"
+                    self._said[attempt_id] = ASSIGNED
                     self._known.add(attempt_id)
                     self.send(assignment=built)
-            elif said == "assign" and spec.get("gang") and attempt_id not in self._finished:
+            elif said == ASSIGNED and spec.get("gang") and attempt_id not in self._finished:
                 self._send_plan(attempt)
         for attempt_id in list(self._plans):
             if attempt_id not in on_node:
                 del self._plans[attempt_id]
         for attempt_id, said in list(self._said.items()):
             if attempt_id not in on_node:
-                if said == "assign" and attempt_id not in self._finished:
+                if said == ASSIGNED and attempt_id not in self._finished:
                     self._cancel(attempt_id, "Unassigned", 0)  # deleted, or moved off this node
                 self._said.pop(attempt_id, None)
         for gone in (self._known | self._finished) - on_node.keys() - self._said.keys():
