@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from .api import units
 
@@ -136,6 +136,8 @@ class Candidate:
 
 
 Scorer = Callable[[Request, Candidate], tuple[float, ...]]
+Key = TypeVar("Key", bound=Hashable)
+"""Whatever names a request to its caller (an attempt's store key); placements come back under it."""
 """Ranks a candidate; the highest tuple wins (ties go to the node name, alphabetically)."""
 
 
@@ -300,11 +302,11 @@ def _reverse(name: str) -> tuple[int, ...]:
     return tuple(-ord(c) for c in name)
 
 
-def place_all(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[NodeView],
-              reservations: Sequence[Reservation], scorer: Scorer = spread) -> dict[Hashable, Placement]:
+def place_all(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView],
+              reservations: Sequence[Reservation], scorer: Scorer = spread) -> dict[Key, Placement]:
     """Places requests in order, each seeing the capacity the earlier ones took (one scheduling pass)."""
     held = list(reservations)
-    out: dict[Hashable, Placement] = {}
+    out: dict[Key, Placement] = {}
     for key, request in requests:
         placement = place(request, nodes, held, scorer)
         out[key] = placement
@@ -337,9 +339,9 @@ def localities(nodes: Sequence[NodeView], network: str) -> list[tuple[str, list[
     return sorted(groups.items())
 
 
-def place_gang(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[NodeView],
+def place_gang(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView],
                reservations: Sequence[Reservation], network: str = "Regional",
-               scorer: Scorer = spread) -> dict[Hashable, Placement]:
+               scorer: Scorer = spread) -> dict[Key, Placement]:
     """All or nothing: every member (in rank order) on a node of its own, all within one locality
     (`network`), a rank on its previous node when that still fits; else none is placed and each
     says why. Deterministic: localities are tried by the most preferred nodes they hold, then by name."""
@@ -351,7 +353,7 @@ def place_gang(requests: Sequence[tuple[Hashable, Request]], nodes: Sequence[Nod
     for label, group in groups:
         held = list(reservations)
         used: set[str] = set()
-        out: dict[Hashable, Placement] = {}
+        out: dict[Key, Placement] = {}
         for rank, (key, request) in enumerate(requests):
             free = [n for n in group if n.name not in used]
             placement = None

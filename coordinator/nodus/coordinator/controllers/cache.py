@@ -31,7 +31,7 @@ Listener = Callable[[str, "dict[str, Any] | None", "dict[str, Any] | None"], Non
 
 
 def decode(key: str, value: bytes, revision: int) -> dict[str, Any]:
-    obj = orjson.loads(value)
+    obj: dict[str, Any] = orjson.loads(value)
     if isinstance(obj.get("metadata"), dict):
         obj["metadata"]["resourceVersion"] = str(revision)
     return obj

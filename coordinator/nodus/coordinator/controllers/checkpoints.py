@@ -160,7 +160,8 @@ def refusal(attempt: dict[str, Any] | None, siblings: Sequence[dict[str, Any]], 
         return "already committed"  # a resend after a reconnect: nothing to do
     # Every rank of a Dcp gang commits its own part of the same seq; the seq must be new for this
     # attempt and above every checkpoint a restore could already use.
-    top = latest(same) if commit.ranks > 1 else (committed(same) or [None])[-1]
+    done = committed(same)
+    top = latest(same) if commit.ranks > 1 else (done[-1] if done else None)
     if top is not None and commit.seq <= int(top.get("seq", 0)):
         if commit.seq == int(top.get("seq", 0)) and top.get("sha256") == commit.sha256:
             return "already committed"

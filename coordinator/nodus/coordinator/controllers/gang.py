@@ -230,8 +230,7 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
                          key=lambda c: int(c.get("seq", 0)))
     if checkpoints:
         status["checkpoints"] = checkpoints
-    failed_suspends = [(m.obj.get("status") or {}).get("suspendFailed") for m in members]
-    failed_suspends = [f for f in failed_suspends if f]
+    failed_suspends = [f for m in members if (f := (m.obj.get("status") or {}).get("suspendFailed"))]
     if failed_suspends:
         status["suspendFailed"] = max(failed_suspends, key=lambda f: int(f.get("tries") or 0))
     stop = next(((m.obj.get("spec") or {}).get("stop") for m in live if (m.obj.get("spec") or {}).get("stop")), None)
@@ -337,7 +336,8 @@ def _new_epoch(epoch: int, size: int, epochs: Mapping[int, Sequence[AttemptView]
     out = []
     for rank in range(size):
         m = prev.get(rank)
-        prefer, avoid = "", ()
+        prefer = ""
+        avoid: tuple[str, ...] = ()
         if m is not None and m.node:
             if m.phase is AttemptPhase.LOST:
                 avoid = (m.node,)
@@ -428,7 +428,7 @@ def weakest(probes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rtts = [float(p["rttMs"]) for p in probes if _number(p.get("rttMs"))]
     buses = [float(p["busGbps"]) for p in probes if _number(p.get("busGbps"))]
     paths = [p.get("path") for p in probes if p.get("path") in PATH_ORDER]
-    times = [p.get("measuredTime") for p in probes if p.get("measuredTime")]
+    times: list[str] = [p["measuredTime"] for p in probes if p.get("measuredTime")]
     out: dict[str, Any] = {}
     if rtts:
         out["rttMs"] = f"{max(rtts):.3f}"

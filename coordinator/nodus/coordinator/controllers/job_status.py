@@ -73,8 +73,9 @@ def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
         out["metrics"] = dict(latest["metrics"])
     totals = [(p.get("units") or {}).get("total") for p in lines]
     units: dict[str, int] = {"completed": sum(int((p.get("units") or {}).get("completed") or 0) for p in lines)}
-    if all(isinstance(t, int) and t > 0 for t in totals):
-        units["total"] = sum(int(t) for t in totals)  # type: ignore[arg-type]
+    known = [t for t in totals if isinstance(t, int) and t > 0]
+    if len(known) == len(totals):
+        units["total"] = sum(known)
     out["units"] = units
     return out
 

@@ -38,7 +38,8 @@ class LeaseController:
 
     @property
     def tick_seconds(self) -> float:
-        return max(0.05, min(1.0, self.registry.leases.duration / 5))
+        duration: float = self.registry.leases.duration
+        return max(0.05, min(1.0, duration / 5))
 
     async def run(self) -> None:
         await self.registry.cache.synced.wait()

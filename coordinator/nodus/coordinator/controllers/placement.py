@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..clock import Clock, parse
 from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
@@ -23,7 +23,7 @@ from .objects import Objects
 log = logging.getLogger("nodus.controllers.placement")
 
 
-def _waiting(obj: dict[str, Any] | None) -> bool:
+def _waiting(obj: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     if obj is None:
         return False
     spec = obj.get("spec") or {}
