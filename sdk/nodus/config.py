@@ -41,7 +41,7 @@ def resolve(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> a
         env = os.environ.get("NODUS_" + dest.upper())
         if env is not None:
             value: Any = env
-            if action.type is not None:
+            if callable(action.type):
                 value = action.type(env)
             elif isinstance(action, argparse._StoreTrueAction):
                 value = env.lower() in ("1", "true", "yes")

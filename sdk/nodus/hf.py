@@ -39,7 +39,7 @@ def _base() -> type:
         from transformers import TrainerCallback  # noqa: PLC0415 - optional: only programs that train import it
     except ImportError:
         return object
-    return TrainerCallback  # type: ignore[no-any-return]
+    return TrainerCallback
 
 
 class _Handshake:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from nodus.checkpoint import AlreadyCommitted, Manifest, archive
+from nodus.checkpoint import DEFAULT_LEVEL, AlreadyCommitted, Manifest, archive
 from nodus.checkpoint import restore as restore_archive
 from nodus.checkpoint.localcopy import copy_tree
 from nodus.checkpoint.manifest import manifest_key, seq_of_manifest_key
@@ -74,7 +74,7 @@ class Snapshot:
     """handshake, freeze, sigstop or none."""
     files: int
     unpacked_size: int = 0
-    level: int = archive.DEFAULT_LEVEL
+    level: int = DEFAULT_LEVEL
 
 
 def handshake_dir(layout: AttemptLayout) -> Path:

@@ -76,7 +76,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 p.kill()
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="run a coordinator and a local agent on loopback (development)")
     up.add_argument("--data-dir", default=os.environ.get("NODUS_UP_DIR", ".nodus"),
                     help="where both keep their state (default ./.nodus)")

@@ -64,7 +64,7 @@ def measure_allreduce(plan: Plan, report: Report, budget: Budget) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
     report.phase = "all-reduce rendezvous"
-    store = dist.TCPStore(plan.store_address, plan.store_port, plan.size, plan.rank == 0,  # type: ignore[attr-defined]
+    store = dist.TCPStore(plan.store_address, plan.store_port, plan.size, plan.rank == 0,
                           timeout=timedelta(seconds=max(1.0, budget.left(INIT_END))), wait_for_workers=True)
     # Later store reads (the process group's own rendezvous, the done count) may take the whole budget.
     store.set_timeout(timedelta(seconds=budget.left(1.0) + 10))
@@ -142,7 +142,7 @@ def plain_allreduce_busbw(rank: int, size: int, store_address: str, store_port: 
     this rank. The yardstick the probe is compared against; it shares none of the probe's machinery."""
     import torch
     import torch.distributed as dist
-    store = dist.TCPStore(store_address, store_port, size, rank == 0,  # type: ignore[attr-defined]
+    store = dist.TCPStore(store_address, store_port, size, rank == 0,
                           timeout=timedelta(seconds=timeout_s))
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, store=store, rank=rank, world_size=size,
