@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from .errors import NodusError
@@ -16,7 +17,9 @@ _SET_RE = re.compile(r"^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*(?:(notin|in)\s*\(([^)]*)
 
 def _split_top(text: str) -> list[str]:
     """Splits on commas outside parentheses."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch == "(":
             depth += 1
@@ -51,20 +54,42 @@ def parse_label_selector(text: str | None) -> LabelSelector:
         if neg and (setop or op):
             raise NodusError("BadRequest", f"unable to parse requirement {part!r} in labelSelector")
         if neg:
-            reqs.append(lambda labels, k=key: k not in labels)
+            reqs.append(partial(_absent, key))
         elif setop:
             vals = frozenset(v.strip() for v in values.split(",") if v.strip())
-            if setop == "in":
-                reqs.append(lambda labels, k=key, vs=vals: labels.get(k) in vs)
-            else:
-                reqs.append(lambda labels, k=key, vs=vals: labels.get(k) not in vs)
+            reqs.append(partial(_in if setop == "in" else _not_in, key, vals))
         elif op in ("=", "=="):
-            reqs.append(lambda labels, k=key, v=value: labels.get(k) == v)
+            reqs.append(partial(_equal, key, value))
         elif op == "!=":
-            reqs.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            reqs.append(partial(_not_equal, key, value))
         else:
-            reqs.append(lambda labels, k=key: k in labels)
+            reqs.append(partial(_present, key))
     return LabelSelector(tuple(reqs))
+
+
+# One requirement each, bound to its key (and values) with partial.
+def _absent(key: str, labels: dict[str, str]) -> bool:
+    return key not in labels
+
+
+def _present(key: str, labels: dict[str, str]) -> bool:
+    return key in labels
+
+
+def _in(key: str, values: frozenset[str], labels: dict[str, str]) -> bool:
+    return labels.get(key) in values
+
+
+def _not_in(key: str, values: frozenset[str], labels: dict[str, str]) -> bool:
+    return labels.get(key) not in values
+
+
+def _equal(key: str, value: str, labels: dict[str, str]) -> bool:
+    return labels.get(key) == value
+
+
+def _not_equal(key: str, value: str, labels: dict[str, str]) -> bool:
+    return labels.get(key) != value
 
 
 def _get(obj: dict[str, Any], path: str) -> Any:
