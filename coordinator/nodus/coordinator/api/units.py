@@ -182,7 +182,10 @@ def format_money(value: Decimal) -> str:
     """At least two decimal places, never an exponent: Decimal("12.5") → "12.50"."""
     if not isinstance(value, Decimal):
         raise TypeError("money is a Decimal")
-    q = value if -value.as_tuple().exponent >= 2 else value.quantize(Decimal("0.01"))
+    exponent = value.as_tuple().exponent
+    if not isinstance(exponent, int):  # "n", "N" or "F": NaN and Infinity are no amount
+        raise TypeError(f"money is a finite Decimal, not {value}")
+    q = value if -exponent >= 2 else value.quantize(Decimal("0.01"))
     return format(q, "f")
 
 
