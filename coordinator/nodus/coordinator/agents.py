@@ -38,7 +38,7 @@ from .controllers.cache import ATTEMPTS, NODES, Cache, attempt_key
 from .controllers.interruptions import Interruptions
 from .controllers.objects import Objects
 from .errors import NodusError, new_request_id
-from .grpc_api import status_for
+from .grpc_api import authorization, status_for
 from .identity import Identity
 from .nodes import NodeRegistry
 from .vault import Vault
@@ -162,7 +162,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             session.end(NodusError("StaleSession", "a newer registration of this node superseded the session"))
 
     async def _auth(self, context: grpc.aio.ServicerContext) -> None:
-        await self.identity.verify_join_token(dict(context.invocation_metadata()).get("authorization"))
+        await self.identity.verify_join_token(authorization(context))
 
     async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext) -> Any:
         rid = new_request_id()

@@ -18,7 +18,7 @@ from nodus.v1 import blob_pb2, blob_pb2_grpc
 
 from .blobs import CHUNK, BlobStore, check_digest
 from .errors import NodusError
-from .grpc_api import boundary, status_for
+from .grpc_api import authorization, boundary, status_for
 from .identity import Identity
 
 log = logging.getLogger("nodus.blobs")
@@ -43,14 +43,14 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
         self.identity = identity
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        authorization = dict(context.invocation_metadata()).get("authorization")
+        token = authorization(context)
         try:
-            await self.identity.verify_join_token(authorization)
+            await self.identity.verify_join_token(token)
         except NodusError as e:
             if e.reason != "Unauthorized":
                 raise
             try:
-                caller = await self.identity.authenticate(authorization)
+                caller = await self.identity.authenticate(token)
             except NodusError:
                 raise e from None
             raise NodusError("Forbidden", f'User "{caller.subject}" cannot use BlobService: it serves node agents',

@@ -84,6 +84,13 @@ def status_for(err: NodusError, rid: str) -> grpc.Status:
                                                   details=packed))
 
 
+def authorization(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's authorization header (the last one sent, as dict() kept it). gRPC gives bytes only
+    for `-bin` keys, and a call may carry no metadata at all."""
+    value = dict(context.invocation_metadata() or ()).get("authorization")
+    return value if isinstance(value, str) else None
+
+
 async def boundary(verb: str, kind: str, context: grpc.aio.ServicerContext,
                    authenticate: Callable[[], Awaitable[Any]], work: Callable[[Any], Awaitable[Any]],
                    to_status: Callable[[NodusError, str], grpc.Status] = status_for) -> Any:
@@ -120,7 +127,7 @@ def rpc(verb: str) -> Callable[..., Any]:
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             return await boundary(
                 verb, getattr(request, "kind", ""), context,
-                lambda: self.identity.authenticate(dict(context.invocation_metadata()).get("authorization")),
+                lambda: self.identity.authenticate(authorization(context)),
                 lambda caller: fn(self, caller, request, context))
         return handler
     return wrap
@@ -154,7 +161,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         rid = new_request_id()
         try:
-            caller = await self.identity.authenticate(dict(context.invocation_metadata()).get("authorization"))
+            caller = await self.identity.authenticate(authorization(context))
             info = resolve(request.kind)
             stream = await self.service.watch(
                 caller, info, request.project or None, labels=parse_label_selector(request.label_selector),
