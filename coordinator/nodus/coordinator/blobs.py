@@ -280,7 +280,9 @@ class LogStore:
             raise NodusError("BadRequest", f"offset {offset} is negative")
         lock = self._locks.setdefault(attempt_id, asyncio.Lock())
         async with lock:
-            st = self._states.get(attempt_id) or await asyncio.to_thread(self._load, attempt_id)
+            st = self._states.get(attempt_id)
+            if st is None:
+                st = await asyncio.to_thread(self._load, attempt_id)
             if offset > st.size:
                 raise NodusError("OffsetMismatch", f"the log of attempt {attempt_id} has {st.size} bytes; a chunk "
                                  f"at offset {offset} would leave a gap", extra={"size": st.size})
