@@ -59,9 +59,9 @@ class Client:
             raise CliError(f"cannot read kubeconfig {kubeconfig}: {e.strerror}",
                            "pass --kubeconfig DATA_DIR/kubeconfig or set NODUS_KUBECONFIG") from None
         ctx_name = config.get("current-context")
-        ctx = next((c["context"] for c in config.get("contexts", []) if c["name"] == ctx_name), {})
+        ctx: dict[str, Any] = next((c["context"] for c in config.get("contexts", []) if c["name"] == ctx_name), {})
         cluster = next((c["cluster"] for c in config.get("clusters", []) if c["name"] == ctx.get("cluster")), None)
-        user = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {})
+        user: dict[str, Any] = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {})
         if cluster is None:
             raise CliError(f"kubeconfig {kubeconfig} has no cluster for context {ctx_name!r}")
         self.server = cluster["server"].rstrip("/")

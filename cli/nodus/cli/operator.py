@@ -22,9 +22,10 @@ def _token(args: argparse.Namespace) -> str:
     except OSError as e:
         raise CliError(f"cannot read kubeconfig {path}: {e.strerror}",
                        "pass --kubeconfig DATA_DIR/kubeconfig or set NODUS_KUBECONFIG") from None
-    ctx = next((c["context"] for c in config.get("contexts", []) if c["name"] == config.get("current-context")), {})
-    user = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {})
-    return user.get("token", "")
+    ctx: dict[str, Any] = next((c["context"] for c in config.get("contexts", []) if c["name"] == config.get("current-context")), {})
+    user: dict[str, Any] = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {})
+    token: str = user.get("token", "")
+    return token
 
 
 def _call(args: argparse.Namespace, method: str, request: Any) -> dict[str, Any]:
