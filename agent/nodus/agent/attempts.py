@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -25,7 +25,9 @@ from nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
 
-PHASES: dict[str, int] = {name: common_pb2.AttemptPhase.Value(f"ATTEMPT_PHASE_{name}") for name in (
+# The stubs type EnumTypeWrapper.Value() as a plain int; the value is the enum's member.
+PHASES: dict[str, common_pb2.AttemptPhase] = {
+    name: cast(common_pb2.AttemptPhase, common_pb2.AttemptPhase.Value(f"ATTEMPT_PHASE_{name}")) for name in (
     "PROVISIONING", "MATERIALIZING", "INITIALIZING", "STARTING_SIDECARS", "RUNNING", "CHECKPOINTING",
     "STOPPING", "SUCCEEDED", "FAILED", "LOST", "CANCELLED")}
 TERMINAL = L.TERMINAL

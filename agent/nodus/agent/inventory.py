@@ -48,7 +48,7 @@ def parse_labels(text: str | dict[str, str] | None) -> dict[str, str]:
     return labels
 
 
-def node_inventory(work_dir: Path, nvml: Nvml, *, runtimes: list[int], region: str, offering: str,
+def node_inventory(work_dir: Path, nvml: Nvml, *, runtimes: list[common_pb2.Runtime], region: str, offering: str,
                    labels: dict[str, str], advertise_address: str, interruptible: bool) -> common_pb2.NodeInventory:
     return common_pb2.NodeInventory(
         hostname=socket.gethostname(), agent_version=AGENT_VERSION, runtimes=runtimes, region_class=region,

@@ -172,7 +172,7 @@ class Checkpoints:
         self.remember_store(a, layout)
         return await restore_before_start(self.blobs, self.runtime.user, a, layout)
 
-    async def checkpoint(self, attempt_id: str, seq: int, reason: int) -> agent_pb2.CheckpointCommit:
+    async def checkpoint(self, attempt_id: str, seq: int, reason: agent_pb2.CheckpointReason) -> agent_pb2.CheckpointCommit:
         """Takes, uploads and reports one checkpoint of a running attempt. Raises CheckpointFailed."""
         att = self.attempts.get(attempt_id)
         if att is None or att.stage != Stage.SUPERVISED or att.stop is not None:

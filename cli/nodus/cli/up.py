@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import cast
 from pathlib import Path
 
 from .client import CliError
@@ -62,7 +63,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         while not stop["now"]:
             for p in procs:
                 if p.poll() is not None:
-                    raise CliError(f"{Path(p.args[0]).name} exited with {p.returncode}; logs in {data}")
+                    raise CliError(f"{Path(str(cast(list[str], p.args)[0])).name} exited with {p.returncode}; logs in {data}")
             time.sleep(0.2)
         return 0
     finally:

@@ -32,9 +32,16 @@ def _status(err: NodusError, rid: str) -> grpc.Status:
     offset: the agent resumes from there)."""
     status = status_for(err, rid)
     size = err.extra.get("size")
-    if size is not None:
-        status = status._replace(trailing_metadata=tuple(status.trailing_metadata) + ((SIZE_TRAILER, str(size)),))
-    return status
+    return status if size is None else _Trailed(status, ((SIZE_TRAILER, str(size)),))
+
+
+class _Trailed(grpc.Status):
+    """A status with trailers added (grpc.Status is an interface: code, details, trailing_metadata)."""
+
+    def __init__(self, base: grpc.Status, extra: tuple[tuple[str, str], ...]) -> None:
+        self.code = base.code
+        self.details = base.details
+        self.trailing_metadata = tuple(base.trailing_metadata) + extra
 
 
 class BlobServicer(blob_pb2_grpc.BlobServiceServicer):

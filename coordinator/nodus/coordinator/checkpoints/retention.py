@@ -164,7 +164,8 @@ class Retention:
                                       lambda obj: _with_status(obj, rules.without_checkpoints, retry))
         for project, name, upto in due.trimmed:
             trim = functools.partial(rules.without_superseded, upto=upto)
-            await self.objects.mutate(attempt_key(project, name), lambda obj, trim=trim: _with_status(obj, trim, retry))
+            await self.objects.mutate(attempt_key(project, name),
+                                      functools.partial(_with_status, change=trim, keep=retry))
         if due.attempts or due.trimmed or forgotten or forgotten_s3:
             log.info("retention: deleted %d checkpoint archives (%d bytes) and %d in buckets, of %d attempts",
                      len(due.digests) + len(forgotten), due.bytes, len(due.s3) + len(forgotten_s3) - len(retry),
