@@ -46,7 +46,7 @@ def member(epoch: int, rank: int, phase: str = "Running", node: str | None = Non
         spec["stop"] = {"reason": stop}
     obj = {"metadata": {"name": f"g-{epoch}-r{rank}", "namespace": "default", "creationTimestamp": rfc3339(T0)},
            "spec": spec, "status": status}
-    return AttemptView.of(obj)
+    return AttemptView.from_object(obj)
 
 
 def creates(decision: Any) -> list[CreateMember]:

@@ -53,7 +53,7 @@ class World:
     def step(self) -> Decision:
         assert self.job is not None
         now = self.clock.now()
-        d = decide(self.job, [AttemptView.of(a) for a in self.attempts.values()], now)
+        d = decide(self.job, [AttemptView.from_object(a) for a in self.attempts.values()], now)
         for action in d.actions:
             if isinstance(action, CreateAttempt):
                 a = new_attempt(self.job, action.index, action.number, now)

@@ -492,5 +492,5 @@ def made_progress(attempt: Any, min_progress: float) -> bool:
     recovery.maxAttempts. `attempt` is an AttemptView."""
     if attempt.started is None:
         return False
-    ended = parse(_status(attempt.obj).get("finishTime")) or parse(_status(attempt.obj).get("lostTime"))
+    ended = attempt.finished or attempt.lost_at
     return ended is not None and ended - attempt.started >= min_progress

@@ -135,7 +135,7 @@ def _earliest(times: Iterable[float | None]) -> float | None:
 
 
 def _finished(view: AttemptView) -> float:
-    return parse((view.obj.get("status") or {}).get("finishTime")) or float("inf")
+    return view.finished or float("inf")
 
 
 def broken(members: Sequence[AttemptView]) -> AttemptView | None:
@@ -204,7 +204,7 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
     if started is not None:
         status["startTime"] = rfc3339(started)
     if not live:
-        end = _latest(parse((m.obj.get("status") or {}).get("finishTime")) for m in members)
+        end = _latest(m.finished for m in members)
         if end is not None:
             status["finishTime"] = rfc3339(end)
             if phase is AttemptPhase.LOST:
@@ -212,21 +212,20 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
     provisioned = _latest(m.provisioned for m in members) if all_placed else None
     if provisioned is not None:
         status["provisioningTime"] = rfc3339(provisioned)
-    explain = next((((m.obj.get("status") or {}).get("placement") or {}).get("explain") for m in members
-                    if not m.placed and ((m.obj.get("status") or {}).get("placement") or {}).get("explain")), "")
+    explain = next((m.placement_explain for m in members if not m.placed and m.placement_explain), "")
     if explain:
         status["placement"] = {"explain": explain}
     rank0_status = rank0.obj.get("status") or {}
     for key in ("progress", "unitSamplesMs", "restoredFromSeq"):
         if rank0_status.get(key):
             status[key] = rank0_status[key]
-    ready = _latest(parse((m.obj.get("status") or {}).get("inputsReadyTime")) for m in members)
-    if ready is not None and all((m.obj.get("status") or {}).get("inputsReadyTime") for m in members):
+    ready = _latest(parse(m.inputs_ready_time) for m in members)
+    if ready is not None and all(m.inputs_ready_time for m in members):
         status["inputsReadyTime"] = rfc3339(ready)
-    outputs = [o for m in by_rank for o in (m.obj.get("status") or {}).get("outputs") or []]
+    outputs = [o for m in by_rank for o in m.outputs]
     if outputs:
         status["outputs"] = outputs
-    checkpoints = sorted((c for m in members for c in (m.obj.get("status") or {}).get("checkpoints") or []),
+    checkpoints = sorted((c for m in members for c in m.checkpoints),
                          key=lambda c: int(c.get("seq", 0)))
     if checkpoints:
         status["checkpoints"] = checkpoints
@@ -244,7 +243,11 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
     return AttemptView(name=name, job_uid=job_uid, index=0, number=epoch, phase=phase, reason=reason,
                        message=message, exit_code=exit_code, oom_killed=oom, node=node, created=created,
                        provisioned=provisioned, started=started,
-                       stop_requested=bool(live) and all(m.stop_requested for m in live), obj=obj)
+                       stop_requested=bool(live) and all(m.stop_requested for m in live), obj=obj,
+                       finished=parse(status.get("finishTime")), lost_at=parse(status.get("lostTime")),
+                       placement_explain=explain, progress=rank0.progress, unit_samples_ms=rank0.unit_samples_ms,
+                       outputs=tuple(outputs), checkpoints=tuple(checkpoints),
+                       inputs_ready_time=status.get("inputsReadyTime", ""))
 
 
 # -- decide --------------------------------------------------------------------------------------------

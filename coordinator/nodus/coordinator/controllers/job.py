@@ -26,6 +26,7 @@ from ..errors import REGISTRY
 from . import checkpoints as ckpt
 from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
+from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
 
 STOP_GRACE_SECONDS = 30
 """SIGTERM to SIGKILL for attempts the controller stops (Kubernetes' default grace period)."""
@@ -103,42 +104,6 @@ def expand_ranges(text: str) -> set[int]:
 
 
 # -- what decide sees and says --------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class AttemptView:
-    """The parts of an Attempt object the decision reads."""
-
-    name: str
-    job_uid: str
-    index: int
-    number: int
-    phase: AttemptPhase
-    reason: str
-    message: str
-    exit_code: int | None
-    oom_killed: bool
-    node: str
-    created: float | None
-    provisioned: float | None
-    started: float | None
-    stop_requested: bool
-    obj: dict[str, Any]
-
-    @property
-    def placed(self) -> bool:
-        return bool(self.node)
-
-    @classmethod
-    def of(cls, obj: dict[str, Any]) -> "AttemptView":
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        return cls(name=obj["metadata"]["name"], job_uid=spec.get("jobUID", ""), index=int(spec.get("index", 0)),
-                   number=int(spec.get("number", 1)), phase=AttemptPhase.parse(status.get("phase")),
-                   reason=status.get("reason", ""), message=status.get("message", ""),
-                   exit_code=status.get("exitCode"), oom_killed=bool(status.get("oomKilled")),
-                   node=spec.get("node", ""), created=parse(obj["metadata"].get("creationTimestamp")),
-                   provisioned=parse(status.get("provisioningTime")), started=parse(status.get("startTime")),
-                   stop_requested=bool(spec.get("stop")), obj=obj)
-
 
 @dataclass(frozen=True, slots=True)
 class CreateAttempt:
@@ -268,7 +233,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     if phase.terminal:
         stop_all(reason or "Completed")
         finished = parse(status.get("completionTime")) or now
-        held = any((a.obj.get("status") or {}).get("checkpoints") for a in mine)
+        held = any(a.checkpoints for a in mine)
         if isinstance(ttl, int):
             # The retention sweep deletes the checkpoints first (they go at the TTL too); a Job is
             # deleted once none is left, or after RELEASE_GRACE if no sweep runs.
@@ -312,8 +277,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
         phase, reason, message = _running_phase(live, creates), "", ""
         if phase is JobPhase.QUEUED:
             waiting = [a for a in live if not a.placed]
-            explain = next((((a.obj.get("status") or {}).get("placement") or {}).get("explain") for a in waiting
-                            if ((a.obj.get("status") or {}).get("placement") or {}).get("explain")), "")
+            explain = next((a.placement_explain for a in waiting if a.placement_explain), "")
             message = f"waiting for capacity: {explain}" if explain else ""
         if timeout is not None and timeout_start is not None:
             wake.append(timeout_start + timeout + suspended_for)
@@ -354,10 +318,9 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs, mtbi))
     put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released),
                                                 free=free_storage))
-    ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number))
-             if (a.obj.get("status") or {}).get("inputsReadyTime")]
+    ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number)) if a.inputs_ready_time]
     if ready:
-        status["inputsReadyTime"] = ready[-1].obj["status"]["inputsReadyTime"]
+        status["inputsReadyTime"] = ready[-1].inputs_ready_time
     status["conditions"] = [{**c, "observedGeneration": generation} for c in conditions]
     if not status["conditions"]:
         del status["conditions"]
@@ -404,7 +367,7 @@ def _verdict(spec: dict[str, Any], mine: list[AttemptView], live: list[AttemptVi
     if queue_timeout and state == "Running":
         for a in sorted(live, key=lambda a: a.index):
             if not a.placed and a.created is not None and now >= a.created + queue_timeout:
-                explain = ((a.obj.get("status") or {}).get("placement") or {}).get("explain") or "no node fits"
+                explain = a.placement_explain or "no node fits"
                 return (JobPhase.FAILED, "CapacityUnavailable",
                         f"index {a.index} waited spec.placement.queueTimeout {duration(queue_timeout)} for "
                         f"capacity: {explain}")

@@ -224,7 +224,7 @@ class JobController:
         views = []
         for obj in objs:
             hit = before.get(id(obj))
-            view = hit[1] if hit is not None and hit[0] is obj else AttemptView.of(obj)
+            view = hit[1] if hit is not None and hit[0] is obj else AttemptView.from_object(obj)
             now[id(obj)] = (obj, view)
             views.append(view)
         if views:

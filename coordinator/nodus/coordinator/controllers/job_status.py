@@ -5,13 +5,11 @@ phase the Job is in and what to do; these say what its progress, unit timings an
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping
 
 from ..clock import parse, rfc3339
 from .attempts import AttemptPhase
-
-if TYPE_CHECKING:
-    from .job import AttemptView
+from .views import AttemptView
 
 
 def put(status: dict[str, Any], key: str, value: Any) -> None:
@@ -57,9 +55,9 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
 
 def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
     """Units summed over the newest reporting attempt of each index; stage and metrics from the latest line."""
-    newest: dict[int, tuple[int, dict[str, Any]]] = {}
+    newest: dict[int, tuple[int, Mapping[str, Any]]] = {}
     for a in mine:
-        p = (a.obj.get("status") or {}).get("progress")
+        p = a.progress
         if p and (a.index not in newest or a.number > newest[a.index][0]):
             newest[a.index] = (a.number, p)
     if not newest:
@@ -81,8 +79,7 @@ def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
 
 
 def unit_metrics(mine: list[AttemptView], progress: dict[str, Any] | None) -> dict[str, Any]:
-    samples = sorted(s for a in mine for s in (a.obj.get("status") or {}).get("unitSamplesMs") or []
-                     if isinstance(s, int))
+    samples = sorted(s for a in mine for s in a.unit_samples_ms)
     out: dict[str, Any] = {}
     if progress and (progress.get("units") or {}).get("completed") is not None:
         out["completed"] = progress["units"]["completed"]
@@ -107,7 +104,7 @@ def committed_outputs(committed: Any, mine: list[AttemptView], completions: int)
     for a in sorted(mine, key=lambda a: (a.index, a.number)):
         if a.phase is not AttemptPhase.SUCCEEDED or a.index >= completions:
             continue
-        for o in (a.obj.get("status") or {}).get("outputs") or []:
+        for o in a.outputs:
             item = {"index": a.index, "name": o.get("name", ""), "path": o.get("path", ""),
                     "sha256": o.get("sha256", ""), "size": int(o.get("size") or 0)}
             if o.get("rank"):
