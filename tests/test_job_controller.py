@@ -17,7 +17,7 @@ from nodus.coordinator.api.attempt import PHASES
 from nodus.coordinator.clock import ManualClock, rfc3339
 from nodus.coordinator.controllers.attempts import (AttemptPhase, ProgressReport, Report, fold_progress, fold_report,
                                                     scrub)
-from nodus.coordinator.controllers.job import (AttemptView, CreateAttempt, Decision, DeleteAttempt, DeleteJob,
+from nodus.coordinator.controllers.job import (AttemptView, CreateAttempt, Decision, DeleteAttempt, DeleteJob, JobView,
                                                JobPhase, StopAttempt, compress_ranges, decide, expand_ranges,
                                                terminal_phases)
 from nodus.coordinator.controllers.job_controller import new_attempt, stop
@@ -53,7 +53,7 @@ class World:
     def step(self) -> Decision:
         assert self.job is not None
         now = self.clock.now()
-        d = decide(self.job, [AttemptView.from_object(a) for a in self.attempts.values()], now)
+        d = decide(JobView.from_object(self.job), [AttemptView.from_object(a) for a in self.attempts.values()], now)
         for action in d.actions:
             if isinstance(action, CreateAttempt):
                 a = new_attempt(self.job, action.index, action.number, now)

@@ -13,7 +13,7 @@ from nodus.coordinator import checkpoints as store
 from nodus.coordinator.clock import duration, rfc3339
 from nodus.coordinator.controllers import checkpoints as rules
 from nodus.coordinator.controllers.attempts import AttemptPhase
-from nodus.coordinator.controllers.job import AttemptView, JobPhase, StopAttempt, decide
+from nodus.coordinator.controllers.job import AttemptView, JobPhase, JobView, StopAttempt, decide
 from nodus.coordinator.controllers.interruptions import Interruptions
 from nodus.coordinator.controllers.job_controller import stop
 from nodus.coordinator.controllers.lease import lost
@@ -153,8 +153,8 @@ def test_an_auto_cadence_follows_the_offering_it_runs_on() -> None:
     assert mtbi is not None and mtbi < 3 * 3600
     views = [AttemptView.from_object(a) for a in w.attempts.values()]
     every = rules.young_daly(8.0, mtbi)
-    assert decide(w.job, views, w.clock.now(), mtbi=mtbi).status["checkpoint"]["interval"] == duration(every)  # type: ignore[index, arg-type]
-    assert decide(w.job, views, w.clock.now()).status["checkpoint"]["interval"] == \
+    assert decide(JobView.from_object(w.job), views, w.clock.now(), mtbi=mtbi).status["checkpoint"]["interval"] == duration(every)  # type: ignore[index, arg-type]
+    assert decide(JobView.from_object(w.job), views, w.clock.now()).status["checkpoint"]["interval"] == \
         duration(rules.young_daly(8.0, rules.DEFAULT_MTBI))  # type: ignore[index, arg-type]
     cache, asked = FakeCache(w), {}
     w.clock.advance(every + 2)  # the running attempt's own hours count too, so the figure creeps up a little
@@ -190,7 +190,7 @@ def test_suspend_of_a_running_checkpointed_job_asks_for_a_checkpoint_first() -> 
     w.run(name)
     w.job["spec"]["state"] = "Suspended"
     w.job["metadata"]["generation"] = 2
-    d = decide(w.job, [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
+    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
     stops = [a for a in d.actions if isinstance(a, StopAttempt)]
     assert stops == [StopAttempt(name, "Suspended", checkpoint_seq=1)]
     w.mutate(name, stop("Suspended", 30, w.clock.now(), 1))
@@ -206,7 +206,7 @@ def test_suspend_without_checkpoints_is_a_plain_stop(continuity: str) -> None:
     name = w.live()[0]
     w.run(name)
     w.job["spec"]["state"] = "Suspended"
-    d = decide(w.job, [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
+    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
     assert [a for a in d.actions if isinstance(a, StopAttempt)] == [StopAttempt(name, "Suspended")]
 
 
@@ -233,7 +233,7 @@ def test_suspend_failed_keeps_the_job_running_and_resets_on_resume() -> None:
     # A new suspend (a new generation) tries again.
     w.job["spec"]["state"] = "Suspended"
     w.job["metadata"]["generation"] = 4
-    d = decide(w.job, [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
+    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
     assert [a for a in d.actions if isinstance(a, StopAttempt)] == [StopAttempt(name, "Suspended", checkpoint_seq=1)]
 
 

@@ -32,8 +32,8 @@ from ..clock import parse, rfc3339, seconds
 from .attempts import AttemptPhase
 from .gang_phase import GangPhase
 from .checkpoints import FREE_STORAGE_BYTES
-from .job import (Action, AttemptView, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans,
-                  decide)
+from .job import Action, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans, decide
+from .views import AttemptView, JobView
 
 VIRTUAL_PREFIX = "gang-epoch:"
 DEFAULT_STARTUP_TIMEOUT = 15 * 60.0
@@ -252,13 +252,11 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
 
 # -- decide --------------------------------------------------------------------------------------------
 
-def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
+def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
                 config: GangConfig = GangConfig(), mtbi: float | None = None,
                 free_storage: int = FREE_STORAGE_BYTES) -> Decision:
-    meta, spec = job["metadata"], job.get("spec") or {}
-    prev = job.get("status") or {}
-    uid = meta.get("uid", "")
-    dist = spec.get("distributed") or {}
+    spec, prev, uid = job.spec, job.status, job.uid
+    dist = job.distributed or {}
     launcher = dist.get("launcher") or "Plain"
     topo = topology(spec, prev.get("topology"))
     size = int(topo["nodes"])
@@ -312,7 +310,7 @@ def decide_gang(job: dict[str, Any], attempts: Sequence[AttemptView], now: float
         elif isinstance(action, StopAttempt) and action.name.startswith(VIRTUAL_PREFIX):
             epoch = int(action.name[len(VIRTUAL_PREFIX):])
             stoppers = [m for m in epochs.get(epoch, []) if not m.phase.terminal and not m.stop_requested]
-            dcp = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("format") == "Dcp"
+            dcp = job.checkpoint_format == "Dcp"
             for m in sorted(stoppers, key=rank_of):
                 # A suspend's checkpoint: every rank's part (Dcp), or rank 0's state (Snapshot).
                 seq = action.checkpoint_seq if rank_of(m) == 0 or dcp else 0

@@ -27,6 +27,7 @@ from . import checkpoints as ckpt
 from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
+from .views import JobView as JobView
 
 STOP_GRACE_SECONDS = 30
 """SIGTERM to SIGKILL for attempts the controller stops (Kubernetes' default grace period)."""
@@ -159,39 +160,32 @@ def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
     return tuple(actions)
 
 
-def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
+def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
            extra_verdict: tuple[JobPhase, str, str] | None = None, mtbi: float | None = None,
            free_storage: int = ckpt.FREE_STORAGE_BYTES) -> Decision:
     """`extra_verdict` ends the Job for a reason only its caller knows (a gang that never assembled),
     unless it is cancelled or done anyway. `mtbi` is the measured mean time between interruptions
     of the offering the Job runs on (None: the default), for an `auto` checkpoint cadence.
     `free_storage` is the operator's free inclusion of status.storage."""
-    meta, spec = job["metadata"], job.get("spec") or {}
-    prev: dict[str, Any] = job.get("status") or {}
-    mine = [a for a in attempts if a.job_uid == meta.get("uid")]
-    actions: list[Action] = list(collect_orphans([a for a in attempts if a.job_uid != meta.get("uid")]))
-    completions = int(spec.get("completions") or 1)
-    parallelism = int(spec.get("parallelism") or 1)
-    backoff_limit = int(spec.get("backoffLimit", 6))
-    recovery = spec.get("recovery") or {}
-    max_attempts = int(recovery.get("maxAttempts") or 3)
-    timeout = seconds(spec.get("timeout"))
-    ttl = spec.get("ttlSecondsAfterFinished")
-    state = spec.get("state") or "Running"
-    queue_timeout = seconds((spec.get("placement") or {}).get("queueTimeout"))
+    spec, prev = job.spec, job.status
+    mine = [a for a in attempts if a.job_uid == job.uid]
+    actions: list[Action] = list(collect_orphans([a for a in attempts if a.job_uid != job.uid]))
+    completions, parallelism, backoff_limit = job.completions, job.parallelism, job.backoff_limit
+    max_attempts, timeout, ttl, state = job.max_attempts, job.timeout, job.ttl, job.state
+    queue_timeout = job.queue_timeout
 
     succeeded = {a.index for a in mine if a.phase is AttemptPhase.SUCCEEDED and a.index < completions}
     live = [a for a in mine if not a.phase.terminal]
     failures = sorted((a for a in mine if a.phase is AttemptPhase.FAILED), key=lambda a: (a.created or 0, a.number))
     # A lost attempt that ran recovery.minProgressDuration made progress: it does not use up maxAttempts.
-    min_progress = seconds(recovery.get("minProgressDuration")) or ckpt.DEFAULT_MIN_PROGRESS
-    fail_on_loss = recovery.get("onInterruption") == "Fail"  # then every loss counts (and fails the Job)
+    min_progress = job.min_progress or ckpt.DEFAULT_MIN_PROGRESS
+    fail_on_loss = job.fail_on_interruption  # then every loss counts (and fails the Job)
     losses = Counter(a.index for a in mine if a.phase is AttemptPhase.LOST
                      and (fail_on_loss or not ckpt.made_progress(a, min_progress)))
 
     status = dict(prev)
     conditions = list(prev.get("conditions") or [])
-    generation = int(meta.get("generation") or 1)
+    generation = job.generation
     timeout_start = parse(prev.get("timeoutStartTime")) or _earliest(a.provisioned for a in mine)
     suspended_for = seconds(prev.get("suspendedDuration")) or 0.0
     wake: list[float] = []
@@ -217,7 +211,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
         conditions = set_condition(conditions, "Suspended", "False", "Resumed", "", now, generation)
 
     if not phase.terminal:
-        verdict = _verdict(spec, mine, live, succeeded, failures, losses, completions, backoff_limit, max_attempts,
+        verdict = _verdict(job, mine, live, succeeded, failures, losses, completions, backoff_limit, max_attempts,
                            timeout, timeout_start, suspended_for, queue_timeout, state, now)
         if extra_verdict is not None and (verdict is None or verdict[0] is JobPhase.FAILED):
             verdict = extra_verdict
@@ -234,7 +228,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
         stop_all(reason or "Completed")
         finished = parse(status.get("completionTime")) or now
         held = any(a.checkpoints for a in mine)
-        if isinstance(ttl, int):
+        if ttl is not None:
             # The retention sweep deletes the checkpoints first (they go at the TTL too); a Job is
             # deleted once none is left, or after RELEASE_GRACE if no sweep runs.
             if now >= finished + ttl + (ckpt.RELEASE_GRACE if held else 0.0):
@@ -314,7 +308,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress")))
     put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
     objs = [a.obj for a in mine]
-    released = phase.terminal and ckpt.released({**job, "status": status}, meta.get("uid", ""), now)
+    released = phase.terminal and ckpt.released({**job.obj, "status": status}, job.uid, now)
     put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs, mtbi))
     put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released),
                                                 free=free_storage))
@@ -329,7 +323,7 @@ def decide(job: dict[str, Any], attempts: Sequence[AttemptView], now: float,
     return Decision(None if status == prev else status, tuple(actions), min(future) if future else None)
 
 
-def _verdict(spec: dict[str, Any], mine: list[AttemptView], live: list[AttemptView], succeeded: set[int],
+def _verdict(job: JobView, mine: list[AttemptView], live: list[AttemptView], succeeded: set[int],
              failures: list[AttemptView], losses: Counter[int], completions: int, backoff_limit: int,
              max_attempts: int, timeout: float | None, timeout_start: float | None, suspended_for: float,
              queue_timeout: float | None, state: str, now: float) -> tuple[JobPhase, str, str] | None:
@@ -348,8 +342,7 @@ def _verdict(spec: dict[str, Any], mine: list[AttemptView], live: list[AttemptVi
                 f"{len(failures)} customer failures exceed spec.backoffLimit {backoff_limit}; the last: index "
                 f"{last.index} attempt {last.number}, {exit_text}" + (f":\n{tail}" if tail else ""))
     over = sorted(i for i, n in losses.items() if n > max_attempts)
-    on_interruption = (spec.get("recovery") or {}).get("onInterruption")
-    if over or (on_interruption == "Fail" and losses):
+    if over or (job.fail_on_interruption and losses):
         index = over[0] if over else min(losses)
         last = max((a for a in mine if a.index == index and a.phase is AttemptPhase.LOST), key=lambda a: a.number)
         if over:

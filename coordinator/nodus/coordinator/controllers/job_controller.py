@@ -18,11 +18,11 @@ from ..errors import NodusError
 from .attempt_machine import Created, Refusal, StoppedUnplaced, phase_of, transition
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
-from .gang import CreateMember, GangConfig, decide_gang, is_gang, topology
+from .gang import CreateMember, GangConfig, decide_gang, topology
 from .interruptions import Interruptions
-from .job import (Action, AttemptView, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans,
-                  decide)
+from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide
 from .objects import Objects, new_uid
+from .views import AttemptView, JobView
 from .workqueue import WorkQueue
 
 log = logging.getLogger("nodus.controllers.job")
@@ -190,11 +190,12 @@ class JobController:
         if job is None or job["metadata"].get("deletionTimestamp"):
             await self._execute(job, project, collect_orphans(attempts), now)
             return
-        mtbi = self._mtbi(job, attempts)
-        if is_gang(job.get("spec") or {}):
-            decision = decide_gang(job, attempts, now, self.gangs, mtbi, self.free_storage)
+        view = JobView.from_object(job)
+        mtbi = self._mtbi(view, attempts)
+        if view.gang:
+            decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage)
         else:
-            decision = decide(job, attempts, now, mtbi=mtbi, free_storage=self.free_storage)
+            decision = decide(view, attempts, now, mtbi=mtbi, free_storage=self.free_storage)
         await self._execute(job, project, decision.actions, now)
         if decision.status is not None:
             written = await self._write_status(job, project, decision.status)
@@ -207,13 +208,12 @@ class JobController:
         if decision.wake_at is not None:
             self.queue.add_after(key, decision.wake_at - self.clock.now())
 
-    def _mtbi(self, job: dict[str, Any], attempts: list[AttemptView]) -> float | None:
+    def _mtbi(self, job: JobView, attempts: list[AttemptView]) -> float | None:
         """The measured MTBI of the offering the Job last ran on, for an `auto` checkpoint cadence: the
         newest placed attempt's, so a replacement still Pending does not swing the interval shown."""
-        if (((job.get("spec") or {}).get("recovery") or {}).get("checkpoint") or {}).get("interval", "auto") != "auto":
+        if job.checkpoint_interval != "auto":
             return None
-        uid = job["metadata"].get("uid")
-        placed = [a for a in attempts if a.job_uid == uid and (a.obj.get("spec") or {}).get("offering")]
+        placed = [a for a in attempts if a.job_uid == job.uid and (a.obj.get("spec") or {}).get("offering")]
         return self.interruptions.of(max(placed, key=lambda a: a.number).obj) if placed else None
 
     def _views(self, key: str, objs: list[dict[str, Any]]) -> list[AttemptView]:

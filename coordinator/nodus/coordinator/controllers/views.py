@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..clock import parse
+from ..clock import parse, seconds
 from .attempt_machine import AttemptPhase
 
 
@@ -81,3 +81,65 @@ class AttemptView:
                    unit_samples_ms=tuple(s for s in status.get("unitSamplesMs") or [] if isinstance(s, int)),
                    outputs=_dicts(status.get("outputs")), checkpoints=_dicts(status.get("checkpoints")),
                    inputs_ready_time=status.get("inputsReadyTime") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """The parts of a Job object the decisions read, with the spec's defaults applied."""
+
+    name: str
+    project: str
+    uid: str
+    generation: int
+    """metadata.generation: the spec's version, echoed as observedGeneration (1 before any update)."""
+    deleting: bool
+    """metadata.deletionTimestamp is set: the Job is going and its attempts are orphans."""
+    completions: int
+    parallelism: int
+    backoff_limit: int
+    """spec.backoffLimit: customer failures allowed across all indexes (6)."""
+    max_attempts: int
+    """spec.recovery.maxAttempts: losses of capacity allowed per index (3)."""
+    min_progress: float | None
+    """spec.recovery.minProgressDuration: a loss after this long running does not count (None: the default)."""
+    fail_on_interruption: bool
+    """spec.recovery.onInterruption is Fail: any loss of capacity fails the Job."""
+    timeout: float | None
+    ttl: int | None
+    """spec.ttlSecondsAfterFinished; None keeps the finished Job."""
+    state: str
+    """spec.state: Running, Suspended or Cancelled."""
+    queue_timeout: float | None
+    checkpoint_interval: str
+    """spec.recovery.checkpoint.interval, a duration or "auto" (from the offering's measured MTBI)."""
+    checkpoint_format: str
+    """spec.recovery.checkpoint.format: Dcp (every rank writes its part) or Snapshot."""
+    distributed: Mapping[str, Any] | None
+    """spec.distributed: present only for a gang Job."""
+    spec: dict[str, Any]
+    """The stored spec, for the checkpoint helpers that still read it whole."""
+    status: dict[str, Any]
+    """The stored status: the decision starts from it and writes the next one."""
+    obj: dict[str, Any]
+
+    @property
+    def gang(self) -> bool:
+        return self.distributed is not None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> JobView:
+        meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+        recovery, checkpoint = _dict(spec.get("recovery")), _dict(_dict(spec.get("recovery")).get("checkpoint"))
+        ttl, distributed = spec.get("ttlSecondsAfterFinished"), spec.get("distributed")
+        return cls(name=meta.get("name", ""), project=meta.get("namespace", ""), uid=meta.get("uid", ""),
+                   generation=int(meta.get("generation") or 1), deleting=bool(meta.get("deletionTimestamp")),
+                   completions=int(spec.get("completions") or 1), parallelism=int(spec.get("parallelism") or 1),
+                   backoff_limit=int(spec.get("backoffLimit", 6)), max_attempts=int(recovery.get("maxAttempts") or 3),
+                   min_progress=seconds(recovery.get("minProgressDuration")),
+                   fail_on_interruption=recovery.get("onInterruption") == "Fail",
+                   timeout=seconds(spec.get("timeout")), ttl=ttl if isinstance(ttl, int) else None,
+                   state=spec.get("state") or "Running",
+                   queue_timeout=seconds(_dict(spec.get("placement")).get("queueTimeout")),
+                   checkpoint_interval=checkpoint.get("interval", "auto"), checkpoint_format=checkpoint.get("format", ""),
+                   distributed=distributed if isinstance(distributed, dict) else None,
+                   spec=spec, status=_dict(obj.get("status")), obj=obj)
