@@ -7,7 +7,8 @@ watch delivers them). Revisions order everything: an event older than what the c
 key is dropped, and a deleted key keeps a tombstone (its delete revision) so that an older value never comes back.
 
 Indexes answer the controllers' questions without scans: the attempts of a Job, the attempts on a
-node, an attempt by its wire id. Listeners are plain callbacks on the event loop (key, old, new);
+node, an attempt by its wire id. `job_view` and `attempt_views_of` decode each stored revision into
+its typed view (views.py) once: a key's revision names one value, so the view is kept until it moves. Listeners are plain callbacks on the event loop (key, old, new);
 they only mark work, they never await.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import orjson
 
 from ..errors import NodusError
 from ..store.base import EventType, Store
+from .views import AttemptView, JobView
 
 log = logging.getLogger("nodus.cache")
 
@@ -59,6 +61,9 @@ class Cache:
         self._by_job: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self._by_id: dict[str, str] = {}
+        self._job_views: dict[str, tuple[int, JobView]] = {}
+        self._attempt_views: dict[str, tuple[int, AttemptView]] = {}
+        """Per key: (the revision it was decoded at, its view)."""
         self._listeners: dict[str, list[Listener]] = defaultdict(list)
         self._tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
@@ -121,6 +126,8 @@ class Cache:
         if obj is None:
             self._objects.pop(key, None)
             self._revisions.pop(key, None)
+            self._job_views.pop(key, None)
+            self._attempt_views.pop(key, None)
             self._tombstones[key] = revision
             if len(self._tombstones) > _MAX_TOMBSTONES:
                 # Writes that old are long settled: forget the oldest half.
@@ -180,6 +187,31 @@ class Cache:
     def attempt_by_id(self, attempt_id: str) -> dict[str, Any] | None:
         key = self._by_id.get(attempt_id)
         return self._objects.get(key) if key else None
+
+    def job_view(self, project: str, name: str) -> JobView | None:
+        key = job_key(project, name)
+        obj = self._objects.get(key)
+        if obj is None:
+            return None
+        revision = self._revisions[key]
+        hit = self._job_views.get(key)
+        if hit is None or hit[0] != revision:
+            hit = self._job_views[key] = (revision, JobView.from_object(obj))
+        return hit[1]
+
+    def attempt_views_of(self, project: str, job: str) -> list[AttemptView]:
+        """The Job's attempts as views, in the order of `attempts_of`."""
+        views = []
+        for key in sorted(self._by_job.get((project, job), ())):
+            obj = self._objects.get(key)
+            if obj is None:
+                continue
+            revision = self._revisions[key]
+            hit = self._attempt_views.get(key)
+            if hit is None or hit[0] != revision:
+                hit = self._attempt_views[key] = (revision, AttemptView.from_object(obj))
+            views.append(hit[1])
+        return views
 
     def attempts(self) -> list[dict[str, Any]]:
         return [v for k, v in self._objects.items() if k.startswith(ATTEMPTS)]

@@ -136,9 +136,6 @@ class JobController:
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self._failures: dict[str, int] = {}
-        self._memo: dict[str, dict[int, tuple[dict[str, Any], AttemptView]]] = {}
-        """Per Job: the AttemptView of each attempt object last seen (by identity; the entry holds the
-        object, so its id cannot be reused while it is there)."""
         self.interruptions = interruptions or Interruptions(cache, clock)
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
@@ -184,13 +181,13 @@ class JobController:
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
-        job = self.cache.job(project, name)
-        attempts = self._views(key, self.cache.attempts_of(project, name))
+        view = self.cache.job_view(project, name)
+        job = view.obj if view is not None else None
+        attempts = self.cache.attempt_views_of(project, name)
         now = self.clock.now()
-        if job is None or job["metadata"].get("deletionTimestamp"):
+        if job is None or view is None or view.deleting:
             await self._execute(job, project, collect_orphans(attempts), now)
             return
-        view = JobView.from_object(job)
         mtbi = self._mtbi(view, attempts)
         if view.gang:
             decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage)
@@ -215,23 +212,6 @@ class JobController:
             return None
         placed = [a for a in attempts if a.job_uid == job.uid and (a.obj.get("spec") or {}).get("offering")]
         return self.interruptions.of(max(placed, key=lambda a: a.number).obj) if placed else None
-
-    def _views(self, key: str, objs: list[dict[str, Any]]) -> list[AttemptView]:
-        """The Job's AttemptViews, each parsed again only when its object changed: the cache holds a
-        new object per write, so an unchanged one is the very same object as the last time."""
-        before = self._memo.get(key) or {}
-        now: dict[int, tuple[dict[str, Any], AttemptView]] = {}
-        views = []
-        for obj in objs:
-            hit = before.get(id(obj))
-            view = hit[1] if hit is not None and hit[0] is obj else AttemptView.from_object(obj)
-            now[id(obj)] = (obj, view)
-            views.append(view)
-        if views:
-            self._memo[key] = now
-        else:
-            self._memo.pop(key, None)
-        return views
 
     async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action | CreateMember, ...],
                        now: float) -> None:
