@@ -41,6 +41,8 @@ import orjson
 import yaml
 from aiohttp import web
 
+import record
+
 BIN = Path(sys.executable).parent
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 BODY_TARGET = 2048
@@ -591,7 +593,9 @@ def main() -> None:
     ap.add_argument("--watch-rate", type=float, default=50, help="creates/s during the watch phase (default 50)")
     ap.add_argument("--watch-seconds", type=float, default=5, help="length of the watch phase (default 5)")
     ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
-    args = ap.parse_args()
+    record.add_flags(ap)
+    args = record.shrink(ap.parse_args(), {"seconds": 1.0, "watchers": 4, "concurrency": 8, "watch_rate": 20.0,
+                                           "watch_seconds": 1.0})
 
     def on_term(signum: int, frame: Any) -> None:
         signal.raise_signal(signal.SIGINT)  # handled like Ctrl-C (asyncio.run cancels its tasks cleanly)
@@ -610,7 +614,8 @@ def main() -> None:
         asyncio.run(phases(args, st, results))
         if st.coordinator.proc is not None and st.coordinator.proc.poll() is not None:
             log(f"coordinator exited {st.coordinator.proc.returncode} during the run")
-        report(args, results)
+        with record.Report("api", args):
+            report(args, results)
     except KeyboardInterrupt:
         log("interrupted; cleaning up")
         sys.exit(130)

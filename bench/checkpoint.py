@@ -46,6 +46,8 @@ from nodus.agent.checkpointing import Hold, copy_held
 from nodus.agent.layout import AttemptLayout
 from nodus.checkpoint import LocalStore
 
+import record
+
 MiB = 1 << 20
 SMALL_FILES = 2000
 
@@ -226,7 +228,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--level", type=int, default=3)
     ap.add_argument("--keep", help="generate (or reuse) the data here instead of a temp dir")
-    args = ap.parse_args()
+    record.add_flags(ap)
+    args = record.shrink(ap.parse_args(), {"size_mb": 16, "runs": 1})
 
     zstd = shutil.which("zstd")
     tar = shutil.which("tar")
@@ -296,32 +299,33 @@ def main() -> int:
         def cpu(name: str) -> float:
             return statistics.median(c for _, c in results[name])
 
-        print()
-        print(f"checkpoint benchmark: {size / MiB:.0f} MiB, {files} files, zstd -{args.level}, {os.cpu_count()} CPUs, "
-              f"median of {args.runs}; load average {load_before:.1f} → {os.getloadavg()[0]:.1f} (other work on the "
-              "machine slows both sides; cpu-s is immune to it)")
-        print(f"{'':8s} {'nodus MB/s':>10s} {'anchor MB/s':>11s} {'ratio':>6s} {'target':>7s}   "
-              f"{'nodus cpu-s':>11s} {'anchor cpu-s':>12s} {'ratio':>6s}   anchor")
-        for label, ours, theirs, what in (
-                ("save", "nodus save", "tar|zstd save", "tar -cf - | zstd -T0 -3, fsync"),
-                ("restore", "nodus restore", "zstd|tar restore", "zstd -d | tar -x")):
-            print(f"{label:8s} {rate(ours):10.0f} {rate(theirs):11.0f} {rate(ours) / rate(theirs):6.2f} {'≥ 1.0':>7s}   "
-                  f"{cpu(ours):11.2f} {cpu(theirs):12.2f} {cpu(theirs) / cpu(ours):6.2f}   {what}")
-        print("(MB = 10^6 bytes of unpacked data; ratio = nodus ÷ anchor for MB/s, anchor ÷ nodus for cpu-s: "
-              "above 1 is nodus ahead)")
-        print(f"compression ratio: nodus {size / archive_sizes['nodus']:.2f}, "
-              f"anchor {size / archive_sizes['anchor']:.2f} (unpacked / archive)")
-        print(f"restored tree vs source: {same}")
+        with record.Report("checkpoint", args):
+            print()
+            print(f"checkpoint benchmark: {size / MiB:.0f} MiB, {files} files, zstd -{args.level}, {os.cpu_count()} CPUs, "
+                  f"median of {args.runs}; load average {load_before:.1f} → {os.getloadavg()[0]:.1f} (other work on the "
+                  "machine slows both sides; cpu-s is immune to it)")
+            print(f"{'':8s} {'nodus MB/s':>10s} {'anchor MB/s':>11s} {'ratio':>6s} {'target':>7s}   "
+                  f"{'nodus cpu-s':>11s} {'anchor cpu-s':>12s} {'ratio':>6s}   anchor")
+            for label, ours, theirs, what in (
+                    ("save", "nodus save", "tar|zstd save", "tar -cf - | zstd -T0 -3, fsync"),
+                    ("restore", "nodus restore", "zstd|tar restore", "zstd -d | tar -x")):
+                print(f"{label:8s} {rate(ours):10.0f} {rate(theirs):11.0f} {rate(ours) / rate(theirs):6.2f} {'≥ 1.0':>7s}   "
+                      f"{cpu(ours):11.2f} {cpu(theirs):12.2f} {cpu(theirs) / cpu(ours):6.2f}   {what}")
+            print("(MB = 10^6 bytes of unpacked data; ratio = nodus ÷ anchor for MB/s, anchor ÷ nodus for cpu-s: "
+                  "above 1 is nodus ahead)")
+            print(f"compression ratio: nodus {size / archive_sizes['nodus']:.2f}, "
+                  f"anchor {size / archive_sizes['anchor']:.2f} (unpacked / archive)")
+            print(f"restored tree vs source: {same}")
 
-        log("freeze pause: the agent's hold of a running program beside a plain cp -a of the same data")
-        pauses, copies, why = freeze_pause(work, args.runs)
-        copy = statistics.median(copies)
-        if pauses is None:
-            print(f"freeze pause: n/a, {why}; plain cp -a of the state {copy:.3f}s")
-        else:
-            pause = statistics.median(pauses)
-            print(f"freeze pause: {pause:.3f}s (agent: freeze, parallel in-process copy, thaw) "
-                  f"vs plain cp -a {copy:.3f}s; ratio {pause / copy:.2f} (pause ÷ copy, target ≤ 1.0)")
+            log("freeze pause: the agent's hold of a running program beside a plain cp -a of the same data")
+            pauses, copies, why = freeze_pause(work, args.runs)
+            copy = statistics.median(copies)
+            if pauses is None:
+                print(f"freeze pause: n/a, {why}; plain cp -a of the state {copy:.3f}s")
+            else:
+                pause = statistics.median(pauses)
+                print(f"freeze pause: {pause:.3f}s (agent: freeze, parallel in-process copy, thaw) "
+                      f"vs plain cp -a {copy:.3f}s; ratio {pause / copy:.2f} (pause ÷ copy, target ≤ 1.0)")
         return 0
     finally:
         if not args.keep:

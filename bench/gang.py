@@ -53,6 +53,7 @@ from nodus.agent.probe import TARGET_S
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' doubles
 from agent_double import free_port  # noqa: E402
 
+import record  # noqa: E402
 from daemons import stop_all  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -418,7 +419,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="probe/plain pairs, alternating order (default 5)")
     ap.add_argument("--no-daemon-probe", action="store_true", help="skip the probe gang through the daemons")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (daemon logs) for a post-mortem")
-    args = ap.parse_args()
+    record.add_flags(ap)
+    args = record.shrink(ap.parse_args(), {"sizes": "2", "runs": 1, "probe_bytes": "1Mi", "rounds": 1})
     sizes = [int(x) for x in args.sizes.split(",")]
     max_bytes = parse_bytes(args.probe_bytes)
 
@@ -469,7 +471,8 @@ def main() -> None:
             log(f"kept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    report(sizes, res, max_bytes, time.monotonic() - t0)
+    with record.Report("gang", args):
+        report(sizes, res, max_bytes, time.monotonic() - t0)
 
 
 def report(sizes: list[int], res: Results, max_bytes: int, elapsed: float) -> None:

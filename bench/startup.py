@@ -38,6 +38,7 @@ import psutil
 import requests
 import yaml
 
+import record
 from daemons import stop_all
 
 BIN = Path(sys.executable).parent
@@ -257,7 +258,8 @@ def main() -> None:
     p.add_argument("--indexes", type=int, default=500)
     p.add_argument("--parallelism", type=int, default=16)
     p.add_argument("--idle-seconds", type=float, default=10.0)
-    args = p.parse_args()
+    record.add_flags(p)
+    args = record.shrink(p.parse_args(), {"jobs": 3, "indexes": 20, "parallelism": 4, "idle_seconds": 0.5})
 
     root = Path(tempfile.mkdtemp(prefix="nodus-bench-startup-"))
     cluster = Cluster(root)
@@ -312,12 +314,13 @@ def main() -> None:
         ]
     widths = [max(len(str(r[i])) for r in rows + [("figure", "measured", "target", "", "beside")])
               for i in range(5)]
-    print(f"nodus startup benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    print("Running = the first Job watch event with status.phase Running; latency on the client's monotonic clock")
-    print("from the create's 201 to that event. indexes/s = indexes / (Succeeded event − create's 201).")
-    header = ("figure", "measured", "target", "", "beside")
-    for r in [header, *rows]:
-        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())
+    with record.Report("startup", args):
+        print(f"nodus startup benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+        print("Running = the first Job watch event with status.phase Running; latency on the client's monotonic clock")
+        print("from the create's 201 to that event. indexes/s = indexes / (Succeeded event − create's 201).")
+        header = ("figure", "measured", "target", "", "beside")
+        for r in [header, *rows]:
+            print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())
 
 
 if __name__ == "__main__":

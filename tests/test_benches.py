@@ -1,0 +1,91 @@
+"""Every bench in bench/ runs once, in its tiny configuration, so that none rots unnoticed.
+
+Each test runs one bench as a subprocess with `--tiny` and checks that it exits 0 and that its report
+prints each figure beside its anchor, as a number. Nothing is asserted about the numbers themselves:
+this machine is shared and noisy, and the benches are where figures are read, not checked.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import netns
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+NUM = r"-?[\d,]+(?:\.\d+)?"
+
+
+def run_tiny(name: str, timeout: float = 240) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--tiny"], capture_output=True, text=True,
+                          timeout=timeout, cwd=BENCH.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def figures(report: str, patterns: dict[str, str]) -> None:
+    """Each pattern (a figure's line, with its numbers as groups) matches a line of the report."""
+    for what, pattern in patterns.items():
+        found = re.search(pattern, report, re.MULTILINE)
+        assert found, f"{what}: no line matching {pattern!r} in\n{report}"
+        for number in found.groups():
+            float(number.replace(",", ""))
+
+
+def test_api_bench_reports_creates_gets_and_watch_latency_beside_their_anchors() -> None:
+    figures(run_tiny("api"), {
+        "creates beside bare SQLite": rf"^durable creates/s\s+({NUM})\s+bare SQLite insert \(sync=FULL\)\s+({NUM})/s",
+        "creates beside the echo": rf"^\s+bare 2 KB JSON echo \(same server\)\s+({NUM})/s\s+({NUM})$",
+        "gets beside the echo": rf"^gets/s\s+({NUM})\s+bare 2 KB JSON echo \(same server\)\s+({NUM})/s",
+        "watch p50 / p99": rf"^watch p50 / p99 \(\d+ watchers\)\s+({NUM}) ms / ({NUM}) ms\s+target p99",
+        "watch events missed": rf"^watch events missed\s+({NUM})\s+target 0",
+    })
+
+
+def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floor() -> None:
+    figures(run_tiny("startup"), {
+        "p50 beside the floor": rf"^create→Running p50\s+({NUM}) ms .*floor ({NUM}) ms \(`true`\), ({NUM}) ms",
+        "p99 beside the SLO": rf"^create→Running p99\s+({NUM}) ms .*pod startup SLO ({NUM}) s p99",
+        "indexes/s beside the floor": rf"^indexes/s \(.*\)\s+({NUM})/s .*floor: 1 spawn of `true` = ({NUM})/s",
+        "RSS fresh": rf"^agent RSS \(idle, fresh\)\s+({NUM}) MB .*RSS ({NUM}) MB .*PSS ({NUM}) MB",
+        "CPU after": rf"^agent CPU \(idle, after runs\)\s+({NUM}) % .*with zygote: ({NUM}) %",
+    })
+
+
+def test_checkpoint_bench_reports_save_restore_and_freeze_pause_beside_the_shell_pipeline() -> None:
+    report = run_tiny("checkpoint")
+    row = rf"\s+({NUM})\s+({NUM})\s+({NUM})\s+≥ 1\.0\s+({NUM})\s+({NUM})\s+({NUM})"
+    figures(report, {
+        "save beside tar|zstd": rf"^save{row}\s+tar -cf",
+        "restore beside zstd|tar": rf"^restore{row}\s+zstd -d",
+        "compression": rf"^compression ratio: nodus ({NUM}), anchor ({NUM})",
+        "freeze pause beside cp -a": rf"^freeze pause: (?:({NUM})s .* vs )?(?:n/a, .*)?plain cp -a (?:of the state )?({NUM})s",
+    })
+    assert "restored tree vs source: identical" in report
+
+
+def test_gang_bench_reports_assembly_and_probe_beside_their_anchors() -> None:
+    figures(run_tiny("gang"), {
+        "one-node anchor": rf"^one-node Job: placed → started p50 / max\s+({NUM}) ms / ({NUM}) ms",
+        "gang assembly": rf"^gang of 2: assembly p50 / max\s+({NUM}) ms / ({NUM}) ms .*({NUM})× the one-node p50",
+        "probe busbw": rf"^probe busbw \(.*\), best\s+({NUM}) Gbit/s",
+        "plain busbw": rf"^plain all-reduce busbw, same size, best\s+({NUM}) Gbit/s",
+        "probe / plain": rf"^probe / plain \(best of each\)\s+({NUM})",
+        "RTT beside the echo": rf"^probe worst RTT\s+({NUM}) ms .*raw TCP echo on loopback ({NUM}) ms",
+        "through the daemons": rf"^gang of 2 through the daemons, probe on\s+({NUM}) Gbit/s .*rttMs ({NUM})",
+    })
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
+def test_gang_netns_bench_reports_the_probe_beside_a_raw_echo_and_a_plain_all_reduce() -> None:
+    figures(run_tiny("gang_netns"), {
+        "RTT beside the echo": rf"^probe RTT, gang 0: ({NUM}) ms  beside raw TCP echo ({NUM}) ms .*probe ÷ echo ({NUM})$",
+        "unlimited busbw beside plain": rf"^probe busbw, unlimited .*: ({NUM}) Gbit/s  beside plain all-reduce "
+                                        rf"({NUM}) Gbit/s; probe ÷ plain ({NUM})$",
+        "limited busbw beside plain": rf"^probe busbw, (?:\d+ Mbit/s tbf: ({NUM}) Gbit/s  beside plain all-reduce "
+                                      rf"({NUM}) Gbit/s; .*|tbf-limited: n/a, `tc` is not installed)$",
+    })
