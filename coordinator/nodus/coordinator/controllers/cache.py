@@ -8,8 +8,8 @@ key is dropped, and a deleted key keeps a tombstone (its delete revision) so tha
 
 Indexes answer the controllers' questions without scans: the attempts of a Job, the attempts on a
 node, an attempt by its wire id. `job_view` and `attempt_views_of` decode each stored revision into
-its typed view (views.py) once: a key's revision names one value, so the view is kept until it moves. Listeners are plain callbacks on the event loop (key, old, new);
-they only mark work, they never await.
+its typed view (views.py) once: a key's revision names one value, so the view is kept until it moves.
+Listeners are plain callbacks on the event loop (key, old, new); they only mark work, they never await.
 """
 from __future__ import annotations
 

@@ -77,25 +77,21 @@ def is_gang(spec: Mapping[str, Any]) -> bool:
     return isinstance(spec.get("distributed"), dict)
 
 
-def gang_of(view: AttemptView) -> dict[str, Any]:
-    return (view.obj.get("spec") or {}).get("gang") or {}
-
-
 def epoch_of(view: AttemptView) -> int:
-    return int(gang_of(view).get("epoch") or 0)
+    return view.epoch
 
 
 def rank_of(view: AttemptView) -> int:
-    return int(gang_of(view).get("rank") or 0)
+    return view.rank
 
 
 def report_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the member's agent reported of its gang steps (status.gang)."""
+    """What the member's agent reported of its gang steps (status.gang), from a stored Attempt."""
     return (obj.get("status") or {}).get("gang") or {}
 
 
-def done_step(obj: Mapping[str, Any], epoch: int) -> str:
-    report = report_of(obj)
+def done_step(report: Mapping[str, Any], epoch: int) -> str:
+    """The last gang step a member's report (status.gang) says it did in `epoch`; "" for none."""
     return str(report.get("done") or "") if int(report.get("epoch") or 0) == epoch else ""
 
 
@@ -215,10 +211,10 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
     explain = next((m.placement_explain for m in members if not m.placed and m.placement_explain), "")
     if explain:
         status["placement"] = {"explain": explain}
-    rank0_status = rank0.obj.get("status") or {}
-    for key in ("progress", "unitSamplesMs", "restoredFromSeq"):
-        if rank0_status.get(key):
-            status[key] = rank0_status[key]
+    for key, fact in (("progress", rank0.progress), ("unitSamplesMs", list(rank0.unit_samples_ms)),
+                      ("restoredFromSeq", rank0.restored_from_seq)):
+        if fact:
+            status[key] = fact
     ready = _latest(parse(m.inputs_ready_time) for m in members)
     if ready is not None and all(m.inputs_ready_time for m in members):
         status["inputsReadyTime"] = rfc3339(ready)
@@ -229,16 +225,17 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
                          key=lambda c: int(c.get("seq", 0)))
     if checkpoints:
         status["checkpoints"] = checkpoints
-    failed_suspends = [f for m in members if (f := (m.obj.get("status") or {}).get("suspendFailed"))]
+    failed_suspends = [m.suspend_failed for m in members if m.suspend_failed]
     if failed_suspends:
         status["suspendFailed"] = max(failed_suspends, key=lambda f: int(f.get("tries") or 0))
-    stop = next(((m.obj.get("spec") or {}).get("stop") for m in live if (m.obj.get("spec") or {}).get("stop")), None)
+    stop = next((m.stop for m in live if m.stop), None)
+    if not (live and all(m.stop for m in live)):
+        stop = None  # the epoch is stopped once every live member is
     name = f"{VIRTUAL_PREFIX}{epoch}"
     created = _earliest(m.created for m in members)
     obj = {"metadata": {"name": name, "creationTimestamp": rfc3339(created) if created is not None else None},
            "spec": {"jobUID": job_uid, "index": 0, "number": epoch, "epoch": epoch, "node": node,
-                    **({"stop": stop} if stop and live and all((m.obj.get("spec") or {}).get("stop") for m in live)
-                       else {})},
+                    **({"stop": stop} if stop else {})},
            "status": status}
     return AttemptView(name=name, job_uid=job_uid, index=0, number=epoch, phase=phase, reason=reason,
                        message=message, exit_code=exit_code, oom_killed=oom, node=node, created=created,
@@ -247,7 +244,9 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
                        finished=parse(status.get("finishTime")), lost_at=parse(status.get("lostTime")),
                        placement_explain=explain, progress=rank0.progress, unit_samples_ms=rank0.unit_samples_ms,
                        outputs=tuple(outputs), checkpoints=tuple(checkpoints),
-                       inputs_ready_time=status.get("inputsReadyTime", ""))
+                       inputs_ready_time=status.get("inputsReadyTime", ""), id="", offering="", region_class="",
+                       epoch=epoch, rank=0, gang_report={}, stop=stop,
+                       suspend_failed=status.get("suspendFailed"), restored_from_seq=rank0.restored_from_seq)
 
 
 # -- decide --------------------------------------------------------------------------------------------
@@ -297,7 +296,7 @@ def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
     verdict = None
     if len(timeouts) > retries:
         last = epochs[timeouts[-1]]
-        stuck = sorted(rank_of(m) for m in last if done_step(m.obj, timeouts[-1]) == "")
+        stuck = sorted(rank_of(m) for m in last if done_step(m.gang_report, timeouts[-1]) == "")
         verdict = (JobPhase.FAILED, "GangAssemblyTimeout",
                    f"the gang did not assemble within spec.distributed.startupTimeout {dist.get('startupTimeout') or '15m'} "
                    f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
@@ -342,7 +341,7 @@ def _new_epoch(epoch: int, size: int, epochs: Mapping[int, Sequence[AttemptView]
         if m is not None and m.node:
             if m.phase is AttemptPhase.LOST:
                 avoid = (m.node,)
-            elif m.reason == "AssemblyTimeout" and done_step(m.obj, before) == "":
+            elif m.reason == "AssemblyTimeout" and done_step(m.gang_report, before) == "":
                 avoid = (m.node,)
             else:
                 prefer = m.node
@@ -360,8 +359,8 @@ def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[Att
     job_phase = JobPhase.parse(job_status.get("phase"))
     restarts = sum(1 for e, v in views.items() if e < current
                    and (v.phase in (AttemptPhase.LOST, AttemptPhase.FAILED) or v.reason == "AssemblyTimeout"))
-    assembled = [m for m in members if done_step(m.obj, current) in (ASSEMBLE, MESH, START)]
-    meshed = [m for m in members if done_step(m.obj, current) in (MESH, START)]
+    assembled = [m for m in members if done_step(m.gang_report, current) in (ASSEMBLE, MESH, START)]
+    meshed = [m for m in members if done_step(m.gang_report, current) in (MESH, START)]
     started = [m for m in members if m.started is not None]
     ready = meshed if config.probe else assembled
     view = views.get(current)
@@ -392,21 +391,18 @@ def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[Att
                            "started": len(started), "restarts": restarts}
     rank0 = next((m for m in members if rank_of(m) == 0), None)
     if rank0 is not None and len(assembled) == size:
-        report = report_of(rank0.obj)
+        report = rank0.gang_report
         if report.get("address") and report.get("port"):
             out["rendezvous"] = f"{_host(str(report['address']))}:{report['port']}"
     rows = []
     probes = []
     for m in members:
-        report = report_of(m.obj)
-        row: dict[str, Any] = {"rank": rank_of(m), "attempt": (m.obj.get("spec") or {}).get("id", ""),
-                               "phase": m.phase.value}
-        offering = (m.obj.get("spec") or {}).get("offering") or ""
-        region = (m.obj.get("spec") or {}).get("regionClass") or ""
-        if offering:
-            row["offering"] = offering
-        if region:
-            row["regionClass"] = region
+        report = m.gang_report
+        row: dict[str, Any] = {"rank": rank_of(m), "attempt": m.id, "phase": m.phase.value}
+        if m.offering:
+            row["offering"] = m.offering
+        if m.region_class:
+            row["regionClass"] = m.region_class
         probe = report.get("probe") or {}
         if int(report.get("epoch") or 0) == current and probe:
             probes.append(probe)

@@ -48,7 +48,7 @@ def plan_for(attempt: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], 
                 startup_timeout=seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT)
     if len(by_rank) < size:
         return base
-    steps = [done_step(by_rank[r], epoch) for r in range(size)]
+    steps = [done_step(report_of(by_rank[r]), epoch) for r in range(size)]
     if any(s == "" for s in steps):
         return base
     peers = []

@@ -59,6 +59,23 @@ class AttemptView:
     """status.checkpoints: the checkpoints it holds."""
     inputs_ready_time: str
     """status.inputsReadyTime, as stored (the Job's status copies the word)."""
+    id: str
+    """spec.id: the attempt's wire id, as agents name it."""
+    offering: str
+    """spec.offering: what it was placed on ("" until placed)."""
+    region_class: str
+    epoch: int
+    """spec.gang.epoch: the gang epoch a member belongs to (0 outside a gang)."""
+    rank: int
+    """spec.gang.rank: the member's rank in its epoch."""
+    gang_report: Mapping[str, Any]
+    """status.gang: what the member's agent reported of its gang steps (epoch, done, address, probe)."""
+    stop: Mapping[str, Any] | None
+    """spec.stop: the stop the controller asked for (reason, grace), None when none was."""
+    suspend_failed: Mapping[str, Any] | None
+    """status.suspendFailed: the failed suspend checkpoints (tries, generation)."""
+    restored_from_seq: int
+    """status.restoredFromSeq: the checkpoint it started from (0: none)."""
 
     @property
     def placed(self) -> bool:
@@ -67,7 +84,7 @@ class AttemptView:
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> AttemptView:
         meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
-        progress = status.get("progress")
+        progress, gang = status.get("progress"), _dict(spec.get("gang"))
         return cls(name=meta["name"], job_uid=spec.get("jobUID", ""), index=int(spec.get("index", 0)),
                    number=int(spec.get("number", 1)), phase=AttemptPhase.parse(status.get("phase")),
                    reason=status.get("reason", ""), message=status.get("message", ""),
@@ -80,7 +97,12 @@ class AttemptView:
                    progress=progress if isinstance(progress, dict) and progress else None,
                    unit_samples_ms=tuple(s for s in status.get("unitSamplesMs") or [] if isinstance(s, int)),
                    outputs=_dicts(status.get("outputs")), checkpoints=_dicts(status.get("checkpoints")),
-                   inputs_ready_time=status.get("inputsReadyTime") or "")
+                   inputs_ready_time=status.get("inputsReadyTime") or "", id=spec.get("id", ""),
+                   offering=spec.get("offering") or "", region_class=spec.get("regionClass") or "",
+                   epoch=int(gang.get("epoch") or 0), rank=int(gang.get("rank") or 0),
+                   gang_report=_dict(status.get("gang")), stop=_dict(spec.get("stop")) or None,
+                   suspend_failed=_dict(status.get("suspendFailed")) or None,
+                   restored_from_seq=int(status.get("restoredFromSeq") or 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +162,7 @@ class JobView:
                    timeout=seconds(spec.get("timeout")), ttl=ttl if isinstance(ttl, int) else None,
                    state=spec.get("state") or "Running",
                    queue_timeout=seconds(_dict(spec.get("placement")).get("queueTimeout")),
-                   checkpoint_interval=checkpoint.get("interval", "auto"), checkpoint_format=checkpoint.get("format", ""),
+                   checkpoint_interval=checkpoint.get("interval", "auto"),
+                   checkpoint_format=checkpoint.get("format", ""),
                    distributed=distributed if isinstance(distributed, dict) else None,
                    spec=spec, status=_dict(obj.get("status")), obj=obj)
