@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..clock import duration, parse, rfc3339, seconds
 from .attempts import AttemptPhase, phase_of
+from .views import AttemptView
 
 S3_URI = "s3://"
 
@@ -454,13 +455,14 @@ def _without(status: dict[str, Any], fields: tuple[str, ...], keep: Iterable[S3A
     return None if out == status else out
 
 
-def suspend_failed(attempt: dict[str, Any], generation: int) -> int:
+def suspend_failed(attempt: AttemptView, generation: int) -> int:
     """Failed suspend checkpoints recorded on an attempt for this generation of the Job's spec."""
-    failed = _status(attempt).get("suspendFailed") or {}
+    failed = attempt.suspend_failed or {}
     return int(failed.get("tries") or 0) if int(failed.get("generation") or 0) == generation else 0
 
 
-def suspend(spec: dict[str, Any], live: Sequence[Any], mine: Sequence[Any], generation: int) -> tuple[list[Any], int]:
+def suspend(spec: dict[str, Any], live: Sequence[AttemptView], mine: Sequence[AttemptView],
+            generation: int) -> tuple[list[Any], int]:
     """The stops of a customer suspend, and the failures that keep the Job running (0: none).
 
     `live` and `mine` are the Job controller's AttemptViews. A running attempt of a Checkpointed Job
@@ -472,13 +474,13 @@ def suspend(spec: dict[str, Any], live: Sequence[Any], mine: Sequence[Any], gene
     failed = 0
     objs = [a.obj for a in mine]
     for a in live:
-        tries = suspend_failed(a.obj, generation)
+        tries = suspend_failed(a, generation)
         if tries >= SUSPEND_TRIES:
             failed = max(failed, tries)
             continue
         if a.stop_requested:
             continue
-        running = a.placed and a.started is not None and phase_of(a.obj) is AttemptPhase.RUNNING
+        running = a.placed and a.started is not None and a.phase is AttemptPhase.RUNNING
         seq = 0
         if running and continuity(spec) == "Checkpointed":
             seq = next_seq(index_attempts(objs, a.job_uid, a.index))
@@ -486,10 +488,10 @@ def suspend(spec: dict[str, Any], live: Sequence[Any], mine: Sequence[Any], gene
     return stops, failed
 
 
-def made_progress(attempt: Any, min_progress: float) -> bool:
+def made_progress(attempt: AttemptView, min_progress: float) -> bool:
     """Whether a (Lost) attempt's main command ran at least `min_progress` seconds: such a loss is
     progress interrupted, not a replacement that failed to get going, and is not counted against
-    recovery.maxAttempts. `attempt` is an AttemptView."""
+    recovery.maxAttempts."""
     if attempt.started is None:
         return False
     ended = attempt.finished or attempt.lost_at

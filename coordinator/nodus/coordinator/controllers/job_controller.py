@@ -210,7 +210,7 @@ class JobController:
         newest placed attempt's, so a replacement still Pending does not swing the interval shown."""
         if job.checkpoint_interval != "auto":
             return None
-        placed = [a for a in attempts if a.job_uid == job.uid and (a.obj.get("spec") or {}).get("offering")]
+        placed = [a for a in attempts if a.job_uid == job.uid and a.offering]
         return self.interruptions.of(max(placed, key=lambda a: a.number).obj) if placed else None
 
     async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action | CreateMember, ...],
