@@ -566,7 +566,7 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
                      f"{pct(w['ack'], .5) * 1e3:.0f} ms / {pct(w['ack'], .99) * 1e3:.0f} ms",
                      f"target p99 <= {TARGET_WATCH_P99_MS:.0f} ms", "", ""))
         rows.append(("watch events missed", f"{w['missed']}", "target 0", "", ""))
-    widths = [31, 16, 37, 15, 6]
+    widths = [31, 20, 37, 15, 6]
     header = ("figure", "value", "anchor", "anchor value", "ratio")
     p("".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip())
     for row in rows:
