@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nodus.v1 import common_pb2
 
-from nodus.coordinator.agents import _fail
+from nodus.coordinator.agent_session import _fail
 from nodus.coordinator.controllers.attempt_machine import (LEGAL, AssignmentRefused, AttemptPhase, Created, NodeLost,
                                                            Placed, Refusal, Reported, StoppedUnplaced, transition)
 from nodus.coordinator.controllers.attempts import Report, fold_report

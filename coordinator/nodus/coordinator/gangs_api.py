@@ -12,7 +12,7 @@ import grpc
 
 from nodus.v1 import common_pb2, gang_pb2, gang_pb2_grpc
 
-from .agents import LAUNCHER_NUMBERS, PATH_WORDS
+from .agent_wire import LAUNCHER_NUMBERS, PATH_WORDS
 from .clock import parse
 from .controllers.attempts import PHASE_NUMBERS, AttemptPhase
 from .controllers.cache import JOBS, Cache
