@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("nodus.agents")
 
 _END = object()
+_UNLESS_FINISHED = (desired.Send.CANCEL, desired.Send.SUSPEND, desired.Send.PLAN)
+"""What the diff sends only to an attempt the agent has not reported ended."""
 
 
 class Session:
@@ -369,6 +371,8 @@ class Session:
                                self._said, self._known, self._finished)
         for message in decided.messages:
             attempt_id = message.attempt_id
+            if attempt_id in self._finished and message.send in _UNLESS_FINISHED:
+                continue  # the agent reported it ended while an earlier message was being built
             if message.send is desired.Send.CANCEL:
                 self._cancel(attempt_id, message.reason, message.grace_seconds)
             elif message.send is desired.Send.SUSPEND:
