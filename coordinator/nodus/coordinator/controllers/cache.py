@@ -199,19 +199,19 @@ class Cache:
             hit = self._job_views[key] = (revision, JobView.from_object(obj))
         return hit[1]
 
+    def attempt_view(self, key: str) -> AttemptView | None:
+        obj = self._objects.get(key)
+        if obj is None:
+            return None
+        revision = self._revisions[key]
+        hit = self._attempt_views.get(key)
+        if hit is None or hit[0] != revision:
+            hit = self._attempt_views[key] = (revision, AttemptView.from_object(obj))
+        return hit[1]
+
     def attempt_views_of(self, project: str, job: str) -> list[AttemptView]:
         """The Job's attempts as views, in the order of `attempts_of`."""
-        views = []
-        for key in sorted(self._by_job.get((project, job), ())):
-            obj = self._objects.get(key)
-            if obj is None:
-                continue
-            revision = self._revisions[key]
-            hit = self._attempt_views.get(key)
-            if hit is None or hit[0] != revision:
-                hit = self._attempt_views[key] = (revision, AttemptView.from_object(obj))
-            views.append(hit[1])
-        return views
+        return [v for k in sorted(self._by_job.get((project, job), ())) if (v := self.attempt_view(k)) is not None]
 
     def attempts(self) -> list[dict[str, Any]]:
         return [v for k, v in self._objects.items() if k.startswith(ATTEMPTS)]

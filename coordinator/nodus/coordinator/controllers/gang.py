@@ -237,7 +237,7 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
            "spec": {"jobUID": job_uid, "index": 0, "number": epoch, "epoch": epoch, "node": node,
                     **({"stop": stop} if stop else {})},
            "status": status}
-    return AttemptView(name=name, job_uid=job_uid, index=0, number=epoch, phase=phase, reason=reason,
+    return AttemptView(name=name, project=rank0.project, job=rank0.job, job_uid=job_uid, index=0, number=epoch, phase=phase, reason=reason,
                        message=message, exit_code=exit_code, oom_killed=oom, node=node, created=created,
                        provisioned=provisioned, started=started,
                        stop_requested=bool(live) and all(m.stop_requested for m in live), obj=obj,
@@ -245,7 +245,7 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
                        placement_explain=explain, progress=rank0.progress, unit_samples_ms=rank0.unit_samples_ms,
                        outputs=tuple(outputs), checkpoints=tuple(checkpoints),
                        inputs_ready_time=status.get("inputsReadyTime", ""), id="", offering="", region_class="",
-                       epoch=epoch, rank=0, gang_report={}, stop=stop,
+                       epoch=epoch, rank=0, in_gang=False, gang_size=0, gang_report={}, stop=stop,
                        suspend_failed=status.get("suspendFailed"), restored_from_seq=rank0.restored_from_seq)
 
 

@@ -14,11 +14,12 @@ import asyncio
 import logging
 from typing import Any, TypeGuard
 
-from ..clock import Clock, parse
+from ..clock import Clock
 from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
 from .attempt_machine import Placed, Refusal, phase_of, transition
-from .cache import ATTEMPTS, LEASES, NODES
+from .cache import ATTEMPTS, LEASES, NODES, Cache
 from .objects import Objects
+from .views import AttemptView
 
 log = logging.getLogger("nodus.controllers.placement")
 
@@ -116,33 +117,31 @@ class PlacementController:
 
     async def place(self) -> None:
         """One pass over every waiting attempt, oldest first; a gang's members as one unit (all or nothing)."""
-        waiting = [(key, obj) for key in list(self._waiting) if _waiting(obj := self.cache.get(key) or None)]
+        cache: Cache = self.cache
+        waiting = [(key, a) for key in list(self._waiting) if (a := cache.attempt_view(key)) is not None
+                   and not a.placed and not a.stop_requested and not a.phase.terminal]
         if not waiting:
             return
-        waiting.sort(key=lambda kv: (parse(kv[1]["metadata"].get("creationTimestamp")) or 0.0,
-                                     kv[1]["metadata"].get("namespace", ""), kv[1]["spec"].get("job", ""),
-                                     int(kv[1]["spec"].get("index", 0)), int(kv[1]["spec"].get("number", 1)),
-                                     int((kv[1]["spec"].get("gang") or {}).get("rank", 0))))
+        waiting.sort(key=lambda kv: (kv[1].created or 0.0, kv[1].project, kv[1].job, kv[1].index, kv[1].number,
+                                     kv[1].rank))
         nodes, held = self.registry.views(), list(self.registry.reservations())
         decisions: dict[str, Placement] = {}
         singles: list[tuple[str, Request]] = []
-        gangs: dict[tuple[str, str, int], list[tuple[str, dict[str, Any]]]] = {}
-        for key, obj in waiting:
-            gang = obj["spec"].get("gang")
-            if gang:
-                gangs.setdefault((obj["metadata"].get("namespace", ""), obj["spec"].get("jobUID", ""),
-                                  int(gang.get("epoch") or 0)), []).append((key, obj))
+        gangs: dict[tuple[str, str, int], list[tuple[str, AttemptView]]] = {}
+        for key, a in waiting:
+            if a.in_gang:
+                gangs.setdefault((a.project, a.job_uid, a.epoch), []).append((key, a))
             else:
-                singles.append((key, _request(obj)))
+                singles.append((key, _request(a.obj)))
         # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
         # would starve behind a stream of single attempts otherwise.
         for (project, uid, _epoch), members in gangs.items():
-            size = int(members[0][1]["spec"]["gang"].get("size") or len(members))
+            size = members[0][1].gang_size or len(members)
             if len(members) < size:
                 continue  # the rest of the epoch is being created: place it whole
-            job = self.cache.job(project, members[0][1]["spec"].get("job", "")) or {}
-            network = (((job.get("spec") or {}).get("distributed") or {}).get("network")) or "Regional"
-            requests = [(key, _request(obj)) for key, obj in members]
+            job = cache.job_view(project, members[0][1].job)
+            network = job.network if job is not None else "Regional"
+            requests = [(key, _request(a.obj)) for key, a in members]
             placed = place_gang(requests, nodes, held, network)
             decisions.update(placed)
             for key, request in requests:

@@ -28,6 +28,9 @@ class AttemptView:
     """The parts of an Attempt object the decisions read."""
 
     name: str
+    project: str
+    job: str
+    """spec.job: the name of the Job it runs for."""
     job_uid: str
     index: int
     number: int
@@ -68,6 +71,10 @@ class AttemptView:
     """spec.gang.epoch: the gang epoch a member belongs to (0 outside a gang)."""
     rank: int
     """spec.gang.rank: the member's rank in its epoch."""
+    in_gang: bool
+    """spec.gang is set: a member of a gang, placed with its epoch all or nothing."""
+    gang_size: int
+    """spec.gang.size: the ranks of its epoch (0 outside a gang)."""
     gang_report: Mapping[str, Any]
     """status.gang: what the member's agent reported of its gang steps (epoch, done, address, probe)."""
     stop: Mapping[str, Any] | None
@@ -85,7 +92,8 @@ class AttemptView:
     def from_object(cls, obj: dict[str, Any]) -> AttemptView:
         meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
         progress, gang = status.get("progress"), _dict(spec.get("gang"))
-        return cls(name=meta["name"], job_uid=spec.get("jobUID", ""), index=int(spec.get("index", 0)),
+        return cls(name=meta["name"], project=meta.get("namespace", ""), job=spec.get("job", ""),
+                   job_uid=spec.get("jobUID", ""), index=int(spec.get("index", 0)),
                    number=int(spec.get("number", 1)), phase=AttemptPhase.parse(status.get("phase")),
                    reason=status.get("reason", ""), message=status.get("message", ""),
                    exit_code=status.get("exitCode"), oom_killed=bool(status.get("oomKilled")),
@@ -100,6 +108,7 @@ class AttemptView:
                    inputs_ready_time=status.get("inputsReadyTime") or "", id=spec.get("id", ""),
                    offering=spec.get("offering") or "", region_class=spec.get("regionClass") or "",
                    epoch=int(gang.get("epoch") or 0), rank=int(gang.get("rank") or 0),
+                   in_gang=bool(gang), gang_size=int(gang.get("size") or 0),
                    gang_report=_dict(status.get("gang")), stop=_dict(spec.get("stop")) or None,
                    suspend_failed=_dict(status.get("suspendFailed")) or None,
                    restored_from_seq=int(status.get("restoredFromSeq") or 0))
@@ -138,6 +147,8 @@ class JobView:
     """spec.recovery.checkpoint.format: Dcp (every rank writes its part) or Snapshot."""
     distributed: Mapping[str, Any] | None
     """spec.distributed: present only for a gang Job."""
+    network: str
+    """spec.distributed.network: how close a gang's nodes must be (Regional by default)."""
     spec: dict[str, Any]
     """The stored spec, for the checkpoint helpers that still read it whole."""
     status: dict[str, Any]
@@ -165,4 +176,5 @@ class JobView:
                    checkpoint_interval=checkpoint.get("interval", "auto"),
                    checkpoint_format=checkpoint.get("format", ""),
                    distributed=distributed if isinstance(distributed, dict) else None,
+                   network=_dict(distributed).get("network") or "Regional",
                    spec=spec, status=_dict(obj.get("status")), obj=obj)
