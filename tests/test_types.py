@@ -34,3 +34,9 @@ def test_a_planted_type_error_in_a_strict_module_is_reported(tmp_path: Path) -> 
     # Only the strict override reports a function without annotations.
     assert "planted.py:5: error: Function is missing a type annotation  [no-untyped-def]" in done.stdout
     assert "Found 2 errors in 1 file" in done.stdout
+
+
+def test_mypy_passes_as_configured(tmp_path: Path) -> None:
+    done = mypy(*[a for p in PACKAGES for a in ("-p", p)], "--cache-dir", str(tmp_path / "cache"), cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found" in done.stdout

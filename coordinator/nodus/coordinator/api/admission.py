@@ -208,7 +208,9 @@ def _add_unique(causes: list[Cause], more: list[Cause]) -> None:
 def _raise_if_invalid(info: KindInfo, obj: dict[str, Any], causes: list[Cause]) -> None:
     if not causes:
         return
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     name = meta.get("name") or meta.get("generateName") or ""
     raise errors.invalid(info.kind, str(name), causes, group=info.group)
 
@@ -267,7 +269,9 @@ async def admit_update(info: KindInfo, old: dict[str, Any], new: dict[str, Any],
         _add_unique(p.ctx.causes, _raise_only(path, get(old_body, path), get(p.body, path)))
     _raise_if_invalid(info, new, p.ctx.causes)
     status = copy.deepcopy(new.get("status"))
-    old_status = old.get("status") if isinstance(old.get("status"), dict) else {}
+    old_status = old.get("status")
+    if not isinstance(old_status, dict):
+        old_status = {}
     for key in ("secretVersions", "secretVersionIDs"):
         if key in old_status:
             status = dict(status) if isinstance(status, dict) else {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Union, cast
 
 from nodus.v1 import common_pb2
 
@@ -67,9 +67,9 @@ class AttemptPhase(str, enum.Enum):
             return cls.PENDING
 
     @property
-    def proto(self) -> int:
-        """The common.proto AttemptPhase number, found by name."""
-        return common_pb2.AttemptPhase.Value(PROTO_PREFIX + self.name)
+    def proto(self) -> common_pb2.AttemptPhase:
+        """The common.proto AttemptPhase member, found by name (the stubs type Value() as a plain int)."""
+        return cast(common_pb2.AttemptPhase, common_pb2.AttemptPhase.Value(PROTO_PREFIX + self.name))
 
     @classmethod
     def of_proto(cls, number: int) -> "AttemptPhase | None":
@@ -85,7 +85,7 @@ PROTO_PREFIX = "ATTEMPT_PHASE_"
 TERMINAL = frozenset({AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST, AttemptPhase.CANCELLED})
 
 
-PHASE_NUMBERS: Mapping[AttemptPhase, int] = {phase: phase.proto for phase in AttemptPhase}
+PHASE_NUMBERS: Mapping[AttemptPhase, common_pb2.AttemptPhase] = {phase: phase.proto for phase in AttemptPhase}
 """Each phase's common.proto number, derived by name (for messages that carry many phases)."""
 
 
