@@ -147,6 +147,10 @@ def test_health_check_is_serving(shared_coordinator: Coordinator) -> None:
     assert answer == {"status": "SERVING"}
     answer = json.loads(grpcurl(shared_coordinator, "grpc.health.v1.Health/Check", {"service": RS}).stdout)
     assert answer == {"status": "SERVING"}
+    # The services the control plane registers (not built by grpc_api) are marked too.
+    for service in ("nodus.v1.AgentService", "nodus.v1.NodeService", "nodus.v1.GangService", "nodus.v1.BlobService"):
+        answer = json.loads(grpcurl(shared_coordinator, "grpc.health.v1.Health/Check", {"service": service}).stdout)
+        assert answer == {"status": "SERVING"}, service
 
 
 # ---- ResourceService -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ requestId) and BadRequest field violations, so grpcurl prints the reason and the
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import functools
 import logging
 import time
@@ -291,47 +292,48 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
         return _token(await self.identity.revoke_token(request.id))
 
 
-_health: health.aio.HealthServicer | None = None
-
-
-_served: list[str] = []
-"""Services registered through `start(servicers=…)`, marked SERVING with the built-in ones."""
 AGENT_SERVICE, NODE_SERVICE, GANG_SERVICE = SERVICE_NAMES[2], SERVICE_NAMES[3], SERVICE_NAMES[4]
 
 
+@dataclass(frozen=True, slots=True)
+class GrpcServer:
+    """A started gRPC server with its health service; each coordinator owns its own."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    served: tuple[str, ...]
+    """Health names marked SERVING by `set_serving`: the built-in services and those registered by `start`."""
+
+    def set_serving(self) -> None:
+        loop = asyncio.get_running_loop()
+        for name in self.served:
+            loop.create_task(self.health.set(name, health_pb2.HealthCheckResponse.SERVING))
+
+
 async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
-                servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = ()) -> tuple[grpc.aio.Server, int]:
-    """Starts the server (health NOT_SERVING until `set_serving`); returns it and the bound port.
+                servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = ()) -> GrpcServer:
+    """Starts the server (health NOT_SERVING until `set_serving`).
 
     `servicers` are (full service name, function that adds it to the server), for the services built
     outside this module (AgentService, NodeService)."""
-    global _health
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
     resource_pb2_grpc.add_ResourceServiceServicer_to_server(ResourceServicer(service), server)
     project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(service.identity), server)
-    _served.clear()
-    for name, add in servicers:
+    for _, add in servicers:
         add(server)
-        _served.append(name)
     if blobs is not None:
         from .blob_api import BlobServicer  # it imports this module's error translation
         blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity), server)
-    _health = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(_health, server)
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     reflection.enable_server_reflection(SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                                          reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(listen)
     if port == 0:
         raise SystemExit(f"--grpc-listen {listen}: cannot bind")
     for name in ("",) + SERVICE_NAMES:
-        await _health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await checks.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
-    return server, port
-
-
-def set_serving(server: grpc.aio.Server) -> None:
-    if _health is None:
-        return
-    loop = asyncio.get_running_loop()
-    for name in ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE,) + tuple(_served):
-        loop.create_task(_health.set(name, health_pb2.HealthCheckResponse.SERVING))
+    served = ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE,) + tuple(name for name, _ in servicers)
+    return GrpcServer(server, port, checks, served)

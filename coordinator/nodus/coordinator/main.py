@@ -162,7 +162,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     else:
         tls = ensure_tls(data_dir, [http_host])
 
-    grpc_server, bound_grpc = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
+    grpc_server = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
                                                    servicers=plane.servicers())
     app, gateway = make_app(service)
     app[downloads.BLOBS] = blobs
@@ -171,11 +171,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     site = web.TCPSite(runner, http_host, http_port, ssl_context=tls.server_context(), backlog=1024)
     await site.start()
     bound_http = http_port or runner.addresses[0][1]
-    endpoints = Endpoints(f"{_client_host(grpc_host)}:{bound_grpc}", f"https://{_client_host(http_host)}:{bound_http}")
+    endpoints = Endpoints(f"{_client_host(grpc_host)}:{grpc_server.port}",
+                          f"https://{_client_host(http_host)}:{bound_http}")
     await bootstrap(data_dir, identity, endpoints.http, tls)
     write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
     gateway.ready = True
-    grpc_api.set_serving(grpc_server)
+    grpc_server.set_serving()
     log.info("nodus-coordinator ready: REST %s, gRPC %s, data %s", endpoints.http, endpoints.grpc, data_dir)
     print(f"nodus-coordinator ready: REST {endpoints.http} gRPC {endpoints.grpc} "
           f"kubeconfig {data_dir / 'kubeconfig'}", flush=True)
@@ -194,7 +195,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     gateway.ready = False
     compactor.cancel()
     await plane.stop()
-    await grpc_server.stop(grace=2)
+    await grpc_server.server.stop(grace=2)
     await runner.cleanup()
     await store.close()
 
