@@ -94,10 +94,12 @@ class Gateway:
         self.openapi = discovery.build_openapi()
         self.ready = False
         self._watches: set[asyncio.Task[Any]] = set()
+        self._closing = False
 
     async def close_watches(self, app: web.Application) -> None:
         """on_shutdown: open watches would hold a graceful stop for up to an hour; end them now
         (clients re-watch from their last resourceVersion, as they do after any disconnect)."""
+        self._closing = True
         for task in list(self._watches):
             task.cancel()
 
@@ -270,6 +272,21 @@ class Gateway:
         response = web.StreamResponse(status=200, headers={"Content-Type": JSON, "X-Request-Id": rid,
                                                            "Audit-Id": rid, "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
+        # Registered before the first await: a watch still opening when close_watches runs is ended
+        # too (it used to slip past and hold a graceful stop until the server's shutdown timeout).
+        task = asyncio.current_task()
+        if self._closing or task is None:
+            raise web.HTTPServiceUnavailable(text="the coordinator is stopping; watch again")
+        self._watches.add(task)
+        try:
+            return await self._stream_watch(request, response, caller, info, project, labels, fields, q, rid,
+                                            timeout, as_table)
+        finally:
+            self._watches.discard(task)
+
+    async def _stream_watch(self, request: web.Request, response: web.StreamResponse, caller: Caller,
+                            info: KindInfo, project: str | None, labels: Any, fields: Any, q: Any, rid: str,
+                            timeout: float | None, as_table: bool) -> web.StreamResponse:
         error: NodusError | None = None
         stream = None
         try:
@@ -284,9 +301,6 @@ class Gateway:
             error = e
         await response.prepare(request)
         WATCHERS.labels("rest").inc()
-        task = asyncio.current_task()
-        if task is not None:
-            self._watches.add(task)
         try:
             if error is not None:
                 await response.write(orjson.dumps({"type": "ERROR", "object": error.to_status(rid)}) + b"\n")
@@ -303,8 +317,6 @@ class Gateway:
         except (ConnectionResetError, ConnectionError):
             pass
         finally:
-            if task is not None:
-                self._watches.discard(task)
             WATCHERS.labels("rest").dec()
             if stream is not None:
                 await stream.aclose()  # type: ignore[attr-defined]
