@@ -102,24 +102,11 @@ class Retention:
 
     async def _write_forgotten(self, key: str, digests: set[str], s3: set[rules.S3Archive]) -> None:
         """Writes (or, with nothing left, deletes) one FORGOTTEN record, whatever it held before."""
-        store = self.objects.store
-        value = orjson.dumps({"digests": sorted(digests),
-                              "s3": [dataclasses.asdict(a) for a in sorted(s3, key=_s3_order)]})
-        for _ in range(8):
-            rec = await store.get(key)
-            try:
-                if not digests and not s3:
-                    if rec is not None:
-                        await store.delete(key, rec.revision)
-                elif rec is None:
-                    await store.create(key, value)
-                else:
-                    await store.update(key, value, rec.revision)
-                return
-            except NodusError as e:
-                if e.reason not in ("Conflict", "AlreadyExists", "NotFound"):
-                    raise
-        raise NodusError("Conflict", f"{key} kept changing", fix="the next sweep tries again")
+        if not digests and not s3:
+            await self.objects.delete(key)
+            return
+        doc = {"digests": sorted(digests), "s3": [dataclasses.asdict(a) for a in sorted(s3, key=_s3_order)]}
+        await self.objects.upsert(key, lambda _: doc)
 
     async def _forgotten(self) -> dict[str, tuple[set[str], set[rules.S3Archive]]]:
         """The FORGOTTEN records of Attempts that are gone (one still here may yet fail its delete)."""
