@@ -10,7 +10,7 @@ written). Every writer of an Attempt's phase goes through it, so the table below
     Reported            controllers/attempts.fold_report        forward, Checkpointing <-> Running, -> any end
     NodeLost            controllers/lease.lost                 non-terminal -> Lost
     StoppedUnplaced     controllers/job_controller.stop        non-terminal -> Cancelled
-    AssignmentRefused   agents (an Assignment cannot be built) non-terminal -> Failed
+    AssignmentRefused   agent_session (an Assignment cannot be built) non-terminal -> Failed
 
 Terminal phases (Succeeded, Failed, Lost, Cancelled) are never left. The proto's AttemptPhase is
 mapped by name (ATTEMPT_PHASE_<member name>), never by number (docs/adr/0017-attempt-state-machine.md).
@@ -94,7 +94,7 @@ def terminal_phases() -> frozenset[AttemptPhase]:
 
 
 _P = AttemptPhase
-_ENDS = frozenset(TERMINAL)
+_ENDS = TERMINAL
 LEGAL: Mapping[AttemptPhase, frozenset[AttemptPhase]] = {
     # The same phase again is legal: a report may add facts (outputs, a gang step) without moving.
     _P.PENDING: frozenset({_P.PENDING, _P.PROVISIONING, _P.MATERIALIZING, _P.INITIALIZING, _P.STARTING_SIDECARS,

@@ -2,7 +2,7 @@
 `attempt_machine.py`'s; a report's move goes through its `transition`).
 
 Pure: a report and the stored object in, the next status out (or None: nothing changes). The agent
-stream (`agents.py`) performs the write. Folding is idempotent and order-safe, because reconnects
+stream (`agent_session.py`) performs the write. Folding is idempotent and order-safe, because reconnects
 resend everything (Hello carries every attempt the agent knows): the same report twice, or an older
 report after a newer one, changes nothing. Nothing here counts anything; the Job controller derives
 its counts from the set of Attempt objects, so a resent report can never be counted twice.

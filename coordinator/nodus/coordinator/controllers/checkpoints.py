@@ -1,6 +1,6 @@
 """Recovery decisions: which checkpoint is the latest, which commit is fenced off, when to checkpoint.
 
-Pure: Attempt objects, the Job's spec and `now` in, values out; the agent stream (`agents.py`) and
+Pure: Attempt objects, the Job's spec and `now` in, values out; the agent stream (`agent_session.py`) and
 the Job controller perform them. Committed checkpoints live on the Attempt that took them
 (`status.checkpoints`, newest last), so the latest checkpoint of an index is derived from the set of
 its Attempts, like every count of the Job controller, and survives a coordinator restart.

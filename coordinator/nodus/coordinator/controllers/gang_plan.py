@@ -11,7 +11,7 @@ from .gang import ASSEMBLE, DEFAULT_STARTUP_TIMEOUT, MESH, START, GangConfig, do
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The GangPlan of one member, as plain values (agents.py turns it into the proto)."""
+    """The GangPlan of one member, as plain values (agent_session.py turns it into the proto)."""
 
     attempt_id: str
     gang_id: str
