@@ -14,11 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodus.coordinator.api.attempt import PHASES
+from nodus.coordinator.api.job import STATES
 from nodus.coordinator.clock import ManualClock, rfc3339
 from nodus.coordinator.controllers.attempts import (AttemptPhase, ProgressReport, Report, fold_progress, fold_report,
                                                     scrub)
-from nodus.coordinator.controllers.job import (AttemptView, CreateAttempt, Decision, DeleteAttempt, DeleteJob, JobView,
-                                               JobPhase, StopAttempt, compress_ranges, decide, expand_ranges,
+from nodus.coordinator.controllers.job import (AttemptView, CreateAttempt, Decision, DeleteAttempt, DeleteJob, JobState,
+                                               JobView, JobPhase, StopAttempt, compress_ranges, decide, expand_ranges,
                                                terminal_phases)
 from nodus.coordinator.controllers.job_controller import new_attempt, stop
 from nodus.coordinator.controllers.lease import lost
@@ -132,6 +133,15 @@ def test_phase_vocabularies() -> None:
     for reason in ("BackoffLimitExceeded", "MaxAttemptsExceeded", "DeadlineExceeded", "CapacityUnavailable",
                    "Cancelled", "Suspended"):
         assert REGISTRY[reason].fix
+
+
+def test_job_state_is_parsed_into_its_enum_with_the_admitted_words() -> None:
+    assert [s.value for s in JobState] == list(STATES), "the decision's states are the words admission accepts"
+    job = World(state="Suspended").job
+    assert job is not None
+    assert JobView.from_object(job).state is JobState.SUSPENDED
+    del job["spec"]["state"]
+    assert JobView.from_object(job).state is JobState.RUNNING, "an absent spec.state runs the Job"
 
 
 # -- completions and parallelism ------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from . import checkpoints as ckpt
 from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
+from .views import JobState as JobState
 from .views import JobView as JobView
 
 STOP_GRACE_SECONDS = 30
@@ -202,7 +203,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
                 if not a.placed:
                     stopping.add(a.name)
 
-    resuming = not phase.terminal and state == "Running" and condition(conditions, "Suspended") == "True"
+    resuming = not phase.terminal and state is JobState.RUNNING and condition(conditions, "Suspended") == "True"
     if resuming:
         # Suspended time since timeoutStartTime does not count against spec.timeout.
         since = parse(condition_time(conditions, "Suspended")) or now
@@ -238,7 +239,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
         retain_until = finished + ckpt.retain_after_finish(spec)
         if held and retain_until > now:
             wake.append(retain_until)  # status.checkpoint and status.storage drop the checkpoints then
-    elif state == "Suspended":
+    elif state is JobState.SUSPENDED:
         stops, failed = ckpt.suspend(spec, live, mine, generation)
         actions.extend(stops)
         stopping.update(a.name for a in live if not a.placed and not a.stop_requested)
@@ -279,7 +280,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             wake.extend(a.created + queue_timeout for a in live if not a.placed and a.created is not None)
 
     # -- the derived status fields ----------------------------------------------------------------
-    if state != "Suspended":
+    if state is not JobState.SUSPENDED:
         status.pop("suspendFailures", None)  # counts the current customer suspend only
         if condition(conditions, "SuspendFailed") == "True":
             conditions = set_condition(conditions, "SuspendFailed", "False", "Resumed", "", now, generation)
@@ -326,9 +327,9 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
 def _verdict(job: JobView, mine: list[AttemptView], live: list[AttemptView], succeeded: set[int],
              failures: list[AttemptView], losses: Counter[int], completions: int, backoff_limit: int,
              max_attempts: int, timeout: float | None, timeout_start: float | None, suspended_for: float,
-             queue_timeout: float | None, state: str, now: float) -> tuple[JobPhase, str, str] | None:
+             queue_timeout: float | None, state: JobState, now: float) -> tuple[JobPhase, str, str] | None:
     """Whether the Job ends now: (terminal phase, reason, message), or None."""
-    if state == "Cancelled":
+    if state is JobState.CANCELLED:
         return JobPhase.CANCELLED, "Cancelled", "spec.state is Cancelled: the Job was stopped for good"
     if len(succeeded) >= completions:
         return JobPhase.SUCCEEDED, "Completed", f"{completions} of {completions} indexes succeeded"
@@ -352,12 +353,12 @@ def _verdict(job: JobView, mine: list[AttemptView], live: list[AttemptView], suc
             why = f"index {index} lost its capacity and spec.recovery.onInterruption is Fail"
         return JobPhase.FAILED, "MaxAttemptsExceeded", f"{why}; the last: attempt {last.number} on node " \
                                                        f"{last.node or '?'}, {last.reason or 'Lost'}"
-    if timeout is not None and timeout_start is not None and state != "Suspended" \
+    if timeout is not None and timeout_start is not None and state is not JobState.SUSPENDED \
             and now >= timeout_start + timeout + suspended_for:
         return (JobPhase.FAILED, "DeadlineExceeded",
                 f"the Job ran longer than spec.timeout {duration(timeout)} from {rfc3339(timeout_start)}"
                 + (f" (not counting {duration(suspended_for)} suspended)" if suspended_for else ""))
-    if queue_timeout and state == "Running":
+    if queue_timeout and state is JobState.RUNNING:
         for a in sorted(live, key=lambda a: a.index):
             if not a.placed and a.created is not None and now >= a.created + queue_timeout:
                 explain = a.placement_explain or "no node fits"

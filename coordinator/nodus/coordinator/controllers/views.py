@@ -6,6 +6,7 @@ or {})`. Views are for reading: writers still patch the stored dicts (status, sp
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,6 +22,25 @@ def _dict(value: object) -> dict[str, Any]:
 def _dicts(value: object) -> tuple[dict[str, Any], ...]:
     """A list of nested objects; entries that are not objects are left out."""
     return tuple(v for v in value if isinstance(v, dict)) if isinstance(value, list) else ()
+
+
+class JobState(str, enum.Enum):
+    """spec.state: what the customer wants of the Job (the words of api/job.py's STATES)."""
+
+    RUNNING = "Running"
+    """The default: run to completion."""
+    SUSPENDED = "Suspended"
+    """Stop the attempts (checkpointing first where it can) and free the capacity until Running again."""
+    CANCELLED = "Cancelled"
+    """Stop the Job for good: it ends Cancelled and is never resumed."""
+
+    @classmethod
+    def parse(cls, value: object) -> JobState:
+        """The stored word; an absent one is Running (admission refuses any other word)."""
+        try:
+            return cls(value) if value else cls.RUNNING
+        except ValueError:
+            return cls.RUNNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +158,7 @@ class JobView:
     timeout: float | None
     ttl: int | None
     """spec.ttlSecondsAfterFinished; None keeps the finished Job."""
-    state: str
+    state: JobState
     """spec.state: Running, Suspended or Cancelled."""
     queue_timeout: float | None
     checkpoint_interval: str
@@ -171,7 +191,7 @@ class JobView:
                    min_progress=seconds(recovery.get("minProgressDuration")),
                    fail_on_interruption=recovery.get("onInterruption") == "Fail",
                    timeout=seconds(spec.get("timeout")), ttl=ttl if isinstance(ttl, int) else None,
-                   state=spec.get("state") or "Running",
+                   state=JobState.parse(spec.get("state")),
                    queue_timeout=seconds(_dict(spec.get("placement")).get("queueTimeout")),
                    checkpoint_interval=checkpoint.get("interval", "auto"),
                    checkpoint_format=checkpoint.get("format", ""),
