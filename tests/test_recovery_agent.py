@@ -12,6 +12,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -20,7 +21,8 @@ import zstandard
 
 from nodus.agent.cgroups import Cgroup
 from nodus.agent import checkpointing
-from nodus.agent.checkpointing import CheckpointFailed, handshake_env, physical, restore, take
+from nodus.agent.checkpointing import (HANDSHAKE_TIMEOUT, CheckpointFailed, Hold, handshake_env, physical, restore,
+                                       take)
 from nodus.agent.layout import AttemptLayout
 
 HANDSHAKE = r"""
@@ -146,6 +148,66 @@ def test_a_program_that_does_not_answer_is_held_anyway(tmp_path: Path, monkeypat
         proc.wait()
     assert len(seen["held"]) == 8
     assert archived(snap.archive, snap.sha256, tmp_path) == seen["held"], "the archive is what was held"
+
+
+class SteppedClock:
+    """The agent's two clocks, moved only by the hold's own pauses: a deadline passes without being waited out."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = 1_767_225_600.0, 1000.0
+        self.on_sleep: list[Callable[[], None]] = []
+
+    def now(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+        for hook in self.on_sleep:
+            hook()
+
+
+def test_the_handshake_deadline_passes_on_the_agents_clock(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    clock = SteppedClock()
+    proc = spawn(WRITER, layout, str(layout.state))  # opted in, never answers
+    try:
+        hold = Hold(layout, 3, opted_in=True, main_pid=proc.pid, cgroup=None, clock=clock, sleep=clock.sleep)
+        hold.acquire()
+        assert hold.method == "sigstop", "no answer by the deadline: held by SIGSTOP instead"
+        assert clock.mono >= 1000.0 + HANDSHAKE_TIMEOUT, "the deadline is the agent clock's"
+        assert not Path(handshake_env(layout)["NODUS_CHECKPOINT_REQUEST"]).exists(), "the request is withdrawn"
+        wait_for(lambda: state_of(proc) == "T", 10, what="the program to be stopped")
+        assert hold.release() >= HANDSHAKE_TIMEOUT, "the pause is measured on the agent's clock"
+        wait_for(lambda: state_of(proc) != "T", 10, what="the program to continue")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_answer_within_the_deadline_ends_the_handshake_at_the_agents_time(tmp_path: Path) -> None:
+    layout = attempt(tmp_path)
+    clock = SteppedClock()
+    done = Path(handshake_env(layout)["NODUS_CHECKPOINT_DONE"])
+
+    def answer_at_12s() -> None:  # the program answers 12 s (of the agent's clock) after the request
+        if clock.mono >= 1012.0 and not done.exists():
+            done.write_text("5")
+    clock.on_sleep.append(answer_at_12s)
+    proc = spawn(WRITER, layout, str(layout.state))
+    try:
+        hold = Hold(layout, 5, opted_in=True, main_pid=proc.pid, cgroup=None, clock=clock, sleep=clock.sleep)
+        hold.acquire()
+        assert hold.method == "handshake" and state_of(proc) != "T", "answered: not stopped"
+        pause = hold.release()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 12.0 <= pause < 12.5, f"the pause is the agent clock's 12 s, not the real one ({pause})"
+    assert not done.exists(), "released: the answer is cleared for the next request"
 
 
 def test_the_cgroup_freezer_holds_the_attempt_for_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,6 +43,7 @@ from nodus.checkpoint.stores import Store
 from nodus.handshake import DONE_ENV, LISTENER, REQUEST_ENV
 
 from .cgroups import Cgroup
+from .clock import Clock, SystemClock
 from .layout import AttemptLayout
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -101,20 +102,30 @@ def physical(layout: AttemptLayout, path: str) -> Path:
     return Path(norm)
 
 
+POLL = 0.01
+"""Seconds between two looks at the handshake's done file."""
+
+
 class Hold:
-    """Holds the program at a consistent point for the local copy; `release` lets it go."""
+    """Holds the program at a consistent point for the local copy; `release` lets it go.
+
+    Its waits (the handshake's deadline, the freezer's) read the agent's `clock` and pause with
+    `sleep`, so a test moves both by hand instead of waiting out a 30 s deadline."""
 
     def __init__(self, layout: AttemptLayout, seq: int, *, opted_in: bool, main_pid: int | None,
-                 cgroup: Cgroup | None, handshake_timeout: float = HANDSHAKE_TIMEOUT, send_signal: bool = True) -> None:
+                 cgroup: Cgroup | None, handshake_timeout: float = HANDSHAKE_TIMEOUT, send_signal: bool = True,
+                 clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self.layout, self.seq, self.opted_in, self.main_pid, self.cgroup = layout, seq, opted_in, main_pid, cgroup
         self.handshake_timeout = handshake_timeout
         self.send_signal = send_signal
         """Send SIGUSR1 with the request; False for a program that only polls the request file (LISTENER)."""
+        self.clock: Clock = clock or SystemClock()
+        self.sleep = sleep
         self.method = "none"
         self.started = 0.0
 
     def acquire(self) -> None:
-        self.started = time.monotonic()
+        self.started = self.clock.monotonic()
         if self.opted_in and self.main_pid and self._handshake():
             self.method = "handshake"
             return
@@ -134,7 +145,7 @@ class Hold:
         env = handshake_env(self.layout)
         for key in (REQUEST_ENV, DONE_ENV):
             Path(env[key]).unlink(missing_ok=True)
-        return time.monotonic() - self.started
+        return self.clock.monotonic() - self.started
 
     def _handshake(self) -> bool:
         env = handshake_env(self.layout)
@@ -150,14 +161,14 @@ class Hold:
                 os.kill(self.main_pid or 0, signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
                 return False
-        deadline = time.monotonic() + self.handshake_timeout
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + self.handshake_timeout
+        while self.clock.monotonic() < deadline:
             try:
                 if done.read_text().strip() in (str(self.seq), ""):
                     return True
             except FileNotFoundError:
                 pass
-            time.sleep(0.01)
+            self.sleep(POLL)
         request.unlink(missing_ok=True)  # no answer: it falls back to the freeze
         return False
 
@@ -167,14 +178,14 @@ class Hold:
         events = self.cgroup.paths.get("unified")
         if events is None:
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + timeout
+        while self.clock.monotonic() < deadline:
             try:
                 if "frozen 1" in (events / "cgroup.events").read_text():
                     return
             except OSError:
                 return
-            time.sleep(0.002)
+            self.sleep(0.002)
 
 
 def _killpg(pid: int, sig: int) -> bool:
@@ -223,15 +234,17 @@ def copy_held(layout: AttemptLayout, paths: list[str], staging: Path, hold: Hold
 
 def take(layout: AttemptLayout, seq: int, paths: list[str], *, opted_in: bool, main_pid: int | None,
          cgroup: Cgroup | None, max_size: int | None = None, level: int = archive.DEFAULT_LEVEL,
-         handshake_timeout: float = HANDSHAKE_TIMEOUT, send_signal: bool = True) -> Snapshot:
-    """Hold, copy, release, archive. Blocking (run it on a thread). Raises CheckpointFailed."""
+         handshake_timeout: float = HANDSHAKE_TIMEOUT, send_signal: bool = True,
+         clock: Clock | None = None) -> Snapshot:
+    """Hold, copy, release, archive. Blocking (run it on a thread). Raises CheckpointFailed.
+    `clock` is the agent's (the hold's deadlines and its pause read it)."""
     paths = list(paths) or [CONTRACT_ROOT + "/state"]
     staging = layout.run / f"checkpoint-{seq}.d"
     out = layout.run / f"checkpoint-{seq}.tar.zst"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     hold = Hold(layout, seq, opted_in=opted_in, main_pid=main_pid, cgroup=cgroup, handshake_timeout=handshake_timeout,
-                send_signal=send_signal)
+                send_signal=send_signal, clock=clock)
     try:
         names, pause = copy_held(layout, paths, staging, hold)
         plan = archive.scan(names, root=staging)

@@ -197,7 +197,7 @@ class Checkpoints:
                                        main_pid=status.get("main_pid"), cgroup=cgroup,
                                        max_size=int(policy.get("max_size_bytes") or 0) or None,
                                        handshake_timeout=HF_HANDSHAKE_TIMEOUT if hf else HANDSHAKE_TIMEOUT,
-                                       send_signal=signalled)
+                                       send_signal=signalled, clock=self.clock)
         epoch = int((att.gang or {}).get("epoch") or 0)
         dcp = policy.get("format") == agent_pb2.CHECKPOINT_FORMAT_DCP
         sha256, size = snap.sha256, snap.size
