@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from nodus.v1 import common_pb2
 
 from nodus.coordinator.agent_session import _fail
@@ -173,3 +175,21 @@ def test_reasons_are_one_proto_enum_shared_by_agent_and_coordinator():
     drained["spec"]["stop"] = {"reason": "Drained"}
     folded = fold_report(drained, Report(AttemptPhase.CANCELLED, reason="Drained"), 1.0)
     assert folded["phase"] == "Lost" and folded["reason"] == "Drained"
+
+
+def test_reasons_are_written_through_one_typed_enum_read_from_the_proto_by_name():
+    from nodus.coordinator.controllers.reasons import AttemptReason, check_against_proto
+
+    proto = {v.name for v in common_pb2.AttemptReason.DESCRIPTOR.values if v.number}
+    assert {"ATTEMPT_REASON_" + r.name for r in AttemptReason} == proto
+    assert all(r.proto == common_pb2.AttemptReason.Value("ATTEMPT_REASON_" + r.name) for r in AttemptReason)
+    # The member is its stored word, in an object, an f-string and JSON alike.
+    assert AttemptReason.OOM_KILLED == "OOMKilled" and f"{AttemptReason.NODE_LOST}" == "NodeLost"
+    assert AttemptReason.DRAINED.counts_as == common_pb2.REASON_CLASS_LOST_CAPACITY
+    # A misspelt member, or one the proto does not have, fails the check the module runs at import.
+    with pytest.raises(ImportError, match="only here \\['NODE_LOTS'\\], only in the proto \\['NODE_LOST'\\]"):
+        check_against_proto({*AttemptReason.__members__, "NODE_LOTS"} - {"NODE_LOST"})
+    # The Job controller's stops and verdicts carry the members' words.
+    lost = {**_attempt("Running", node="n1")}
+    folded = fold_report(lost, Report(AttemptPhase.CANCELLED), 1.0)
+    assert folded["phase"] == "Lost" and folded["reason"] == AttemptReason.AGENT_FAULT == "AgentFault"

@@ -24,6 +24,9 @@ from typing import Any, Callable, Mapping, Union, cast
 from nodus.v1 import common_pb2
 
 from ..clock import parse, rfc3339
+from .reasons import LOST_CAPACITY_STOPS as LOST_CAPACITY_STOPS  # re-exported: the stops that end Lost
+from .reasons import REASON_CLASSES as REASON_CLASSES
+from .reasons import AttemptReason
 
 
 class AttemptPhase(str, enum.Enum):
@@ -115,21 +118,6 @@ LEGAL: Mapping[AttemptPhase, frozenset[AttemptPhase]] = {
     _P.CANCELLED: frozenset(),
 }
 """Every legal (from, to) pair: an agent may skip steps but never go back, except Checkpointing -> Running."""
-
-def reason_word(proto_name: str) -> str:
-    """The wire's word for a common.proto AttemptReason name: ATTEMPT_REASON_NODE_LOST is "NodeLost"."""
-    words = proto_name.removeprefix("ATTEMPT_REASON_").split("_")
-    return "".join(w if w == "OOM" else w.capitalize() for w in words)
-
-
-REASON_CLASSES: Mapping[str, int] = {
-    reason_word(value.name): value.GetOptions().Extensions[common_pb2.counts_as]  # type: ignore[index]
-    for value in common_pb2.AttemptReason.DESCRIPTOR.values if value.number}
-"""Each reason word and what it counts as (common.proto's ReasonClass), read from the proto by name."""
-LOST_CAPACITY_STOPS = frozenset(word for word, counts in REASON_CLASSES.items()
-                                if counts == common_pb2.REASON_CLASS_LOST_CAPACITY)
-"""Stops the coordinator asks for because capacity goes away: the attempt is recorded Lost and replaced."""
-
 
 def legal(current: AttemptPhase, proposed: AttemptPhase) -> bool:
     return proposed in LEGAL[current]
@@ -226,7 +214,7 @@ def _reported(status: dict[str, Any], event: Reported) -> tuple[AttemptPhase, di
 
 def _node_lost(status: dict[str, Any], event: NodeLost) -> tuple[AttemptPhase, dict[str, Any]]:
     now = rfc3339(event.now)
-    return AttemptPhase.LOST, {**status, "phase": AttemptPhase.LOST.value, "reason": "NodeLost",
+    return AttemptPhase.LOST, {**status, "phase": AttemptPhase.LOST.value, "reason": AttemptReason.NODE_LOST,
                                "message": f'node "{event.node}" stopped renewing its lease', "lostTime": now,
                                "finishTime": now}
 

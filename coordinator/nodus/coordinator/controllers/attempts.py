@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import parse, rfc3339
+from .reasons import AttemptReason
 from .attempt_machine import (LOST_CAPACITY_STOPS, PHASE_NUMBERS, TERMINAL, AttemptPhase, Refusal, Reported, phase_of,
                               transition)
 
@@ -81,17 +82,17 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
     if phase is AttemptPhase.CANCELLED:
         if not stop:
             # Nobody asked for the stop: the capacity went away under the attempt.
-            phase, reason = AttemptPhase.LOST, reason or "AgentFault"
+            phase, reason = AttemptPhase.LOST, reason or AttemptReason.AGENT_FAULT
         elif stop.get("reason") in LOST_CAPACITY_STOPS:
             phase, reason = AttemptPhase.LOST, stop["reason"]
         else:
-            reason = reason or stop.get("reason") or "Cancelled"
+            reason = reason or stop.get("reason") or AttemptReason.CANCELLED
     elif phase is AttemptPhase.FAILED:
-        reason = reason or ("OOMKilled" if report.oom_killed else "Error")
+        reason = reason or (AttemptReason.OOM_KILLED if report.oom_killed else AttemptReason.ERROR)
     elif phase is AttemptPhase.SUCCEEDED:
-        reason = reason or "Completed"
+        reason = reason or AttemptReason.COMPLETED
     elif phase is AttemptPhase.LOST:
-        reason = reason or "AgentFault"
+        reason = reason or AttemptReason.AGENT_FAULT
     status["reason"] = reason
     if report.message:
         status["message"] = scrub(report.message)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..clock import duration, parse, rfc3339, seconds
 from .attempts import AttemptPhase, phase_of
+from .reasons import AttemptReason
 from .views import AttemptView
 
 S3_URI = "s3://"
@@ -221,7 +222,7 @@ def offering_mtbi(attempts: Iterable[dict[str, Any]], offering: str, now: float)
         if end <= since:
             continue
         running += max(0.0, end - max(start, since))
-        if phase_of(a) is AttemptPhase.LOST and _status(a).get("reason") != "Drained":
+        if phase_of(a) is AttemptPhase.LOST and _status(a).get("reason") != AttemptReason.DRAINED:
             interruptions += 1
     return (running + DEFAULT_MTBI) / (interruptions + 1)
 
@@ -484,7 +485,7 @@ def suspend(spec: dict[str, Any], live: Sequence[AttemptView], mine: Sequence[At
         seq = 0
         if running and continuity(spec) == "Checkpointed":
             seq = next_seq(index_attempts(objs, a.job_uid, a.index))
-        stops.append(StopAttempt(a.name, "Suspended", checkpoint_seq=seq))
+        stops.append(StopAttempt(a.name, AttemptReason.SUSPENDED, checkpoint_seq=seq))
     return stops, failed
 
 

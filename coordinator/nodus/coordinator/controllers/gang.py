@@ -33,6 +33,7 @@ from .attempts import AttemptPhase
 from .gang_phase import GangPhase
 from .checkpoints import FREE_STORAGE_BYTES
 from .job import Action, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans, decide
+from .reasons import AttemptReason
 from .views import AttemptView, JobView
 
 VIRTUAL_PREFIX = "gang-epoch:"
@@ -45,7 +46,7 @@ SERVICE_LAUNCHERS = frozenset({"Ray", "Verl"})
 PATH_ORDER = ("Private", "Direct", "Public", "Relayed")
 """Network paths, best first: the weakest of a gang is the last one any pair uses."""
 
-RESTART_REASONS = {"GangRestart", "GangCompleted", "AssemblyTimeout"}
+RESTART_REASONS = frozenset({AttemptReason.GANG_RESTART, AttemptReason.GANG_COMPLETED, AttemptReason.ASSEMBLY_TIMEOUT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,16 +168,17 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
     reason, message, oom = "", "", False
     if not live:
         if completed(members, launcher, size):
-            phase, reason = AttemptPhase.SUCCEEDED, "Completed"
+            phase, reason = AttemptPhase.SUCCEEDED, AttemptReason.COMPLETED
         elif first is not None:
             phase = first.phase if first.phase in (AttemptPhase.FAILED, AttemptPhase.LOST) else AttemptPhase.LOST
-            reason = first.reason or ("GangMemberExited" if phase is AttemptPhase.LOST else "Error")
+            lost = phase is AttemptPhase.LOST
+            reason = first.reason or (AttemptReason.GANG_MEMBER_EXITED if lost else AttemptReason.ERROR)
             message = f"rank {rank_of(first)} on node {first.node or '?'}: {first.message or first.reason}".strip()
             exit_code, oom = first.exit_code, first.oom_killed
         else:
-            timed_out = any(m.reason == "AssemblyTimeout" for m in members)
+            timed_out = any(m.reason == AttemptReason.ASSEMBLY_TIMEOUT for m in members)
             phase = AttemptPhase.CANCELLED
-            reason = "AssemblyTimeout" if timed_out else (rank0.reason or "Cancelled")
+            reason = AttemptReason.ASSEMBLY_TIMEOUT if timed_out else (rank0.reason or AttemptReason.CANCELLED)
     elif first is not None or completed(members, launcher, size):
         phase = AttemptPhase.STOPPING
     elif all_started and all(m.phase in (AttemptPhase.RUNNING, AttemptPhase.CHECKPOINTING) for m in live):
@@ -281,23 +283,25 @@ def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
     elif live:
         first = broken(members)
         if first is not None:
-            actions.extend(StopAttempt(m.name, "GangRestart") for m in live if not m.stop_requested)
+            actions.extend(StopAttempt(m.name, AttemptReason.GANG_RESTART) for m in live if not m.stop_requested)
         elif completed(members, launcher, size):
-            actions.extend(StopAttempt(m.name, "GangCompleted") for m in live if not m.stop_requested)
+            actions.extend(StopAttempt(m.name, AttemptReason.GANG_COMPLETED) for m in live if not m.stop_requested)
         elif all(m.placed for m in members) and not all(m.started is not None for m in members):
             since = _latest(m.provisioned for m in members)
             if since is not None:
                 if now >= since + startup:
-                    actions.extend(StopAttempt(m.name, "AssemblyTimeout") for m in live if not m.stop_requested)
+                    actions.extend(StopAttempt(m.name, AttemptReason.ASSEMBLY_TIMEOUT)
+                                   for m in live if not m.stop_requested)
                 else:
                     wake.append(since + startup)
 
-    timeouts = [e for e, v in views.items() if v.phase is AttemptPhase.CANCELLED and v.reason == "AssemblyTimeout"]
+    timeouts = [e for e, v in views.items()
+                if v.phase is AttemptPhase.CANCELLED and v.reason == AttemptReason.ASSEMBLY_TIMEOUT]
     verdict = None
     if len(timeouts) > retries:
         last = epochs[timeouts[-1]]
         stuck = sorted(rank_of(m) for m in last if done_step(m.gang_report, timeouts[-1]) == "")
-        verdict = (JobPhase.FAILED, "GangAssemblyTimeout",
+        verdict = (JobPhase.FAILED, AttemptReason.GANG_ASSEMBLY_TIMEOUT,
                    f"the gang did not assemble within spec.distributed.startupTimeout {dist.get('startupTimeout') or '15m'} "
                    f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
                    f"maxAssemblyRetries {retries}); the last time rank(s) {', '.join(map(str, stuck)) or '?'} never "
@@ -341,7 +345,7 @@ def _new_epoch(epoch: int, size: int, epochs: Mapping[int, Sequence[AttemptView]
         if m is not None and m.node:
             if m.phase is AttemptPhase.LOST:
                 avoid = (m.node,)
-            elif m.reason == "AssemblyTimeout" and done_step(m.gang_report, before) == "":
+            elif m.reason == AttemptReason.ASSEMBLY_TIMEOUT and done_step(m.gang_report, before) == "":
                 avoid = (m.node,)
             else:
                 prefer = m.node
@@ -358,7 +362,7 @@ def gang_status(job_status: Mapping[str, Any], epochs: Mapping[int, Sequence[Att
     live = [m for m in members if not m.phase.terminal]
     job_phase = JobPhase.parse(job_status.get("phase"))
     restarts = sum(1 for e, v in views.items() if e < current
-                   and (v.phase in (AttemptPhase.LOST, AttemptPhase.FAILED) or v.reason == "AssemblyTimeout"))
+                   and (v.phase in (AttemptPhase.LOST, AttemptPhase.FAILED) or v.reason == AttemptReason.ASSEMBLY_TIMEOUT))
     assembled = [m for m in members if done_step(m.gang_report, current) in (ASSEMBLE, MESH, START)]
     meshed = [m for m in members if done_step(m.gang_report, current) in (MESH, START)]
     started = [m for m in members if m.started is not None]

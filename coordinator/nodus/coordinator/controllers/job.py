@@ -26,6 +26,7 @@ from ..errors import REGISTRY
 from . import checkpoints as ckpt
 from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
+from .reasons import AttemptReason
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
 from .views import JobState as JobState
 from .views import JobView as JobView
@@ -157,7 +158,7 @@ def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
         if a.phase.terminal or not a.placed:
             actions.append(DeleteAttempt(a.name))
         elif not a.stop_requested:
-            actions.append(StopAttempt(a.name, "JobDeleted"))
+            actions.append(StopAttempt(a.name, AttemptReason.JOB_DELETED))
     return tuple(actions)
 
 
@@ -226,7 +227,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             if phase is JobPhase.SUCCEEDED:
                 reason, message = "", ""  # status.reason says why a Job failed or stopped; the condition says done
     if phase.terminal:
-        stop_all(reason or "Completed")
+        stop_all(reason or AttemptReason.COMPLETED)
         finished = parse(status.get("completionTime")) or now
         held = any(a.checkpoints for a in mine)
         if ttl is not None:
@@ -244,18 +245,19 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
         actions.extend(stops)
         stopping.update(a.name for a in live if not a.placed and not a.stop_requested)
         if failed:
-            phase, reason = JobPhase.RUNNING, "SuspendFailed"
+            phase, reason = JobPhase.RUNNING, AttemptReason.SUSPEND_FAILED
             message = (f"the suspend checkpoint failed {failed} times (the first try and two retries); the Job keeps "
                        f"running: set spec.state to Running, or to Suspended again to retry")
             status["suspendFailures"] = failed
             if condition(conditions, "SuspendFailed") != "True":
-                conditions = set_condition(conditions, "SuspendFailed", "True", "SuspendFailed", message, now,
-                                           generation)
+                conditions = set_condition(conditions, "SuspendFailed", "True", AttemptReason.SUSPEND_FAILED, message,
+                                           now, generation)
         else:
-            phase, reason = JobPhase.SUSPENDED, "Suspended"
+            phase, reason = JobPhase.SUSPENDED, AttemptReason.SUSPENDED
             message = "spec.state is Suspended: attempts are stopped and capacity freed; set it to Running to resume"
             if condition(conditions, "Suspended") != "True":
-                conditions = set_condition(conditions, "Suspended", "True", "Suspended", message, now, generation)
+                conditions = set_condition(conditions, "Suspended", "True", AttemptReason.SUSPENDED, message, now,
+                                           generation)
     else:
         live_indexes = {a.index for a in live}
         free = parallelism - len(live_indexes)
@@ -330,16 +332,16 @@ def _verdict(job: JobView, mine: list[AttemptView], live: list[AttemptView], suc
              queue_timeout: float | None, state: JobState, now: float) -> tuple[JobPhase, str, str] | None:
     """Whether the Job ends now: (terminal phase, reason, message), or None."""
     if state is JobState.CANCELLED:
-        return JobPhase.CANCELLED, "Cancelled", "spec.state is Cancelled: the Job was stopped for good"
+        return JobPhase.CANCELLED, AttemptReason.CANCELLED, "spec.state is Cancelled: the Job was stopped for good"
     if len(succeeded) >= completions:
-        return JobPhase.SUCCEEDED, "Completed", f"{completions} of {completions} indexes succeeded"
+        return JobPhase.SUCCEEDED, AttemptReason.COMPLETED, f"{completions} of {completions} indexes succeeded"
     if len(failures) > backoff_limit:
         last = failures[-1]
         exit_text = f"exit code {last.exit_code}" if last.exit_code is not None else last.reason or "failed"
         if last.oom_killed:
             exit_text += " (OOMKilled)"
         tail = scrub(last.message)
-        return (JobPhase.FAILED, "BackoffLimitExceeded",
+        return (JobPhase.FAILED, AttemptReason.BACKOFF_LIMIT_EXCEEDED,
                 f"{len(failures)} customer failures exceed spec.backoffLimit {backoff_limit}; the last: index "
                 f"{last.index} attempt {last.number}, {exit_text}" + (f":\n{tail}" if tail else ""))
     over = sorted(i for i, n in losses.items() if n > max_attempts)
@@ -351,18 +353,18 @@ def _verdict(job: JobView, mine: list[AttemptView], live: list[AttemptView], suc
                    f"{max_attempts}")
         else:
             why = f"index {index} lost its capacity and spec.recovery.onInterruption is Fail"
-        return JobPhase.FAILED, "MaxAttemptsExceeded", f"{why}; the last: attempt {last.number} on node " \
-                                                       f"{last.node or '?'}, {last.reason or 'Lost'}"
+        return (JobPhase.FAILED, AttemptReason.MAX_ATTEMPTS_EXCEEDED,
+                f"{why}; the last: attempt {last.number} on node {last.node or '?'}, {last.reason or 'Lost'}")
     if timeout is not None and timeout_start is not None and state is not JobState.SUSPENDED \
             and now >= timeout_start + timeout + suspended_for:
-        return (JobPhase.FAILED, "DeadlineExceeded",
+        return (JobPhase.FAILED, AttemptReason.DEADLINE_EXCEEDED,
                 f"the Job ran longer than spec.timeout {duration(timeout)} from {rfc3339(timeout_start)}"
                 + (f" (not counting {duration(suspended_for)} suspended)" if suspended_for else ""))
     if queue_timeout and state is JobState.RUNNING:
         for a in sorted(live, key=lambda a: a.index):
             if not a.placed and a.created is not None and now >= a.created + queue_timeout:
                 explain = a.placement_explain or "no node fits"
-                return (JobPhase.FAILED, "CapacityUnavailable",
+                return (JobPhase.FAILED, AttemptReason.CAPACITY_UNAVAILABLE,
                         f"index {a.index} waited spec.placement.queueTimeout {duration(queue_timeout)} for "
                         f"capacity: {explain}")
     return None

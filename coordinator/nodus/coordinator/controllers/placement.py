@@ -19,6 +19,7 @@ from ..scheduler import NodeView, Placement, Request, Reservation, place_all, pl
 from .attempt_machine import Placed, Refusal, phase_of, transition
 from .cache import ATTEMPTS, LEASES, NODES, Cache
 from .objects import Objects
+from .reasons import AttemptReason
 from .views import AttemptView
 
 log = logging.getLogger("nodus.controllers.placement")
@@ -67,7 +68,7 @@ def explain(placement: Placement) -> Any:
         status = dict(obj.get("status") or {})
         if not _waiting(obj) or (status.get("placement") or {}).get("explain") == placement.explain:
             return None
-        status.update(reason="WaitingForCapacity", placement={"explain": placement.explain})
+        status.update(reason=AttemptReason.WAITING_FOR_CAPACITY, placement={"explain": placement.explain})
         obj["status"] = status
         return obj
     return mutate
