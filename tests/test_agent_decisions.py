@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from nodus.agent import layout as L
-from nodus.agent.attempts import Attempt, Stage
+from nodus.agent.attempts import Attempt, GangStep, Stage, gang_step
 from nodus.agent.checkpointing import CheckpointFailed
 from nodus.agent.decisions import (LEASE_EXPIRED, Acked, AttemptView, Forget, LeaseRenewed, LogShipped, MarkAcked,
                                    MoveLease, Tick, decide, progress_due, shown_phase)
+from nodus.agent.gang import plan_dict
 from nodus.agent.reconcile import Stop
 from nodus.agent.stores import CheckpointStores
 from nodus.agent.supervisor.phase import SupervisorPhase, terminal_phases
@@ -105,6 +106,30 @@ def test_supervisor_phases_are_the_layouts_strings_and_end_where_the_layout_says
     assert {p.value for p in SupervisorPhase} == {L.SPAWNED, L.INITIALIZING, L.STARTING_SIDECARS, L.RUNNING,
                                                   L.STOPPING, *L.TERMINAL}
     assert json.loads(json.dumps({"phase": SupervisorPhase.RUNNING})) == {"phase": "RUNNING"}
+
+
+# -- a gang member's steps -------------------------------------------------------------------------
+def test_gang_steps_are_the_stored_words_and_the_protos_members_of_the_same_name() -> None:
+    assert [s.value for s in GangStep] == ["Assemble", "Mesh", "Start"]
+    assert [s.proto for s in GangStep] == [agent_pb2.GANG_STEP_ASSEMBLE, agent_pb2.GANG_STEP_MESH,
+                                           agent_pb2.GANG_STEP_START]
+    assert [GangStep.of_proto(s.proto) for s in GangStep] == list(GangStep)
+    assert GangStep.of_proto(agent_pb2.GANG_STEP_UNSPECIFIED) is None and GangStep.of_proto(99) is None
+    assert [s for s in GangStep if s.last] == [GangStep.START]
+    assert gang_step("") is None and gang_step("Mesh") is GangStep.MESH
+    with pytest.raises(ValueError):
+        gang_step("Meshed")
+
+
+def test_a_plan_names_its_step_by_word_and_a_report_carries_the_step_done_on_the_wire() -> None:
+    assert plan_dict(agent_pb2.GangPlan(step=agent_pb2.GANG_STEP_MESH))["step"] == "Mesh"
+    assert plan_dict(agent_pb2.GangPlan())["step"] == "Assemble", "an unspecified step is the first"
+    att = Attempt("g1", phase="STARTING_SIDECARS", gang={"epoch": 3, "done": "Mesh", "address": "10.0.0.2",
+                                                         "port": 29500, "probe_port": 29501})
+    again = Attempt.from_persisted(json.loads(json.dumps(att.persisted())))
+    report = again.update(0.0).gang
+    assert (report.epoch, report.done, report.port) == (3, agent_pb2.GANG_STEP_MESH, 29500)
+    assert not Attempt("g2", gang={"epoch": 3, "done": ""}).update(0.0).HasField("gang"), "nothing done: no report"
 
 
 # -- the attempt table -----------------------------------------------------------------------------

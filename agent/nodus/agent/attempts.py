@@ -45,8 +45,43 @@ LOST_CAPACITY_REASONS = frozenset(_reason_word(name) for name, counts in _COUNTS
                                   if counts == common_pb2.REASON_CLASS_LOST_CAPACITY)
 """Stops because the capacity goes (common.proto's ReasonClass, read by name): a checkpoint before
 such a stop is a Preemption checkpoint, best effort within the grace."""
-GANG_STEPS = {"Assemble": agent_pb2.GANG_STEP_ASSEMBLE, "Mesh": agent_pb2.GANG_STEP_MESH,
-              "Start": agent_pb2.GANG_STEP_START}
+
+
+class GangStep(enum.StrEnum):
+    """A gang member's start-up step (gang.py), in order. The value is the word state.json stores (`gang.done`,
+    `gang.plan.step`) and the coordinator's status shows; on the wire it is agent.proto's GangStep member
+    of the same name (`proto`, `of_proto`), never a number copied by hand."""
+
+    ASSEMBLE = "Assemble"
+    """Materialized, restored and spawned: the supervisor waits at its gate, the member's ports are reserved."""
+    MESH = "Mesh"
+    """The probe measured RTT and all-reduce bandwidth to the peers (a failed probe does not stop the gang)."""
+    START = "Start"
+    """The launcher's steps are in run/launch.json: the gate opens and the member's program runs."""
+
+    @property
+    def proto(self) -> agent_pb2.GangStep:
+        return _STEP_PROTO[self]
+
+    @classmethod
+    def of_proto(cls, number: int) -> GangStep | None:
+        """The step a GangPlan names (None: unspecified, or a number this agent does not know)."""
+        return _PROTO_STEP.get(number)
+
+    @property
+    def last(self) -> bool:
+        """Nothing of the member is held by the agent after its last step (the program owns its ports)."""
+        return self is GangStep.START
+
+
+_STEP_PROTO: dict[GangStep, agent_pb2.GangStep] = {
+    step: cast(agent_pb2.GangStep, agent_pb2.GangStep.Value(f"GANG_STEP_{step.name}")) for step in GangStep}
+_PROTO_STEP: dict[int, GangStep] = {number: step for step, number in _STEP_PROTO.items()}
+
+
+def gang_step(word: object) -> GangStep | None:
+    """The step a stored word names ("" or None: no step done yet)."""
+    return GangStep(str(word)) if word else None
 
 
 class Stage(str, enum.Enum):
@@ -152,7 +187,7 @@ class Attempt:
         if self.gang and self.gang.get("done"):
             g = self.gang
             u.gang.CopyFrom(agent_pb2.GangMemberReport(
-                epoch=int(g["epoch"]), done=GANG_STEPS[g["done"]], address=g.get("address", ""),
+                epoch=int(g["epoch"]), done=GangStep(g["done"]).proto, address=g.get("address", ""),
                 port=int(g.get("port") or 0), probe_port=int(g.get("probe_port") or 0)))
         return u
 

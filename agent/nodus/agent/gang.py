@@ -32,7 +32,7 @@ from nodus.launchers.registry import launch
 from nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
-from .attempts import GANG_STEPS
+from .attempts import GangStep, gang_step
 from .clock import Clock
 from .launch import GangLaunch
 from .statefile import read_json, write_json
@@ -47,7 +47,6 @@ log = logging.getLogger("nodus.agent.gang")
 LAUNCHERS = {common_pb2.LAUNCHER_PLAIN: "Plain", common_pb2.LAUNCHER_TORCHRUN: "Torchrun",
              common_pb2.LAUNCHER_RAY: "Ray", common_pb2.LAUNCHER_VERL: "Verl",
              common_pb2.LAUNCHER_ACCELERATE: "Accelerate", common_pb2.LAUNCHER_DEEPSPEED: "Deepspeed"}
-STEPS = {number: name for name, number in GANG_STEPS.items()}
 PATHS = {"Private": common_pb2.NETWORK_PATH_PRIVATE, "Public": common_pb2.NETWORK_PATH_PUBLIC,
          "Direct": common_pb2.NETWORK_PATH_DIRECT, "Relayed": common_pb2.NETWORK_PATH_RELAYED}
 PROBE_GRACE = 15.0
@@ -60,7 +59,7 @@ def _seconds(d: Any) -> float:
 
 def plan_dict(plan: agent_pb2.GangPlan) -> dict[str, Any]:
     return {"epoch": plan.epoch, "rank": plan.rank, "size": plan.size, "gpus_per_node": plan.gpus_per_node,
-            "launcher": LAUNCHERS.get(plan.launcher, "Plain"), "step": STEPS.get(plan.step, "Assemble"),
+            "launcher": LAUNCHERS.get(plan.launcher, "Plain"), "step": (GangStep.of_proto(plan.step) or GangStep.ASSEMBLE).value,
             "rendezvous_address": plan.rendezvous_address, "rendezvous_port": plan.rendezvous_port,
             "peers": [{"rank": p.rank, "address": p.address, "port": p.port, "probe_port": p.probe_port}
                       for p in plan.peers],
@@ -148,7 +147,8 @@ class Gangs:
     def adopt(self, att: "Attempt") -> None:
         """After an agent restart: reserve the same ports again (unless the member already started)."""
         g = att.gang or {}
-        if not g or g.get("done") == "Start":
+        done = gang_step(g.get("done"))
+        if not g or (done is not None and done.last):
             return
         m = self.members[att.id] = Member()
         try:
@@ -182,7 +182,7 @@ class Gangs:
         g = att.gang
         if not g or g.get("done"):
             return
-        g["done"] = "Assemble"
+        g["done"] = GangStep.ASSEMBLE.value
         self.table.persist()
         self.host.report(att)
         log.info("attempt %s: gang rank %d of epoch %d assembled (%s, port %s, probe port %s)", att.id, g["rank"],
@@ -193,11 +193,12 @@ class Gangs:
         g = att.gang or {}
         plan = g.get("plan") or {}
         m = self.members.get(att.id)
-        if m is None or not g.get("done") or att.stop is not None:
+        done, asked = gang_step(g.get("done")), gang_step(plan.get("step"))
+        if m is None or done is None or att.stop is not None:
             return
-        if plan.get("step") == "Mesh" and g["done"] == "Assemble" and m.task is None:
+        if asked is GangStep.MESH and done is GangStep.ASSEMBLE and m.task is None:
             m.task = asyncio.get_running_loop().create_task(self._mesh(att, m, plan), name=f"probe:{att.id}")
-        elif plan.get("step") == "Start" and g["done"] in ("Assemble", "Mesh") and (m.task is None or m.task.done()):
+        elif asked is GangStep.START and not done.last and (m.task is None or m.task.done()):
             self._start(att, m, plan)
 
     async def _mesh(self, att: "Attempt", m: Member, plan: dict[str, Any]) -> None:
@@ -252,7 +253,7 @@ class Gangs:
                     log.warning("attempt %s: rendezvous port %s could not be reserved again: %s", att.id, g["port"], e)
         self._send_probe(att, result, error or str(result.get("error") or ""))
         if att.live and att.stop is None and att.gang is g:
-            g["done"] = "Mesh"
+            g["done"] = GangStep.MESH.value
             self.table.persist()
             self.host.report(att)
             m.task = None
@@ -294,7 +295,7 @@ class Gangs:
         m.release()  # the program binds the rendezvous port now
         write_json(layout.launch, GangLaunch(steps, rendezvous.endpoint, member.startup_timeout_s).to_json(),
                    mode=0o600)
-        g["done"] = "Start"
+        g["done"] = GangStep.START.value
         self.table.persist()
         self.host.report(att)
         log.info("attempt %s: gang rank %d of epoch %d starts through %s (rendezvous %s)", att.id, g["rank"],
