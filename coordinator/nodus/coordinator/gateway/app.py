@@ -276,11 +276,19 @@ class Gateway:
         # too (it used to slip past and hold a graceful stop until the server's shutdown timeout).
         task = asyncio.current_task()
         if self._closing or task is None:
-            raise web.HTTPServiceUnavailable(text="the coordinator is stopping; watch again")
+            raise NodusError("ServiceUnavailable", "the coordinator is stopping; watch again",
+                             fix="watch again from your last resourceVersion once it is back")
         self._watches.add(task)
         try:
             return await self._stream_watch(request, response, caller, info, project, labels, fields, q, rid,
                                             timeout, as_table)
+        except asyncio.CancelledError:
+            if not self._closing or not response.prepared:
+                raise
+            # Ended by close_watches: finish the chunked stream, so the client sees the watch end (and
+            # re-watches) rather than a broken transfer.
+            task.uncancel()
+            return response
         finally:
             self._watches.discard(task)
 
