@@ -14,11 +14,13 @@ from nodus.coordinator.blobs import BlobStore
 from nodus.coordinator.checkpoints import Retention
 from nodus.coordinator.clock import ManualClock, rfc3339
 from nodus.coordinator.controllers import checkpoints as rules
+from nodus.coordinator.controllers import recovery
 from nodus.coordinator.controllers.attempts import AttemptPhase
 from nodus.coordinator.controllers.cache import Cache, attempt_key, job_key
 from nodus.coordinator.controllers.job import DeleteJob
 from nodus.coordinator.controllers.job_controller import new_attempt
 from nodus.coordinator.controllers.objects import Objects
+from nodus.coordinator.controllers.views import AttemptView, JobView
 from nodus.coordinator.store import SqliteStore
 
 P = AttemptPhase
@@ -48,6 +50,10 @@ def finished_with_checkpoints(**spec: Any) -> tuple[World, str]:
     return w, name
 
 
+def views(w: World) -> list[AttemptView]:
+    return [AttemptView.from_object(a) for a in w.attempts.values()]
+
+
 def drop_released(w: World) -> rules.Release:
     """What the sweep does to the stored objects (the blob deletions aside)."""
     assert w.job is not None
@@ -62,8 +68,8 @@ def drop_released(w: World) -> rules.Release:
 def test_storage_bills_what_is_above_the_free_inclusion() -> None:
     w, _ = finished_with_checkpoints()
     assert w.status["storage"] == {"bytes": 12 * GiB, "billedBytes": 12 * GiB - rules.FREE_STORAGE_BYTES}
-    assert rules.storage_status(3 * GiB) == {"bytes": 3 * GiB, "billedBytes": 0}
-    assert rules.storage_status(0) is None
+    assert recovery.storage_status(3 * GiB) == {"bytes": 3 * GiB, "billedBytes": 0}
+    assert recovery.storage_status(0) is None
 
 
 def test_checkpoints_are_kept_168h_after_the_job_finished_then_released() -> None:
@@ -128,9 +134,11 @@ def test_an_archive_another_checkpoint_still_names_is_kept() -> None:
 
 def test_a_running_job_keeps_its_checkpoints_and_a_gone_one_does_not() -> None:
     job = {"metadata": {"name": "j", "namespace": "default", "uid": "u1"}, "spec": {}, "status": {}}
-    assert not rules.released(job, "u1", 1e12), "no completionTime: never"
-    assert rules.released(None, "u1", 0) and rules.released(job, "u0", 0), "deleted, or recreated under a new uid"
-    assert rules.released({**job, "metadata": {**job["metadata"], "deletionTimestamp": "x"}}, "u1", 0)
+    assert not rules.released(JobView.from_object(job), "u1", 1e12), "no completionTime: never"
+    assert rules.released(None, "u1", 0) and rules.released(JobView.from_object(job), "u0", 0), \
+        "deleted, or recreated under a new uid"
+    assert rules.released(JobView.from_object({**job, "metadata": {**job["metadata"], "deletionTimestamp": "x"}}),
+                          "u1", 0)
 
 
 # -- the sweep against a real store and blob store --------------------------------------------------------
@@ -272,9 +280,9 @@ def test_checkpoints_in_the_customers_bucket_are_owned_not_billed_and_go_by_thei
     prefix = "s3://b/nodus/default/train/0/att/"
     name = running_with(w, [f"{i:x}" * 64 for i in range(1, 11)], uri=prefix)
     w.step()
-    assert rules.storage_status(*rules.storage_bytes(list(w.attempts.values()), None), free=0) == \
+    assert recovery.storage_status(*recovery.storage_bytes(views(w), None), free=0) == \
         {"bytes": 8 * GiB, "billedBytes": 0}
-    assert rules.storage_status(*rules.storage_bytes(list(w.attempts.values()), [{"size": GiB}]), free=0) == \
+    assert recovery.storage_status(*recovery.storage_bytes(views(w), [{"size": GiB}]), free=0) == \
         {"bytes": 9 * GiB, "billedBytes": GiB}, "outputs are held by Nodus"
     due = rules.release(lambda project, job: w.job, list(w.attempts.values()), [w.job], w.clock.now())
     assert due.digests == () and due.trimmed == (("default", name, 2),)

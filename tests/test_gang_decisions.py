@@ -10,7 +10,7 @@ from nodus.coordinator.clock import rfc3339
 from nodus.coordinator.controllers.attempts import fold_gang
 from nodus.coordinator.controllers.gang import (ASSEMBLE, MESH, START, CreateMember, GangConfig, decide_gang, topology,
                                                 weakest)
-from nodus.coordinator.controllers.gang_plan import plan_for
+from nodus.coordinator.controllers.gang_plan import plan, plan_for
 from nodus.coordinator.controllers.job import AttemptView, JobView, StopAttempt
 from nodus.coordinator.scheduler import Amount, NodeView, Request, place_gang
 
@@ -29,6 +29,13 @@ def gang_job(**distributed: Any) -> dict[str, Any]:
 def member(epoch: int, rank: int, phase: str = "Running", node: str | None = None, reason: str = "",
            started: float | None = T0 + 10, done: str = "Start", stop: str = "", finished: float | None = None,
            size: int = 2) -> AttemptView:
+    return AttemptView.from_object(member_obj(epoch, rank, phase, node, reason, started, done, stop, finished, size))
+
+
+def member_obj(epoch: int, rank: int, phase: str = "Running", node: str | None = None, reason: str = "",
+               started: float | None = T0 + 10, done: str = "Start", stop: str = "", finished: float | None = None,
+               size: int = 2) -> dict[str, Any]:
+    """The stored Attempt of one gang member."""
     node = f"n{rank}" if node is None else node
     status: dict[str, Any] = {"phase": phase, "reason": reason}
     if node:
@@ -46,7 +53,7 @@ def member(epoch: int, rank: int, phase: str = "Running", node: str | None = Non
         spec["stop"] = {"reason": stop}
     obj = {"metadata": {"name": f"g-{epoch}-r{rank}", "namespace": "default", "creationTimestamp": rfc3339(T0)},
            "spec": spec, "status": status}
-    return AttemptView.from_object(obj)
+    return obj
 
 
 def creates(decision: Any) -> list[CreateMember]:
@@ -158,18 +165,21 @@ def test_cancel_stops_every_member() -> None:
 
 
 def test_the_plan_moves_assemble_mesh_start_and_names_rank_0s_rendezvous() -> None:
-    job = gang_job()
-    objs = [member(1, 0, done="").obj, member(1, 1, done="").obj]
-    assert plan_for(objs[0], objs, job, GangConfig()).step == ASSEMBLE
-    objs = [member(1, 0, done="Assemble").obj, member(1, 1, done="Assemble").obj]
-    plan = plan_for(objs[1], objs, job, GangConfig())
-    assert plan.step == MESH and (plan.rendezvous_address, plan.rendezvous_port) == ("10.0.0.1", 29500)
-    assert plan.peers == ((0, "10.0.0.1", 29500, 30500), (1, "10.0.0.2", 29501, 30501))
-    assert plan_for(objs[1], objs, job, GangConfig(probe=False)).step == START
-    objs = [member(1, 0, done="Mesh").obj, member(1, 1, done="Assemble").obj]
-    assert plan_for(objs[0], objs, job, GangConfig()).step == MESH  # rank 1 still probes
-    objs = [member(1, 0, done="Mesh").obj, member(1, 1, done="Mesh").obj]
-    assert plan_for(objs[0], objs, job, GangConfig()).step == START
+    job = JobView.from_object(gang_job())
+    views = [member(1, 0, done=""), member(1, 1, done="")]
+    assert plan(views[0], views, job, GangConfig()).step == ASSEMBLE
+    views = [member(1, 0, done="Assemble"), member(1, 1, done="Assemble")]
+    told = plan(views[1], views, job, GangConfig())
+    assert told.step == MESH and (told.rendezvous_address, told.rendezvous_port) == ("10.0.0.1", 29500)
+    assert told.peers == ((0, "10.0.0.1", 29500, 30500), (1, "10.0.0.2", 29501, 30501))
+    assert plan(views[1], views, job, GangConfig(probe=False)).step == START
+    views = [member(1, 0, done="Mesh"), member(1, 1, done="Assemble")]
+    assert plan(views[0], views, job, GangConfig()).step == MESH  # rank 1 still probes
+    objs = [member_obj(1, 0, done="Mesh"), member_obj(1, 1, done="Mesh")]
+    # The stream's entry takes the stored objects and says the same.
+    assert plan_for(objs[0], objs, gang_job(), GangConfig()).step == START
+    assert plan(member(1, 0, done="Mesh"), [member(1, 0, done="Mesh"), member(1, 1, done="Mesh")], job,
+                GangConfig()).step == START
 
 
 def test_a_member_report_only_moves_forward_and_a_new_epoch_replaces_it() -> None:
@@ -240,15 +250,14 @@ def dcp_part(epoch: int, rank: int, seq: int, size: int = 10) -> dict[str, Any]:
                   epoch=epoch, format="Dcp", rank=rank, ranks=2).record()
 
 
-def with_parts(view: AttemptView, *parts: dict[str, Any]) -> dict[str, Any]:
-    obj = {**view.obj, "status": {**view.obj["status"], "checkpoints": list(parts)}}
-    return obj
+def with_parts(obj: dict[str, Any], *parts: dict[str, Any]) -> dict[str, Any]:
+    return {**obj, "status": {**obj["status"], "checkpoints": list(parts)}}
 
 
 def test_a_dcp_checkpoint_counts_only_once_every_rank_stored_its_part() -> None:
     from nodus.coordinator.controllers.checkpoints import complete, latest
-    rank0 = with_parts(member(1, 0), dcp_part(1, 0, 1), dcp_part(1, 0, 2))
-    rank1 = with_parts(member(1, 1), dcp_part(1, 1, 1, size=5))
+    rank0 = with_parts(member_obj(1, 0), dcp_part(1, 0, 1), dcp_part(1, 0, 2))
+    rank1 = with_parts(member_obj(1, 1), dcp_part(1, 1, 1, size=5))
     found = complete([rank0, rank1])
     assert [c["seq"] for c in found] == [1]  # seq 2 lacks rank 1's part
     top = latest([rank0, rank1])
@@ -258,17 +267,17 @@ def test_a_dcp_checkpoint_counts_only_once_every_rank_stored_its_part() -> None:
 
 def test_every_rank_commits_its_own_part_of_a_seq_and_fencing_still_holds() -> None:
     from nodus.coordinator.controllers.checkpoints import Commit, refusal
-    rank0 = with_parts(member(1, 0), dcp_part(1, 0, 1))
-    rank1 = member(1, 1).obj
+    rank0 = with_parts(member_obj(1, 0), dcp_part(1, 0, 1))
+    rank1 = member_obj(1, 1)
 
     def part(rank: int, seq: int, epoch: int = 1) -> Commit:
         return Commit(f"att-{epoch}-{rank}", "u1", seq, f"{rank}{seq}" * 8, 10, "", T0, epoch=epoch, format="Dcp",
                       rank=rank, ranks=2)
     assert refusal(rank1, [rank0, rank1], part(1, 1)) is None  # the other part of seq 1
     assert refusal(rank0, [rank0, rank1], part(0, 1)) == "already committed"
-    done1 = with_parts(member(1, 1), dcp_part(1, 1, 1))
+    done1 = with_parts(member_obj(1, 1), dcp_part(1, 1, 1))
     other = Commit("att-1-1", "u1", 1, "ff" * 32, 10, "", T0, epoch=1, format="Dcp", rank=1, ranks=2)
     assert "not above" in refusal(done1, [rank0, done1], other)  # a different part for a seq it stored
-    newer = member(2, 0).obj
+    newer = member_obj(2, 0)
     assert "superseded" in refusal(rank1, [rank0, rank1, newer], part(1, 2))
     assert "epoch" in refusal(rank1, [rank0, rank1], part(1, 2, epoch=2))

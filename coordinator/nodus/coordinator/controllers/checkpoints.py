@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable, Sequence
 from ..clock import duration, parse, rfc3339, seconds
 from .attempts import AttemptPhase, phase_of
 from .reasons import AttemptReason
-from .views import AttemptView
+from .views import DEFAULT_RETAIN as DEFAULT_RETAIN  # re-exported: the retention default
+from .views import JobView
 
 S3_URI = "s3://"
 
@@ -39,8 +40,6 @@ SUSPEND_TRIES = 3
 """The first try and two retries; after them the Job keeps running with SuspendFailed."""
 DEFAULT_MIN_PROGRESS = 120.0
 """recovery.minProgressDuration's default (2m)."""
-DEFAULT_RETAIN = 168 * 3600.0
-"""recovery.checkpoint.retainAfterFinish's default (168h)."""
 RELEASE_GRACE = 600.0
 """How long a Job past ttlSecondsAfterFinished waits for the retention sweep to delete its checkpoints
 before it is deleted anyway (a sweep runs every minute; past this one is not running, and waiting
@@ -65,17 +64,25 @@ def index_attempts(attempts: Iterable[dict[str, Any]], job_uid: str, index: int)
 
 def committed(attempts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every committed checkpoint of these attempts, by seq."""
-    out = [c for a in attempts for c in _status(a).get("checkpoints") or []]
-    return sorted(out, key=lambda c: int(c.get("seq", 0)))
+    return by_seq(c for a in attempts for c in _status(a).get("checkpoints") or [])
+
+
+def by_seq(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(records, key=lambda c: int(c.get("seq", 0)))
 
 
 def complete(attempts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The committed checkpoints of these stored attempts a restore can use (`complete_records`)."""
+    return complete_records(committed(attempts))
+
+
+def complete_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The committed checkpoints a restore can use, by seq: every Snapshot, and a gang's Dcp checkpoint
     only once every rank stored its part — then as one record whose `parts` are the ranks' records in
     rank order (rank 0's digest and uri on top, the sizes summed)."""
     out: list[dict[str, Any]] = []
     parts: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-    for c in committed(attempts):
+    for c in by_seq(records):
         if c.get("format") == "Dcp" and int(c.get("ranks") or 1) > 1:
             parts.setdefault((int(c.get("epoch") or 0), int(c.get("seq", 0))), {})[int(c.get("rank") or 0)] = c
         else:
@@ -102,9 +109,13 @@ def current_attempt(attempts: Sequence[dict[str, Any]]) -> dict[str, Any] | None
 def next_seq(attempts: Iterable[dict[str, Any]]) -> int:
     """The seq to ask for: above every committed or already requested seq of the index."""
     attempts = list(attempts)
-    top = max((int(c.get("seq", 0)) for c in committed(attempts)), default=0)
-    asked = max((int((_spec(a).get("stop") or {}).get("checkpointSeq") or 0) for a in attempts), default=0)
-    return max(top, asked) + 1
+    asked = (int((_spec(a).get("stop") or {}).get("checkpointSeq") or 0) for a in attempts)
+    return seq_after(committed(attempts), asked)
+
+
+def seq_after(records: Iterable[dict[str, Any]], asked: Iterable[int]) -> int:
+    """The seq above every one of these committed records and every seq already asked for."""
+    return max(max((int(c.get("seq", 0)) for c in records), default=0), max(asked, default=0)) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +208,9 @@ def young_daly(cost: float, mtbi: float) -> float:
     return min(MAX_INTERVAL, max(MIN_INTERVAL, math.sqrt(2.0 * max(cost, 0.0) * max(mtbi, 0.0))))
 
 
-def measured_cost(attempts: Iterable[dict[str, Any]]) -> float | None:
+def measured_cost(records: Iterable[dict[str, Any]]) -> float | None:
     """Mean pause of the newest committed checkpoints (what a checkpoint costs the program)."""
-    pauses = [seconds(c.get("pause")) for c in committed(attempts)[-5:]]
+    pauses = [seconds(c.get("pause")) for c in by_seq(records)[-5:]]
     known = [p for p in pauses if p is not None]
     return sum(known) / len(known) if known else None
 
@@ -228,13 +239,19 @@ def offering_mtbi(attempts: Iterable[dict[str, Any]], offering: str, now: float)
 
 
 def interval(spec: dict[str, Any], attempts: Iterable[dict[str, Any]], mtbi: float | None = None) -> float:
-    """The cadence in use: the spec's duration, or Young–Daly for `auto`."""
-    text = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("interval") or "auto"
-    if text != "auto":
+    """The cadence in use for a stored spec and attempts (`cadence`)."""
+    return cadence(((spec.get("recovery") or {}).get("checkpoint") or {}).get("interval") or "auto",
+                   committed(attempts), mtbi)
+
+
+def cadence(text: str, records: Iterable[dict[str, Any]], mtbi: float | None = None) -> float:
+    """The cadence in use: the spec's duration `text`, or Young–Daly for `auto` from what these committed
+    checkpoints cost and `mtbi`."""
+    if text and text != "auto":
         fixed = seconds(text)
         if fixed is not None:
             return min(MAX_INTERVAL, max(MIN_INTERVAL, fixed))
-    cost = measured_cost(attempts)
+    cost = measured_cost(records)
     return young_daly(DEFAULT_COST if cost is None else cost, mtbi or DEFAULT_MTBI)
 
 
@@ -259,78 +276,27 @@ def continuity(spec: dict[str, Any]) -> str:
     return (spec.get("recovery") or {}).get("continuity") or "Checkpointed"
 
 
-# -- the Job's view ---------------------------------------------------------------------------------
-
-def job_checkpoint_status(spec: dict[str, Any], mine: Sequence[dict[str, Any]],
-                          mtbi: float | None = None) -> dict[str, Any] | None:
-    """status.checkpoint: the latest committed checkpoint, the cadence (for `auto`, on the current
-    attempt's offering: `mtbi`), and what the current attempt restored."""
-    top = latest(mine)
-    current = current_attempt(list(mine))
-    restored = int(_status(current).get("restoredFromSeq") or 0) if current is not None else 0
-    if top is None and not restored:
-        return None
-    out: dict[str, Any] = {}
-    if top is not None:
-        out.update(seq=int(top["seq"]), time=top.get("time"), size=int(top.get("size") or 0))
-    if continuity(spec) == "Checkpointed":
-        out["interval"] = duration(interval(spec, mine, mtbi))
-    if restored:
-        out["restoredFromSeq"] = restored
-    return out
-
+# -- storage and retention -----------------------------------------------------------------------
 
 def in_s3(record: dict[str, Any]) -> bool:
     """Whether a checkpoint lives in the customer's bucket (a Job's S3 Connection), not with Nodus."""
     return str(record.get("uri") or "").startswith(S3_URI)
 
 
-def storage_bytes(mine: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]] | None,
-                  checkpoints: bool = True) -> tuple[int, int]:
-    """(owned, held): checkpoints (unless released: `checkpoints` False) plus outputs, in bytes; `held`
-    leaves out checkpoints in the customer's own bucket, which the customer's provider bills."""
-    records = committed(mine) if checkpoints else []
-    outs = sum(int(o.get("size") or 0) for o in outputs or [])
-    owned = sum(int(c.get("size") or 0) for c in records)
-    held = sum(int(c.get("size") or 0) for c in records if not in_s3(c))
-    return owned + outs, held + outs
-
-
-def storage_status(total: int, held: int | None = None, free: int = FREE_STORAGE_BYTES) -> dict[str, int] | None:
-    """status.storage: the bytes a Job owns and the share of those Nodus holds (`held`, default all)
-    above the free inclusion."""
-    held = total if held is None else held
-    return {"bytes": total, "billedBytes": max(0, held - free)} if total else None
-
-
-# -- retention ----------------------------------------------------------------------------------------
-
-def retain_after_finish(spec: dict[str, Any]) -> float:
-    text = ((spec.get("recovery") or {}).get("checkpoint") or {}).get("retainAfterFinish")
-    found = seconds(text)
-    return DEFAULT_RETAIN if found is None else max(0.0, found)
-
-
-def release_time(job: dict[str, Any]) -> float | None:
-    """When a finished Job's checkpoints go: completionTime plus retainAfterFinish, or its
-    ttlSecondsAfterFinished when that comes first (deleting the Job deletes its checkpoints). None
-    while the Job has not finished."""
-    finished = parse(_status(job).get("completionTime"))
+def release_time(job: JobView, finished: float | None = None) -> float | None:
+    """When a finished Job's checkpoints go: its completion (`finished`, else status.completionTime) plus
+    retainAfterFinish, or its ttlSecondsAfterFinished when that comes first (deleting the Job deletes its
+    checkpoints). None while the Job has not finished."""
+    finished = job.finished if finished is None else finished
     if finished is None:
         return None
-    spec = _spec(job)
-    keep = retain_after_finish(spec)
-    ttl = spec.get("ttlSecondsAfterFinished")
-    if isinstance(ttl, int) and not isinstance(ttl, bool):
-        keep = min(keep, float(ttl))
-    return finished + keep
+    return finished + (job.retain_after_finish if job.ttl is None else min(job.retain_after_finish, float(job.ttl)))
 
 
-def released(job: dict[str, Any] | None, job_uid: str, now: float) -> bool:
+def released(job: JobView | None, job_uid: str, now: float) -> bool:
     """Whether checkpoints taken for Job uid `job_uid` are to be deleted: the Job is gone (deleted,
     being deleted, or recreated under a new uid) or its release time has passed."""
-    if job is None or (job.get("metadata") or {}).get("uid") != job_uid or (job.get("metadata") or {}).get(
-            "deletionTimestamp"):
+    if job is None or job.uid != job_uid or job.deleting:
         return True
     at = release_time(job)
     return at is not None and now >= at
@@ -387,6 +353,7 @@ def release(jobs: Callable[[str, str], dict[str, Any] | None], attempts: Iterabl
     doomed: dict[str, int] = {}
     s3: set[S3Archive] = set()
     kept: list[dict[str, Any]] = []
+    views: dict[tuple[str, str], JobView | None] = {}  # each Job decoded once per sweep
     for a in attempts:
         records = _status(a).get("checkpoints") or []
         superseded = _status(a).get(SUPERSEDED) or []
@@ -394,7 +361,11 @@ def release(jobs: Callable[[str, str], dict[str, Any] | None], attempts: Iterabl
             continue
         meta, spec = a["metadata"], _spec(a)
         project = meta.get("namespace", "")
-        if released(jobs(project, spec.get("job", "")), spec.get("jobUID", ""), now):
+        key = (project, spec.get("job", ""))
+        if key not in views:
+            found = jobs(*key)
+            views[key] = JobView.from_object(found) if found is not None else None
+        if released(views[key], spec.get("jobUID", ""), now):
             going.append((project, meta["name"]))
             gone = [*records, *superseded]
             s3.update(s3_archive(project, c, whole=True) for c in gone if in_s3(c))
@@ -454,46 +425,3 @@ def _without(status: dict[str, Any], fields: tuple[str, ...], keep: Iterable[S3A
         if stay:
             out[field] = stay
     return None if out == status else out
-
-
-def suspend_failed(attempt: AttemptView, generation: int) -> int:
-    """Failed suspend checkpoints recorded on an attempt for this generation of the Job's spec."""
-    failed = attempt.suspend_failed or {}
-    return int(failed.get("tries") or 0) if int(failed.get("generation") or 0) == generation else 0
-
-
-def suspend(spec: dict[str, Any], live: Sequence[AttemptView], mine: Sequence[AttemptView],
-            generation: int) -> tuple[list[Any], int]:
-    """The stops of a customer suspend, and the failures that keep the Job running (0: none).
-
-    `live` and `mine` are the Job controller's AttemptViews. A running attempt of a Checkpointed Job
-    is asked to checkpoint first (StopAttempt.checkpoint_seq: the agent gets a Suspend); one whose
-    suspend checkpoint already failed SUSPEND_TRIES times for this spec generation keeps running."""
-    from .job import StopAttempt  # noqa: PLC0415 - job.py imports this module
-
-    stops: list[Any] = []
-    failed = 0
-    objs = [a.obj for a in mine]
-    for a in live:
-        tries = suspend_failed(a, generation)
-        if tries >= SUSPEND_TRIES:
-            failed = max(failed, tries)
-            continue
-        if a.stop_requested:
-            continue
-        running = a.placed and a.started is not None and a.phase is AttemptPhase.RUNNING
-        seq = 0
-        if running and continuity(spec) == "Checkpointed":
-            seq = next_seq(index_attempts(objs, a.job_uid, a.index))
-        stops.append(StopAttempt(a.name, AttemptReason.SUSPENDED, checkpoint_seq=seq))
-    return stops, failed
-
-
-def made_progress(attempt: AttemptView, min_progress: float) -> bool:
-    """Whether a (Lost) attempt's main command ran at least `min_progress` seconds: such a loss is
-    progress interrupted, not a replacement that failed to get going, and is not counted against
-    recovery.maxAttempts."""
-    if attempt.started is None:
-        return False
-    ended = attempt.finished or attempt.lost_at
-    return ended is not None and ended - attempt.started >= min_progress

@@ -28,17 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..clock import parse, rfc3339, seconds
+from ..clock import parse, rfc3339
 from .attempts import AttemptPhase
 from .gang_phase import GangPhase
 from .checkpoints import FREE_STORAGE_BYTES
 from .job import Action, CreateAttempt, Decision, DeleteAttempt, JobPhase, StopAttempt, collect_orphans, decide
 from .reasons import AttemptReason
+from .views import DEFAULT_ASSEMBLY_RETRIES as DEFAULT_ASSEMBLY_RETRIES  # re-exported with the gang's names
+from .views import DEFAULT_STARTUP_TIMEOUT as DEFAULT_STARTUP_TIMEOUT
 from .views import AttemptView, JobView
+from .views import topology as topology
 
 VIRTUAL_PREFIX = "gang-epoch:"
-DEFAULT_STARTUP_TIMEOUT = 15 * 60.0
-DEFAULT_ASSEMBLY_RETRIES = 2
 ASSEMBLE, MESH, START = "Assemble", "Mesh", "Start"
 STEPS = (ASSEMBLE, MESH, START)
 SERVICE_LAUNCHERS = frozenset({"Ray", "Verl"})
@@ -86,11 +87,6 @@ def rank_of(view: AttemptView) -> int:
     return view.rank
 
 
-def report_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the member's agent reported of its gang steps (status.gang), from a stored Attempt."""
-    return (obj.get("status") or {}).get("gang") or {}
-
-
 def done_step(report: Mapping[str, Any], epoch: int) -> str:
     """The last gang step a member's report (status.gang) says it did in `epoch`; "" for none."""
     return str(report.get("done") or "") if int(report.get("epoch") or 0) == epoch else ""
@@ -99,24 +95,6 @@ def done_step(report: Mapping[str, Any], epoch: int) -> str:
 def runs_command(launcher: str, rank: int) -> bool:
     """Whether this rank's exit is the gang's result (a Ray/Verl worker only serves the head)."""
     return rank == 0 or launcher not in SERVICE_LAUNCHERS
-
-
-def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """status.topology: resolved once (it never changes across epochs)."""
-    if prev:
-        return dict(prev)
-    dist = spec.get("distributed") or {}
-    gpu = (spec.get("resources") or {}).get("gpu") or {}
-    per_node = int(dist.get("gpusPerNode") or gpu.get("count") or (1 if gpu.get("type") else 0))
-    if dist.get("totalGPUs"):
-        nodes, resolved = int(dist["totalGPUs"]) // max(per_node, 1), "TotalGPUs"
-    else:
-        nodes, resolved = int(dist.get("nodes") or 2), "Nodes"
-    out = {"nodes": nodes, "gpusPerNode": per_node, "totalGPUs": nodes * per_node,
-           "network": dist.get("network") or "Regional", "resolvedFrom": resolved}
-    if gpu.get("type"):
-        out["accelerator"] = str(gpu["type"][0])
-    return out
 
 
 # -- one epoch seen as one attempt --------------------------------------------------------------------
@@ -235,14 +213,10 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
         stop = None  # the epoch is stopped once every live member is
     name = f"{VIRTUAL_PREFIX}{epoch}"
     created = _earliest(m.created for m in members)
-    obj = {"metadata": {"name": name, "creationTimestamp": rfc3339(created) if created is not None else None},
-           "spec": {"jobUID": job_uid, "index": 0, "number": epoch, "epoch": epoch, "node": node,
-                    **({"stop": stop} if stop else {})},
-           "status": status}
     return AttemptView(name=name, project=rank0.project, job=rank0.job, job_uid=job_uid, index=0, number=epoch, phase=phase, reason=reason,
                        message=message, exit_code=exit_code, oom_killed=oom, node=node, created=created,
                        provisioned=provisioned, started=started,
-                       stop_requested=bool(live) and all(m.stop_requested for m in live), obj=obj,
+                       stop_requested=bool(live) and all(m.stop_requested for m in live),
                        finished=parse(status.get("finishTime")), lost_at=parse(status.get("lostTime")),
                        placement_explain=explain, progress=rank0.progress, unit_samples_ms=rank0.unit_samples_ms,
                        outputs=tuple(outputs), checkpoints=tuple(checkpoints),
@@ -256,13 +230,10 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
 def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
                 config: GangConfig = GangConfig(), mtbi: float | None = None,
                 free_storage: int = FREE_STORAGE_BYTES) -> Decision:
-    spec, prev, uid = job.spec, job.status, job.uid
-    dist = job.distributed or {}
-    launcher = dist.get("launcher") or "Plain"
-    topo = topology(spec, prev.get("topology"))
+    prev, uid, launcher = job.status, job.uid, job.launcher
+    startup, retries = job.startup_timeout, job.max_assembly_retries
+    topo = dict(job.topology)
     size = int(topo["nodes"])
-    startup = seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT
-    retries = int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES))
 
     mine = [a for a in attempts if a.job_uid == uid]
     actions: list[Action | CreateMember] = list(collect_orphans([a for a in attempts if a.job_uid != uid]))
@@ -302,7 +273,7 @@ def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
         last = epochs[timeouts[-1]]
         stuck = sorted(rank_of(m) for m in last if done_step(m.gang_report, timeouts[-1]) == "")
         verdict = (JobPhase.FAILED, AttemptReason.GANG_ASSEMBLY_TIMEOUT,
-                   f"the gang did not assemble within spec.distributed.startupTimeout {dist.get('startupTimeout') or '15m'} "
+                   f"the gang did not assemble within spec.distributed.startupTimeout {job.startup_timeout_text} "
                    f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
                    f"maxAssemblyRetries {retries}); the last time rank(s) {', '.join(map(str, stuck)) or '?'} never "
                    f"became ready")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from ..clock import seconds
-from .gang import ASSEMBLE, DEFAULT_STARTUP_TIMEOUT, MESH, START, GangConfig, done_step, report_of, topology
+from .gang import ASSEMBLE, DEFAULT_STARTUP_TIMEOUT, MESH, START, GangConfig, done_step
+from .views import AttemptView, JobView
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,34 +28,34 @@ class Plan:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
 
 
-def plan_for(attempt: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], job: Mapping[str, Any],
-             config: GangConfig) -> Plan | None:
+def plan(attempt: AttemptView, siblings: Sequence[AttemptView], job: JobView, config: GangConfig) -> Plan | None:
     """The step `attempt` (a gang member) should take now, from what its epoch's members reported."""
-    gang = (attempt.get("spec") or {}).get("gang") or {}
-    if not gang:
+    if not attempt.in_gang:
         return None
-    epoch, rank = int(gang.get("epoch") or 0), int(gang.get("rank") or 0)
-    spec = job.get("spec") or {}
-    topo = topology(spec, (job.get("status") or {}).get("topology"))
-    size = int(gang.get("size") or topo["nodes"])
-    dist = spec.get("distributed") or {}
-    same = [s for s in siblings if int(((s.get("spec") or {}).get("gang") or {}).get("epoch") or 0) == epoch
-            and (s.get("spec") or {}).get("jobUID") == (attempt.get("spec") or {}).get("jobUID")]
-    by_rank = {int(((s.get("spec") or {}).get("gang") or {}).get("rank") or 0): s for s in same}
-    base = Plan(attempt_id=(attempt.get("spec") or {}).get("id", ""), gang_id=f"{(job.get('metadata') or {}).get('uid', '')}",
-                epoch=epoch, rank=rank, size=size, gpus_per_node=int(topo.get("gpusPerNode") or 0),
-                launcher=dist.get("launcher") or "Plain", step=ASSEMBLE,
-                startup_timeout=seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT)
+    epoch, rank = attempt.epoch, attempt.rank
+    size = attempt.gang_size or int(job.topology.get("nodes") or 0)
+    by_rank = {s.rank: s for s in siblings if s.epoch == epoch and s.job_uid == attempt.job_uid}
+    base = Plan(attempt_id=attempt.id, gang_id=job.uid, epoch=epoch, rank=rank, size=size,
+                gpus_per_node=int(job.topology.get("gpusPerNode") or 0), launcher=job.launcher, step=ASSEMBLE,
+                startup_timeout=job.startup_timeout)
     if len(by_rank) < size:
         return base
-    steps = [done_step(report_of(by_rank[r]), epoch) for r in range(size)]
+    steps = [done_step(by_rank[r].gang_report, epoch) for r in range(size)]
     if any(s == "" for s in steps):
         return base
     peers = []
     for r in range(size):
-        report = report_of(by_rank[r])
+        report = by_rank[r].gang_report
         peers.append((r, str(report.get("address") or ""), int(report.get("port") or 0),
                       int(report.get("probePort") or 0)))
     rank0 = peers[0]
     step = MESH if config.probe and any(s == ASSEMBLE for s in steps) else START
     return replace(base, step=step, rendezvous_address=rank0[1], rendezvous_port=rank0[2], peers=tuple(peers))
+
+
+def plan_for(attempt: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], job: Mapping[str, Any],
+             config: GangConfig) -> Plan | None:
+    """`plan` for callers that hold stored objects (the agent stream's assignment path): decoded here,
+    once per call, until they read the cache's views."""
+    return plan(AttemptView.from_object(attempt), [AttemptView.from_object(s) for s in siblings],
+                JobView.from_object(job), config)

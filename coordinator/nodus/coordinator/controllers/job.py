@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 from ..clock import duration, parse, rfc3339, seconds
 from ..errors import REGISTRY
 from . import checkpoints as ckpt
+from . import recovery
 from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .reasons import AttemptReason
@@ -169,7 +170,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     unless it is cancelled or done anyway. `mtbi` is the measured mean time between interruptions
     of the offering the Job runs on (None: the default), for an `auto` checkpoint cadence.
     `free_storage` is the operator's free inclusion of status.storage."""
-    spec, prev = job.spec, job.status
+    prev = job.status
     mine = [a for a in attempts if a.job_uid == job.uid]
     actions: list[Action] = list(collect_orphans([a for a in attempts if a.job_uid != job.uid]))
     completions, parallelism, backoff_limit = job.completions, job.parallelism, job.backoff_limit
@@ -183,7 +184,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     min_progress = job.min_progress or ckpt.DEFAULT_MIN_PROGRESS
     fail_on_loss = job.fail_on_interruption  # then every loss counts (and fails the Job)
     losses = Counter(a.index for a in mine if a.phase is AttemptPhase.LOST
-                     and (fail_on_loss or not ckpt.made_progress(a, min_progress)))
+                     and (fail_on_loss or not recovery.made_progress(a, min_progress)))
 
     status = dict(prev)
     conditions = list(prev.get("conditions") or [])
@@ -237,11 +238,11 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
                 actions.append(DeleteJob())
             else:
                 wake.append(finished + ttl + (ckpt.RELEASE_GRACE if held and now >= finished + ttl else 0.0))
-        retain_until = finished + ckpt.retain_after_finish(spec)
+        retain_until = finished + job.retain_after_finish
         if held and retain_until > now:
             wake.append(retain_until)  # status.checkpoint and status.storage drop the checkpoints then
     elif state is JobState.SUSPENDED:
-        stops, failed = ckpt.suspend(spec, live, mine, generation)
+        stops, failed = recovery.suspend(job, live, mine)
         actions.extend(stops)
         stopping.update(a.name for a in live if not a.placed and not a.stop_requested)
         if failed:
@@ -310,11 +311,12 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     put(status, "progress", progress_of(mine))
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress")))
     put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
-    objs = [a.obj for a in mine]
-    released = phase.terminal and ckpt.released({**job.obj, "status": status}, job.uid, now)
-    put(status, "checkpoint", None if released else ckpt.job_checkpoint_status(spec, objs, mtbi))
-    put(status, "storage", ckpt.storage_status(*ckpt.storage_bytes(objs, status.get("outputs"), not released),
-                                                free=free_storage))
+    # A finished Job's checkpoints drop out of its status once retention releases them.
+    release_at = ckpt.release_time(job, parse(status.get("completionTime")))
+    released = phase.terminal and (job.deleting or (release_at is not None and now >= release_at))
+    put(status, "checkpoint", None if released else recovery.job_checkpoint_status(job, mine, mtbi))
+    put(status, "storage", recovery.storage_status(*recovery.storage_bytes(mine, status.get("outputs"), not released),
+                                                    free=free_storage))
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number)) if a.inputs_ready_time]
     if ready:
         status["inputsReadyTime"] = ready[-1].inputs_ready_time

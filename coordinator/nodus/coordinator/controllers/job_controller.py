@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
 from ..clock import Clock, rfc3339
@@ -18,7 +18,7 @@ from ..errors import NodusError
 from .attempt_machine import Created, Refusal, StoppedUnplaced, phase_of, transition
 from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
-from .gang import CreateMember, GangConfig, decide_gang, topology
+from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
 from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide
 from .objects import Objects, new_uid
@@ -61,10 +61,9 @@ def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dic
     return obj
 
 
-def gang_env(spec: dict[str, Any], member: CreateMember) -> dict[str, str]:
-    """The gang variables a member knows from its creation (its init command sees them); rendezvous
-    variables come with the start (launchers/contract.py)."""
-    topo = topology(spec)
+def gang_env(topo: Mapping[str, Any], member: CreateMember) -> dict[str, str]:
+    """The gang variables a member knows from its creation (its init command sees them), from the Job's
+    resolved topology; rendezvous variables come with the start (launchers/contract.py)."""
     per_node = int(topo.get("gpusPerNode") or 0)
     return {"NODUS_RANK": str(member.rank), "NODUS_NODES": str(member.size), "NODUS_GPUS_PER_NODE": str(per_node),
             "NODUS_WORLD_SIZE": str(member.size * max(per_node, 1)), "NODUS_GANG_EPOCH": str(member.epoch)}
@@ -182,7 +181,8 @@ class JobController:
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
         view = self.cache.job_view(project, name)
-        job = view.obj if view is not None else None
+        # The stored Job too: new attempts copy its spec, and the status write is compared on its version.
+        job = self.cache.job(project, name)
         attempts = self.cache.attempt_views_of(project, name)
         now = self.clock.now()
         if job is None or view is None or view.deleting:
@@ -193,7 +193,7 @@ class JobController:
             decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage)
         else:
             decision = decide(view, attempts, now, mtbi=mtbi, free_storage=self.free_storage)
-        await self._execute(job, project, decision.actions, now)
+        await self._execute(job, project, decision.actions, now, view.topology)
         if decision.status is not None:
             written = await self._write_status(job, project, decision.status)
             if not written:
@@ -211,10 +211,12 @@ class JobController:
         if job.checkpoint_interval != "auto":
             return None
         placed = [a for a in attempts if a.job_uid == job.uid and a.offering]
-        return self.interruptions.of(max(placed, key=lambda a: a.number).obj) if placed else None
+        return self.interruptions.of_offering(max(placed, key=lambda a: a.number).offering) if placed else None
 
     async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action | CreateMember, ...],
-                       now: float) -> None:
+                       now: float, topo: Mapping[str, Any] | None = None) -> None:
+        """Performs the actions; `job` is the stored Job new attempts are made from, `topo` the gang's
+        resolved topology (the view's) its members' variables come from."""
         creates = []
         for action in actions:
             if isinstance(action, StopAttempt):
@@ -227,7 +229,7 @@ class JobController:
                 creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
             elif isinstance(action, CreateMember) and job is not None:
                 obj = new_member(job, action, now)
-                obj["spec"]["env"] = gang_env(job.get("spec") or {}, action)
+                obj["spec"]["env"] = gang_env(topo or {}, action)
                 creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
         if creates:
             await asyncio.gather(*creates)  # one group commit for a wave of new attempts

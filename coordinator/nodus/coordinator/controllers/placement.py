@@ -36,8 +36,8 @@ def _holding(obj: dict[str, Any] | None) -> bool:
     return obj is not None and bool((obj.get("spec") or {}).get("node")) and not phase_of(obj).terminal
 
 
-def _request(obj: dict[str, Any]) -> Request:
-    return Request.of(obj["spec"].get("resources"), obj["spec"].get("image"), obj["spec"].get("placement"))
+def _request(attempt: AttemptView) -> Request:
+    return Request.of(attempt.resources, attempt.image or None, attempt.constraints)
 
 
 def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
@@ -133,7 +133,7 @@ class PlacementController:
             if a.in_gang:
                 gangs.setdefault((a.project, a.job_uid, a.epoch), []).append((key, a))
             else:
-                singles.append((key, _request(a.obj)))
+                singles.append((key, _request(a)))
         # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
         # would starve behind a stream of single attempts otherwise.
         for (project, uid, _epoch), members in gangs.items():
@@ -142,7 +142,7 @@ class PlacementController:
                 continue  # the rest of the epoch is being created: place it whole
             job = cache.job_view(project, members[0][1].job)
             network = job.network if job is not None else "Regional"
-            requests = [(key, _request(a.obj)) for key, a in members]
+            requests = [(key, _request(a)) for key, a in members]
             placed = place_gang(requests, nodes, held, network)
             decisions.update(placed)
             for key, request in requests:

@@ -2,12 +2,14 @@
 
 A stored object is a nested dict whose fields may be absent; `from_object` is the one place that
 digs into it and applies the defaults, so a decision reads typed fields and never `(x.get("spec")
-or {})`. Views are for reading: writers still patch the stored dicts (status, spec.stop).
+or {})`. Views are for reading: writers patch the stored objects, which they are handed as such
+(the Job controller's status write and new attempts, the stream's folds), never through a view.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..clock import parse, seconds
@@ -17,6 +19,16 @@ from .attempt_machine import AttemptPhase
 def _dict(value: object) -> dict[str, Any]:
     """A nested object, or an empty one when it is absent or not an object."""
     return value if isinstance(value, dict) else {}
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+DEFAULT_STARTUP_TIMEOUT = 15 * 60.0
+"""spec.distributed.startupTimeout's default (15m)."""
+DEFAULT_ASSEMBLY_RETRIES = 2
+"""spec.distributed.maxAssemblyRetries' default."""
+DEFAULT_RETAIN = 168 * 3600.0
+"""recovery.checkpoint.retainAfterFinish's default (168h)."""
 
 
 def _dicts(value: object) -> tuple[dict[str, Any], ...]:
@@ -64,8 +76,6 @@ class AttemptView:
     provisioned: float | None
     started: float | None
     stop_requested: bool
-    obj: dict[str, Any]
-    """The stored object, for the readers not yet moved onto typed fields (checkpoints, gang steps)."""
     finished: float | None
     """status.finishTime: when the attempt reached a terminal phase."""
     lost_at: float | None
@@ -103,13 +113,24 @@ class AttemptView:
     """status.suspendFailed: the failed suspend checkpoints (tries, generation)."""
     restored_from_seq: int
     """status.restoredFromSeq: the checkpoint it started from (0: none)."""
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    """spec.resources: what it asks of a node (the scheduler's Request reads it)."""
+    image: str = ""
+    """spec.image: an OCI image ("" runs a process)."""
+    constraints: Mapping[str, Any] = field(default_factory=dict)
+    """spec.placement: where it may run (regions, offerings) and the node a gang rank prefers or avoids."""
 
     @property
     def placed(self) -> bool:
         return bool(self.node)
 
+    @property
+    def checkpoint_seq_asked(self) -> int:
+        """spec.stop.checkpointSeq: the seq of the suspend checkpoint asked for (0: none)."""
+        return int((self.stop or {}).get("checkpointSeq") or 0)
+
     @classmethod
-    def from_object(cls, obj: dict[str, Any]) -> AttemptView:
+    def from_object(cls, obj: Mapping[str, Any]) -> AttemptView:
         meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
         progress, gang = status.get("progress"), _dict(spec.get("gang"))
         return cls(name=meta["name"], project=meta.get("namespace", ""), job=spec.get("job", ""),
@@ -119,7 +140,7 @@ class AttemptView:
                    exit_code=status.get("exitCode"), oom_killed=bool(status.get("oomKilled")),
                    node=spec.get("node", ""), created=parse(meta.get("creationTimestamp")),
                    provisioned=parse(status.get("provisioningTime")), started=parse(status.get("startTime")),
-                   stop_requested=bool(spec.get("stop")), obj=obj,
+                   stop_requested=bool(spec.get("stop")),
                    finished=parse(status.get("finishTime")), lost_at=parse(status.get("lostTime")),
                    placement_explain=_dict(status.get("placement")).get("explain") or "",
                    progress=progress if isinstance(progress, dict) and progress else None,
@@ -131,7 +152,9 @@ class AttemptView:
                    in_gang=bool(gang), gang_size=int(gang.get("size") or 0),
                    gang_report=_dict(status.get("gang")), stop=_dict(spec.get("stop")) or None,
                    suspend_failed=_dict(status.get("suspendFailed")) or None,
-                   restored_from_seq=int(status.get("restoredFromSeq") or 0))
+                   restored_from_seq=int(status.get("restoredFromSeq") or 0),
+                   resources=_dict(spec.get("resources")), image=spec.get("image") or "",
+                   constraints=_dict(spec.get("placement")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,36 +188,73 @@ class JobView:
     """spec.recovery.checkpoint.interval, a duration or "auto" (from the offering's measured MTBI)."""
     checkpoint_format: str
     """spec.recovery.checkpoint.format: Dcp (every rank writes its part) or Snapshot."""
-    distributed: Mapping[str, Any] | None
-    """spec.distributed: present only for a gang Job."""
+    gang: bool
+    """spec.distributed is set: a gang Job, its one index run by `topology["nodes"]` members."""
     network: str
     """spec.distributed.network: how close a gang's nodes must be (Regional by default)."""
-    spec: dict[str, Any]
-    """The stored spec, for the checkpoint helpers that still read it whole."""
-    status: dict[str, Any]
-    """The stored status: the decision starts from it and writes the next one."""
-    obj: dict[str, Any]
-
-    @property
-    def gang(self) -> bool:
-        return self.distributed is not None
+    launcher: str
+    """spec.distributed.launcher: Plain (the default), Torchrun, Ray …"""
+    startup_timeout: float
+    """spec.distributed.startupTimeout in seconds: how long a placed gang may take to assemble (15m)."""
+    startup_timeout_text: str
+    """spec.distributed.startupTimeout as written, for messages ("15m" when unset)."""
+    max_assembly_retries: int
+    """spec.distributed.maxAssemblyRetries: re-placements after an assembly timeout (2)."""
+    topology: Mapping[str, Any]
+    """status.topology once resolved, else resolved from the spec now (`topology`); empty outside a gang."""
+    continuity: str
+    """spec.recovery.continuity: Checkpointed (the default) or Restart."""
+    retain_after_finish: float
+    """spec.recovery.checkpoint.retainAfterFinish in seconds (168h): how long checkpoints outlive the finish."""
+    finished: float | None
+    """status.completionTime: when the Job reached a terminal phase."""
+    status: Mapping[str, Any]
+    """The stored status, as the base the decision writes the next one over (it owns the Job's status and
+    keeps every field it does not compute); the decisions read it only for what they wrote before."""
 
     @classmethod
-    def from_object(cls, obj: dict[str, Any]) -> JobView:
-        meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+    def from_object(cls, obj: Mapping[str, Any]) -> JobView:
+        meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
         recovery, checkpoint = _dict(spec.get("recovery")), _dict(_dict(spec.get("recovery")).get("checkpoint"))
-        ttl, distributed = spec.get("ttlSecondsAfterFinished"), spec.get("distributed")
+        ttl, dist = spec.get("ttlSecondsAfterFinished"), spec.get("distributed")
+        gang, retain = isinstance(dist, dict), seconds(checkpoint.get("retainAfterFinish"))
+        dist = _dict(dist)
         return cls(name=meta.get("name", ""), project=meta.get("namespace", ""), uid=meta.get("uid", ""),
                    generation=int(meta.get("generation") or 1), deleting=bool(meta.get("deletionTimestamp")),
                    completions=int(spec.get("completions") or 1), parallelism=int(spec.get("parallelism") or 1),
                    backoff_limit=int(spec.get("backoffLimit", 6)), max_attempts=int(recovery.get("maxAttempts") or 3),
                    min_progress=seconds(recovery.get("minProgressDuration")),
                    fail_on_interruption=recovery.get("onInterruption") == "Fail",
-                   timeout=seconds(spec.get("timeout")), ttl=ttl if isinstance(ttl, int) else None,
+                   timeout=seconds(spec.get("timeout")),
+                   ttl=ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
                    state=JobState.parse(spec.get("state")),
                    queue_timeout=seconds(_dict(spec.get("placement")).get("queueTimeout")),
                    checkpoint_interval=checkpoint.get("interval", "auto"),
                    checkpoint_format=checkpoint.get("format", ""),
-                   distributed=distributed if isinstance(distributed, dict) else None,
-                   network=_dict(distributed).get("network") or "Regional",
-                   spec=spec, status=_dict(obj.get("status")), obj=obj)
+                   gang=gang, network=dist.get("network") or "Regional", launcher=dist.get("launcher") or "Plain",
+                   startup_timeout=seconds(dist.get("startupTimeout")) or DEFAULT_STARTUP_TIMEOUT,
+                   startup_timeout_text=str(dist.get("startupTimeout") or "15m"),
+                   max_assembly_retries=int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES)),
+                   topology=topology(spec, _dict(status.get("topology"))) if gang else _EMPTY,
+                   continuity=recovery.get("continuity") or "Checkpointed",
+                   retain_after_finish=DEFAULT_RETAIN if retain is None else max(0.0, retain),
+                   finished=parse(status.get("completionTime")), status=status)
+
+
+def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """status.topology: resolved once from spec.distributed and spec.resources.gpu (it never changes
+    across epochs, so a resolved `prev` is kept as it is)."""
+    if prev:
+        return dict(prev)
+    dist = spec.get("distributed") or {}
+    gpu = (spec.get("resources") or {}).get("gpu") or {}
+    per_node = int(dist.get("gpusPerNode") or gpu.get("count") or (1 if gpu.get("type") else 0))
+    if dist.get("totalGPUs"):
+        nodes, resolved = int(dist["totalGPUs"]) // max(per_node, 1), "TotalGPUs"
+    else:
+        nodes, resolved = int(dist.get("nodes") or 2), "Nodes"
+    out = {"nodes": nodes, "gpusPerNode": per_node, "totalGPUs": nodes * per_node,
+           "network": dist.get("network") or "Regional", "resolvedFrom": resolved}
+    if gpu.get("type"):
+        out["accelerator"] = str(gpu["type"][0])
+    return out
