@@ -26,7 +26,7 @@ from . import grpc_api
 from .api import units
 from .blobs import BlobStore
 from .clock import OffsetClock, SystemClock
-from .api.job import set_gang_max_nodes
+from .api.limits import AdmissionLimits
 from .controllers.gang import GangConfig
 from .plane import ControlPlane
 from .gateway import downloads
@@ -145,7 +145,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     store = await SqliteStore.open(data_dir / "store.db")
     identity = Identity(store)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
-    service = ResourceService(store, identity, vault)
+    service = ResourceService(store, identity, vault, limits=_admission_limits(args))
     lease, heartbeat = _lease_settings(args)
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
     blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
@@ -223,11 +223,15 @@ def _gang_settings(args: argparse.Namespace) -> GangConfig:
         raise SystemExit(f"--gang-probe-bytes must be between 8 and 1Gi (got {args.gang_probe_bytes})")
     if not 1 <= budget <= 30:
         raise SystemExit(f"--gang-probe-budget must be between 1s and 30s (got {args.gang_probe_budget})")
+    return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
+
+
+def _admission_limits(args: argparse.Namespace) -> AdmissionLimits:
+    """--gang-max-nodes as the limits every admission of this coordinator applies."""
     try:
-        set_gang_max_nodes(int(args.gang_max_nodes))
+        return AdmissionLimits(gang_max_nodes=int(args.gang_max_nodes))
     except ValueError as e:
         raise SystemExit(f"--gang-max-nodes: {e}") from None
-    return GangConfig(probe=args.gang_probe != "off", probe_max_bytes=size, probe_budget_seconds=budget)
 
 
 def _storage_settings(args: argparse.Namespace) -> tuple[int, float]:

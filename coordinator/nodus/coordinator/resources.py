@@ -19,6 +19,7 @@ import orjson
 
 from .api.admission import admit_create, admit_status, admit_update
 from .api.kinds import KindInfo, resolve
+from .api.limits import BETA, AdmissionLimits
 from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .selectors import FieldSelector, LabelSelector
@@ -120,7 +121,8 @@ class _Lookup:
 
 class ResourceService:
     def __init__(self, store: Store, identity: Identity, vault: Vault,
-                 now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0) -> None:
+                 now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0,
+                 limits: AdmissionLimits = BETA) -> None:
         self.store = store
         self.identity = identity
         self.vault = vault
@@ -128,6 +130,8 @@ class ResourceService:
         self._now = now
         self._lookup = _Lookup(self)
         self.bookmark_seconds = bookmark_seconds
+        self.limits = limits
+        """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""
 
     def _strategy(self, info: KindInfo) -> KindStrategy:
         return self._strategies.get(info.kind, _DEFAULT)
@@ -266,7 +270,8 @@ class ResourceService:
         obj = self._check_body(info, project, obj)
         await self.identity.require_project(project)
         obj.pop("status", None)
-        admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation)
+        admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation,
+                                      limits=self.limits)
         new = admitted.object
         meta = new.setdefault("metadata", {})
         if not meta.get("name"):
@@ -402,7 +407,7 @@ class ResourceService:
             new.pop("status", None)
             old_for_admission = copy.deepcopy(old)
             admitted = await admit_update(info, old_for_admission, new, self._lookup, project=project,
-                                          field_validation=field_validation)
+                                          field_validation=field_validation, limits=self.limits)
             result = admitted.object
             warnings = admitted.warnings
             meta = result.setdefault("metadata", {})

@@ -19,6 +19,7 @@ from .attempt import ATTEMPT
 from .connection import CONNECTION
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
 from .kinds import KindInfo
+from .limits import BETA, AdmissionLimits
 from .schema import FIELD_VALIDATION, Any_, Bool, Decoding, KindSchema, List, Map, Node, Obj, Str, decode, get, join
 from .secret import SECRET
 from .sweep import SWEEP
@@ -26,7 +27,7 @@ from .trainingjob import TRAINING_JOB
 from .trainingruntime import TRAINING_RUNTIME
 from .volume import VOLUME
 
-__all__ = ["Lookup", "Admitted", "admit_create", "admit_update", "admit_status", "schema_for"]
+__all__ = ["Lookup", "Admitted", "AdmissionLimits", "admit_create", "admit_update", "admit_status", "schema_for"]
 
 
 class Lookup(Protocol):
@@ -162,10 +163,10 @@ class _Pass:
     body: dict[str, Any]
 
 
-def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: str | None,
+def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: str | None, limits: AdmissionLimits,
                    old_body: dict[str, Any] | None = None) -> _Pass:
     ks = schema_for(info)
-    ctx = Decoding(mode=mode)
+    ctx = Decoding(mode=mode, limits=limits)
     for key, want in (("apiVersion", info.api_version), ("kind", info.kind)):
         value = obj.get(key)
         if value is None or value == "":
@@ -192,7 +193,7 @@ def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: s
     if old_body is not None and ks.inherit is not None:
         ks.inherit(old_body, body)
     ctx.causes[:0] = fold_causes
-    _add_unique(ctx.causes, ks.rules(body))
+    _add_unique(ctx.causes, ks.rules(body, limits))
     return _Pass(ctx, metadata, body)
 
 
@@ -230,12 +231,13 @@ def _body_of(obj: dict[str, Any]) -> dict[str, Any]:
 # -- entry points ------------------------------------------------------------------------------------
 
 async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, project: str,
-                       field_validation: str = "Strict") -> Admitted:
-    """Decode, fold, default and validate a new object; look up what it references; pin secrets."""
+                       field_validation: str = "Strict", limits: AdmissionLimits = BETA) -> Admitted:
+    """Decode, fold, default and validate a new object under the operator's `limits`; look up what it
+    references; pin secrets."""
     mode = _mode(field_validation)
     obj = _as_object(obj)
     ks = schema_for(info)
-    p = _decode_object(info, obj, mode, project=project)
+    p = _decode_object(info, obj, mode, project=project, limits=limits)
     if ks.create_rules is not None:
         _add_unique(p.ctx.causes, ks.create_rules(p.body))
     status = copy.deepcopy(obj.get("status"))  # passed through: the resource service decides
@@ -252,8 +254,8 @@ async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, p
 
 
 async def admit_update(info: KindInfo, old: dict[str, Any], new: dict[str, Any], lookup: Lookup, *, project: str,
-                       field_validation: str = "Strict") -> Admitted:
-    """Validate `new` as on create, then the update rules against `old` (the stored object).
+                       field_validation: str = "Strict", limits: AdmissionLimits = BETA) -> Admitted:
+    """Validate `new` as on create (under `limits`), then the update rules against `old` (the stored object).
 
     References are not looked up again: every field that references another object is immutable
     on the kinds that have them, and pins (status.secretVersions) are carried over from `old`.
@@ -263,7 +265,7 @@ async def admit_update(info: KindInfo, old: dict[str, Any], new: dict[str, Any],
     old = _as_object(old)
     ks = schema_for(info)
     old_body = _body_of(old)
-    p = _decode_object(info, new, mode, project=project, old_body=old_body)
+    p = _decode_object(info, new, mode, project=project, limits=limits, old_body=old_body)
     _add_unique(p.ctx.causes, _immutable(ks.body, old_body, p.body, "", ks.mutable))
     for path in ks.raise_only:
         _add_unique(p.ctx.causes, _raise_only(path, get(old_body, path), get(p.body, path)))

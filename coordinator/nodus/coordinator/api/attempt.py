@@ -19,6 +19,7 @@ from typing import Any
 from nodus.v1 import common_pb2
 
 from ..errors import Cause
+from .limits import AdmissionLimits
 from .schema import Bool, Int, KindSchema, List, Map, Obj, Str
 
 JOB_LABEL = "nodus.dev/job"
@@ -182,7 +183,7 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
 })
 
 
-def _no_rules(body: dict[str, Any]) -> list[Cause]:
+def _no_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     return []
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from .. import errors
 from ..errors import Cause
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE
+from .limits import AdmissionLimits
 from .schema import KindSchema, Obj, Str
 
 TYPES = ("S3",)
@@ -123,7 +124,7 @@ CONNECTION_STATUS = Obj(description="ConnectionStatus is empty: a Connection is 
                                     "attempt that uses it fails with the reason).")
 
 
-def rules(body: dict[str, Any]) -> list[Cause]:
+def rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     spec = body.get("spec")
     if not isinstance(spec, dict):
         return [errors.required("spec")] if "spec" not in body else []

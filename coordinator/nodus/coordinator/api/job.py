@@ -16,6 +16,7 @@ from .schema import (Bool, Int, KindSchema, List, Obj, Str, duration, get, money
                      quantity, strings)
 from .job_folding import complete_spec, fold_gpu, fold_resources, fold_spec
 from .job_status import JOB_STATUS
+from .limits import AdmissionLimits
 from .references import not_found, resolve_references, resolve_secrets, resolve_volumes, secret_version
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -26,16 +27,6 @@ SYSTEM_PATHS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "
                 "/run", "/var/run", "/nodus")
 """Mount points a Volume may not cover: the root, the OS, and Nodus's own /nodus tree."""
 GPU_COUNTS = (1, 2, 4, 8)
-BETA_MAX_NODES = 8
-"""The beta's cap on a gang's nodes; operators change it with `nodus-coordinator --gang-max-nodes`."""
-
-
-def set_gang_max_nodes(nodes: int) -> None:
-    """The operator's cap on gang size (2–16), for every admission from now on."""
-    global BETA_MAX_NODES
-    if not 2 <= nodes <= 16:
-        raise ValueError(f"the gang size cap must be between 2 and 16, got {nodes}")
-    BETA_MAX_NODES = nodes
 STATES = ("Running", "Suspended", "Cancelled")
 """`Cancelled` is the "cancel state" of the spec pages: it stops the object for good."""
 
@@ -48,9 +39,10 @@ def _absolute_each(values: list[str], path: str) -> list[Cause]:
     return [c for i, v in enumerate(values) for c in _absolute(v, f"{path}[{i}]")]
 
 
-def _beta_nodes(value: int, path: str) -> list[Cause]:
-    if BETA_MAX_NODES < value <= 16:
-        return [errors.invalid_value(path, value, f"must be at most {BETA_MAX_NODES} during the beta")]
+def _beta_nodes(value: int, path: str, limits: AdmissionLimits) -> list[Cause]:
+    # Above 16 the field's own range reports it; between the cap and 16 it is the operator's cap.
+    if limits.gang_max_nodes < value <= 16:
+        return [errors.invalid_value(path, value, f"must be at most {limits.gang_max_nodes} during the beta")]
     return []
 
 
@@ -146,7 +138,7 @@ DISTRIBUTED = Obj(
         "network": Str(description="Network is Colocated (one provider and region), Regional (one region class) or Global.",
                        enum=("Colocated", "Regional", "Global"), default="Regional"),
         "nodes": Int(description="Nodes is the gang size (2–16; the beta caps it at 8). Exactly one of nodes and totalGPUs.",
-                     minimum=2, maximum=16, checks=(_beta_nodes,)),
+                     minimum=2, maximum=16, limit_checks=(_beta_nodes,)),
         "startupTimeout": duration("StartupTimeout is the gang assembly budget (5m–60m, default 15m).",
                                    minimum="5m", maximum="60m", default="15m0s"),
         "totalGPUs": Int(description="TotalGPUs is resolved into status.topology at admission (2–64).",
@@ -389,7 +381,7 @@ JOB_SPEC = Obj(
 
 # -- cross-field rules -------------------------------------------------------------------------------
 
-def distributed_rules(spec: dict[str, Any], at: str) -> list[Cause]:
+def distributed_rules(spec: dict[str, Any], at: str, limits: AdmissionLimits) -> list[Cause]:
     dist = spec.get("distributed")
     if not isinstance(dist, dict):
         return []
@@ -415,14 +407,15 @@ def distributed_rules(spec: dict[str, Any], at: str) -> list[Cause]:
         if total % per:
             causes.append(errors.invalid_value(f"{at}.distributed.totalGPUs", total,
                                                f"must be a multiple of the GPUs per node ({per})"))
-        elif total // per > BETA_MAX_NODES:
+        elif total // per > limits.gang_max_nodes:
             causes.append(errors.invalid_value(
                 f"{at}.distributed.totalGPUs", total,
-                f"resolves to {total // per} nodes of {per} GPUs; at most {BETA_MAX_NODES} nodes during the beta"))
+                f"resolves to {total // per} nodes of {per} GPUs; at most {limits.gang_max_nodes} nodes during "
+                "the beta"))
     return causes
 
 
-def spec_rules(spec: dict[str, Any], at: str = "spec") -> list[Cause]:
+def spec_rules(spec: dict[str, Any], limits: AdmissionLimits, at: str = "spec") -> list[Cause]:
     """The Job spec's cross-field rules; `at` is where the spec sits (Sweep: spec.template.spec)."""
     causes: list[Cause] = []
     if not spec.get("command") and not spec.get("image"):
@@ -434,13 +427,13 @@ def spec_rules(spec: dict[str, Any], at: str = "spec") -> list[Cause]:
     egress = get(spec, "network.egress") or {}
     if egress.get("allow") and egress.get("policy") != "AllowList":
         causes.append(errors.forbidden(f"{at}.network.egress.allow", "allowed only with policy AllowList"))
-    causes += distributed_rules(spec, at)
+    causes += distributed_rules(spec, at, limits)
     return causes
 
 
-def body_rules(body: dict[str, Any]) -> list[Cause]:
+def body_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     spec = body.get("spec")
-    return spec_rules(spec) if isinstance(spec, dict) else []
+    return spec_rules(spec, limits) if isinstance(spec, dict) else []
 
 
 def fold_body(body: dict[str, Any]) -> list[Cause]:

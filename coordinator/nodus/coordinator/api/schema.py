@@ -21,12 +21,15 @@ import orjson
 from .. import errors
 from ..errors import Cause
 from . import units
+from .limits import BETA, AdmissionLimits
 
 if TYPE_CHECKING:
     from .admission import Lookup
 
 Check = Callable[[Any, str], "list[Cause]"]
 """An extra per-field rule: (decoded value, path) -> causes."""
+LimitCheck = Callable[[Any, str, AdmissionLimits], "list[Cause]"]
+"""A per-field rule under the operator's limits: (decoded value, path, limits) -> causes."""
 
 
 # -- nodes -------------------------------------------------------------------------------------------
@@ -37,6 +40,8 @@ class Node:
     default: Any = None
     """Written into the object when the field is absent (None: no default)."""
     checks: tuple[Check, ...] = ()
+    limit_checks: tuple[LimitCheck, ...] = ()
+    """Rules that read the decoding's `AdmissionLimits` (a gang's node cap)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +137,8 @@ class Decoding:
     mode: str = "Strict"
     defaults: bool = True
     checks: bool = True
+    limits: AdmissionLimits = BETA
+    """The operator's limits that `limit_checks` and the kind's cross-field rules read."""
     causes: list[Cause] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -188,6 +195,8 @@ def _run_checks(node: Node, value: Any, path: str, ctx: Decoding) -> Any:
     if ctx.checks:
         for check in node.checks:
             ctx.causes.extend(check(value, path))
+        for limit_check in node.limit_checks:
+            ctx.causes.extend(limit_check(value, path, ctx.limits))
     return value
 
 
@@ -213,7 +222,7 @@ def _decode_obj(node: Obj, value: Any, path: str, ctx: Decoding) -> Any:
                 out[key] = copy.deepcopy(sub.default)
             elif isinstance(sub, Obj) and sub.materialize:
                 # Checks stay off: a materialized object holds only defaults, which are valid.
-                inner = Decoding(mode=ctx.mode, defaults=True, checks=False)
+                inner = Decoding(mode=ctx.mode, defaults=True, checks=False, limits=ctx.limits)
                 made = _decode_obj(sub, {}, join(path, key), inner)
                 if made:
                     out[key] = made
@@ -453,8 +462,8 @@ class KindSchema:
     body: Obj
     """The top-level fields besides apiVersion, kind, metadata and status (spec; or type/data for a Secret)."""
     status: Obj
-    rules: Callable[[dict[str, Any]], list[Cause]]
-    """Cross-field rules over the decoded, defaulted body."""
+    rules: Callable[[dict[str, Any], AdmissionLimits], list[Cause]]
+    """Cross-field rules over the decoded, defaulted body, under the operator's limits."""
     fold: Callable[[dict[str, Any]], list[Cause]] = _no_fold
     """Alias folding on the raw body, before decoding (mutates it)."""
     complete: Callable[[dict[str, Any]], None] | None = None

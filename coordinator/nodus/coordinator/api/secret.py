@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import errors
 from ..errors import Cause
+from .limits import AdmissionLimits
 from .schema import Int, KindSchema, List, Map, Obj, Str
 
 KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
@@ -63,7 +64,7 @@ SECRET_STATUS = Obj(description="SecretStatus describes the stored versions (nev
 _AT_LEAST_ONE = "a Secret needs at least one key in data or stringData"
 
 
-def body_rules(body: dict[str, Any]) -> list[Cause]:
+def body_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     """Values that are sent must hold at least one key (`data: {}` would store an empty version)."""
     if ("data" in body or "stringData" in body) and not body.get("data") and not body.get("stringData"):
         return [errors.required("data", _AT_LEAST_ONE)]

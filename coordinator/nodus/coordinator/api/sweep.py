@@ -12,6 +12,7 @@ from ..errors import Cause
 from .job import GPU, JOB_SPEC, STATES, complete_spec, fold_gpu, fold_spec, resolve_secrets, spec_rules
 from .job_status import CONDITIONS, COST, ESTIMATE
 from .kinds import sweep_cell_count
+from .limits import AdmissionLimits
 from .schema import Int, KindSchema, List, Map, Obj, Resolution, Scalar, Str, get, money, strings
 
 MAX_CELLS = 10_000
@@ -117,14 +118,14 @@ def complete_body(body: dict[str, Any]) -> None:
         complete_spec(template)
 
 
-def body_rules(body: dict[str, Any]) -> list[Cause]:
+def body_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     spec = body.get("spec")
     if not isinstance(spec, dict):
         return []
     causes: list[Cause] = []
     template = get(spec, "template.spec")
     if isinstance(template, dict):
-        causes += spec_rules(template, "spec.template.spec")
+        causes += spec_rules(template, limits, "spec.template.spec")
         allowed = get(template, "placement.regions") or []
         for i, region in enumerate(get(spec, "matrix.regions") or []):
             if allowed and region not in allowed:

@@ -13,6 +13,7 @@ from .. import errors
 from ..errors import Cause
 from .job import DISTRIBUTED, JOB_SPEC, PLACEMENT, RESOURCES, STATES, distributed_rules, fold_resources, not_found
 from .job_status import CONDITIONS, COST, ESTIMATE
+from .limits import AdmissionLimits
 from .schema import Bool, Free, Int, KindSchema, List, Map, Obj, Resolution, Str, duration, money
 from .trainingruntime import MODES, PARAMETERS_MAX_BYTES, TASKS, json_schema_causes
 
@@ -178,9 +179,9 @@ def fold_body(body: dict[str, Any]) -> list[Cause]:
     return fold_resources(spec, "spec") if isinstance(spec, dict) else []
 
 
-def body_rules(body: dict[str, Any]) -> list[Cause]:
+def body_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     spec = body.get("spec")
-    return distributed_rules(spec, "spec") if isinstance(spec, dict) else []
+    return distributed_rules(spec, "spec", limits) if isinstance(spec, dict) else []
 
 
 def runtime_location(ref: str, project: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from .. import errors
 from ..errors import Cause
 from .job import INIT_COMMAND, RESOURCES, SIDECARS, fold_resources
 from .job_status import CONDITIONS
+from .limits import AdmissionLimits
 from .schema import Bool, Free, Int, KindSchema, List, Map, Obj, Str, get, strings
 
 PARAMETERS_MAX_BYTES = 64 * 1024
@@ -164,7 +165,7 @@ def fold_body(body: dict[str, Any]) -> list[Cause]:
     return causes
 
 
-def body_rules(body: dict[str, Any]) -> list[Cause]:
+def body_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     spec = body.get("spec")
     if not isinstance(spec, dict):
         return []

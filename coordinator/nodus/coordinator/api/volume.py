@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import Cause
+from .limits import AdmissionLimits
 from .schema import Int, KindSchema, List, Obj, Str
 
 PHASES = ("Ready",)
@@ -39,7 +40,7 @@ VOLUME_STATUS = Obj(description="VolumeStatus lists the stored revisions.", fiel
 })
 
 
-def _no_rules(body: dict[str, Any]) -> list[Cause]:
+def _no_rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     return []
 
 
