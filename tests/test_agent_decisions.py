@@ -10,14 +10,15 @@ import pytest
 from nodus.agent import layout as L
 from nodus.agent.attempts import Attempt, GangStep, Stage, gang_step
 from nodus.agent.checkpointing import CheckpointFailed
-from nodus.agent.decisions import (LEASE_EXPIRED, Acked, AttemptView, Forget, LeaseRenewed, LogShipped, MarkAcked,
+from nodus.agent.decisions import (LEASE_EXPIRED, Acked, AttemptFacts, Forget, LeaseRenewed, LogShipped, MarkAcked,
                                    MoveLease, Tick, decide, progress_due, shown_phase)
 from nodus.agent.gang import plan_dict
+from nodus.agent.reasons import UNLISTED, Reason, check_against_proto, reason_word
 from nodus.agent.reconcile import Stop
 from nodus.agent.stores import CheckpointStores
 from nodus.agent.supervisor.phase import SupervisorPhase, terminal_phases
 from nodus.agent.table import TOMBSTONES, AttemptTable, Volatile
-from nodus.v1 import agent_pb2
+from nodus.v1 import agent_pb2, common_pb2
 
 
 class ManualClock:
@@ -37,12 +38,12 @@ class ManualClock:
         self.mono += seconds
 
 
-RUNNING = AttemptView("run", Stage.SUPERVISED)
-STARTING = AttemptView("start", Stage.ACCEPTED)
-STOPPING = AttemptView("stopping", Stage.SUPERVISED, stopping=True)
-UPLOADING = AttemptView("upload", Stage.COLLECTING, acked=True, log_done=True)
-ENDED = AttemptView("ended", Stage.DONE, terminal_seq=(2, 7))
-FORGETTABLE = AttemptView("gone", Stage.DONE, terminal_seq=(2, 3), acked=True, log_done=True)
+RUNNING = AttemptFacts("run", Stage.SUPERVISED)
+STARTING = AttemptFacts("start", Stage.ACCEPTED)
+STOPPING = AttemptFacts("stopping", Stage.SUPERVISED, stopping=True)
+UPLOADING = AttemptFacts("upload", Stage.COLLECTING, acked=True, log_done=True)
+ENDED = AttemptFacts("ended", Stage.DONE, terminal_seq=(2, 7))
+FORGETTABLE = AttemptFacts("gone", Stage.DONE, terminal_seq=(2, 3), acked=True, log_done=True)
 
 
 # -- the lease -------------------------------------------------------------------------------------
@@ -67,20 +68,20 @@ def test_a_renewal_moves_the_lease_and_persists_only_a_real_move() -> None:
 
 # -- acks and forgetting ---------------------------------------------------------------------------
 def test_an_ack_marks_the_ends_it_covers_and_forgets_those_whose_log_is_shipped() -> None:
-    shipped = AttemptView("shipped", Stage.DONE, terminal_seq=(2, 5), log_done=True)
-    later = AttemptView("later", Stage.DONE, terminal_seq=(2, 9), log_done=True)
-    other_stream = AttemptView("old", Stage.DONE, terminal_seq=(1, 2), log_done=True)
+    shipped = AttemptFacts("shipped", Stage.DONE, terminal_seq=(2, 5), log_done=True)
+    later = AttemptFacts("later", Stage.DONE, terminal_seq=(2, 9), log_done=True)
+    other_stream = AttemptFacts("old", Stage.DONE, terminal_seq=(1, 2), log_done=True)
     actions = decide(Acked(2, 7), [ENDED, shipped, later, other_stream, RUNNING], None, 10)
     assert actions == [MarkAcked("ended"), MarkAcked("shipped"), Forget("shipped")]
 
 
 def test_a_tick_forgets_only_acked_ends_with_their_log_shipped() -> None:
-    unshipped = AttemptView("log", Stage.DONE, terminal_seq=(2, 3), acked=True)
+    unshipped = AttemptFacts("log", Stage.DONE, terminal_seq=(2, 3), acked=True)
     assert decide(Tick(0.0), [FORGETTABLE, unshipped, ENDED, UPLOADING, RUNNING], None, 10) == [Forget("gone")]
 
 
 def test_a_shipped_log_forgets_its_attempt_once_the_end_is_acked() -> None:
-    acked = AttemptView("a", Stage.DONE, terminal_seq=(2, 3), acked=True)
+    acked = AttemptFacts("a", Stage.DONE, terminal_seq=(2, 3), acked=True)
     assert decide(LogShipped("a"), [acked], None, 10) == [Forget("a")]
     assert decide(LogShipped("ended"), [ENDED], None, 10) == []
 
@@ -106,6 +107,20 @@ def test_supervisor_phases_are_the_layouts_strings_and_end_where_the_layout_says
     assert {p.value for p in SupervisorPhase} == {L.SPAWNED, L.INITIALIZING, L.STARTING_SIDECARS, L.RUNNING,
                                                   L.STOPPING, *L.TERMINAL}
     assert json.loads(json.dumps({"phase": SupervisorPhase.RUNNING})) == {"phase": "RUNNING"}
+
+
+# -- reasons ----------------------------------------------------------------------------------------
+def test_the_agents_reasons_are_the_protos_words_and_a_drift_fails_the_check() -> None:
+    proto = [v.name for v in common_pb2.AttemptReason.DESCRIPTOR.values]
+    check_against_proto(proto)
+    listed = {r.value for r in Reason if r not in UNLISTED}
+    assert listed == {reason_word(n) for n in proto if n != "ATTEMPT_REASON_UNSPECIFIED"}
+    assert (Reason.NODE_LOST, Reason.OOM_KILLED, Reason.LEASE_EXPIRED) == ("NodeLost", "OOMKilled", "LeaseExpired")
+    assert not {r.value for r in UNLISTED} & {reason_word(n) for n in proto}, "unlisted words are not the proto's"
+    with pytest.raises(ImportError, match=r"only in the proto \['NEW_ONE'\]"):
+        check_against_proto([*proto, "ATTEMPT_REASON_NEW_ONE"])
+    with pytest.raises(ImportError, match=r"only here \['AGENT_FAULT'\]"):
+        check_against_proto([n for n in proto if n != "ATTEMPT_REASON_AGENT_FAULT"])
 
 
 # -- a gang member's steps -------------------------------------------------------------------------

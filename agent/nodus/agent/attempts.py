@@ -24,6 +24,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from nodus.v1 import agent_pb2, common_pb2
 
 from . import layout as L
+from .reasons import Reason, check_against_proto, reason_word
 
 # The stubs type EnumTypeWrapper.Value() as a plain int; the value is the enum's member.
 PHASES: dict[str, common_pb2.AttemptPhase] = {
@@ -32,19 +33,15 @@ PHASES: dict[str, common_pb2.AttemptPhase] = {
     "STOPPING", "SUCCEEDED", "FAILED", "LOST", "CANCELLED")}
 TERMINAL = L.TERMINAL
 
-
-def _reason_word(proto_name: str) -> str:
-    """The wire's word for a common.proto AttemptReason name: ATTEMPT_REASON_NODE_LOST is "NodeLost"."""
-    words = proto_name.removeprefix("ATTEMPT_REASON_").split("_")
-    return "".join(w if w == "OOM" else w.capitalize() for w in words)
-
-
-_COUNTS_AS: dict[str, int] = {value.name: value.GetOptions().Extensions[common_pb2.counts_as]  # type: ignore[index]
-              for value in common_pb2.AttemptReason.DESCRIPTOR.values}
-LOST_CAPACITY_REASONS = frozenset(_reason_word(name) for name, counts in _COUNTS_AS.items()
+check_against_proto(v.name for v in common_pb2.AttemptReason.DESCRIPTOR.values)
+_COUNTS_AS: dict[str, int] = {reason_word(v.name): v.GetOptions().Extensions[common_pb2.counts_as]  # type: ignore[index]
+                              for v in common_pb2.AttemptReason.DESCRIPTOR.values if v.number}
+LOST_CAPACITY_REASONS = frozenset(word for word, counts in _COUNTS_AS.items()
                                   if counts == common_pb2.REASON_CLASS_LOST_CAPACITY)
 """Stops because the capacity goes (common.proto's ReasonClass, read by name): a checkpoint before
 such a stop is a Preemption checkpoint, best effort within the grace."""
+
+
 
 
 class GangStep(enum.StrEnum):
@@ -212,7 +209,7 @@ def observe(status: dict[str, Any] | None, alive: bool) -> Observed | None:
     if status is None:
         if alive:
             return None
-        return Observed(Stage.DONE, L.LOST, {"reason": "AgentFault", "message": "the attempt's supervisor exited "
+        return Observed(Stage.DONE, L.LOST, {"reason": Reason.AGENT_FAULT, "message": "the attempt's supervisor exited "
                                              "before it started anything"}, kill_leftovers=True)
     phase = str(status.get("phase") or L.SPAWNED)
     fields = {k: status.get(k) for k in ("reason", "message", "exit_code", "oom_killed", "start_time", "finish_time")
@@ -225,7 +222,7 @@ def observe(status: dict[str, Any] | None, alive: bool) -> Observed | None:
         if phase == L.SPAWNED:
             return None
         return Observed(Stage.SUPERVISED, phase, fields)
-    return Observed(Stage.DONE, L.LOST, {**fields, "reason": "AgentFault",
+    return Observed(Stage.DONE, L.LOST, {**fields, "reason": Reason.AGENT_FAULT,
                                          "message": "the attempt's supervisor exited unexpectedly" + (
                                              "" if phase == L.SPAWNED else f" while {phase.lower().replace('_', ' ')}"),
                                          "finish_time": time.time()}, kill_leftovers=True)

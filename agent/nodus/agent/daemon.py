@@ -33,6 +33,7 @@ from .inputs import InputError, Materializer
 from .inventory import default_address, disk_free, node_inventory
 from .link import Link, open_channel
 from .notices import SupervisorNotices, notify_address
+from .reasons import Reason
 from .nvml import Nvml
 from .progress_tail import ProgressTail
 from .reconcile import Stop
@@ -242,7 +243,7 @@ class Agent:
                 self.gangs.accept(att, a)
             except OSError as e:
                 att.log_done = True
-                self.finish(att, L.LOST, "AgentFault", f"the gang member's ports could not be reserved: {e}")
+                self.finish(att, L.LOST, Reason.AGENT_FAULT, f"the gang member's ports could not be reserved: {e}")
                 return
         log.info("attempt %s accepted (job %s/%s index %d, attempt %d)", att.id, a.job.project, a.job.name,
                  a.index, a.attempt_number)
@@ -269,7 +270,7 @@ class Agent:
             except CheckpointFailed as e:
                 log.warning("attempt %s: %s", att.id, e)
                 self._note_in_log(layout, f"restore failed: {e}")
-                self.finish(att, L.FAILED, "RestoreFailed", f"the checkpoint could not be restored: {e}")
+                self.finish(att, L.FAILED, Reason.RESTORE_FAILED, f"the checkpoint could not be restored: {e}")
                 return
             await asyncio.to_thread(self.runtime.write_spec, a, layout)
             att.stage = Stage.SUPERVISED
@@ -289,7 +290,7 @@ class Agent:
             if self.shutting_down:
                 raise
             stop = att.stop or {}
-            self.finish(att, stop.get("phase", L.CANCELLED), stop.get("reason", "Cancelled"),
+            self.finish(att, stop.get("phase", L.CANCELLED), stop.get("reason", Reason.CANCELLED),
                         f"stopped before it started: {stop.get('reason', 'Cancelled')}")
         except InputError as e:
             log.info("attempt %s: %s", att.id, e)
@@ -297,7 +298,8 @@ class Agent:
             self.finish(att, L.FAILED, e.reason, str(e))
         except Exception as e:  # noqa: BLE001 - an agent fault: the coordinator replaces the attempt
             log.exception("attempt %s could not start", att.id)
-            self.finish(att, L.LOST, "AgentFault", f"the agent could not start the attempt: {type(e).__name__}: {e}")
+            self.finish(att, L.LOST, Reason.AGENT_FAULT,
+                        f"the agent could not start the attempt: {type(e).__name__}: {e}")
         finally:
             if att.stage != Stage.SUPERVISED:
                 v.assignment = None
@@ -372,7 +374,7 @@ class Agent:
     # -- the decisions -----------------------------------------------------------------------------
     def handle(self, event: Event) -> None:
         """Performs what decisions.decide returns for `event` (session.Attempts)."""
-        actions = decide(event, self.table.views(), self.table.lease_deadline, self.cfg.stop_grace)
+        actions = decide(event, self.table.facts(), self.table.lease_deadline, self.cfg.stop_grace)
         stops = [a for a in actions if isinstance(a, Stop)]  # decisions stop attempts only when the lease is gone
         if stops:
             log.warning("no lease renewal for the lease duration: stopping %d attempts (their replacements "

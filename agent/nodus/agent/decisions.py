@@ -4,7 +4,7 @@ reconcile.py decides about what the coordinator wants (assignments, cancels); th
 about time and acknowledgements: a lease that ran out stops every live attempt, an ack lets
 reported ends be forgotten, a renewal moves the lease (and says whether state.json must hear of
 it). Nothing here reads a clock, a file or a socket: `now` comes in the event, the attempts as
-`AttemptView`s, and the daemon performs the actions (daemon.py `_apply`).
+`AttemptFacts`, and the daemon performs the actions (daemon.py `_apply`).
 """
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Iterable, Sequence
 
 from . import layout as L
 from .attempts import Stage
+from .reasons import Reason
 from .reconcile import Stop
 
-LEASE_EXPIRED = "LeaseExpired"
+LEASE_EXPIRED = Reason.LEASE_EXPIRED
 LEASE_EXPIRED_GRACE = 5.0
 """At most this many seconds of grace once the lease is gone: a replacement may already run elsewhere."""
 PROGRESS_MIN_INTERVAL = 0.5
@@ -23,8 +24,10 @@ PROGRESS_MIN_INTERVAL = 0.5
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptView:
-    """What the decisions read of one attempt."""
+class AttemptFacts:
+    """The facts about one of this agent's attempts that the decisions read: its stage, whether a stop
+    was asked, whether its end was reported and acknowledged, whether its log is shipped. (Not the
+    coordinator's AttemptView, which is a stored Attempt decoded; the agent never sees that.)"""
 
     id: str
     stage: Stage
@@ -100,7 +103,7 @@ class MoveLease:
 Action = Stop | MarkAcked | Forget | MoveLease
 
 
-def decide(event: Event, attempts: Sequence[AttemptView], lease_deadline: float | None,
+def decide(event: Event, attempts: Sequence[AttemptFacts], lease_deadline: float | None,
            stop_grace: float) -> list[Action]:
     """The actions for one event, given the attempts and the lease as they are now."""
     if isinstance(event, Tick):
@@ -115,7 +118,7 @@ def decide(event: Event, attempts: Sequence[AttemptView], lease_deadline: float 
     return _renewal(event, lease_deadline)
 
 
-def _lease_expiry(now: float, attempts: Iterable[AttemptView], lease_deadline: float | None,
+def _lease_expiry(now: float, attempts: Iterable[AttemptFacts], lease_deadline: float | None,
                   stop_grace: float) -> list[Action]:
     """Without a renewal for the lease's duration the coordinator counts this node lost and replaces
     its attempts: stop every live one that is not stopping already."""
@@ -125,7 +128,7 @@ def _lease_expiry(now: float, attempts: Iterable[AttemptView], lease_deadline: f
     return [Stop(a.id, LEASE_EXPIRED, grace, L.LOST) for a in attempts if a.live and not a.stopping]
 
 
-def _forgettable(attempts: Iterable[AttemptView], acked: frozenset[str] | set[str] = frozenset(),
+def _forgettable(attempts: Iterable[AttemptFacts], acked: frozenset[str] | set[str] = frozenset(),
                  shipped: frozenset[str] | set[str] = frozenset()) -> list[Action]:
     return [Forget(a.id) for a in attempts if a.stage == Stage.DONE and (a.acked or a.id in acked)
             and (a.log_done or a.id in shipped)]

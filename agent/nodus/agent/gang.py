@@ -35,6 +35,7 @@ from . import layout as L
 from .attempts import GangStep, gang_step
 from .clock import Clock
 from .launch import GangLaunch
+from .reasons import Reason
 from .statefile import read_json, write_json
 
 if TYPE_CHECKING:
@@ -290,7 +291,7 @@ class Gangs:
             steps = launch(str(g.get("launcher") or "Plain"), member)
         except ValueError as e:
             log.warning("attempt %s: the launcher refused the plan: %s", att.id, e)
-            self.host.stop(att.id, "LaunchFailed", 0, L.FAILED)
+            self.host.stop(att.id, Reason.LAUNCH_FAILED, 0, L.FAILED)
             return
         m.release()  # the program binds the rendezvous port now
         write_json(layout.launch, GangLaunch(steps, rendezvous.endpoint, member.startup_timeout_s).to_json(),

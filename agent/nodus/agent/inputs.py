@@ -22,12 +22,13 @@ from nodus.v1 import agent_pb2
 from .archive import CHUNK, unpack
 from .blobs import BlobClient, DigestMismatch, blob_digest
 from .layout import AttemptLayout
+from .reasons import Reason
 
 
 class InputError(Exception):
     """An input could not be materialized; the attempt fails with `reason`."""
 
-    def __init__(self, message: str, reason: str = "InputFailed") -> None:
+    def __init__(self, message: str, reason: str = Reason.INPUT_FAILED) -> None:
         super().__init__(message)
         self.reason = reason
 

@@ -6,7 +6,9 @@ from typing import Collection, Mapping
 
 from nodus.v1 import agent_pb2
 
-UNASSIGNED = "Unassigned"
+from .reasons import Reason
+
+UNASSIGNED = Reason.UNASSIGNED
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,7 @@ def cancel(c: agent_pb2.Cancel, live: Collection[str], default_grace: float) -> 
     if c.attempt_id not in live:
         return []
     grace = float(c.grace_seconds) if c.grace_seconds > 0 else default_grace
-    return [Stop(c.attempt_id, c.reason or "Cancelled", grace)]
+    return [Stop(c.attempt_id, c.reason or Reason.CANCELLED, grace)]
 
 
 def full_state(fs: agent_pb2.FullState, known: Collection[str], live: Collection[str],

@@ -38,6 +38,7 @@ from .cgroups import Cgroup
 from .checkpointing import (CONTRACT_ROOT, HANDSHAKE_TIMEOUT, HF_HANDSHAKE_TIMEOUT, S3_URI, CheckpointFailed, fetch_s3,
                             listening, physical, restore, s3_store, take, upload_s3)
 from .clock import Clock
+from .reasons import Reason
 from .runtime import ProcessRuntime
 from .statefile import read_json
 from .stores import CheckpointStores
@@ -310,11 +311,12 @@ class Checkpoints:
             log.warning("attempt %s: no checkpoint before the capacity goes: %s", s.attempt_id, errors[-1])
         elif errors:
             u = att.update(self.clock.now())
-            u.reason = "SuspendFailed"
+            u.reason = Reason.SUSPEND_FAILED
             u.message = f"{len(errors)} checkpoint tries failed; the attempt keeps running: {errors[-1]}"[:2048]
             self.stream.send(attempt_update=u)
             return
-        self.host.stop(s.attempt_id, s.reason or "Suspended", float(s.grace_seconds or self.stop_grace), L.CANCELLED)
+        self.host.stop(s.attempt_id, s.reason or Reason.SUSPENDED, float(s.grace_seconds or self.stop_grace),
+                       L.CANCELLED)
 
 
 async def _after(running: "asyncio.Task[None]", coro: Coroutine[object, object, None]) -> None:

@@ -19,6 +19,7 @@ from .clock import Clock
 from .decisions import Acked, Event, LeaseRenewed
 from .gang import Gangs
 from .recovery import Checkpoints
+from .reasons import Reason
 from .runtime import ProcessRuntime
 from .table import AttemptTable
 
@@ -137,7 +138,7 @@ class Session:
 
     def _resend_finished(self, attempt_id: str) -> None:
         end = self.table.finished.get(attempt_id) or {}
-        att = Attempt(attempt_id, phase=end.get("phase", L.LOST), reason=end.get("reason", "AgentFault"),
+        att = Attempt(attempt_id, phase=end.get("phase", L.LOST), reason=end.get("reason", Reason.AGENT_FAULT),
                       exit_code=end.get("exit_code"), finish_time=end.get("finish_time"),
                       message="this attempt already ended on this node")
         log.info("attempt %s was assigned again after it ended here; reporting its end again", attempt_id)

@@ -24,6 +24,7 @@ from .attempts import Attempt
 from .backoff import Backoff
 from .blobs import BlobClient, log_size_from_error
 from .clock import Clock
+from .reasons import Reason
 
 if TYPE_CHECKING:
     from .runtime import ProcessRuntime
@@ -93,23 +94,23 @@ class Shipping:
                         continue
                     failures += 1
                     if failures >= 3:
-                        self.ends.finish(att, L.LOST, "AgentFault", f"output {out['name']} could not be uploaded: "
-                                                                    f"{e.code().name}: {e.details()}")
+                        self.ends.finish(att, L.LOST, Reason.AGENT_FAULT,
+                                         f"output {out['name']} could not be uploaded: {e.code().name}: {e.details()}")
                         return
                     await asyncio.sleep(backoff.next())
                 except OSError as e:
-                    self.ends.finish(att, L.LOST, "AgentFault", f"output {out['name']} could not be read: {e}")
+                    self.ends.finish(att, L.LOST, Reason.AGENT_FAULT, f"output {out['name']} could not be read: {e}")
                     return
             if ref.sha256 and ref.sha256 != out["sha256"]:
-                self.ends.finish(att, L.LOST, "AgentFault", f"output {out['name']}: the blob store computed sha256 "
-                                                            f"{ref.sha256}, the agent {out['sha256']}")
+                self.ends.finish(att, L.LOST, Reason.AGENT_FAULT, f"output {out['name']}: the blob store computed "
+                                 f"sha256 {ref.sha256}, the agent {out['sha256']}")
                 return
             att.outputs.append({"name": out["name"], "path": out["path"], "sha256": out["sha256"],
                                 "size": int(out["size"]), "uri": ref.uri or f"blob://sha256/{out['sha256']}",
                                 "rank": int((att.gang or {}).get("rank") or 0)})
             self.table.persist()
-        self.ends.finish(att, L.SUCCEEDED, str(fields.get("reason") or "Completed"), str(fields.get("message") or ""),
-                         finish_time=fields.get("finish_time") or self.clock.now())
+        self.ends.finish(att, L.SUCCEEDED, str(fields.get("reason") or Reason.COMPLETED),
+                         str(fields.get("message") or ""), finish_time=fields.get("finish_time") or self.clock.now())
 
     async def ship_log(self, att: Attempt, wake: asyncio.Event) -> None:
         """Streams logs/attempt.log with AppendLog by offset, resuming from the server's size; `wake` is

@@ -21,7 +21,7 @@ from nodus.v1 import agent_pb2
 
 from .attempts import Attempt
 from .clock import Clock, deadline_of, wall_of
-from .decisions import AttemptView
+from .decisions import AttemptFacts
 from .progress_tail import ProgressTail
 from .statefile import read_json, write_json
 
@@ -76,9 +76,9 @@ class AttemptTable:
     def live_ids(self) -> list[str]:
         return [i for i, a in self.attempts.items() if a.live]
 
-    def views(self) -> list[AttemptView]:
+    def facts(self) -> list[AttemptFacts]:
         """The attempts as the pure decisions read them."""
-        return [AttemptView(a.id, a.stage, a.stop is not None, a.terminal_seq, a.acked, a.log_done)
+        return [AttemptFacts(a.id, a.stage, a.stop is not None, a.terminal_seq, a.acked, a.log_done)
                 for a in self.attempts.values()]
 
     # -- changes -----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ..cgroups import DEFAULT_FS, Cgroup
 from ..checkpointing import handshake_dir, handshake_env
 from ..inputs import working_dir
 from ..layout import AttemptLayout, safe_name
+from ..reasons import Reason
 from ..statefile import read_json, write_json
 from ..zygote import Zygote, ZygoteError
 
@@ -214,18 +215,18 @@ class ProcessRuntime:
     def check(self, a: agent_pb2.Assignment) -> None:
         """Raises Refused for what the process runtime cannot run."""
         if a.image:
-            raise Refused("ImageUnsupported", f"this node runs the process runtime, which cannot run images "
+            raise Refused(Reason.IMAGE_UNSUPPORTED, f"this node runs the process runtime, which cannot run images "
                                               f"(the Job names image {a.image}); place it on a node with the "
                                               f"oci runtime or drop spec.image")
         for sc in a.sidecars:
             if sc.image:
-                raise Refused("ImageUnsupported", f"sidecar {sc.name} names image {sc.image}, which the process "
+                raise Refused(Reason.IMAGE_UNSUPPORTED, f"sidecar {sc.name} names image {sc.image}, which the process "
                                                   f"runtime cannot run")
             if not sc.command:
-                raise Refused("SidecarFailed", f"sidecar {sc.name} has no command (the process runtime has no "
+                raise Refused(Reason.SIDECAR_FAILED, f"sidecar {sc.name} has no command (the process runtime has no "
                                                f"image entrypoint to fall back on)")
         if not a.command and not a.args:
-            raise Refused("Error", "the Job has no command (the process runtime has no image entrypoint to fall "
+            raise Refused(Reason.ERROR, "the Job has no command (the process runtime has no image entrypoint to fall "
                                    "back on)")
 
     def prepare(self, a: agent_pb2.Assignment) -> AttemptLayout:

@@ -21,6 +21,7 @@ from ..cgroups import Cgroup
 from ..launch import GangLaunch
 from ..layout import AttemptLayout
 from ..outputs import collect_outputs
+from ..reasons import Reason
 from ..statefile import read_json, write_json
 from .member import GATE_POLL, await_head, write_launch_files
 from .phase import SupervisorPhase as P
@@ -105,7 +106,7 @@ class Supervisor:
         request = request or {}
         default_phase = P.CANCELLED if request else P.LOST
         phase = P(request["phase"]) if request.get("phase") else default_phase
-        reason = request.get("reason") or ("Cancelled" if request else "Terminated")
+        reason = request.get("reason") or (Reason.CANCELLED if request else Reason.TERMINATED)
         grace = float(request.get("grace_seconds", self.spec.get("stop_grace", 10)))
         return Stop(phase, reason, grace)
 
@@ -139,7 +140,7 @@ class Supervisor:
         except Exception as e:  # noqa: BLE001 - a supervisor fault must still end in a status
             traceback.print_exc()
             self._stop_everything(0)
-            self.finish(P.LOST, "AgentFault", f"attempt supervisor failed: {type(e).__name__}: {e}")
+            self.finish(P.LOST, Reason.AGENT_FAULT, f"attempt supervisor failed: {type(e).__name__}: {e}")
         finally:
             shutil.rmtree(self.layout.secrets, ignore_errors=True)
             self.cgroup.remove()
@@ -184,20 +185,20 @@ class Supervisor:
         try:
             child = self.procs.spawn("init", list(init["command"]), self.env(), PREFIX_INIT)
         except OSError as e:
-            self.finish(P.FAILED, "InitFailed", f"init command could not start: {e.strerror or e}")
+            self.finish(P.FAILED, Reason.INIT_FAILED, f"init command could not start: {e.strerror or e}")
             return False
         self.procs.wait(timeout, [child])
         if child.exit_code is None:
             self.note(f"init command timed out after {timeout:g}s")
             self.procs.terminate(child, 0)
-            self.finish(P.FAILED, "InitFailed",
+            self.finish(P.FAILED, Reason.INIT_FAILED,
                         "\n".join([*child.tail, f"init command timed out after {timeout:g}s"][-3:]))
             return False
         self.procs.drain(child)
         self.procs.signal_group(child, signal.SIGKILL)  # what the init command left behind ends with it
         if child.exit_code != 0:
             lines = list(child.tail) or [f"init command exited with code {child.exit_code}"]
-            self.finish(P.FAILED, "InitFailed", "\n".join(lines[-MESSAGE_LINES:]))
+            self.finish(P.FAILED, Reason.INIT_FAILED, "\n".join(lines[-MESSAGE_LINES:]))
             return False
         return True
 
@@ -210,7 +211,7 @@ class Supervisor:
         problem = self.sidecars.start(sc, env, ready_file)
         if problem is None:
             return True
-        self._fail(P.FAILED, "SidecarFailed", problem)
+        self._fail(P.FAILED, Reason.SIDECAR_FAILED, problem)
         return False
 
     def _fail(self, phase: P, reason: str, message: str) -> None:
@@ -231,8 +232,8 @@ class Supervisor:
             code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC) else 127
             self.note(f"command could not start: {argv[:1]}: {e.strerror or e}")
             self._wind_down()
-            self.finish(P.FAILED, "Error", f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}",
-                        exit_code=code)
+            self.finish(P.FAILED, Reason.ERROR,
+                        f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}", exit_code=code)
             return
         self.set(phase=P.RUNNING, start_time=time.time(), main_pid=main.proc.pid)
         try:
@@ -252,22 +253,22 @@ class Supervisor:
         if service:
             lines = [f"the {argv[0]} service of this gang member exited on its own with code {code}",
                      *self.main_tail()[-(MESSAGE_LINES - 1):]]
-            self.finish(P.LOST, "GangMemberExited", "\n".join(lines), exit_code=code, oom_killed=oom)
+            self.finish(P.LOST, Reason.GANG_MEMBER_EXITED, "\n".join(lines), exit_code=code, oom_killed=oom)
         elif oom:
-            self.finish(P.FAILED, "OOMKilled", "the command was killed by the kernel's OOM killer (memory limit "
+            self.finish(P.FAILED, Reason.OOM_KILLED, "the command was killed by the kernel's OOM killer (memory limit "
                         f"{(self.spec.get('resources') or {}).get('memory_bytes', 0)} bytes)", exit_code=code,
                         oom_killed=True)
         elif code != 0:
             lines = self.main_tail() or [f"the command exited with code {code}"]
-            self.finish(P.FAILED, "Error", "\n".join(lines), exit_code=code)
+            self.finish(P.FAILED, Reason.ERROR, "\n".join(lines), exit_code=code)
         else:
             gang = self.spec.get("gang") or {}
             outputs, problem = collect_outputs(self.layout, self.spec.get("outputs") or [],
                                                default=int(gang.get("rank") or 0) == 0)
             if problem:
-                self.finish(P.FAILED, "OutputMissing", problem, exit_code=code)
+                self.finish(P.FAILED, Reason.OUTPUT_MISSING, problem, exit_code=code)
             else:
-                self.finish(P.SUCCEEDED, "Completed", "", exit_code=code, outputs=outputs)
+                self.finish(P.SUCCEEDED, Reason.COMPLETED, "", exit_code=code, outputs=outputs)
 
     # -- a gang member -----------------------------------------------------------------------------
     def _await_launch(self) -> GangLaunch:
@@ -293,7 +294,7 @@ class Supervisor:
         if launch.waits_for_head:
             problem = await_head(gl.head, gl.head_timeout_s, self.procs.wait, self.note)
             if problem is not None:
-                self._fail(P.LOST, "RendezvousTimeout", problem)
+                self._fail(P.LOST, Reason.RENDEZVOUS_TIMEOUT, problem)
                 return
         self.teardown.arm(list(launch.teardown), env)
         for number, step in enumerate(launch.setup, 1):
@@ -309,7 +310,7 @@ class Supervisor:
         try:
             child = self.procs.spawn("setup", argv, env, PREFIX_SETUP)
         except OSError as e:
-            self._fail(P.FAILED, "LaunchFailed",
+            self._fail(P.FAILED, Reason.LAUNCH_FAILED,
                        f"setup step {number} ({argv[0] if argv else ''}) could not start: {e.strerror or e}")
             return False
         while child.exit_code is None:
@@ -317,7 +318,7 @@ class Supervisor:
         self.procs.drain(child)
         if child.exit_code != 0:
             lines = list(child.tail)[-(MESSAGE_LINES - 1):]
-            self._fail(P.FAILED, "LaunchFailed",
+            self._fail(P.FAILED, Reason.LAUNCH_FAILED,
                        "\n".join([f"setup step {number} ({argv[0]}) exited with code {child.exit_code}", *lines]))
             return False
         return True
