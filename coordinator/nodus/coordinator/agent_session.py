@@ -76,17 +76,18 @@ class Session:
     # -- the conversation -------------------------------------------------------------------------
     async def open(self, first: agent_pb2.AgentMessage) -> None:
         """Folds the Hello's observations, then sends FullState (the first message down)."""
-        reported: dict[str, Any] = {}
+        hello: list[desired.InHello] = []
         for observation in first.hello.attempts:
             attempt_id = observation.status.attempt_id
             self._known.add(attempt_id)
             if observation.HasField("checkpoint"):  # before the status: a suspended attempt has ended since
                 await checkpoints.commit(self.cache, self.service.objects, observation.checkpoint,
                                          self.service.clock.now())
-            reported[attempt_id] = await self._update(observation.status, from_hello=True)
+            phase = await self._update(observation.status, from_hello=True)
+            hello.append(desired.InHello(attempt_id, live=phase is not None and not phase.terminal))
             if observation.HasField("progress"):
                 await self._progress(observation.progress)
-        assignments, cancels = await self._desired(reported)
+        assignments, cancels = await self._full_state(hello)
         self.send(full_state=agent_pb2.FullState(assignments=assignments, cancels=cancels, lease=self._lease()))
         self.send(ack=agent_pb2.Ack(seq=first.seq))
         self.dirty.set()  # what FullState cannot say (a pending Suspend) follows from the first diff
@@ -237,7 +238,7 @@ class Session:
         await self.service.objects.mutate(attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"]),
                                           mutate)
 
-    async def _update(self, update: agent_pb2.AttemptUpdate, from_hello: bool = False) -> Any:
+    async def _update(self, update: agent_pb2.AttemptUpdate, from_hello: bool = False) -> AttemptPhase | None:
         """Folds one report into its Attempt (durably) and returns the report's phase."""
         report = report_of(update)
         attempt = self.cache.attempt_by_id(update.attempt_id)
@@ -281,39 +282,26 @@ class Session:
         self.send(cancel=agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=grace))
 
     # -- desired state ----------------------------------------------------------------------------
-    async def _desired(self, reported: dict[str, Any]) -> tuple[list[agent_pb2.Assignment], list[agent_pb2.Cancel]]:
-        """FullState's content; `reported` maps what the Hello named to the phase it reported."""
+    async def _full_state(self, hello: list[desired.InHello]) -> tuple[list[agent_pb2.Assignment],
+                                                                        list[agent_pb2.Cancel]]:
+        """FullState's messages as `desired.full_state` decides them, recording what they say."""
+        on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
+        decided = desired.full_state([_on_node(a, checkpoints.suspend_message(a)) for a in on_node.values()], hello)
         assignments, cancels = [], []
-        wanted: set[str] = set()
-        for attempt in self.cache.attempts_on(self.node):
-            spec = attempt["spec"]
-            if phase_of(attempt).terminal:
-                continue
-            wanted.add(spec["id"])
-            if spec.get("stop") and checkpoints.suspend_message(attempt) is not None and spec["id"] in self._known:
-                pass  # keep it running: the Suspend (checkpoint, then stop) follows FullState from _diff
-            elif spec.get("stop"):
-                if spec["id"] not in self._known:
-                    await self._never_started(attempt)
-                    continue
-                cancels.append(agent_pb2.Cancel(attempt_id=spec["id"], reason=spec["stop"].get("reason", "Cancelled"),
-                                                grace_seconds=int(spec["stop"].get("graceSeconds") or 0)))
-                self._said[spec["id"]] = CANCELLED
-            if not spec.get("stop") or self._said.get(spec["id"]) != CANCELLED:
-                built = await self._assignment(attempt, running=spec["id"] in reported)
+        for entry in decided:
+            attempt_id = entry.attempt_id
+            if entry.resync is desired.Resync.SETTLE:
+                await self._never_started(on_node[attempt_id])
+            elif entry.resync is desired.Resync.CANCEL:
+                cancels.append(agent_pb2.Cancel(attempt_id=attempt_id, reason=entry.reason,
+                                                grace_seconds=entry.grace_seconds))
+                self._said[attempt_id] = CANCELLED
+            else:  # ASSIGN, or KEEP_FOR_SUSPEND: the Suspend follows FullState from the first _diff
+                built = await self._assignment(on_node[attempt_id], running=entry.reported)
                 if built is not None:
                     assignments.append(built)
-                    self._said[spec["id"]] = ASSIGNED
-                    self._known.add(spec["id"])
-        for attempt_id, phase in reported.items():
-            if attempt_id in wanted or phase is None or phase.terminal:
-                continue
-            known = self.cache.attempt_by_id(attempt_id)
-            reason = "Unassigned"
-            if known is not None and (known.get("spec") or {}).get("node") == self.node:
-                reason = (known.get("status") or {}).get("reason") or "Unassigned"  # e.g. NodeLost: replaced
-            cancels.append(agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=0))
-            self._said[attempt_id] = CANCELLED
+                    self._said[attempt_id] = ASSIGNED
+                    self._known.add(attempt_id)
         return assignments, cancels
 
     async def follow(self) -> None:

@@ -1,8 +1,9 @@
-"""The desired-state diff of one agent stream: what a node should run, against what the stream told it.
+"""The desired state of one agent stream: what a node should run, against what the agent has.
 
-Pure: the node's attempts (as the store has them, reduced to `OnNode`) and what the stream said,
-knows and saw finish in; the messages to send out. The stream (`agent_session.py`) builds and sends
-them, and records what it said.
+Pure, in two steps. `full_state`: when the stream opens, the node's attempts (as the store has them,
+reduced to `OnNode`) and what the agent's Hello reported; what FullState says of each. `diff`: from
+then on, the node's attempts and what the stream said, knows and saw finish; the messages to send.
+The stream (`agent_session.py`) builds and sends them, and records what it said.
 """
 from __future__ import annotations
 
@@ -121,3 +122,70 @@ def diff(on_node: Sequence[OnNode], said: Mapping[str, Said], known: Set[str], f
         if attempt_id not in here and told == ASSIGNED and attempt_id not in finished:
             messages.append(Message(Send.CANCEL, attempt_id, "Unassigned"))  # deleted, or moved off this node
     return Diff(tuple(messages), frozenset(said.keys() - here), frozenset((known | finished) - here))
+
+
+# -- FullState, when the stream opens ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class InHello:
+    """One attempt the agent's Hello reported."""
+
+    attempt_id: str
+    live: bool
+    """Its reported phase has not ended (False for an ended phase, or one this coordinator does not know)."""
+
+
+class Resync(enum.Enum):
+    """What FullState does about one attempt after the agent (re)connects."""
+
+    ASSIGN = "assign"
+    """Its Assignment goes in FullState: the agent starts it, or keeps running the one it has."""
+    KEEP_FOR_SUSPEND = "keep-for-suspend"
+    """It is stopping with a checkpoint first and the agent has it: its Assignment goes in FullState so
+    it keeps running, and the Suspend (checkpoint, then stop) follows from the first `diff`."""
+    CANCEL = "cancel"
+    """A Cancel goes in FullState with `reason` and `grace_seconds`."""
+    SETTLE = "settle"
+    """It is stopped and the agent does not have it: it ends in the store, as the agent would have reported."""
+
+
+@dataclass(frozen=True, slots=True)
+class FullStateEntry:
+    """What FullState does about one attempt."""
+
+    resync: Resync
+    attempt_id: str
+    reason: str = ""
+    grace_seconds: int = 0
+    reported: bool = False
+    """The Hello named it: its Assignment is a copy of what already runs there."""
+
+
+def full_state(on_node: Sequence[OnNode], hello: Sequence[InHello]) -> tuple[FullStateEntry, ...]:
+    """FullState's content, in order: the node's attempts first, then what the Hello reported that
+    this node should no longer run. Everything the Hello named is what the agent has."""
+    reported = {h.attempt_id: h for h in hello}
+    entries: list[FullStateEntry] = []
+    wanted: set[str] = set()
+    for attempt in on_node:
+        attempt_id, stop, has_it = attempt.attempt_id, attempt.stop, attempt.attempt_id in reported
+        if attempt.terminal:
+            continue
+        wanted.add(attempt_id)
+        if stop is None:
+            entries.append(FullStateEntry(Resync.ASSIGN, attempt_id, reported=has_it))
+        elif not has_it:
+            entries.append(FullStateEntry(Resync.SETTLE, attempt_id, stop.reason))
+        elif stop.suspend_seq is not None:
+            entries.append(FullStateEntry(Resync.KEEP_FOR_SUSPEND, attempt_id, reported=True))
+        else:
+            entries.append(FullStateEntry(Resync.CANCEL, attempt_id, stop.reason, stop.grace_seconds))
+    ended = {a.attempt_id: a for a in on_node if a.terminal}
+    for attempt_id, seen in reported.items():
+        if attempt_id in wanted or not seen.live:
+            continue
+        # Ended in the store while the agent was away (NodeLost: replaced) says why; anything else is
+        # no longer this node's.
+        here = ended.get(attempt_id)
+        entries.append(FullStateEntry(Resync.CANCEL, attempt_id, (here.reason if here else "") or "Unassigned"))
+    return tuple(entries)
