@@ -1,0 +1,325 @@
+"""The node's image store: pull by digest, verify, cache content-addressed, unpack once, collect.
+
+On disk, under the cache directory the agent owns:
+
+    blobs/sha256/<hex>           every blob of every image, once (skopeo's shared blob dir)
+    images/<hex>/layout/         the image's OCI layout (index.json; its blobs/ links to the shared one)
+    images/<hex>/bundle/rootfs   the image unpacked by umoci, shared read-only by the image's attempts
+    images/<hex>/image.json      written last: an image is in the cache once this file exists
+    images/.<hex>.<random>/      a pull in flight (renamed to images/<hex> when complete)
+
+<hex> is the image manifest's digest. One agent owns the directory; pulls of different images run
+in parallel, two pulls of one digest share the first one's work. `pull` blocks (skopeo and umoci are
+processes): the agent calls it in a worker thread, as it does the inputs.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Collection
+
+import orjson
+
+from ..clock import Clock
+from .bundle import ImageConfig
+from .pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, NotFound
+from .skopeo import ImageReference, RegistryCredentials, Skopeo
+from .usage import Footprint, disk_usage, evictions
+
+TAG = "image"
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+PROGRESS_INTERVAL = 0.2
+"""Seconds between progress reports while blobs stream in."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullProgress:
+    """Bytes of the image's blobs (config and layers, compressed, as the manifest sizes them) on disk."""
+
+    done: int
+    total: int
+
+
+ProgressCallback = Callable[[PullProgress], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PulledImage:
+    """An image ready for a bundle."""
+
+    digest: str
+    """The image manifest's digest: the cache key and what the attempt reports it ran."""
+    rootfs: Path
+    """The unpacked tree; never written (containers get a writable layer over it)."""
+    config: ImageConfig
+    cached: bool
+    """True when the cache already held it (no registry traffic)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Descriptor:
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Platform:
+    """The platform an index (manifest list) is resolved for: the node's."""
+
+    os: str = "linux"
+    architecture: str = "amd64"
+
+
+class ImageStore:
+    """Images this node has pulled. `in_use` answers which manifest digests live attempts run (the agent
+    derives it from its attempts, so it holds across a restart); those are never collected."""
+
+    def __init__(self, cache_dir: Path, disk_budget: int, clock: Clock, in_use: Callable[[], Collection[str]],
+                 skopeo: Skopeo | None = None, platform: Platform = Platform(), umoci: str = "umoci") -> None:
+        self.root = cache_dir
+        self.budget = disk_budget
+        self.clock = clock
+        self.in_use = in_use
+        self.skopeo = skopeo or Skopeo()
+        self.platform = platform
+        self.umoci = umoci
+        self.blobs = cache_dir / "blobs"
+        self.images = cache_dir / "images"
+        (self.blobs / "sha256").mkdir(parents=True, exist_ok=True)
+        self.images.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._digest_locks: dict[str, threading.Lock] = {}
+        self._pulling: dict[str, frozenset[str]] = {}
+        """Manifest digest -> the blobs its pull needs: kept by collection while the pull runs."""
+        for leftover in self.images.glob(".*"):
+            shutil.rmtree(leftover, ignore_errors=True)  # a pull a crash interrupted
+
+    def pull(self, reference: str, credentials: RegistryCredentials | None = None,
+             progress: ProgressCallback | None = None) -> PulledImage:
+        """The image `reference` (registry/repo@sha256:...) unpacked, from the cache when it is there."""
+        ref = ImageReference.parse(reference)
+        ref.pinned()  # refuses a reference without a digest before anything else
+        with self._digest_lock(ref.digest):
+            hit = self._cached(ref.digest)
+            if hit is not None:
+                if progress:
+                    size = hit["bytes"]
+                    progress(PullProgress(size, size))
+                return hit["image"]
+            raw = self.skopeo.manifest(ref, credentials)
+            _verify_bytes(raw, ref.digest, str(ref))
+            manifest = orjson.loads(raw)
+            if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+                ref = ref.with_digest(self._platform_manifest(manifest, str(ref)))
+                hit = self._cached(ref.digest)
+                if hit is not None:
+                    if progress:
+                        progress(PullProgress(hit["bytes"], hit["bytes"]))
+                    return hit["image"]
+                raw = self.skopeo.manifest(ref, credentials)
+                _verify_bytes(raw, ref.digest, str(ref))
+                manifest = orjson.loads(raw)
+            return self._fetch(ref, raw, manifest, credentials, progress)
+
+    def collect(self, room: int = 0, keep: Collection[str] = ()) -> int:
+        """Removes images no attempt uses, least recently used first, until `room` more bytes fit under the
+        budget; returns the bytes freed. Blobs no remaining image needs go with them."""
+        with self._lock:
+            protected = {*self.in_use(), *keep, *self._pulling}
+            needed = set().union(*self._pulling.values()) if self._pulling else set()
+            footprints = [f for f in (self._footprint(p) for p in self.images.iterdir()
+                                      if not p.name.startswith(".")) if f is not None]
+            blob_bytes = {f"sha256:{b.name}": b.stat().st_blocks * 512 for b in (self.blobs / "sha256").iterdir()}
+            used = sum(blob_bytes.values()) + sum(f.rootfs_bytes for f in footprints)
+            freed = 0
+            for victim in evictions(footprints, protected, used + room - self.budget, blob_bytes):
+                shutil.rmtree(self.images / victim.digest.removeprefix("sha256:"), ignore_errors=True)
+                freed += victim.rootfs_bytes
+            kept = [f for f in footprints if (self.images / f.digest.removeprefix("sha256:")).exists()]
+            referenced = needed.union(*(f.blobs for f in kept))
+            for name, size in blob_bytes.items():
+                if name not in referenced:
+                    freed += size
+                    self._blob(name).unlink(missing_ok=True)
+            return freed
+
+    def usage(self) -> int:
+        """Bytes the cache holds now (blobs plus unpacked trees)."""
+        footprints = [self._footprint(p) for p in self.images.iterdir() if not p.name.startswith(".")]
+        return disk_usage(self.blobs) + sum(f.rootfs_bytes for f in footprints if f is not None)
+
+    def _fetch(self, ref: ImageReference, raw: bytes, manifest: dict[str, Any],
+               credentials: RegistryCredentials | None, progress: ProgressCallback | None) -> PulledImage:
+        try:
+            config = Descriptor(manifest["config"]["digest"], int(manifest["config"]["size"]))
+            layers = [Descriptor(d["digest"], int(d["size"])) for d in manifest["layers"]]
+        except (KeyError, TypeError, ValueError):
+            raise NotFound(f"{ref}: the registry served a manifest without config and layers") from None
+        wanted = [config, *layers]
+        total = sum(d.size for d in wanted)
+        hexd = ref.digest.removeprefix("sha256:")
+        staging = self.images / f".{hexd}.{secrets.token_hex(4)}"
+        with self._lock:
+            self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
+        try:
+            missing = sum(d.size for d in wanted if not self._blob(d.digest).exists())
+            self.collect(room=missing)
+            if self.usage() + missing > self.budget:
+                raise DiskFull(f"{ref}: {missing} bytes to fetch do not fit the image cache's budget of "
+                               f"{self.budget} bytes beside the images attempts use")
+            layout = staging / "layout"
+            layout.mkdir(parents=True)
+            self._copy_verified(ref, layout, wanted, total, credentials, progress)
+            bundle = staging / "bundle"
+            self._unpack(layout, bundle, str(ref))
+            image_config = orjson.loads(self._blob(config.digest).read_bytes())
+            record = {"digest": ref.digest, "reference": str(ref), "blobs": sorted(self._pulling[ref.digest]),
+                      "bytes": total, "rootfsBytes": disk_usage(bundle), "lastUsed": self.clock.now(),
+                      "config": image_config}
+            _write_atomic(staging / "image.json", orjson.dumps(record))
+            final = self.images / hexd
+            try:
+                staging.rename(final)
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)  # the same digest landed meanwhile: use that one
+            self.collect(keep=(ref.digest,))
+            return PulledImage(ref.digest, final / "bundle" / "rootfs", ImageConfig.from_oci(image_config), False)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(f"{ref}: the image cache's disk is full ({e})") from e
+            raise ImagePullError(f"{ref}: {e}") from e
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with self._lock:
+                self._pulling.pop(ref.digest, None)
+
+    def _copy_verified(self, ref: ImageReference, layout: Path, wanted: list[Descriptor], total: int,
+                       credentials: RegistryCredentials | None, progress: ProgressCallback | None) -> None:
+        """skopeo copy, then every blob hashed before use; a cached blob that went bad is dropped and
+        fetched again once (skopeo reuses a blob it finds without reading it)."""
+        for attempt in (1, 2):
+            stop = threading.Event()
+            reporter = threading.Thread(target=self._report, args=(layout, wanted, total, progress, stop),
+                                        name="nodus-pull-progress", daemon=True) if progress else None
+            if reporter:
+                reporter.start()
+            try:
+                self.skopeo.copy(ref, layout, TAG, self.blobs, credentials)
+            finally:
+                stop.set()
+                if reporter:
+                    reporter.join()
+            bad = [d for d in wanted if not _blob_matches(self._blob(d.digest), d)]
+            if not bad:
+                if progress:
+                    progress(PullProgress(total, total))
+                return
+            for d in bad:
+                self._blob(d.digest).unlink(missing_ok=True)
+            if attempt == 2:
+                raise DigestMismatch(f"{ref}: blob {bad[0].digest} does not match its digest after a fresh "
+                                     "fetch; the node's cache disk is failing", Fault.NODE)
+
+    def _report(self, layout: Path, wanted: list[Descriptor], total: int, progress: ProgressCallback,
+                stop: threading.Event) -> None:
+        """Bytes on disk: finished blobs plus skopeo's partial files in the layout (oci-put-blob*)."""
+        last = -1
+        while True:
+            done = sum(d.size for d in wanted if self._blob(d.digest).exists())
+            for partial in layout.glob("oci-put-blob*"):
+                try:
+                    done += partial.stat().st_size
+                except FileNotFoundError:
+                    pass  # renamed into the blob directory between the glob and the stat
+            done = min(done, total)
+            if done > last:
+                progress(PullProgress(done, total))
+                last = done
+            if stop.wait(PROGRESS_INTERVAL):
+                return
+
+    def _unpack(self, layout: Path, bundle: Path, what: str) -> None:
+        """umoci unpack through a layout whose blobs/ is the shared directory (umoci checks digests as it reads)."""
+        blobs = layout / "blobs"
+        if blobs.is_dir() and not blobs.is_symlink():
+            shutil.rmtree(blobs)
+        blobs.symlink_to(Path("..") / ".." / ".." / "blobs")
+        try:
+            done = subprocess.run([self.umoci, "unpack", "--image", f"{layout}:{TAG}", str(bundle)],
+                                  capture_output=True, timeout=1800)
+        except FileNotFoundError:
+            raise ImagePullError(f"{what}: {self.umoci} is not installed on this node (scripts/setup)") from None
+        if done.returncode != 0:
+            err = done.stderr.decode(errors="replace").strip()
+            if "no space left" in err.lower():
+                raise DiskFull(f"{what}: unpacking: {err}")
+            raise ImagePullError(f"{what}: unpacking failed: {err}")
+
+    def _cached(self, digest: str) -> dict[str, Any] | None:
+        """The cached image for `digest` (its last use moved to now), or None."""
+        path = self.images / digest.removeprefix("sha256:")
+        try:
+            record = orjson.loads((path / "image.json").read_bytes())
+        except FileNotFoundError:
+            return None
+        record["lastUsed"] = self.clock.now()
+        _write_atomic(path / "image.json", orjson.dumps(record))
+        image = PulledImage(digest, path / "bundle" / "rootfs", ImageConfig.from_oci(record["config"]), True)
+        return {"image": image, "bytes": int(record["bytes"])}
+
+    def _footprint(self, path: Path) -> Footprint | None:
+        try:
+            record = orjson.loads((path / "image.json").read_bytes())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return Footprint(record["digest"], frozenset(record["blobs"]), int(record["rootfsBytes"]),
+                         float(record["lastUsed"]))
+
+    def _platform_manifest(self, index: dict[str, Any], what: str) -> str:
+        for entry in index.get("manifests") or ():
+            platform = entry.get("platform") or {}
+            if platform.get("os") == self.platform.os and platform.get("architecture") == self.platform.architecture:
+                return str(entry["digest"])
+        raise NotFound(f"{what}: the image has no {self.platform.os}/{self.platform.architecture} manifest")
+
+    def _blob(self, digest: str) -> Path:
+        return self.blobs / "sha256" / digest.removeprefix("sha256:")
+
+    def _digest_lock(self, digest: str) -> threading.Lock:
+        with self._lock:
+            return self._digest_locks.setdefault(digest, threading.Lock())
+
+
+def _verify_bytes(data: bytes, digest: str, what: str) -> None:
+    got = "sha256:" + hashlib.sha256(data).hexdigest()
+    if got != digest:
+        raise DigestMismatch(f"{what}: the registry served a manifest whose digest is {got}")
+
+
+def _blob_matches(path: Path, d: Descriptor) -> bool:
+    h = hashlib.sha256()
+    try:
+        if path.stat().st_size != d.size:
+            return False
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except FileNotFoundError:
+        return False
+    return "sha256:" + h.hexdigest() == d.digest
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)

@@ -1,0 +1,189 @@
+"""The agent's image store against a real registry on loopback: pull by digest, verify, cache, GC."""
+from __future__ import annotations
+
+import base64
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import pytest
+
+from nodus.agent.oci.images import ImageStore, PullProgress
+from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, InvalidReference, NotFound, \
+    Unauthorized, Unreachable
+from nodus.agent.oci.skopeo import RegistryCredentials, Skopeo
+from agent_double import free_port
+from registry import Registry, build_busybox_layout, busybox_layer, layer, layout_blobs, push, serve_registry, \
+    write_layout
+
+GIB = 1 << 30
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with serve_registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+@pytest.fixture(scope="module")
+def private_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with serve_registry(tmp_path_factory.mktemp("private-registry"), "alice", "s3cret") as reg:
+        yield reg
+
+
+@pytest.fixture(scope="module")
+def busybox(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    layout = build_busybox_layout(tmp_path_factory.mktemp("images") / "busybox",
+                                  {"Env": ["PATH=/bin", "GREETING=hi"], "Cmd": ["/bin/sh"], "WorkingDir": "/work",
+                                   "User": "65534"})
+    return layout, push(layout, registry, "tests/busybox", "v1")
+
+
+def store(tmp_path: Path, reg: Registry, budget: int = GIB, in_use: tuple[str, ...] = (),
+          clock: ManualClock | None = None) -> ImageStore:
+    return ImageStore(tmp_path / "cache", budget, clock or ManualClock(), lambda: in_use,
+                      Skopeo(insecure=frozenset({reg.host}), timeout=60))
+
+
+def image_with(tmp: Path, name: str, payload: bytes) -> Path:
+    """busybox plus one layer of its own (so images share the busybox layer and differ in one)."""
+    return write_layout(tmp / name, [busybox_layer(), layer({f"data/{name}.bin": payload})])
+
+
+def test_pull_by_digest_unpacks_busybox_and_reports_progress_to_total(
+        tmp_path: Path, registry: Registry, busybox: tuple[Path, str]) -> None:
+    layout, digest = busybox
+    seen: list[PullProgress] = []
+    pulled = store(tmp_path, registry).pull(f"{registry.host}/tests/busybox@{digest}", progress=seen.append)
+    assert pulled.digest == digest and not pulled.cached
+    assert (pulled.rootfs / "bin" / "busybox").read_bytes() == Path("/usr/bin/busybox").read_bytes()
+    assert os.readlink(pulled.rootfs / "bin" / "sh") == "busybox"
+    assert pulled.config.cmd == ("/bin/sh",) and pulled.config.user == "65534"
+    assert pulled.config.env == ("PATH=/bin", "GREETING=hi") and pulled.config.working_dir == "/work"
+    total = sum(layout_blobs(layout).values())
+    assert seen[-1] == PullProgress(total, total)
+    assert all(p.total == total for p in seen)
+    assert [p.done for p in seen] == sorted(p.done for p in seen)
+
+
+def test_second_pull_of_a_digest_is_a_cache_hit_without_registry_traffic(
+        tmp_path: Path, registry: Registry, busybox: tuple[Path, str]) -> None:
+    _, digest = busybox
+    ref = f"{registry.host}/tests/busybox@{digest}"
+    first = store(tmp_path, registry).pull(ref)
+    served = registry.requests_served()
+    seen: list[PullProgress] = []
+    again = store(tmp_path, registry).pull(ref, progress=seen.append)  # a restarted agent, same cache
+    assert again.cached and again.rootfs == first.rootfs and again.config == first.config
+    assert registry.requests_served() == served
+    assert seen and seen[-1].done == seen[-1].total > 0
+
+
+def test_an_image_sharing_a_layer_fetches_only_its_own(tmp_path: Path, registry: Registry,
+                                                       busybox: tuple[Path, str]) -> None:
+    images = store(tmp_path, registry)
+    images.pull(f"{registry.host}/tests/busybox@{busybox[1]}")
+    other = image_with(tmp_path, "shares", b"only in this image\n")
+    digest = push(other, registry, "tests/shares", "v1")
+    shared_layer = busybox_layer().digest
+    before = registry.log.read_text().count(f"/blobs/{shared_layer}")
+    pulled = images.pull(f"{registry.host}/tests/shares@{digest}")
+    assert (pulled.rootfs / "data" / "shares.bin").read_bytes() == b"only in this image\n"
+    assert (pulled.rootfs / "bin" / "busybox").exists()
+    assert registry.log.read_text().count(f"/blobs/{shared_layer}") == before
+
+
+def test_a_private_repository_refuses_without_credentials_and_pulls_with_them(
+        tmp_path: Path, private_registry: Registry) -> None:
+    layout = build_busybox_layout(tmp_path / "private")
+    digest = push(layout, private_registry, "team/private", "v1")
+    ref = f"{private_registry.host}/team/private@{digest}"
+    images = store(tmp_path, private_registry)
+    before = set(Path(tempfile.gettempdir()).glob("nodus-pull-*"))
+    with pytest.raises(Unauthorized) as refused:
+        images.pull(ref)
+    assert refused.value.fault is Fault.CUSTOMER and not refused.value.lost_capacity
+    assert "imagePullSecrets" in str(refused.value)
+    with pytest.raises(Unauthorized):
+        images.pull(ref, RegistryCredentials(username="alice", password="wrong"))
+    pulled = images.pull(ref, RegistryCredentials(username="alice", password="s3cret"))
+    assert (pulled.rootfs / "bin" / "busybox").exists()
+    # a docker config JSON (what a .dockerconfigjson Secret holds) works the same, in a fresh cache
+    auth = base64.b64encode(b"alice:s3cret").decode()
+    config = orjson.dumps({"auths": {private_registry.host: {"auth": auth}}})
+    again = store(tmp_path / "second", private_registry).pull(ref, RegistryCredentials(docker_config=config))
+    assert not again.cached
+    # the 0600 authfiles handed to skopeo are gone
+    assert set(Path(tempfile.gettempdir()).glob("nodus-pull-*")) == before
+
+
+def test_a_corrupted_layer_is_refused_and_nothing_is_unpacked(tmp_path: Path, registry: Registry) -> None:
+    layout = image_with(tmp_path, "corrupt", os.urandom(64 * 1024))
+    digest = push(layout, registry, "tests/corrupt", "v1")
+    own = [d for d, size in layout_blobs(layout).items() if d != busybox_layer().digest and size > 64 * 1024]
+    registry.corrupt_blob(own[0])
+    images = store(tmp_path, registry)
+    with pytest.raises(DigestMismatch) as refused:
+        images.pull(f"{registry.host}/tests/corrupt@{digest}")
+    assert refused.value.fault is Fault.CUSTOMER and refused.value.reason == "ImageDigestMismatch"
+    assert [p for p in images.images.iterdir()] == []
+    assert not (images.blobs / "sha256" / own[0].removeprefix("sha256:")).exists()
+
+
+def test_unknown_digest_is_not_found_and_a_dead_registry_is_the_nodes_fault(
+        tmp_path: Path, registry: Registry) -> None:
+    images = store(tmp_path, registry)
+    with pytest.raises(NotFound) as missing:
+        images.pull(f"{registry.host}/tests/busybox@sha256:{'1' * 64}")
+    assert not missing.value.lost_capacity and "spec.image" in str(missing.value)
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(Unreachable) as unreachable:
+        ImageStore(tmp_path / "c2", GIB, ManualClock(), lambda: (), Skopeo(insecure=frozenset({dead}))).pull(
+            f"{dead}/tests/busybox@sha256:{'1' * 64}")
+    assert unreachable.value.lost_capacity
+
+
+def test_a_tag_is_refused_before_any_traffic(tmp_path: Path, registry: Registry) -> None:
+    served = registry.requests_served()
+    with pytest.raises(InvalidReference, match="only by digest"):
+        store(tmp_path, registry).pull(f"{registry.host}/tests/busybox:v1")
+    assert registry.requests_served() == served
+
+
+def test_collection_removes_least_recently_used_images_no_attempt_runs(tmp_path: Path, registry: Registry) -> None:
+    clock = ManualClock()
+    digests = {}
+    for name in ("a", "b", "c"):
+        digests[name] = push(image_with(tmp_path, name, os.urandom(512 * 1024)), registry, f"tests/gc-{name}", "v1")
+    images = store(tmp_path, registry, clock=clock)
+    for name in ("a", "b", "c"):  # a is the oldest, then b, then c
+        images.pull(f"{registry.host}/tests/gc-{name}@{digests[name]}")
+        clock.t += 60
+    full = images.usage()
+    # a is in use; b is the least recently used of the others; freeing b alone fits the budget
+    smaller = store(tmp_path, registry, budget=full - 256 * 1024, in_use=(digests["a"],), clock=clock)
+    assert smaller.collect() > 0
+    left = {p.name for p in smaller.images.iterdir()}
+    assert left == {digests["a"].removeprefix("sha256:"), digests["c"].removeprefix("sha256:")}
+    assert (smaller.blobs / "sha256" / busybox_layer().digest.removeprefix("sha256:")).exists()
+    assert smaller.usage() <= full - 256 * 1024
+    # nothing fits when every image is in use and the budget is below what they hold
+    tight = store(tmp_path, registry, budget=1024, in_use=(digests["a"], digests["c"]), clock=clock)
+    assert tight.collect() == 0
+    with pytest.raises(DiskFull) as full_disk:
+        tight.pull(f"{registry.host}/tests/gc-b@{digests['b']}")
+    assert full_disk.value.lost_capacity
+    assert {p.name for p in tight.images.iterdir()} == left
