@@ -41,6 +41,7 @@ DEFAULTS = {
     "reconnect_max": 10.0,
     "workload_user": "",
     "zygote": True,
+    "simulate_gpus": "",
     "log_level": "INFO",
 }
 
@@ -80,13 +81,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-user", help="run attempts as this user (default: the agent's own user)")
     p.add_argument("--zygote", type=_bool, help="fork supervisors from a warm process (default true; false "
                    "starts a Python interpreter per attempt)")
+    p.add_argument("--simulate-gpus", metavar="MODEL:COUNT[:MEMORY]",
+                   help="for development and tests: report COUNT GPUs of MODEL (MEMORY each, such as 80Gi) instead "
+                        "of what NVML sees, each marked simulated in the inventory")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p
 
 
 def build_config(args: argparse.Namespace) -> "AgentConfig":
-    from .settings import AgentConfig
+    from .settings import AgentConfig, SimulatedGpus
     from .inventory import parse_labels
 
     token_file = Path(args.join_token_file)
@@ -100,6 +104,10 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         labels = parse_labels(args.labels)
     except ValueError as e:
         raise SystemExit(f"nodus-agent: --labels: {e}") from e
+    try:
+        simulated = SimulatedGpus.parse(args.simulate_gpus) if args.simulate_gpus else None
+    except ValueError as e:
+        raise SystemExit(f"nodus-agent: --simulate-gpus: {e}") from e
     ca = Path(args.coordinator_ca).read_bytes() if args.coordinator_ca else None
     return AgentConfig(
         coordinator=args.coordinator, node=args.node or socket.gethostname(), work_dir=Path(args.work_dir).resolve(),
@@ -108,7 +116,7 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
         poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
-        workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote))
+        workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote), simulate_gpus=simulated)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,8 +135,10 @@ def main(argv: list[str] | None = None) -> None:
 
 async def _run(cfg: "AgentConfig") -> None:
     from .daemon import Agent
+    from .nvml import SimulatedNvml
 
-    await Agent(cfg).run()  # built inside the loop: the gRPC channel binds to the running loop
+    nvml = SimulatedNvml(cfg.simulate_gpus) if cfg.simulate_gpus else None
+    await Agent(cfg, nvml=nvml).run()  # built inside the loop: the gRPC channel binds to the running loop
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from nodus.v1 import common_pb2
 
+from .settings import SimulatedGpus
+
 log = logging.getLogger("nodus.agent.nvml")
 
 XID_KEEP = 64
@@ -179,3 +181,25 @@ class Nvml:
         if self.nv is not None:
             self._try(self.nv.nvmlShutdown)
             self.nv = None
+
+
+class SimulatedNvml(Nvml):
+    """GPUs that are not there (`--simulate-gpus`), for development and tests: each is reported with
+    `simulated` set, so that no listing passes them off as real. NVML is never opened."""
+
+    def __init__(self, spec: SimulatedGpus) -> None:
+        self.nv = None
+        self.spec = spec
+        self.handles = [None] * spec.count  # the runtime counts the host's GPUs by these
+        self.driver_version = ""
+        self.cuda_version = ""
+        self.xids = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        log.warning("simulating %d %s GPU(s) of %d bytes each: nothing real backs them", spec.count, spec.model,
+                    spec.memory_bytes)
+
+    def read(self) -> list[common_pb2.Gpu]:
+        return [common_pb2.Gpu(index=i, name=self.spec.model, uuid=f"GPU-simulated-{i}",
+                               memory_bytes=self.spec.memory_bytes, simulated=True) for i in range(self.spec.count)]

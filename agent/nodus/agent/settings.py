@@ -4,8 +4,40 @@ Kept import-light: main.py validates the flags before the daemon (grpc, psutil) 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+_SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_SIZES = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9,
+          "T": 10**12}
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedGpus:
+    """`--simulate-gpus MODEL:COUNT[:MEMORY]`: GPUs the agent pretends to have, for development and tests."""
+
+    model: str
+    """The product name reported, for example H100 (placement reads its family from it)."""
+    count: int
+    memory_bytes: int = 0
+    """Per GPU; 0 when MEMORY is left out (it then fits no offering that sells GPU memory)."""
+
+    @classmethod
+    def parse(cls, text: str) -> "SimulatedGpus":
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[0].strip():
+            raise ValueError(f"{text!r} is not MODEL:COUNT[:MEMORY], for example H100:8:80Gi")
+        model, count = parts[0].strip(), parts[1].strip()
+        if not count.isdigit() or not 1 <= int(count) <= 64:
+            raise ValueError(f"COUNT {count!r} must be a whole number from 1 to 64, for example H100:8:80Gi")
+        memory = 0
+        if len(parts) == 3:
+            m = _SIZE.match(parts[2].strip())
+            if m is None or int(m.group(1)) == 0:
+                raise ValueError(f"MEMORY {parts[2]!r} must be a size such as 80Gi or 24G")
+            memory = int(m.group(1)) * _SIZES[m.group(2)]
+        return cls(model, int(count), memory)
 
 
 @dataclass(slots=True)
@@ -30,3 +62,5 @@ class AgentConfig:
     reconnect_max: float = 10.0
     workload_user: str = ""
     zygote: bool = True
+    simulate_gpus: SimulatedGpus | None = None
+    """Report these GPUs, marked simulated, instead of what NVML sees."""

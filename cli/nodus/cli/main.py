@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, checkpoint, data, up
+from . import attempts, checkpoint, data, pricebook, up
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_parsers(sub)  # outputs, logs, volume
     checkpoint.add_parser(sub)  # save, restore, verify, ls
     up.add_parser(sub)  # coordinator + local agent
+    pricebook.add_parser(sub)  # operator: apply, get, versions
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)

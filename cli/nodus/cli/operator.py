@@ -28,10 +28,12 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
-def _call(args: argparse.Namespace, method: str, request: Any) -> dict[str, Any]:
+def call(args: argparse.Namespace, method: str, request: Any,
+         stub_class: Any = project_pb2_grpc.ProjectServiceStub) -> dict[str, Any]:
+    """One operator RPC with the kubeconfig's token; a failure becomes a CliError with the server's fix."""
     target = args.coordinator or os.environ.get("NODUS_COORDINATOR", "127.0.0.1:7070")
     with grpc.insecure_channel(target) as channel:
-        stub = project_pb2_grpc.ProjectServiceStub(channel)
+        stub = stub_class(channel)
         try:
             reply = getattr(stub, method)(request, metadata=(("authorization", f"Bearer {_token(args)}"),),
                                           timeout=30)
@@ -48,9 +50,9 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> dict[str, Any]
 
 
 def create_project(args: argparse.Namespace, name: str) -> dict[str, Any]:
-    return _call(args, "CreateProject", project_pb2.CreateProjectRequest(name=name))
+    return call(args, "CreateProject", project_pb2.CreateProjectRequest(name=name))
 
 
 def create_token(args: argparse.Namespace, project: str, role: str, subject: str, ttl: int) -> dict[str, Any]:
-    return _call(args, "CreateToken", project_pb2.CreateTokenRequest(project=project, role=role, subject=subject,
+    return call(args, "CreateToken", project_pb2.CreateTokenRequest(project=project, role=role, subject=subject,
                                                                     ttl_seconds=ttl))

@@ -68,6 +68,9 @@ _CODES = (
     Code("RuntimeNotReady", 422, "FAILED_PRECONDITION",
          "wait for the TrainingRuntime to be Ready, or name a Ready one in spec.runtime"),
     Code("AgentUnavailable", 503, "UNAVAILABLE", "the node agent is unreachable; it is retried automatically"),
+    Code("OfferingMismatch", 422, "INVALID_ARGUMENT",
+         "start the agent with an --offering its hardware fits (`nodus pricebook get` lists them), or correct that "
+         "offering in the price book and apply it as a new version; the agent registers again by itself"),
     # Why a Job ended or stopped (status.reason; status.fix is the fix below). A Job's end is not an API
     # error, but the reason reads the same everywhere, so it lives in the same table.
     Code("BackoffLimitExceeded", 422, "FAILED_PRECONDITION",

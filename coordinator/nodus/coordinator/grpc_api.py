@@ -21,14 +21,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from nodus.v1 import (agent_pb2, blob_pb2, blob_pb2_grpc, gang_pb2, node_pb2, project_pb2,
+from nodus.v1 import (agent_pb2, blob_pb2, blob_pb2_grpc, gang_pb2, node_pb2, pricebook_pb2, project_pb2,
                                   project_pb2_grpc, resource_pb2, resource_pb2_grpc)
 
 from .api.kinds import resolve
 from .blobs import BlobStore
+from .clock import Clock, SystemClock
 from .errors import NodusError, new_request_id
 from .identity import ALL_PROJECTS, Caller, Identity, Role
 from .metrics import LATENCY, REQUESTS, WATCHERS
+from .money.books import PriceBooks
 from .resources import ResourceService
 from .selectors import parse_field_selector, parse_label_selector
 
@@ -38,9 +40,11 @@ SERVICE_NAMES = tuple(
     f.services_by_name[name].full_name
     for f, name in ((resource_pb2.DESCRIPTOR, "ResourceService"), (project_pb2.DESCRIPTOR, "ProjectService"),
                     (agent_pb2.DESCRIPTOR, "AgentService"), (node_pb2.DESCRIPTOR, "NodeService"),
-                    (gang_pb2.DESCRIPTOR, "GangService"), (blob_pb2.DESCRIPTOR, "BlobService"))
+                    (gang_pb2.DESCRIPTOR, "GangService"), (blob_pb2.DESCRIPTOR, "BlobService"),
+                    (pricebook_pb2.DESCRIPTOR, "PriceBookService"))
 )
 BLOB_SERVICE = blob_pb2.DESCRIPTOR.services_by_name["BlobService"].full_name
+PRICEBOOK_SERVICE = pricebook_pb2.DESCRIPTOR.services_by_name["PriceBookService"].full_name
 
 
 def to_struct(obj: dict[str, Any]) -> struct_pb2.Struct:
@@ -312,7 +316,8 @@ class GrpcServer:
 
 
 async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
-                servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = ()) -> GrpcServer:
+                servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
+                clock: Clock = SystemClock()) -> GrpcServer:
     """Starts the server (health NOT_SERVING until `set_serving`).
 
     `servicers` are (full service name, function that adds it to the server), for the services built
@@ -325,6 +330,8 @@ async def start(service: ResourceService, listen: str, blobs: BlobStore | None =
     if blobs is not None:
         from .blob_api import BlobServicer  # it imports this module's error translation
         blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity), server)
+    from .pricebook_api import add_to_server as add_pricebook_service  # it imports this module's `rpc`
+    add_pricebook_service(server, PriceBooks(service.store), service.identity, clock)
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     reflection.enable_server_reflection(SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -335,5 +342,5 @@ async def start(service: ResourceService, listen: str, blobs: BlobStore | None =
     for name in ("",) + SERVICE_NAMES:
         await checks.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
-    served = ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE,) + tuple(name for name, _ in servicers)
+    served = ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE, PRICEBOOK_SERVICE) + tuple(name for name, _ in servicers)
     return GrpcServer(server, port, checks, served)

@@ -29,6 +29,7 @@ from .clock import OffsetClock, SystemClock
 from .api.limits import AdmissionLimits
 from .controllers.gang import GangConfig
 from .plane import ControlPlane
+from .pricebook_api import apply_file as apply_price_book
 from .gateway import downloads
 from .gateway.app import make_app
 from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
@@ -58,6 +59,7 @@ DEFAULTS = {
     "gang_max_nodes": 8,
     "free_storage": "10Gi",
     "retention_interval": "1m",
+    "price_book": "",
 }
 
 
@@ -148,6 +150,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     service = ResourceService(store, identity, vault, limits=_admission_limits(args))
     lease, heartbeat = _lease_settings(args)
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
+    if args.price_book:
+        await apply_price_book(store, Path(args.price_book), clock)
     blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
     free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
@@ -163,7 +167,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         tls = ensure_tls(data_dir, [http_host])
 
     grpc_server = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
-                                                   servicers=plane.servicers())
+                                                   servicers=plane.servicers(), clock=clock)
     app, gateway = make_app(service)
     app[downloads.BLOBS] = blobs
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -273,6 +277,8 @@ def parser() -> argparse.ArgumentParser:
                         "(default on)")
     p.add_argument("--free-storage", help="bytes of checkpoints and outputs each Job keeps free of charge; "
                    "status.storage.billedBytes is the share above it (default 10Gi)")
+    p.add_argument("--price-book", help="price book YAML to apply at start (examples/pricebook.yaml); without one "
+                   "(and none applied before) Nodus charges nothing and refuses nothing for money")
     p.add_argument("--retention-interval", help="how often checkpoints past their retention (retainAfterFinish, "
                    "the TTL, a deleted Job) and superseded ones are deleted, 1s-1h (default 1m)")
     p.add_argument("--gang-max-nodes", type=int, help="the most nodes a gang may ask for, 2-16 (default 8 during "

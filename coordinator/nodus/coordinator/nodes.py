@@ -26,7 +26,10 @@ from .controllers.cache import LEASES, NODES, Cache, attempt_key
 from .controllers.job_controller import stop
 from .controllers.objects import Objects
 from .errors import NodusError
-from .scheduler import OCI, PROCESS, Amount, Gpu, NodeView, Request, Reservation
+from .money.books import PriceBooks
+from .money.fit import MeasuredGpu, MeasuredShape, differences
+from .money.pricebook import PriceBook
+from .scheduler import OCI, PROCESS, Amount, Gpu, NodeView, Request, Reservation, gpu_family
 
 _RUNTIMES = {common_pb2.RUNTIME_PROCESS: PROCESS, common_pb2.RUNTIME_OCI: OCI}
 
@@ -88,6 +91,7 @@ class NodeRegistry:
         self.cache, self.objects, self.clock = cache, objects, clock
         self.leases = Leases(clock, lease_duration)
         self.heartbeat_interval = heartbeat_interval
+        self.price_books = PriceBooks(objects.store)
 
     # -- reads ------------------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any] | None:
@@ -123,7 +127,11 @@ class NodeRegistry:
 
     # -- registration and leases --------------------------------------------------------------------
     async def register(self, name: str, inventory: common_pb2.NodeInventory) -> dict[str, Any]:
-        """Creates or updates the node and opens a new session (epoch + 1); renews its lease."""
+        """Creates or updates the node and opens a new session (epoch + 1); renews its lease. With a
+        price book active, a node joining as an offering must fit it (OfferingMismatch otherwise)."""
+        book = await self.price_books.active() if inventory.offering else None
+        if book is not None:
+            check_offering(book, name, inventory)
         now = self.clock.now()
         session = secrets.token_hex(16)
 
@@ -133,7 +141,7 @@ class NodeRegistry:
                        inventory=json_format.MessageToDict(inventory, preserving_proto_field_name=True),
                        capacity=capacity_of(inventory),
                        gpus=[{"index": g.index, "name": g.name, "memoryBytes": g.memory_bytes,
-                              "nvlinkLinks": g.nvlink_active_links} for g in inventory.gpus],
+                              "nvlinkLinks": g.nvlink_active_links, "simulated": g.simulated} for g in inventory.gpus],
                        runtimes=sorted({_RUNTIMES[r] for r in inventory.runtimes if r in _RUNTIMES}),
                        labels=dict(inventory.labels), region=inventory.region_class, offering=inventory.offering)
             return doc
@@ -176,6 +184,26 @@ class NodeRegistry:
                 key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
                 await self.objects.mutate(key, stop("Drained", grace_seconds, now))
         return doc
+
+
+def measured_shape(inventory: common_pb2.NodeInventory) -> MeasuredShape:
+    return MeasuredShape(tuple(MeasuredGpu(g.name, gpu_family(g.name), g.memory_bytes, g.simulated)
+                               for g in inventory.gpus), inventory.host.cpus, inventory.host.memory_bytes)
+
+
+def check_offering(book: PriceBook, name: str, inventory: common_pb2.NodeInventory) -> None:
+    """Refuses a node whose measured shape does not fit the offering it joins as, naming each difference."""
+    offering = book.offering(inventory.offering)
+    if offering is None:
+        known = ", ".join(o.id for o in book.offerings)
+        raise NodusError("OfferingMismatch", f'node "{name}" joins as offering "{inventory.offering}", which price '
+                         f'book {book.version} does not sell (it sells {known})', name=name, kind="nodes",
+                         extra={"offering": inventory.offering, "pricebookVersion": book.version})
+    found = differences(offering, measured_shape(inventory))
+    if found:
+        raise NodusError("OfferingMismatch", f'node "{name}" does not fit offering "{offering.id}" of price book '
+                         f'{book.version}: ' + "; ".join(found), name=name, kind="nodes",
+                         extra={"offering": offering.id, "pricebookVersion": book.version})
 
 
 def no_node(name: str) -> NodusError:
