@@ -19,6 +19,7 @@ from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
 from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report, phase_of
 from .controllers.cache import Cache, attempt_key
 from .controllers.desired import ASSIGNED, CANCELLED, Said, Told
+from .controllers.reasons import AttemptReason
 from .errors import NodusError
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class Session:
 
         for message in batch:
             kind = message.WhichOneof("message")
-            if kind == "progress" or (kind == "attempt_update" and message.attempt_update.reason != "SuspendFailed"):
+            if kind == "progress" or (kind == "attempt_update" and message.attempt_update.reason != AttemptReason.SUSPEND_FAILED):
                 body = message.progress if kind == "progress" else message.attempt_update
                 group.setdefault(body.attempt_id, []).append(message)
                 pending.append(message.seq)
@@ -185,7 +186,7 @@ class Session:
         if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
             for _ in range(unwanted):
                 # Nobody wants it here (deleted, or placed elsewhere): stop it.
-                self._cancel(attempt_id, "Unassigned", 0)
+                self._cancel(attempt_id, AttemptReason.UNASSIGNED, 0)
             return
         if not folds:
             return
@@ -209,7 +210,7 @@ class Session:
             self.send(lease_renewal=self._lease())
         elif kind == "attempt_update":
             await self._update(message.attempt_update)
-            if message.attempt_update.reason == "SuspendFailed":
+            if message.attempt_update.reason == AttemptReason.SUSPEND_FAILED:
                 await checkpoints.suspend_failed(self.cache, self.service.objects, message.attempt_update.attempt_id,
                                                  checkpoints.rules.SUSPEND_TRIES)
         elif kind == "checkpoint_commit":
@@ -249,7 +250,7 @@ class Session:
         if attempt is None or (attempt.get("spec") or {}).get("node") != self.node:
             if not report.phase.terminal and not from_hello:
                 # Nobody wants it here (deleted, or placed elsewhere): stop it.
-                self._cancel(update.attempt_id, "Unassigned", 0)
+                self._cancel(update.attempt_id, AttemptReason.UNASSIGNED, 0)
             return report.phase
         now = self.service.clock.now()
         key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
@@ -390,7 +391,7 @@ class Session:
         """A stop for an attempt this agent never had (stopped before its assignment went out): it ends
         here as the agent would have reported it, so it neither holds capacity nor stays live."""
         stop = attempt["spec"]["stop"]
-        report = Report(AttemptPhase.CANCELLED, reason=stop.get("reason", "Cancelled"),
+        report = Report(AttemptPhase.CANCELLED, reason=stop.get("reason", AttemptReason.CANCELLED),
                         message="stopped before it started on the node")
         now = self.service.clock.now()
 
@@ -427,7 +428,7 @@ class Session:
             message = f"{e.message}: {e.fix}" if e.fix else e.message
             log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], message)
             await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),
-                                              _fail("InvalidAssignment", message, self.service.clock.now()))
+                                              _fail(AttemptReason.INVALID_ASSIGNMENT, message, self.service.clock.now()))
             return None
 
     def _send_plan(self, attempt: dict[str, Any]) -> None:
@@ -451,7 +452,7 @@ class Session:
         return find
 
 
-def _fail(reason: str, message: str, now: float) -> Any:
+def _fail(reason: AttemptReason, message: str, now: float) -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
         status = transition(obj, AssignmentRefused(reason, message, now))
         if isinstance(status, Refusal):
@@ -468,6 +469,6 @@ def _on_node(attempt: dict[str, Any], suspend: agent_pb2.Suspend | None) -> desi
     return desired.OnNode(
         attempt_id=spec["id"], terminal=phase_of(attempt).terminal,
         reason=(attempt.get("status") or {}).get("reason") or "",
-        stop=desired.Stop(stop.get("reason", "Cancelled"), int(stop.get("graceSeconds") or 0),
+        stop=desired.Stop(stop.get("reason", AttemptReason.CANCELLED), int(stop.get("graceSeconds") or 0),
                           None if suspend is None else suspend.seq) if stop else None,
         gang=bool(spec.get("gang")))

@@ -5,10 +5,11 @@ from typing import Any
 
 from ..clock import rfc3339
 from ..controllers import checkpoints as rules
-from ..controllers.attempts import phase_of
+from ..controllers.attempts import AttemptPhase, phase_of
 from ..controllers.cache import Cache, attempt_key
 from ..controllers.job_controller import stop
 from ..controllers.objects import Objects
+from ..controllers.reasons import AttemptReason
 
 
 async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int, now: float) -> int:
@@ -27,15 +28,15 @@ async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int,
             asked += await _reclaim_gang(cache, objects, attempt, job, grace_seconds, now)
             continue
         seq = 0
-        if phase_of(attempt).value == "Running" and rules.continuity(job.get("spec") or {}) == "Checkpointed":
+        if phase_of(attempt) is AttemptPhase.RUNNING and rules.continuity(job.get("spec") or {}) == "Checkpointed":
             siblings = rules.index_attempts(cache.attempts_of(project, spec["job"]), spec.get("jobUID", ""),
                                             int(spec.get("index", 0)))
             seq = rules.next_seq(siblings)
-        asked += await _notice(objects, attempt, "Preempted", grace_seconds, now, seq)
+        asked += await _notice(objects, attempt, AttemptReason.PREEMPTED, grace_seconds, now, seq)
     return asked
 
 
-async def _notice(objects: Objects, attempt: dict[str, Any], reason: str, grace_seconds: int, now: float,
+async def _notice(objects: Objects, attempt: dict[str, Any], reason: AttemptReason, grace_seconds: int, now: float,
                   seq: int) -> int:
     """Stops `attempt` for `reason` within the grace, checkpointing `seq` first (0: none) by the
     deadline; 1 when a checkpoint was asked for."""
@@ -62,13 +63,14 @@ async def _reclaim_gang(cache: Cache, objects: Objects, attempt: dict[str, Any],
                and (m.get("spec") or {}).get("jobUID") == spec.get("jobUID") and not phase_of(m).terminal]
     job_spec = job.get("spec") or {}
     dcp = ((job_spec.get("recovery") or {}).get("checkpoint") or {}).get("format") == "Dcp"
-    running = all(phase_of(m).value == "Running" for m in members) and len(members) == int(spec["gang"].get("size") or 0)
+    running = (all(phase_of(m) is AttemptPhase.RUNNING for m in members)
+               and len(members) == int(spec["gang"].get("size") or 0))
     seq = 0
     if running and rules.continuity(job_spec) == "Checkpointed":
         seq = rules.next_seq(rules.index_attempts(siblings, spec.get("jobUID", ""), 0))
     asked = 0
     for m in members:
         rank = int(m["spec"]["gang"].get("rank") or 0)
-        reason = "Preempted" if m["spec"]["id"] == spec["id"] else "GangRestart"
+        reason = AttemptReason.PREEMPTED if m["spec"]["id"] == spec["id"] else AttemptReason.GANG_RESTART
         asked += await _notice(objects, m, reason, grace_seconds, now, seq if dcp or rank == 0 else 0)
     return asked

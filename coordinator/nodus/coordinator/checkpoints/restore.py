@@ -11,6 +11,7 @@ from nodus.v1 import agent_pb2
 from ..api.units import parse_quantity
 from ..clock import parse
 from ..controllers import checkpoints as rules
+from ..controllers.reasons import AttemptReason
 from .locations import BLOB_URI
 
 _INTEGRATIONS = {"Auto": agent_pb2.CHECKPOINT_INTEGRATION_AUTO, "None": agent_pb2.CHECKPOINT_INTEGRATION_NONE,
@@ -83,7 +84,7 @@ def suspend_message(attempt: dict[str, Any]) -> agent_pb2.Suspend | None:
     stop = (attempt.get("spec") or {}).get("stop") or {}
     if not stop.get("checkpointSeq"):
         return None
-    out = agent_pb2.Suspend(attempt_id=attempt["spec"]["id"], reason=stop.get("reason", "Suspended"),
+    out = agent_pb2.Suspend(attempt_id=attempt["spec"]["id"], reason=stop.get("reason", AttemptReason.SUSPENDED),
                             seq=int(stop["checkpointSeq"]), grace_seconds=int(stop.get("graceSeconds") or 0))
     deadline = parse(stop.get("checkpointDeadline"))
     if deadline is not None:

@@ -11,6 +11,8 @@ import enum
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from .reasons import AttemptReason
+
 
 class Told(enum.Enum):
     """What a stream last told the agent about an attempt."""
@@ -104,7 +106,7 @@ def diff(on_node: Sequence[OnNode], said: Mapping[str, Said], known: Set[str], f
         if attempt.terminal:
             if told == ASSIGNED and attempt_id not in finished:
                 # Ended without the agent saying so (Lost while it was away): stop it there.
-                messages.append(Message(Send.CANCEL, attempt_id, attempt.reason or "Unassigned"))
+                messages.append(Message(Send.CANCEL, attempt_id, attempt.reason or AttemptReason.UNASSIGNED))
         elif stop is not None:
             if attempt_id not in known:
                 messages.append(Message(Send.SETTLE, attempt_id, stop.reason))
@@ -120,7 +122,8 @@ def diff(on_node: Sequence[OnNode], said: Mapping[str, Said], known: Set[str], f
             messages.append(Message(Send.PLAN, attempt_id))
     for attempt_id, told in said.items():
         if attempt_id not in here and told == ASSIGNED and attempt_id not in finished:
-            messages.append(Message(Send.CANCEL, attempt_id, "Unassigned"))  # deleted, or moved off this node
+            # Deleted, or moved off this node.
+            messages.append(Message(Send.CANCEL, attempt_id, AttemptReason.UNASSIGNED))
     return Diff(tuple(messages), frozenset(said.keys() - here), frozenset((known | finished) - here))
 
 
@@ -187,5 +190,6 @@ def full_state(on_node: Sequence[OnNode], hello: Sequence[InHello]) -> tuple[Ful
         # Ended in the store while the agent was away (NodeLost: replaced) says why; anything else is
         # no longer this node's.
         here = ended.get(attempt_id)
-        entries.append(FullStateEntry(Resync.CANCEL, attempt_id, (here.reason if here else "") or "Unassigned"))
+        reason = (here.reason if here else "") or AttemptReason.UNASSIGNED
+        entries.append(FullStateEntry(Resync.CANCEL, attempt_id, reason))
     return tuple(entries)
