@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 import os
 import tempfile
 from pathlib import Path
@@ -187,3 +188,28 @@ def test_collection_removes_least_recently_used_images_no_attempt_runs(tmp_path:
         tight.pull(f"{registry.host}/tests/gc-b@{digests['b']}")
     assert full_disk.value.lost_capacity
     assert {p.name for p in tight.images.iterdir()} == left
+
+
+def test_a_cached_blob_that_went_bad_is_fetched_again_before_use(tmp_path: Path, registry: Registry,
+                                                                  busybox: tuple[Path, str]) -> None:
+    images = store(tmp_path, registry)
+    images.pull(f"{registry.host}/tests/busybox@{busybox[1]}")
+    cached = images.blobs / "sha256" / busybox_layer().digest.removeprefix("sha256:")
+    data = bytearray(cached.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    digest = push(image_with(tmp_path, "after-rot", b"x\n"), registry, "tests/after-rot", "v1")
+    pulled = images.pull(f"{registry.host}/tests/after-rot@{digest}")
+    assert cached.read_bytes() == busybox_layer().blob
+    assert (pulled.rootfs / "bin" / "busybox").read_bytes() == Path("/usr/bin/busybox").read_bytes()
+
+
+def test_concurrent_pulls_of_one_digest_unpack_it_once(tmp_path: Path, registry: Registry,
+                                                       busybox: tuple[Path, str]) -> None:
+    images = store(tmp_path, registry)
+    ref = f"{registry.host}/tests/busybox@{busybox[1]}"
+    with ThreadPoolExecutor(4) as pool:
+        pulled = list(pool.map(lambda _: images.pull(ref), range(4)))
+    assert sorted(p.cached for p in pulled) == [False, True, True, True]
+    assert {p.rootfs for p in pulled} == {pulled[0].rootfs}
+    assert [p.name for p in images.images.iterdir()] == [busybox[1].removeprefix("sha256:")]

@@ -4,7 +4,7 @@ On disk, under the cache directory the agent owns:
 
     blobs/sha256/<hex>           every blob of every image, once (skopeo's shared blob dir)
     images/<hex>/layout/         the image's OCI layout (index.json; its blobs/ links to the shared one)
-    images/<hex>/bundle/rootfs   the image unpacked by umoci, shared read-only by the image's attempts
+    images/<hex>/rootfs          the image unpacked by umoci, shared read-only by the image's attempts
     images/<hex>/image.json      written last: an image is in the cache once this file exists
     images/.<hex>.<random>/      a pull in flight (renamed to images/<hex> when complete)
 
@@ -177,11 +177,11 @@ class ImageStore:
             layout = staging / "layout"
             layout.mkdir(parents=True)
             self._copy_verified(ref, layout, wanted, total, credentials, progress)
-            bundle = staging / "bundle"
-            self._unpack(layout, bundle, str(ref))
+            rootfs = staging / "rootfs"
+            self._unpack(layout, rootfs, str(ref))
             image_config = orjson.loads(self._blob(config.digest).read_bytes())
             record = {"digest": ref.digest, "reference": str(ref), "blobs": sorted(self._pulling[ref.digest]),
-                      "bytes": total, "rootfsBytes": disk_usage(bundle), "lastUsed": self.clock.now(),
+                      "bytes": total, "rootfsBytes": disk_usage(rootfs), "lastUsed": self.clock.now(),
                       "config": image_config}
             _write_atomic(staging / "image.json", orjson.dumps(record))
             final = self.images / hexd
@@ -190,7 +190,7 @@ class ImageStore:
             except OSError:
                 shutil.rmtree(staging, ignore_errors=True)  # the same digest landed meanwhile: use that one
             self.collect(keep=(ref.digest,))
-            return PulledImage(ref.digest, final / "bundle" / "rootfs", ImageConfig.from_oci(image_config), False)
+            return PulledImage(ref.digest, final / "rootfs", ImageConfig.from_oci(image_config), False)
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFull(f"{ref}: the image cache's disk is full ({e})") from e
@@ -202,9 +202,11 @@ class ImageStore:
 
     def _copy_verified(self, ref: ImageReference, layout: Path, wanted: list[Descriptor], total: int,
                        credentials: RegistryCredentials | None, progress: ProgressCallback | None) -> None:
-        """skopeo copy, then every blob hashed before use; a cached blob that went bad is dropped and
-        fetched again once (skopeo reuses a blob it finds without reading it)."""
+        """skopeo copy, then the blobs it did not fetch hashed before use: skopeo checks what it fetches as
+        it streams but reuses a blob it finds without reading it, so a cached blob that went bad is
+        found here, dropped and fetched again once."""
         for attempt in (1, 2):
+            reused = [d for d in wanted if self._blob(d.digest).exists()]
             stop = threading.Event()
             reporter = threading.Thread(target=self._report, args=(layout, wanted, total, progress, stop),
                                         name="nodus-pull-progress", daemon=True) if progress else None
@@ -216,7 +218,8 @@ class ImageStore:
                 stop.set()
                 if reporter:
                     reporter.join()
-            bad = [d for d in wanted if not _blob_matches(self._blob(d.digest), d)]
+            bad = [d for d in reused if not _blob_matches(self._blob(d.digest), d)]
+            bad += [d for d in wanted if d not in reused and not self._blob(d.digest).exists()]
             if not bad:
                 if progress:
                     progress(PullProgress(total, total))
@@ -245,14 +248,16 @@ class ImageStore:
             if stop.wait(PROGRESS_INTERVAL):
                 return
 
-    def _unpack(self, layout: Path, bundle: Path, what: str) -> None:
-        """umoci unpack through a layout whose blobs/ is the shared directory (umoci checks digests as it reads)."""
+    def _unpack(self, layout: Path, rootfs: Path, what: str) -> None:
+        """umoci unpack through a layout whose blobs/ is the shared directory (umoci checks digests as it
+        reads). `raw unpack`: the tree only; the runtime spec is bundle.py's and umoci's mtree (a second
+        hash of every file, half the unpack time) is not needed for an image that is never repacked."""
         blobs = layout / "blobs"
         if blobs.is_dir() and not blobs.is_symlink():
             shutil.rmtree(blobs)
         blobs.symlink_to(Path("..") / ".." / ".." / "blobs")
         try:
-            done = subprocess.run([self.umoci, "unpack", "--image", f"{layout}:{TAG}", str(bundle)],
+            done = subprocess.run([self.umoci, "raw", "unpack", "--image", f"{layout}:{TAG}", str(rootfs)],
                                   capture_output=True, timeout=1800)
         except FileNotFoundError:
             raise ImagePullError(f"{what}: {self.umoci} is not installed on this node (scripts/setup)") from None
@@ -271,7 +276,7 @@ class ImageStore:
             return None
         record["lastUsed"] = self.clock.now()
         _write_atomic(path / "image.json", orjson.dumps(record))
-        image = PulledImage(digest, path / "bundle" / "rootfs", ImageConfig.from_oci(record["config"]), True)
+        image = PulledImage(digest, path / "rootfs", ImageConfig.from_oci(record["config"]), True)
         return {"image": image, "bytes": int(record["bytes"])}
 
     def _footprint(self, path: Path) -> Footprint | None:
