@@ -25,6 +25,7 @@ from .controllers.attempts import phase_of
 from .controllers.cache import LEASES, NODES, Cache, attempt_key
 from .controllers.job_controller import stop
 from .controllers.objects import Objects
+from .controllers.reasons import AttemptReason
 from .errors import NodusError
 from .money.books import PriceBooks
 from .money.fit import MeasuredGpu, MeasuredShape, differences
@@ -182,7 +183,7 @@ class NodeRegistry:
         for attempt in self.cache.attempts_on(name):
             if not phase_of(attempt).terminal:
                 key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
-                await self.objects.mutate(key, stop("Drained", grace_seconds, now))
+                await self.objects.mutate(key, stop(AttemptReason.DRAINED, grace_seconds, now))
         return doc
 
 
