@@ -36,6 +36,7 @@ TAG = "latest"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 CONFIG = "application/vnd.oci.image.config.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
 ACCESS_LINE = re.compile(r'^\S+ - \S+ \[[^]]+\] "(?:GET|HEAD|PUT|POST|PATCH|DELETE) ', re.M)
 """A line of the registry's access log (Apache combined format)."""
 
@@ -86,8 +87,9 @@ def busybox_layer() -> Layer:
     return layer(files, {"bin/busybox": 0o755})
 
 
-def write_layout(dest: Path, layers: list[Layer], config: Mapping[str, object] | None = None) -> Path:
-    """An OCI image layout at `dest` holding one linux/amd64 image of `layers`, tagged `latest`."""
+def write_layout(dest: Path, layers: list[Layer], config: Mapping[str, object] | None = None,
+                 architecture: str = "amd64") -> Path:
+    """An OCI image layout at `dest` holding one linux image of `layers`, tagged `latest`."""
     blobs = dest / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
 
@@ -96,7 +98,7 @@ def write_layout(dest: Path, layers: list[Layer], config: Mapping[str, object] |
         (blobs / digest.removeprefix("sha256:")).write_bytes(data)
         return digest
 
-    image_config = {"architecture": "amd64", "os": "linux",
+    image_config = {"architecture": architecture, "os": "linux",
                     "config": dict(config or {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/"}),
                     "rootfs": {"type": "layers", "diff_ids": [lay.diff_id for lay in layers]}}
     config_bytes = orjson.dumps(image_config)
@@ -109,6 +111,22 @@ def write_layout(dest: Path, layers: list[Layer], config: Mapping[str, object] |
          "annotations": {"org.opencontainers.image.ref.name": TAG}}]}
     (dest / "oci-layout").write_bytes(b'{"imageLayoutVersion":"1.0.0"}')
     (dest / "index.json").write_bytes(orjson.dumps(index))
+    return dest
+
+
+def write_index_layout(dest: Path, images: Mapping[str, tuple[list[Layer], Mapping[str, object]]]) -> Path:
+    """A layout whose `latest` is an image index (manifest list): one linux image per architecture."""
+    entries = []
+    for architecture, (layers, config) in images.items():
+        write_layout(dest, layers, config, architecture)
+        entry = orjson.loads((dest / "index.json").read_bytes())["manifests"][0]
+        entry.pop("annotations")
+        entries.append({**entry, "platform": {"os": "linux", "architecture": architecture}})
+    index_bytes = orjson.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries})
+    (dest / "blobs" / "sha256" / _sha(index_bytes).removeprefix("sha256:")).write_bytes(index_bytes)
+    (dest / "index.json").write_bytes(orjson.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": INDEX, "digest": _sha(index_bytes), "size": len(index_bytes),
+         "annotations": {"org.opencontainers.image.ref.name": TAG}}]}))
     return dest
 
 
@@ -209,10 +227,12 @@ class Registry:
 
 
 def push(layout: Path, registry: Registry, repo: str, tag: str) -> str:
-    """Copies the layout's `latest` image to registry/repo:tag; returns the manifest digest it serves."""
+    """Copies the layout's `latest` image (or index) to registry/repo:tag; returns the digest it serves."""
     digest_file = layout.parent / f".{layout.name}.{repo.replace('/', '_')}.{tag}.digest"
     creds = ["--dest-creds", f"{registry.username}:{registry.password}"] if registry.username else []
-    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", *creds,
+    top = orjson.loads((layout / "index.json").read_bytes())["manifests"][0]
+    every = ["--all"] if top["mediaType"] == INDEX else []  # an index as it is, not the host's image of it
+    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", *creds, *every,
                     "--digestfile", str(digest_file), f"oci:{layout}:{TAG}",
                     f"docker://{registry.host}/{repo}:{tag}"], check=True, capture_output=True, timeout=120)
     return digest_file.read_text().strip()

@@ -1,6 +1,8 @@
-"""The agent's image store against a real registry on loopback: pull by digest, verify, cache, GC."""
+"""Images against a real registry on loopback: the agent's store (pull by digest, verify, cache, GC) and
+the coordinator's resolution of spec.image at admission."""
 from __future__ import annotations
 
+import asyncio
 import base64
 from concurrent.futures import ThreadPoolExecutor
 import os
@@ -15,9 +17,12 @@ from nodus.agent.oci.images import ImageStore, PullProgress
 from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, InvalidReference, NotFound, \
     Unauthorized, Unreachable
 from nodus.agent.oci.skopeo import RegistryCredentials, Skopeo
+from nodus.coordinator.images import BadImageReference, BadPullSecret, ImageNotFound, ImageResolver, \
+    ImageUnauthorized, RegistryUnreachable, ResolvedImage, refusal
+from nodus.coordinator.images import RegistryCredentials as CoordinatorCredentials
 from agent_double import free_port
 from registry import Registry, build_busybox_layout, busybox_layer, layer, layout_blobs, push, serve_registry, \
-    write_layout
+    write_index_layout, write_layout
 
 GIB = 1 << 30
 
@@ -213,3 +218,84 @@ def test_concurrent_pulls_of_one_digest_unpack_it_once(tmp_path: Path, registry:
     assert sorted(p.cached for p in pulled) == [False, True, True, True]
     assert {p.rootfs for p in pulled} == {pulled[0].rootfs}
     assert [p.name for p in images.images.iterdir()] == [busybox[1].removeprefix("sha256:")]
+
+
+# -- the coordinator's side: admission resolves spec.image to the digest every attempt runs ----------
+
+def resolve(resolver: ImageResolver, image: str, credentials: CoordinatorCredentials | None = None) -> ResolvedImage:
+    return asyncio.run(resolver.resolve(image, credentials))
+
+
+def test_a_tag_resolves_to_the_digest_the_registry_serves_and_the_config_user(
+        tmp_path: Path, registry: Registry, busybox: tuple[Path, str]) -> None:
+    resolver = ImageResolver(insecure=frozenset({registry.host}))
+    got = resolve(resolver, f"{registry.host}/tests/busybox:v1")
+    assert got.digest == busybox[1] and got.user == "65534"
+    assert got.pinned == f"{registry.host}/tests/busybox@{busybox[1]}"
+    assert resolve(resolver, got.pinned).digest == busybox[1]
+    rootless = push(build_busybox_layout(tmp_path / "no-user"), registry, "tests/no-user", "v1")
+    assert resolve(resolver, f"{registry.host}/tests/no-user:v1").as_status() == {
+        "reference": f"{registry.host}/tests/no-user:v1", "digest": rootless, "user": "root"}
+
+
+def test_a_manifest_list_resolves_to_the_nodes_platform(tmp_path: Path, registry: Registry) -> None:
+    layout = write_index_layout(tmp_path / "multi", {
+        "amd64": ([busybox_layer()], {"User": "1000", "Cmd": ["/bin/sh"]}),
+        "arm64": ([layer({"bin/sh": b"not for this node"})], {"User": "2000"})})
+    index_digest = push(layout, registry, "tests/multi", "v1")
+    got = resolve(ImageResolver(insecure=frozenset({registry.host})), f"{registry.host}/tests/multi:v1")
+    assert got.digest != index_digest and got.user == "1000"
+    # the agent pulls the pinned platform manifest, which is the amd64 image
+    pulled = store(tmp_path, registry).pull(got.pinned)
+    assert (pulled.rootfs / "bin" / "busybox").exists()
+    with pytest.raises(ImageNotFound, match="linux/s390x"):
+        resolve(ImageResolver(insecure=frozenset({registry.host}), architecture="s390x"),
+                f"{registry.host}/tests/multi:v1")
+
+
+def test_a_moved_tag_resolves_anew_while_the_pinned_digest_still_pulls(
+        tmp_path: Path, registry: Registry) -> None:
+    resolver = ImageResolver(insecure=frozenset({registry.host}))
+    first = push(image_with(tmp_path, "moving-1", b"one\n"), registry, "tests/moving", "stable")
+    pinned = resolve(resolver, f"{registry.host}/tests/moving:stable")
+    push(image_with(tmp_path, "moving-2", b"two\n"), registry, "tests/moving", "stable")
+    assert resolve(resolver, f"{registry.host}/tests/moving:stable").digest != first == pinned.digest
+    pulled = store(tmp_path, registry).pull(pinned.pinned)  # a replacement attempt after the move
+    assert (pulled.rootfs / "data" / "moving-1.bin").read_bytes() == b"one\n"
+
+
+def test_unknown_images_are_refused_naming_spec_image_and_the_fix(registry: Registry) -> None:
+    resolver = ImageResolver(insecure=frozenset({registry.host}))
+    for image in (f"{registry.host}/tests/busybox:no-such-tag", f"{registry.host}/tests/nothing-here:v1"):
+        with pytest.raises(ImageNotFound) as refused:
+            resolve(resolver, image)
+        error = refusal(refused.value, "Job", "train")
+        status = error.to_status("req_1")
+        assert status["code"] == 422 and status["details"]["causes"][0]["field"] == "spec.image"
+        assert image in status["message"] and "ImageNotFound" in status["message"] and "tag" in status["fix"]
+    with pytest.raises(BadImageReference):
+        resolve(resolver, "Not A Reference")
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RegistryUnreachable) as unreachable:
+        resolve(ImageResolver(insecure=frozenset({dead}), timeout=20), f"{dead}/x:v1")
+    assert refusal(unreachable.value, "Job", "train").to_status("req_2")["code"] == 503
+
+
+def test_a_private_image_resolves_only_with_its_pull_secret(tmp_path: Path, private_registry: Registry) -> None:
+    digest = push(build_busybox_layout(tmp_path / "private"), private_registry, "team/resolve", "v1")
+    resolver = ImageResolver(insecure=frozenset({private_registry.host}))
+    image = f"{private_registry.host}/team/resolve:v1"
+    with pytest.raises(ImageUnauthorized) as refused:
+        resolve(resolver, image)
+    assert "imagePullSecrets" in refusal(refused.value, "Job", "train").to_status("req_3")["fix"]
+    basic = CoordinatorCredentials.from_secret("registry", {"username": b"alice", "password": b"s3cret"})
+    assert resolve(resolver, image, basic).digest == digest
+    auth = base64.b64encode(b"alice:s3cret").decode()
+    config = orjson.dumps({"auths": {private_registry.host: {"auth": auth}}})
+    docker = CoordinatorCredentials.from_secret("registry", {".dockerconfigjson": config})
+    assert resolve(resolver, image, docker).digest == digest
+    assert "s3cret" not in repr(basic)
+    with pytest.raises(BadPullSecret) as bad:
+        CoordinatorCredentials.from_secret("registry", {"token": b"x"})
+    cause = refusal(bad.value, "Job", "train").to_status("req_4")["details"]["causes"][0]
+    assert cause["field"] == "spec.imagePullSecrets" and '"registry"' in cause["message"]
