@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from nodus.v1 import agent_pb2
 
 from . import checkpoints
-from .agent_wire import lease_message, plan_message, probe_of, progress_of, report_of
+from .agent_wire import cancel_message, lease_message, plan_message, probe_of, progress_of, report_of
 from .clock import parse
 from .controllers import assignment, desired
 from .controllers import gang_plan
@@ -280,7 +280,7 @@ class Session:
 
     def _cancel(self, attempt_id: str, reason: str, grace: int) -> None:
         self._said[attempt_id] = CANCELLED
-        self.send(cancel=agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=grace))
+        self.send(cancel=cancel_message(attempt_id, reason, grace))
 
     # -- desired state ----------------------------------------------------------------------------
     async def _full_state(self, hello: list[desired.InHello]) -> tuple[list[agent_pb2.Assignment],
@@ -294,8 +294,7 @@ class Session:
             if entry.resync is desired.Resync.SETTLE:
                 await self._never_started(on_node[attempt_id])
             elif entry.resync is desired.Resync.CANCEL:
-                cancels.append(agent_pb2.Cancel(attempt_id=attempt_id, reason=entry.reason,
-                                                grace_seconds=entry.grace_seconds))
+                cancels.append(cancel_message(attempt_id, entry.reason, entry.grace_seconds))
                 self._said[attempt_id] = CANCELLED
             else:  # ASSIGN, or KEEP_FOR_SUSPEND: the Suspend follows FullState from the first _diff
                 built = await self._assignment(on_node[attempt_id], running=entry.reported)

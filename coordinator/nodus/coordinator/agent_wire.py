@@ -91,6 +91,11 @@ def progress_of(p: agent_pb2.Progress) -> ProgressReport:
 
 
 
+def cancel_message(attempt_id: str, reason: str, grace_seconds: int = 0) -> agent_pb2.Cancel:
+    """A Cancel: stop the attempt for `reason`, killing it after `grace_seconds`."""
+    return agent_pb2.Cancel(attempt_id=attempt_id, reason=reason, grace_seconds=grace_seconds)
+
+
 def lease_message(duration: float, expire: float) -> agent_pb2.LeaseRenewal:
     """A LeaseRenewal: the lease lasts `duration` seconds and now ends at `expire` (epoch seconds)."""
     expire_time = timestamp_pb2.Timestamp()
