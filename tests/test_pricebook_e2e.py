@@ -92,6 +92,9 @@ def test_loaded_at_start_and_replaced_live(tmp_path: Path) -> None:
 
 
 def test_without_a_price_book_nothing_is_priced(coordinator: Coordinator) -> None:
+    assert PB in grpcurl(coordinator, "list").stdout.split()  # reflection names the service
+    health = json.loads(grpcurl(coordinator, "grpc.health.v1.Health/Check", {"service": PB}).stdout)
+    assert health["status"] == "SERVING"
     error = refused(coordinator, "GetPriceBook", {})
     assert error["code"] == NOT_FOUND and "charges nothing" in error["message"]
     result = coordinator.run("nodus", "pricebook", "get", check=False)
