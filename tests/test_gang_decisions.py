@@ -11,7 +11,7 @@ from nodus.coordinator.controllers.attempts import fold_gang
 from nodus.coordinator.controllers.gang import (ASSEMBLE, MESH, START, CreateMember, GangConfig, decide_gang, topology,
                                                 weakest)
 from nodus.coordinator.controllers.gang_plan import plan, plan_for
-from nodus.coordinator.controllers.job import AttemptView, JobView, StopAttempt
+from nodus.coordinator.controllers.job import AttemptView, Decision, JobView, StopAttempt
 from nodus.coordinator.scheduler import Amount, NodeView, Request, place_gang
 
 T0 = 1_767_225_600.0
@@ -56,6 +56,11 @@ def member_obj(epoch: int, rank: int, phase: str = "Running", node: str | None =
     return obj
 
 
+def decide(job: dict[str, Any], attempts: list[AttemptView], now: float) -> Decision:
+    """decide_gang as the Job controller calls it: the Job's view and its stored status."""
+    return decide_gang(JobView.from_object(job), attempts, now, prev=job.get("status") or {})
+
+
 def creates(decision: Any) -> list[CreateMember]:
     return [a for a in decision.actions if isinstance(a, CreateMember)]
 
@@ -67,7 +72,7 @@ def stops(decision: Any) -> dict[str, str]:
 def test_a_new_gang_creates_every_rank_of_epoch_1_and_resolves_its_topology() -> None:
     job = gang_job(nodes=None, totalGPUs=8, gpusPerNode=4)
     del job["spec"]["distributed"]["nodes"]
-    d = decide_gang(JobView.from_object(job), [], T0)
+    d = decide(job, [], T0)
     assert [(c.epoch, c.rank, c.size) for c in creates(d)] == [(1, 0, 2), (1, 1, 2)]
     assert d.status["topology"] == {"nodes": 2, "gpusPerNode": 4, "totalGPUs": 8, "network": "Regional",
                                     "resolvedFrom": "TotalGPUs"}
@@ -75,7 +80,7 @@ def test_a_new_gang_creates_every_rank_of_epoch_1_and_resolves_its_topology() ->
 
 
 def test_a_running_gang_reports_every_member_and_its_rendezvous() -> None:
-    d = decide_gang(JobView.from_object(gang_job()), [member(1, 0), member(1, 1)], T0 + 30)
+    d = decide(gang_job(), [member(1, 0), member(1, 1)], T0 + 30)
     gang = d.status["gang"]
     assert d.status["phase"] == "Running" and gang["phase"] == "Running"
     assert (gang["epoch"], gang["size"], gang["ready"], gang["started"], gang["restarts"]) == (1, 2, 2, 2, 0)
@@ -87,21 +92,21 @@ def test_a_running_gang_reports_every_member_and_its_rendezvous() -> None:
 def test_the_gang_phase_follows_the_slowest_member(done: str, phase: str) -> None:
     members = [member(1, 0, "Initializing", started=None, done="Mesh"),
                member(1, 1, "Initializing", started=None, done=done)]
-    d = decide_gang(JobView.from_object(gang_job()), members, T0 + 30)
+    d = decide(gang_job(), members, T0 + 30)
     assert d.status["gang"]["phase"] == phase and d.status["phase"] == "Provisioning"
 
 
 def test_losing_one_member_stops_the_others_then_restarts_the_gang_on_the_same_topology() -> None:
     lost = member(1, 1, "Lost", reason="NodeLost")
-    d = decide_gang(JobView.from_object(gang_job()), [member(1, 0), lost], T0 + 30)
+    d = decide(gang_job(), [member(1, 0), lost], T0 + 30)
     assert stops(d) == {"g-1-r0": "GangRestart"} and not creates(d)
     assert d.status["gang"]["phase"] == "Recovering"
     # rank 0 stopped (it ends Cancelled): epoch 2, rank 0 keeps its node, rank 1 avoids the lost one
-    d = decide_gang(JobView.from_object(gang_job()), [member(1, 0, "Cancelled", reason="GangRestart", stop="GangRestart"), lost], T0 + 40)
+    d = decide(gang_job(), [member(1, 0, "Cancelled", reason="GangRestart", stop="GangRestart"), lost], T0 + 40)
     assert [(c.epoch, c.rank, c.prefer_node, c.avoid_nodes) for c in creates(d)] == [(2, 0, "n0", ()),
                                                                                       (2, 1, "", ("n1",))]
     assert d.status["phase"] != "Failed"
-    later = decide_gang(JobView.from_object(gang_job()), [member(1, 0, "Cancelled", reason="GangRestart"), lost,
+    later = decide(gang_job(), [member(1, 0, "Cancelled", reason="GangRestart"), lost,
                                      member(2, 0, "Pending", node="", started=None, done=""),
                                      member(2, 1, "Pending", node="", started=None, done="")], T0 + 41)
     assert later.status["gang"]["epoch"] == 2 and later.status["gang"]["restarts"] == 1
@@ -110,39 +115,39 @@ def test_losing_one_member_stops_the_others_then_restarts_the_gang_on_the_same_t
 def test_a_peer_failing_after_a_lost_node_counts_as_the_loss_not_a_customer_failure() -> None:
     members = [member(1, 0, "Failed", reason="Error", finished=T0 + 21), member(1, 1, "Lost", reason="NodeLost",
                                                                                finished=T0 + 25)]
-    d = decide_gang(JobView.from_object(gang_job()), members, T0 + 30)  # backoffLimit 0, maxAttempts 1: one loss is allowed
+    d = decide(gang_job(), members, T0 + 30)  # backoffLimit 0, maxAttempts 1: one loss is allowed
     assert d.status["phase"] != "Failed" and creates(d)
 
 
 def test_losses_beyond_max_attempts_fail_the_job() -> None:
     epochs = [member(e, r, "Lost" if r == 1 else "Cancelled", reason="NodeLost" if r == 1 else "GangRestart")
               for e in (1, 2) for r in (0, 1)]
-    d = decide_gang(JobView.from_object(gang_job()), epochs, T0 + 30)
+    d = decide(gang_job(), epochs, T0 + 30)
     assert d.status["phase"] == "Failed" and d.status["reason"] == "MaxAttemptsExceeded"
     assert "on node n1, NodeLost" in d.status["message"] and not creates(d)
 
 
 def test_a_rank_that_fails_fails_the_gang_attempt_against_backoff_limit() -> None:
     members = [member(1, 0, "Cancelled", reason="GangRestart"), member(1, 1, "Failed", reason="Error")]
-    d = decide_gang(JobView.from_object(gang_job()), members, T0 + 30)
+    d = decide(gang_job(), members, T0 + 30)
     assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
 
 
 def test_an_assembly_past_startup_timeout_is_stopped_then_re_placed_then_fails() -> None:
     stuck = [member(1, 0, "Initializing", started=None, done="Assemble"),
              member(1, 1, "Initializing", started=None, done="")]
-    before = decide_gang(JobView.from_object(gang_job()), stuck, T0 + 100)
+    before = decide(gang_job(), stuck, T0 + 100)
     assert not stops(before) and before.wake_at == pytest.approx(T0 + 1 + 300)
-    after = decide_gang(JobView.from_object(gang_job()), stuck, T0 + 302)
+    after = decide(gang_job(), stuck, T0 + 302)
     assert stops(after) == {"g-1-r0": "AssemblyTimeout", "g-1-r1": "AssemblyTimeout"}
     ended = [member(1, 0, "Cancelled", reason="AssemblyTimeout", started=None, done="Assemble"),
              member(1, 1, "Cancelled", reason="AssemblyTimeout", started=None, done="")]
-    again = decide_gang(JobView.from_object(gang_job()), ended, T0 + 303)
+    again = decide(gang_job(), ended, T0 + 303)
     assert [(c.epoch, c.rank, c.prefer_node, c.avoid_nodes) for c in creates(again)] == [(2, 0, "n0", ()),
                                                                                           (2, 1, "", ("n1",))]
     twice = ended + [member(2, 0, "Cancelled", reason="AssemblyTimeout", started=None, done="Assemble"),
                      member(2, 1, "Cancelled", reason="AssemblyTimeout", node="n2", started=None, done="")]
-    d = decide_gang(JobView.from_object(gang_job()), twice, T0 + 700)
+    d = decide(gang_job(), twice, T0 + 700)
     assert d.status["phase"] == "Failed" and d.status["reason"] == "GangAssemblyTimeout"
     assert "rank(s) 1 never became ready" in d.status["message"] and not creates(d)
     assert d.status["gang"]["phase"] == "Done"
@@ -150,9 +155,9 @@ def test_an_assembly_past_startup_timeout_is_stopped_then_re_placed_then_fails()
 
 def test_ray_workers_are_stopped_when_the_head_succeeds_and_the_job_succeeds() -> None:
     job = gang_job(launcher="Ray")
-    d = decide_gang(JobView.from_object(job), [member(1, 0, "Succeeded", reason="Completed"), member(1, 1)], T0 + 30)
+    d = decide(job, [member(1, 0, "Succeeded", reason="Completed"), member(1, 1)], T0 + 30)
     assert stops(d) == {"g-1-r1": "GangCompleted"} and d.status["phase"] == "Running"
-    d = decide_gang(JobView.from_object(job), [member(1, 0, "Succeeded", reason="Completed"),
+    d = decide(job, [member(1, 0, "Succeeded", reason="Completed"),
                           member(1, 1, "Cancelled", reason="GangCompleted", stop="GangCompleted")], T0 + 31)
     assert d.status["phase"] == "Succeeded" and d.status["gang"]["phase"] == "Done"
 
@@ -160,7 +165,7 @@ def test_ray_workers_are_stopped_when_the_head_succeeds_and_the_job_succeeds() -
 def test_cancel_stops_every_member() -> None:
     job = gang_job()
     job["spec"]["state"] = "Cancelled"
-    d = decide_gang(JobView.from_object(job), [member(1, 0), member(1, 1)], T0 + 30)
+    d = decide(job, [member(1, 0), member(1, 1)], T0 + 30)
     assert stops(d) == {"g-1-r0": "Cancelled", "g-1-r1": "Cancelled"} and d.status["phase"] == "Cancelled"
 
 

@@ -54,7 +54,8 @@ class World:
     def step(self) -> Decision:
         assert self.job is not None
         now = self.clock.now()
-        d = decide(JobView.from_object(self.job), [AttemptView.from_object(a) for a in self.attempts.values()], now)
+        d = decide(JobView.from_object(self.job), [AttemptView.from_object(a) for a in self.attempts.values()], now,
+                   prev=self.status)
         for action in d.actions:
             if isinstance(action, CreateAttempt):
                 a = new_attempt(self.job, action.index, action.number, now)

@@ -153,8 +153,8 @@ def test_an_auto_cadence_follows_the_offering_it_runs_on() -> None:
     assert mtbi is not None and mtbi < 3 * 3600
     views = [AttemptView.from_object(a) for a in w.attempts.values()]
     every = rules.young_daly(8.0, mtbi)
-    assert decide(JobView.from_object(w.job), views, w.clock.now(), mtbi=mtbi).status["checkpoint"]["interval"] == duration(every)  # type: ignore[index, arg-type]
-    assert decide(JobView.from_object(w.job), views, w.clock.now()).status["checkpoint"]["interval"] == \
+    assert decide(JobView.from_object(w.job), views, w.clock.now(), mtbi=mtbi, prev=w.status).status["checkpoint"]["interval"] == duration(every)  # type: ignore[index, arg-type]
+    assert decide(JobView.from_object(w.job), views, w.clock.now(), prev=w.status).status["checkpoint"]["interval"] == \
         duration(rules.young_daly(8.0, rules.DEFAULT_MTBI))  # type: ignore[index, arg-type]
     cache, asked = FakeCache(w), {}
     w.clock.advance(every + 2)  # the running attempt's own hours count too, so the figure creeps up a little
@@ -190,7 +190,8 @@ def test_suspend_of_a_running_checkpointed_job_asks_for_a_checkpoint_first() -> 
     w.run(name)
     w.job["spec"]["state"] = "Suspended"
     w.job["metadata"]["generation"] = 2
-    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
+    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now(),
+               prev=w.status)
     stops = [a for a in d.actions if isinstance(a, StopAttempt)]
     assert stops == [StopAttempt(name, "Suspended", checkpoint_seq=1)]
     w.mutate(name, stop("Suspended", 30, w.clock.now(), 1))
@@ -206,7 +207,8 @@ def test_suspend_without_checkpoints_is_a_plain_stop(continuity: str) -> None:
     name = w.live()[0]
     w.run(name)
     w.job["spec"]["state"] = "Suspended"
-    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
+    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now(),
+               prev=w.status)
     assert [a for a in d.actions if isinstance(a, StopAttempt)] == [StopAttempt(name, "Suspended")]
 
 
@@ -233,7 +235,8 @@ def test_suspend_failed_keeps_the_job_running_and_resets_on_resume() -> None:
     # A new suspend (a new generation) tries again.
     w.job["spec"]["state"] = "Suspended"
     w.job["metadata"]["generation"] = 4
-    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now())
+    d = decide(JobView.from_object(w.job), [AttemptView.from_object(a) for a in w.attempts.values()], w.clock.now(),
+               prev=w.status)
     assert [a for a in d.actions if isinstance(a, StopAttempt)] == [StopAttempt(name, "Suspended", checkpoint_seq=1)]
 
 

@@ -229,8 +229,9 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
 
 def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
                 config: GangConfig = GangConfig(), mtbi: float | None = None,
-                free_storage: int = FREE_STORAGE_BYTES) -> Decision:
-    prev, uid, launcher = job.status, job.uid, job.launcher
+                free_storage: int = FREE_STORAGE_BYTES, *, prev: Mapping[str, Any]) -> Decision:
+    """`job.decide` for a gang Job, over its epochs; `prev` is the Job's stored status (decide's)."""
+    uid, launcher = job.uid, job.launcher
     startup, retries = job.startup_timeout, job.max_assembly_retries
     topo = dict(job.topology)
     size = int(topo["nodes"])
@@ -277,7 +278,8 @@ def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
                    f"{len(timeouts)} times (the first placement and {len(timeouts) - 1} re-placements; "
                    f"maxAssemblyRetries {retries}); the last time rank(s) {', '.join(map(str, stuck)) or '?'} never "
                    f"became ready")
-    decision = decide(job, list(views.values()), now, extra_verdict=verdict, mtbi=mtbi, free_storage=free_storage)
+    decision = decide(job, list(views.values()), now, extra_verdict=verdict, mtbi=mtbi, free_storage=free_storage,
+                      prev=prev)
     for action in decision.actions:
         if isinstance(action, CreateAttempt):
             actions.extend(_new_epoch(action.number, size, epochs, views))
@@ -296,7 +298,7 @@ def decide_gang(job: JobView, attempts: Sequence[AttemptView], now: float,
             actions.append(action)
     status = dict(decision.status if decision.status is not None else prev)
     status["topology"] = topo
-    gang = gang_status(status, epochs, views, current, size, launcher, config, prev.get("gang") or {})
+    gang = gang_status(status, epochs, views, current, size, launcher, config, job.gang_status)
     status["gang"] = gang
     wake_at = min([t for t in ([decision.wake_at] if decision.wake_at else []) + wake if t > now], default=None)
     return Decision(None if status == prev else status, tuple(actions), wake_at)  # type: ignore[arg-type]

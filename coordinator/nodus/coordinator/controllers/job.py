@@ -16,12 +16,11 @@ against nothing.
 """
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from ..clock import duration, parse, rfc3339, seconds
+from ..clock import duration, parse, rfc3339
 from ..errors import REGISTRY
 from . import checkpoints as ckpt
 from . import recovery
@@ -29,55 +28,14 @@ from .attempts import AttemptPhase, scrub
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .reasons import AttemptReason
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
+from .views import TERMINAL_PHASES as TERMINAL_PHASES
+from .views import JobPhase as JobPhase
 from .views import JobState as JobState
+from .views import terminal_phases as terminal_phases
 from .views import JobView as JobView
 
 STOP_GRACE_SECONDS = 30
 """SIGTERM to SIGKILL for attempts the controller stops (Kubernetes' default grace period)."""
-
-
-class JobPhase(str, enum.Enum):
-    """A Job's run-to-completion phase: a summary of its attempts, not the state machine itself.
-
-    Pending → Queued → Provisioning → Running → Succeeded | Failed | Cancelled, and Suspended from any
-    non-terminal phase while spec.state is Suspended (back to Queued on resume). Terminal phases are
-    never left.
-    """
-
-    PENDING = "Pending"
-    """Accepted; the controller has not created its attempts yet."""
-    QUEUED = "Queued"
-    """Attempts wait for capacity; none is placed yet."""
-    PROVISIONING = "Provisioning"
-    """An attempt is placed and its node prepares it; no main command runs yet."""
-    RUNNING = "Running"
-    """At least one attempt's main command runs."""
-    SUSPENDED = "Suspended"
-    """spec.state is Suspended: attempts are stopped and capacity freed until it is Running again."""
-    SUCCEEDED = "Succeeded"
-    """Terminal: every index (spec.completions) succeeded."""
-    FAILED = "Failed"
-    """Terminal: backoffLimit, recovery.maxAttempts, timeout or queueTimeout ran out (see reason)."""
-    CANCELLED = "Cancelled"
-    """Terminal: spec.state is Cancelled; stopped for good."""
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_PHASES
-
-    @classmethod
-    def parse(cls, value: object) -> "JobPhase":
-        try:
-            return cls(value) if value else cls.PENDING
-        except ValueError:
-            return cls.PENDING
-
-
-TERMINAL_PHASES = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
-
-
-def terminal_phases() -> frozenset[JobPhase]:
-    return TERMINAL_PHASES
 
 
 # -- ranges -------------------------------------------------------------------------------------------
@@ -165,12 +123,13 @@ def collect_orphans(attempts: Sequence[AttemptView]) -> tuple[Action, ...]:
 
 def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
            extra_verdict: tuple[JobPhase, str, str] | None = None, mtbi: float | None = None,
-           free_storage: int = ckpt.FREE_STORAGE_BYTES) -> Decision:
-    """`extra_verdict` ends the Job for a reason only its caller knows (a gang that never assembled),
-    unless it is cancelled or done anyway. `mtbi` is the measured mean time between interruptions
-    of the offering the Job runs on (None: the default), for an `auto` checkpoint cadence.
-    `free_storage` is the operator's free inclusion of status.storage."""
-    prev = job.status
+           free_storage: int = ckpt.FREE_STORAGE_BYTES, *, prev: Mapping[str, Any]) -> Decision:
+    """`prev` is the Job's stored status: the next status is written over a copy of it, so that fields
+    other writers own are kept (what the decision reads of it, it reads from the view). `extra_verdict`
+    ends the Job for a reason only its caller knows (a gang that never assembled), unless it is
+    cancelled or done anyway. `mtbi` is the measured mean time between interruptions of the offering
+    the Job runs on (None: the default), for an `auto` checkpoint cadence. `free_storage` is the
+    operator's free inclusion of status.storage."""
     mine = [a for a in attempts if a.job_uid == job.uid]
     actions: list[Action] = list(collect_orphans([a for a in attempts if a.job_uid != job.uid]))
     completions, parallelism, backoff_limit = job.completions, job.parallelism, job.backoff_limit
@@ -187,14 +146,13 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
                      and (fail_on_loss or not recovery.made_progress(a, min_progress)))
 
     status = dict(prev)
-    conditions = list(prev.get("conditions") or [])
+    conditions = [dict(c) for c in job.conditions]
     generation = job.generation
-    timeout_start = parse(prev.get("timeoutStartTime")) or _earliest(a.provisioned for a in mine)
-    suspended_for = seconds(prev.get("suspendedDuration")) or 0.0
+    timeout_start = job.timeout_start or _earliest(a.provisioned for a in mine)
+    suspended_for = job.suspended_for
     wake: list[float] = []
 
-    phase = JobPhase.parse(prev.get("phase"))
-    reason, message = prev.get("reason", ""), prev.get("message", "")
+    phase, reason, message = job.phase, job.reason, job.message
     creates: list[CreateAttempt] = []
     stopping: set[str] = set()
 
@@ -305,12 +263,12 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             status["timeoutTime"] = rfc3339(timeout_start + timeout + suspended_for)
     if suspended_for:
         status["suspendedDuration"] = duration(suspended_for)
-    started = parse(prev.get("startTime")) or _earliest(a.started for a in mine)
+    started = job.started or _earliest(a.started for a in mine)
     if started is not None:
         status["startTime"] = rfc3339(started)
     put(status, "progress", progress_of(mine))
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress")))
-    put(status, "outputs", committed_outputs(prev.get("outputs"), mine, completions))
+    put(status, "outputs", committed_outputs(job.outputs, mine, completions))
     # A finished Job's checkpoints drop out of its status once retention releases them.
     release_at = ckpt.release_time(job, parse(status.get("completionTime")))
     released = phase.terminal and (job.deleting or (release_at is not None and now >= release_at))

@@ -189,10 +189,11 @@ class JobController:
             await self._execute(job, project, collect_orphans(attempts), now)
             return
         mtbi = self._mtbi(view, attempts)
+        prev = job.get("status") or {}
         if view.gang:
-            decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage)
+            decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage, prev=prev)
         else:
-            decision = decide(view, attempts, now, mtbi=mtbi, free_storage=self.free_storage)
+            decision = decide(view, attempts, now, mtbi=mtbi, free_storage=self.free_storage, prev=prev)
         await self._execute(job, project, decision.actions, now, view.topology)
         if decision.status is not None:
             written = await self._write_status(job, project, decision.status)

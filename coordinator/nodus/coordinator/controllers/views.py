@@ -36,6 +36,50 @@ def _dicts(value: object) -> tuple[dict[str, Any], ...]:
     return tuple(v for v in value if isinstance(v, dict)) if isinstance(value, list) else ()
 
 
+class JobPhase(str, enum.Enum):
+    """A Job's run-to-completion phase: a summary of its attempts, not the state machine itself.
+
+    Pending → Queued → Provisioning → Running → Succeeded | Failed | Cancelled, and Suspended from any
+    non-terminal phase while spec.state is Suspended (back to Queued on resume). Terminal phases are
+    never left.
+    """
+
+    PENDING = "Pending"
+    """Accepted; the controller has not created its attempts yet."""
+    QUEUED = "Queued"
+    """Attempts wait for capacity; none is placed yet."""
+    PROVISIONING = "Provisioning"
+    """An attempt is placed and its node prepares it; no main command runs yet."""
+    RUNNING = "Running"
+    """At least one attempt's main command runs."""
+    SUSPENDED = "Suspended"
+    """spec.state is Suspended: attempts are stopped and capacity freed until it is Running again."""
+    SUCCEEDED = "Succeeded"
+    """Terminal: every index (spec.completions) succeeded."""
+    FAILED = "Failed"
+    """Terminal: backoffLimit, recovery.maxAttempts, timeout or queueTimeout ran out (see reason)."""
+    CANCELLED = "Cancelled"
+    """Terminal: spec.state is Cancelled; stopped for good."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+    @classmethod
+    def parse(cls, value: object) -> "JobPhase":
+        try:
+            return cls(value) if value else cls.PENDING
+        except ValueError:
+            return cls.PENDING
+
+
+TERMINAL_PHASES = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
+
+
+def terminal_phases() -> frozenset[JobPhase]:
+    return TERMINAL_PHASES
+
+
 class JobState(str, enum.Enum):
     """spec.state: what the customer wants of the Job (the words of api/job.py's STATES)."""
 
@@ -208,9 +252,24 @@ class JobView:
     """spec.recovery.checkpoint.retainAfterFinish in seconds (168h): how long checkpoints outlive the finish."""
     finished: float | None
     """status.completionTime: when the Job reached a terminal phase."""
-    status: Mapping[str, Any]
-    """The stored status, as the base the decision writes the next one over (it owns the Job's status and
-    keeps every field it does not compute); the decisions read it only for what they wrote before."""
+    phase: JobPhase
+    """status.phase as last written (Pending before the first decision)."""
+    reason: str
+    """status.reason as last written."""
+    message: str
+    """status.message as last written."""
+    conditions: tuple[Mapping[str, Any], ...]
+    """status.conditions as last written (Suspended, SuspendFailed, Complete, Failed, Cancelled)."""
+    timeout_start: float | None
+    """status.timeoutStartTime: when spec.timeout started counting (the first provisioning)."""
+    suspended_for: float
+    """status.suspendedDuration in seconds: time suspended since timeoutStartTime (not counted)."""
+    started: float | None
+    """status.startTime: when the first attempt's main command started."""
+    outputs: tuple[Mapping[str, Any], ...]
+    """status.outputs: the outputs committed so far (they only accumulate)."""
+    gang_status: Mapping[str, Any]
+    """status.gang as last written (its probe is kept while the epoch's members report none)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> JobView:
@@ -238,7 +297,12 @@ class JobView:
                    topology=topology(spec, _dict(status.get("topology"))) if gang else _EMPTY,
                    continuity=recovery.get("continuity") or "Checkpointed",
                    retain_after_finish=DEFAULT_RETAIN if retain is None else max(0.0, retain),
-                   finished=parse(status.get("completionTime")), status=status)
+                   finished=parse(status.get("completionTime")), phase=JobPhase.parse(status.get("phase")),
+                   reason=status.get("reason", ""), message=status.get("message", ""),
+                   conditions=_dicts(status.get("conditions")), timeout_start=parse(status.get("timeoutStartTime")),
+                   suspended_for=seconds(status.get("suspendedDuration")) or 0.0,
+                   started=parse(status.get("startTime")), outputs=_dicts(status.get("outputs")),
+                   gang_status=_dict(status.get("gang")))
 
 
 def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
