@@ -93,10 +93,20 @@ def test_a_node_joins_as_an_offering_it_fits_or_is_refused(tmp_path: Path) -> No
                 log = refused.log()
                 assert "GPUs: the node has 4, offering h100-sxm-80g-x8-us has 8" in log
                 assert "vCPU: the node has" in log and "registered node" not in log
+                nodes = json.loads(grpcurl(c, "nodus.v1.NodeService/ListNodes", {}, token=c.token).stdout)["nodes"]
+                assert [n["name"] for n in nodes] == ["sim-fits"]
+
+                # The operator corrects the offering in a new version; the retrying agent joins by itself.
+                fixed = yaml.safe_load(book.read_text())
+                fixed["pricebookVersion"] = "2026-12-01-dev2"
+                x8 = next(o for o in fixed["offerings"] if o["id"] == "h100-sxm-80g-x8-us")
+                x8.update(vcpu=1, memory="1Gi")
+                x8["accelerator"]["gpusPerNode"] = 4
+                (tmp_path / "fixed.yaml").write_text(yaml.safe_dump(fixed))
+                c.run("nodus", "pricebook", "apply", "-f", str(tmp_path / "fixed.yaml"))
+                wait_for(lambda: "registered node" in refused.log(), 30, what="the corrected node to register")
             finally:
                 refused.reap()
-            nodes = json.loads(grpcurl(c, "nodus.v1.NodeService/ListNodes", {}, token=c.token).stdout)["nodes"]
-            assert [n["name"] for n in nodes] == ["sim-fits"]
 
         wrong_family = _register(c, "a100-host", DEV_OFFERING, gpus=1)
         assert wrong_family.code() == grpc.StatusCode.INVALID_ARGUMENT and _reason(wrong_family) == "OfferingMismatch"
