@@ -79,6 +79,27 @@ def test_gang_bench_reports_assembly_and_probe_beside_their_anchors() -> None:
     })
 
 
+def test_agent_timings_bench_reports_each_timing_beside_its_anchor_or_target() -> None:
+    pair = rf"p50 / max\s+({NUM}) ms / ({NUM}) ms"
+    figures(run_tiny("agent_timings"), {
+        "cancel, exits on SIGTERM": rf"^cancel → exit, exits on SIGTERM \(grace 30 s\), {pair}\s+beside a bare SIGTERM "
+                                    rf"of it ({NUM}) ms; grace ({NUM}) ms",
+        "cancel, ignores SIGTERM": rf"^cancel → exit, ignores SIGTERM \(grace 1 s\), {pair}\s+beside the configured "
+                                   rf"grace ({NUM}) ms \(p50 over it by ({NUM}) ms\)",
+        "init timeout": rf"^init timeout → Failed, {pair}\s+beside the configured timeout ({NUM}) ms",
+        "progress folding": rf"^progress messages/s\s+({NUM})/s\s+beside the limit ({NUM})/s .* the program wrote "
+                            rf"({NUM}) reports/s",
+        "gate stop": rf"^gate stop → Cancelled, {pair}\s+beside a running member's stop ({NUM}) ms / ({NUM}) ms",
+        "gate stop, polled": rf"^\s+cancel\.json alone \(polled at the gate\), {pair}",
+        "probe, absent peer": rf"^probe, peer never comes: report after {pair}\s+beside its budget ({NUM}) ms",
+        "probe, frozen peer": rf"^probe, peer frozen midway: report after {pair}\s+beside its budget ({NUM}) ms",
+        "handshake hold": rf"^handshake hold .*, {pair}\s+beside a plain copy of the state ({NUM}) ms / ({NUM}) ms; "
+                          rf"handshake timeout ({NUM}) ms",
+        "kill -9 trial": rf"^kill -9 trial, {pair} per trial .*beside an interpreter start with the library ({NUM}) ms "
+                         rf"and a 1\.5 MB save in process ({NUM}) ms",
+    })
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
 def test_gang_netns_bench_reports_the_probe_beside_a_raw_echo_and_a_plain_all_reduce() -> None:
