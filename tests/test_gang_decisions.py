@@ -201,6 +201,17 @@ def test_the_gang_probe_is_its_weakest_pair() -> None:
     assert probe == {"rttMs": "0.400", "busGbps": "1.200", "path": "Public", "measuredTime": "2026-01-01T00:00:02Z"}
 
 
+def test_the_gang_job_view_decodes_distributed_with_its_defaults() -> None:
+    job = gang_job(gpusPerNode=4)
+    del job["spec"]["distributed"]["startupTimeout"], job["spec"]["distributed"]["maxAssemblyRetries"]
+    view = JobView.from_object(job)
+    assert view.gang and (view.launcher, view.network) == ("Plain", "Regional")
+    assert (view.startup_timeout, view.startup_timeout_text, view.max_assembly_retries) == (15 * 60.0, "15m", 2)
+    assert view.topology["nodes"] == 2 and view.topology["totalGPUs"] == 8
+    resolved = {"nodes": 3, "gpusPerNode": 0, "totalGPUs": 0, "network": "Global", "resolvedFrom": "Nodes"}
+    assert JobView.from_object({**gang_job(), "status": {"topology": resolved}}).topology == resolved
+
+
 def test_topology_never_changes_once_resolved() -> None:
     resolved = {"nodes": 2, "gpusPerNode": 0, "totalGPUs": 0, "network": "Global", "resolvedFrom": "Nodes"}
     assert topology({"distributed": {"nodes": 4}}, resolved) == resolved

@@ -145,6 +145,21 @@ def test_job_state_is_parsed_into_its_enum_with_the_admitted_words() -> None:
     assert JobView.from_object(job).state is JobState.RUNNING, "an absent spec.state runs the Job"
 
 
+def test_the_job_view_decodes_the_spec_defaults_and_what_the_decision_wrote_before() -> None:
+    w = World()
+    assert w.job is not None
+    view = JobView.from_object(w.job)
+    assert (view.continuity, view.retain_after_finish, view.gang, view.phase) == \
+        ("Checkpointed", 168 * 3600.0, False, JobPhase.PENDING)
+    w.settle()
+    w.job["status"]["costUSD"] = "1.25"  # a field another writer owns
+    w.run("train-0-1")
+    w.step()
+    view = JobView.from_object(w.job)
+    assert view.phase is JobPhase.RUNNING and view.started is not None and view.timeout_start is not None
+    assert w.status["costUSD"] == "1.25", "the next status is written over the stored one: others' fields stay"
+
+
 # -- completions and parallelism ------------------------------------------------------------------------
 
 def test_indexed_job_never_runs_more_than_parallelism_and_completes() -> None:
