@@ -125,6 +125,16 @@ def test_a_node_fits_its_offering_or_the_differences_are_named() -> None:
     assert differences(cpu, _shape(0, vcpus=2, host_memory=8 << 30)) == ()
     assert differences(cpu, _shape(1, vcpus=4, host_memory=16 << 30)) == (
         "GPUs: the node has 1, offering cpu-2-8g-us has 0",)
+    spot = book.offering("a100-sxm-80g-x8-eu-spot")
+    assert spot is not None
+    shape = _shape(8, family="A100", vcpus=96, host_memory=1152 << 30)
+    assert differences(spot, MeasuredShape(shape.gpus, shape.vcpus, shape.memory_bytes, "eu", True)) == ()
+    assert differences(spot, MeasuredShape(shape.gpus, shape.vcpus, shape.memory_bytes, "", True)) == ()
+    assert differences(spot, MeasuredShape(shape.gpus, shape.vcpus, shape.memory_bytes, "us", False)) == (
+        "region class: the node says us (--region), offering a100-sxm-80g-x8-eu-spot is in eu",
+        "interruptible: the node says false (--interruptible), offering a100-sxm-80g-x8-eu-spot is interruptible")
+    assert differences(h100, MeasuredShape(_shape(8).gpus, 208, 1800 << 30, "us", True)) == (
+        "interruptible: the node says true (--interruptible), offering h100-sxm-80g-x8-us is not interruptible",)
 
 
 def test_versions_are_kept_and_never_change(tmp_path: Path) -> None:

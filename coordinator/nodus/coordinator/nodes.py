@@ -189,7 +189,8 @@ class NodeRegistry:
 
 def measured_shape(inventory: common_pb2.NodeInventory) -> MeasuredShape:
     return MeasuredShape(tuple(MeasuredGpu(g.name, gpu_family(g.name), g.memory_bytes, g.simulated)
-                               for g in inventory.gpus), inventory.host.cpus, inventory.host.memory_bytes)
+                               for g in inventory.gpus), inventory.host.cpus, inventory.host.memory_bytes,
+                         inventory.region_class, inventory.interruptible)
 
 
 def check_offering(book: PriceBook, name: str, inventory: common_pb2.NodeInventory) -> None:

@@ -3,7 +3,9 @@
 A customer pays an offering's rate for its shape, so a node that has fewer GPUs, another GPU family,
 smaller GPUs, fewer vCPUs or less memory than the offering says is refused at registration, with
 each difference named. GPUs must match in count exactly (an x4 host is not an x8 offering); vCPUs
-and memory must be at least what is sold. Measured memory runs a little below the marketed size
+and memory must be at least what is sold; the region class and interruptibility the agent declares
+(--region, --interruptible) must be the offering's, so that placement and its customers read one
+truth. Measured memory runs a little below the marketed size
 (NVML reports 79.6 GiB of an "80 GB" H100; the kernel keeps some host RAM), hence the tolerance.
 Disk and interconnect are not measured yet.
 """
@@ -34,6 +36,9 @@ class MeasuredShape:
     gpus: tuple[MeasuredGpu, ...]
     vcpus: int
     memory_bytes: int
+    region_class: str = ""
+    """What the agent was told (--region); empty: the offering's."""
+    interruptible: bool = False
 
 
 def _gib(n: int) -> str:
@@ -61,4 +66,10 @@ def differences(offering: Offering, shape: MeasuredShape) -> tuple[str, ...]:
     if shape.memory_bytes < offering.memory_bytes * MEMORY_TOLERANCE:
         out.append(f"memory: the node has {_gib(shape.memory_bytes)}, offering {offering.id} has "
                    f"{_gib(offering.memory_bytes)}")
+    if shape.region_class and shape.region_class != offering.region_class:
+        out.append(f"region class: the node says {shape.region_class} (--region), offering {offering.id} is in "
+                   f"{offering.region_class}")
+    if shape.interruptible != offering.interruptible:
+        said, sold = ("true", "is not interruptible") if shape.interruptible else ("false", "is interruptible")
+        out.append(f"interruptible: the node says {said} (--interruptible), offering {offering.id} {sold}")
     return tuple(out)
