@@ -16,6 +16,10 @@ import pytest
 import requests
 import yaml
 
+# The OCI registry fixtures (session-scoped: one registry of each kind for the whole run).
+from registry import oci_registry, private_oci_registry  # noqa: F401
+
+
 BIN = Path(sys.executable).parent
 
 

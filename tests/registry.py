@@ -4,7 +4,8 @@ images built offline.
 Images are OCI layouts written here byte for byte (tar layers gzipped with mtime 0), so the same
 content always has the same digests: two images built from the same base layer share that blob,
 which the cache tests rely on. `push` copies a layout into the registry with skopeo over plain HTTP.
-H6's runc tests use `build_busybox_layout` and `push` too; keep their signatures.
+The runc tests use `build_busybox_layout` and `push` too; keep their signatures. The session fixtures
+`oci_registry` and `private_oci_registry` (alice / s3cret, htpasswd) are registered in conftest.py.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 import bcrypt
+import pytest
 import orjson
 import requests
 
@@ -247,3 +249,17 @@ def serve_registry(root: Path, username: str = "", password: str = "") -> Iterat
     finally:
         reg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One registry without auth for the whole session (each test pushes to its own repository)."""
+    with serve_registry(tmp_path_factory.mktemp("oci-registry")) as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def private_oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One registry that refuses anonymous pulls and pushes: user alice, password s3cret."""
+    with serve_registry(tmp_path_factory.mktemp("oci-private-registry"), "alice", "s3cret") as reg:
+        yield reg

@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 import pytest
@@ -21,8 +20,8 @@ from nodus.coordinator.images import BadImageReference, BadPullSecret, ImageNotF
     ImageUnauthorized, RegistryUnreachable, ResolvedImage, refusal
 from nodus.coordinator.images import RegistryCredentials as CoordinatorCredentials
 from agent_double import free_port
-from registry import Registry, build_busybox_layout, busybox_layer, layer, layout_blobs, push, serve_registry, \
-    write_index_layout, write_layout
+from registry import Registry, build_busybox_layout, busybox_layer, layer, layout_blobs, push, write_index_layout, \
+    write_layout
 
 GIB = 1 << 30
 
@@ -38,24 +37,22 @@ class ManualClock:
         return self.t
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with serve_registry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
+@pytest.fixture
+def registry(oci_registry: Registry) -> Registry:
+    return oci_registry
+
+
+@pytest.fixture
+def private_registry(private_oci_registry: Registry) -> Registry:
+    return private_oci_registry
 
 
 @pytest.fixture(scope="module")
-def private_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    with serve_registry(tmp_path_factory.mktemp("private-registry"), "alice", "s3cret") as reg:
-        yield reg
-
-
-@pytest.fixture(scope="module")
-def busybox(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def busybox(oci_registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     layout = build_busybox_layout(tmp_path_factory.mktemp("images") / "busybox",
                                   {"Env": ["PATH=/bin", "GREETING=hi"], "Cmd": ["/bin/sh"], "WorkingDir": "/work",
                                    "User": "65534"})
-    return layout, push(layout, registry, "tests/busybox", "v1")
+    return layout, push(layout, oci_registry, "tests/busybox", "v1")
 
 
 def store(tmp_path: Path, reg: Registry, budget: int = GIB, in_use: tuple[str, ...] = (),
