@@ -61,6 +61,8 @@ def test_observe_folds_status_and_liveness() -> None:
     died = observe({"phase": L.RUNNING}, alive=False)
     assert died is not None and died.stage == Stage.DONE and died.phase == L.LOST and died.fields["reason"] == "AgentFault"
     assert "while running" in died.fields["message"] and died.kill_leftovers
+    found_at = observe({"phase": L.RUNNING}, alive=False, now=1_767_225_600.0)
+    assert found_at is not None and found_at.fields["finish_time"] == 1_767_225_600.0, "the agent clock's time"
     ok = observe({"phase": L.SUCCEEDED, "outputs": [{"name": "outputs"}]}, alive=False)
     assert ok is not None and (ok.stage, ok.phase) == (Stage.COLLECTING, L.STOPPING)
     failed = observe({"phase": L.FAILED, "reason": "OOMKilled", "oom_killed": True, "exit_code": 137}, alive=True)

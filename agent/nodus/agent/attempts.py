@@ -200,8 +200,9 @@ class Observed:
     """The supervisor died without finishing: what it started may still run."""
 
 
-def observe(status: dict[str, Any] | None, alive: bool) -> Observed | None:
+def observe(status: dict[str, Any] | None, alive: bool, now: float | None = None) -> Observed | None:
     """The pure step: supervisor status + liveness → the attempt's next stage and phase (None: no news).
+    `now` (the agent clock's Unix seconds) is the finish time of a supervisor found dead.
 
     Read `alive` before `status`: a supervisor that ends between the two reads has written its final
     status before it let go of its lock.
@@ -225,4 +226,5 @@ def observe(status: dict[str, Any] | None, alive: bool) -> Observed | None:
     return Observed(Stage.DONE, L.LOST, {**fields, "reason": Reason.AGENT_FAULT,
                                          "message": "the attempt's supervisor exited unexpectedly" + (
                                              "" if phase == L.SPAWNED else f" while {phase.lower().replace('_', ' ')}"),
-                                         "finish_time": time.time()}, kill_leftovers=True)
+                                         "finish_time": now if now is not None else time.time()},
+                    kill_leftovers=True)

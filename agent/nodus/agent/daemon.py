@@ -409,7 +409,7 @@ class Agent:
         status = self.runtime.read_status(layout)
         if att.gang and not att.gang.get("done") and (status or {}).get("gate") == "waiting":
             self.gangs.at_gate(att)
-        seen = observe(status, alive)
+        seen = observe(status, alive, self.clock.now())
         if seen is None:
             return
         fields = seen.fields
