@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from nodus.agent.oci.images import ImageStore, PullProgress
-from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, InvalidReference, NotFound, \
-    Unauthorized, Unreachable
+from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, InvalidReference, NotFound, \
+    Unauthorized, Unreachable, classify
 from nodus.agent.oci.skopeo import RegistryCredentials, Skopeo
 from nodus.coordinator.images import BadImageReference, BadPullSecret, ImageNotFound, ImageResolver, \
     ImageUnauthorized, RegistryUnreachable, ResolvedImage, refusal
@@ -296,3 +296,22 @@ def test_a_private_image_resolves_only_with_its_pull_secret(tmp_path: Path, priv
         CoordinatorCredentials.from_secret("registry", {"token": b"x"})
     cause = refusal(bad.value, "Job", "train").to_status("req_4")["details"]["causes"][0]
     assert cause["field"] == "spec.imagePullSecrets" and '"registry"' in cause["message"]
+
+
+@pytest.mark.parametrize("stderr, kind, fault", [
+    ('level=fatal msg="reading manifest v1 in r/x: manifest unknown: manifest unknown"', NotFound, Fault.CUSTOMER),
+    ('level=fatal msg="reading manifest: denied: requested access to the resource is denied"', Unauthorized,
+     Fault.CUSTOMER),
+    ('level=fatal msg="writing blob: happened during read: Digest did not match, expected sha256:a, got sha256:b"',
+     DigestMismatch, Fault.CUSTOMER),
+    ('level=fatal msg="writing blob: write /cache/blobs/x: no space left on device"', DiskFull, Fault.NODE),
+    ('level=fatal msg="pinging container registry r: Get \\"https://r/v2/\\": dial tcp: lookup r: no such host"',
+     Unreachable, Fault.NODE),
+    # the cache's own permission error is the node's, not a registry's "denied"
+    ('level=fatal msg="creating temp file: open /cache/images/x: permission denied"', ImagePullError, Fault.NODE),
+])
+def test_skopeo_failures_are_typed_with_whose_fault_they_are(stderr: str, kind: type[ImagePullError],
+                                                             fault: Fault) -> None:
+    error = classify(stderr, "r/x@sha256:...")
+    assert type(error) is kind and error.fault is fault and error.lost_capacity == (fault is Fault.NODE)
+    assert error.message.startswith("r/x@sha256:...: ")

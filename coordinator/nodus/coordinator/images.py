@@ -205,7 +205,7 @@ def refusal(e: ImageRefused, kind: str, name: str, path: str | None = None) -> e
 
 
 _PATTERNS: tuple[tuple[re.Pattern[str], type[ImageRefused]], ...] = (
-    (re.compile(r"unauthorized|authentication required|denied|403 forbidden", re.I), ImageUnauthorized),
+    (re.compile(r"unauthorized|authentication required|(?<!permission )denied|403 forbidden", re.I), ImageUnauthorized),
     (re.compile(r"manifest unknown|name unknown|not found|404", re.I), ImageNotFound),
     (re.compile(r"connection refused|no such host|i/o timeout|timeout|network is unreachable|connection reset|"
                 r"tls: |server gave HTTP response to HTTPS client|pinging container registry", re.I),

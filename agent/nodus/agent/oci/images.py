@@ -48,6 +48,7 @@ class PullProgress:
 
 
 ProgressCallback = Callable[[PullProgress], None]
+"""Called from the pull's progress thread while blobs stream in, and once more at the total."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +79,9 @@ class Platform:
 
 
 class ImageStore:
-    """Images this node has pulled. `in_use` answers which manifest digests live attempts run (the agent
-    derives it from its attempts, so it holds across a restart); those are never collected."""
+    """Images this node has pulled. `in_use` answers which manifest digests the node's attempts need (the
+    agent derives it from its attempts, so it holds across a restart): an attempt counts from before its
+    pull until it ends, so an image pulled for it is not collected before its container starts."""
 
     def __init__(self, cache_dir: Path, disk_budget: int, clock: Clock, in_use: Callable[[], Collection[str]],
                  skopeo: Skopeo | None = None, platform: Platform = Platform(), umoci: str = "umoci") -> None:
@@ -174,6 +176,9 @@ class ImageStore:
             if self.usage() + missing > self.budget:
                 raise DiskFull(f"{ref}: {missing} bytes to fetch do not fit the image cache's budget of "
                                f"{self.budget} bytes beside the images attempts use")
+            free = shutil.disk_usage(self.root).free
+            if missing > free:
+                raise DiskFull(f"{ref}: {missing} bytes to fetch, {free} free on the image cache's disk")
             layout = staging / "layout"
             layout.mkdir(parents=True)
             self._copy_verified(ref, layout, wanted, total, credentials, progress)

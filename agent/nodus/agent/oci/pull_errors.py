@@ -78,7 +78,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], type[ImagePullError], str], ...] = (
      "the registry served a blob whose sha256 differs from its digest; push the image again"),
     (re.compile(r"no space left on device|disk quota exceeded", re.I), DiskFull,
      "the node's image cache has no room"),
-    (re.compile(r"unauthorized|authentication required|denied|403 forbidden", re.I), Unauthorized,
+    # "denied" as registries say it, not the cache's own "permission denied" (the node's fault)
+    (re.compile(r"unauthorized|authentication required|(?<!permission )denied|403 forbidden", re.I), Unauthorized,
      "the registry refused the credentials; name a Secret with access in spec.imagePullSecrets"),
     (re.compile(r"manifest unknown|name unknown|blob unknown|not found|404", re.I), NotFound,
      "the registry has no such image; check spec.image"),
