@@ -20,7 +20,6 @@ ID_SLOTS = 4096
 """Pods a node can hold at once (ID_BASE + 4096 * 65536 stays below 2^32 - 1, the invalid id)."""
 CPU_PERIOD_US = 100_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-NOFILE = 1 << 20
 CAPABILITIES = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
                 "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
                 "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE")
@@ -239,7 +238,7 @@ def runtime_spec(process: Process, rootfs: str, *, hostname: str, ids: IdRange, 
             "env": list(process.env),
             "cwd": process.cwd,
             "capabilities": {k: list(CAPABILITIES) for k in ("bounding", "effective", "permitted")},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE}],
+            # No rlimits: the supervisor's are inherited (a user namespace may not raise a hard limit).
             "noNewPrivileges": True,
             "oomScoreAdj": 0,
         },

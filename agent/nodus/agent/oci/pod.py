@@ -1,0 +1,368 @@
+"""One attempt's pod: its host id range, its namespaces, a writable layer per container, and the
+containers themselves (init, sidecars in order, main), started through runc and stopped in reverse.
+
+The supervisor owns a Pod and stays single-threaded: namespaces are made by a forked child, and a
+container's init is the supervisor's child once it is a subreaper (runc.become_subreaper), so a
+container is waited for like a process. Everything a restarted caller needs is on disk: the id
+slot file, the namespace bind mounts under the pod directory and runc's state (docs/adr/0020-oci-pods.md).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..cgroups import DEFAULT_FS
+from .bundle import (ID_SLOTS, ContainerRequest, Device, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
+                     resolve_process, runtime_spec)
+from .runc import ContainerState, ContainerStatus, Runc, RuncError
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+NAMESPACES = ("user", "net", "ipc")
+KILL_WAIT = 5.0
+"""Seconds to wait for a container's init after SIGKILL before runc delete --force."""
+
+
+class PodError(Exception):
+    """The pod's namespaces, id range or a container's writable layer could not be set up."""
+
+
+class IdSlots:
+    """Which pod holds which host id range: one file per claimed slot, created exclusively, naming the pod.
+
+    A slot is claimed before the pod's first container and released after its last one is deleted, so
+    two live pods never share host ids and a restarted agent sees the claims it made.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def slot_of(self, pod_id: str) -> int | None:
+        if not self.directory.is_dir():
+            return None
+        for entry in self.directory.iterdir():
+            if entry.name.isdigit() and entry.read_text() == pod_id:
+                return int(entry.name)
+        return None
+
+    def claim(self, pod_id: str) -> int:
+        """The pod's slot: the one it holds already, else the lowest free one."""
+        held = self.slot_of(pod_id)
+        if held is not None:
+            return held
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for slot in range(ID_SLOTS):
+            try:
+                fd = os.open(self.directory / str(slot), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(pod_id)
+                f.flush()
+                os.fsync(f.fileno())
+            return slot
+        raise PodError(f"all {ID_SLOTS} host id ranges are held by pods; wait for attempts to end")
+
+    def release(self, pod_id: str) -> None:
+        slot = self.slot_of(pod_id)
+        if slot is not None:
+            (self.directory / str(slot)).unlink(missing_ok=True)
+
+
+def create_namespaces(directory: Path, ids: IdRange) -> PodNamespaces:
+    """A user namespace mapping container ids to `ids`, and a network and IPC namespace it owns
+    (loopback up), kept alive by bind mounts on files in `directory`.
+
+    The network namespace belongs to the pod's user namespace, so the containers may mount sysfs.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = PodNamespaces(*(str(directory / ns) for ns in NAMESPACES))
+    if all(os.path.ismount(p) for p in (paths.user, paths.network, paths.ipc)):
+        return paths  # made before a restart
+    unshared_r, unshared_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the child: unshare, wait until mapped and bound, bring loopback up, exit
+        code = 1
+        try:
+            os.close(unshared_r)
+            os.close(go_w)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC) == 0:
+                os.write(unshared_w, b"u")
+                if os.read(go_r, 1) == b"g":
+                    _loopback_up()
+                    code = 0
+        finally:
+            os._exit(code)
+    os.close(unshared_w)
+    os.close(go_r)
+    try:
+        if os.read(unshared_r, 1) != b"u":
+            raise PodError("could not create the pod's user, network and IPC namespaces (unshare failed)")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(f"0 {ids.host_start} {ids.size}\n")
+        for ns in NAMESPACES:
+            target = directory / ns
+            target.touch()
+            _bind(f"/proc/{pid}/ns/{ns}", target)
+        os.write(go_w, b"g")
+    finally:
+        os.close(unshared_r)
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        remove_namespaces(directory)
+        raise PodError("could not bring up loopback in the pod's network namespace")
+    return paths
+
+
+def remove_namespaces(directory: Path) -> None:
+    for ns in NAMESPACES:
+        target = directory / ns
+        if os.path.ismount(target):
+            _unmount(target)
+        target.unlink(missing_ok=True)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _bind(source: str, target: Path) -> None:
+    done = subprocess.run(["mount", "--bind", source, str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PodError(f"mount --bind {source} {target}: {done.stderr.strip()}")
+
+
+def _unmount(target: Path) -> None:
+    done = subprocess.run(["umount", str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
+
+
+def mount_layer(image_rootfs: Path, directory: Path, owner: int) -> Path:
+    """The container's root: the image's read-only tree with the container's writable layer over it
+    (overlayfs; upper and work dirs in `directory`, owned by the pod's root so its writes land)."""
+    merged = directory / "rootfs"
+    if os.path.ismount(merged):
+        return merged
+    for name in ("upper", "work", "rootfs"):
+        (directory / name).mkdir(parents=True, exist_ok=True)
+    for name in ("upper", "work"):
+        os.chown(directory / name, owner, owner)
+    options = f"lowerdir={image_rootfs},upperdir={directory / 'upper'},workdir={directory / 'work'}"
+    done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise PodError(f"could not mount the writable layer over {image_rootfs}: {done.stderr.strip()}")
+    return merged
+
+
+def unmount_layer(directory: Path) -> None:
+    merged = directory / "rootfs"
+    if os.path.ismount(merged):
+        _unmount(merged)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass(slots=True)
+class ContainerProcess:
+    """A container's init as seen from the host: waited for through a pidfd; its exit code is known
+    only to its parent (the subreaping supervisor)."""
+
+    container_id: str
+    pid: int
+    pidfd: int
+    returncode: int | None = None
+
+    @classmethod
+    def of(cls, container_id: str, pid: int) -> ContainerProcess:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pidfd = -1
+        return cls(container_id, pid, pidfd)
+
+    def poll(self) -> int | None:
+        """The exit code once the init exited (128+N for signal N), else None; -1 when it was not ours."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            if self.pidfd >= 0 and not select.select([self.pidfd], [], [], 0)[0]:
+                return None
+            self.returncode = -1
+            return self._closed()
+        if pid == 0:
+            return None
+        code = os.waitstatus_to_exitcode(status)
+        self.returncode = 128 - code if code < 0 else code
+        return self._closed()
+
+    def _closed(self) -> int | None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        """Waits up to `timeout` seconds for the init to exit."""
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.pidfd < 0:
+                return None
+            select.select([self.pidfd], [], [], left)
+        return code
+
+
+def _safe_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+
+
+class Pod:
+    """The containers of one attempt, in `directory` (under the attempt's run dir)."""
+
+    def __init__(self, pod_id: str, directory: Path, runc: Runc, slots: IdSlots, cgroup_parent: str) -> None:
+        self.pod_id = _safe_id(pod_id)
+        self.directory = directory
+        self.runc = runc
+        self.slots = slots
+        self.cgroup_parent = cgroup_parent.strip("/")
+        """Containers' cgroups nest under the attempt's, so its freezer and memory limit hold them too."""
+        self.ids = IdRange.for_slot(slots.claim(self.pod_id))
+        self.namespaces = create_namespaces(directory / "ns", self.ids)
+        self.started: list[str] = []
+        """Container names in start order."""
+
+    def container_id(self, name: str) -> str:
+        return f"{self.pod_id}-{_safe_id(name)}"
+
+    def own(self, path: Path, uid: int = 0, gid: int = 0) -> None:
+        """Makes a host path (a state or outputs dir to bind) belong to container user uid:gid."""
+        os.chown(path, self.ids.host(uid), self.ids.host(gid))
+
+    def start(self, name: str, request: ContainerRequest, image: ImageConfig, image_rootfs: Path, stdout: int,
+              mounts: Sequence[Mount] = (), limits: Limits = Limits(), devices: Sequence[Device] = ()) -> ContainerProcess:
+        """Creates and starts one container; its stdout and stderr go to `stdout`."""
+        directory = self.directory / "containers" / _safe_id(name)
+        rootfs = mount_layer(image_rootfs, directory, self.ids.host(0))
+        process = resolve_process(request, image, _read(image_rootfs / "etc/passwd"), _read(image_rootfs / "etc/group"))
+        spec = runtime_spec(process, str(rootfs), hostname=self.pod_id[:63], ids=self.ids, namespaces=self.namespaces,
+                            cgroups_path=f"/{self.cgroup_parent}/{_safe_id(name)}", mounts=mounts, limits=limits,
+                            devices=devices)
+        (directory / "config.json").write_text(json.dumps(spec))
+        container_id = self.container_id(name)
+        pid = self.runc.create(container_id, directory, stdout)
+        proc = ContainerProcess.of(container_id, pid)
+        self.started.append(name)
+        try:
+            self.runc.start(container_id)
+        except RuncError:
+            self.runc.delete(container_id, force=True)
+            raise
+        return proc
+
+    def find(self) -> dict[str, ContainerState]:
+        """This pod's containers as runc knows them, by container id (what a restarted caller adopts)."""
+        prefix = self.pod_id + "-"
+        return {s.id: s for s in self.runc.list() if s.id.startswith(prefix)}
+
+    def oom_killed(self, name: str) -> bool:
+        try:
+            return self.runc.oom_kills(self.container_id(name)) > 0
+        except (RuncError, OSError, KeyError, ValueError):
+            return False
+
+    def stop(self, name: str, proc: ContainerProcess | None, grace: float) -> None:
+        """SIGTERM, up to `grace` seconds, SIGKILL to all its processes, then delete."""
+        container_id = self.container_id(name)
+        if proc is None or proc.poll() is None:
+            for sig, all_processes, wait in ((signal.SIGTERM, False, grace), (signal.SIGKILL, True, KILL_WAIT)):
+                try:
+                    self.runc.kill(container_id, sig, all_processes)
+                except RuncError:
+                    break  # already stopped or gone
+                if proc is not None and proc.wait(wait) is not None:
+                    break
+        self.runc.delete(container_id, force=True)
+
+    def stop_all(self, procs: dict[str, ContainerProcess], grace: float) -> list[str]:
+        """Every started container, the last started first; returns the order it stopped them in."""
+        order = list(reversed(self.started))
+        for name in order:
+            self.stop(name, procs.get(name), grace)
+        return order
+
+    def close(self) -> None:
+        """Deletes what is left of the pod: containers, writable layers, namespaces, the id slot."""
+        for container_id in self.find():
+            self.runc.delete(container_id, force=True)
+        containers = self.directory / "containers"
+        if containers.is_dir():
+            for directory in containers.iterdir():
+                unmount_layer(directory)
+        remove_namespaces(self.directory / "ns")
+        remove_cgroup_dirs(self.cgroup_parent)
+        self.slots.release(self.pod_id)
+
+
+def remove_cgroup_dirs(relative: str, fs: Path = DEFAULT_FS) -> None:
+    """The empty cgroup directories under `relative` in every hierarchy (runc makes them in all v1
+    controllers, not only the ones the attempt's Cgroup holds); a busy one stays."""
+    tops = [fs / relative] if (fs / "cgroup.controllers").exists() else list(fs.glob(f"*/{relative}"))
+    for top in tops:
+        for path in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: len(p.parts),
+                           reverse=True):
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
+            return ""
+        raise
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports listening in the network namespace of `pid` (a sidecar's readiness)."""
+    ports: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -1,0 +1,272 @@
+"""Real runc: a pod's containers from a busybox rootfs built here (no registry), each cleaned up even on failure."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from nodus.agent.cgroups import DEFAULT_FS
+from nodus.agent.oci.bundle import ContainerRequest, ImageConfig, Limits, Mount
+from nodus.agent.oci.pod import ContainerProcess, IdSlots, Pod, listening_ports, remove_cgroup_dirs
+from nodus.agent.oci.runc import (ContainerExists, ContainerNotFound, ContainerStatus, Runc, RuncMissing,
+                                  become_subreaper)
+
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+APPLETS = ("sh", "echo", "cat", "id", "pwd", "sleep", "httpd", "wget", "env", "touch", "mkdir", "ls", "true")
+IMAGE = ImageConfig(cmd=("sh",), env=("PATH=/bin",))
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("runc") is None or not os.path.exists(BUSYBOX) or os.geteuid() != 0,
+                       reason="needs runc, busybox-static and root"),
+]
+
+
+@dataclass
+class Node:
+    """One test's agent side: a runc root, id slots, the pods made, a log file."""
+
+    root: Path
+    runc: Runc
+    slots: IdSlots
+    rootfs: Path
+    cgroup_parent: str
+    pods: list[Pod] = field(default_factory=list)
+
+    def pod(self, name: str) -> Pod:
+        pod = Pod(f"{name}-{uuid.uuid4().hex[:6]}", self.root / "pods" / name, self.runc, self.slots,
+                  f"{self.cgroup_parent}/{name}")
+        self.pods.append(pod)
+        return pod
+
+    def log(self, name: str = "attempt.log") -> int:
+        return os.open(self.root / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def text(self, name: str = "attempt.log") -> str:
+        return (self.root / name).read_text()
+
+    def dirs(self, pod: Pod, *names: str) -> dict[str, Path]:
+        out = {}
+        for n in names:
+            d = self.root / "attempt" / pod.pod_id / n
+            d.mkdir(parents=True)
+            pod.own(d)
+            out[n] = d
+        return out
+
+
+def traversable_dir(prefix: str) -> Path:
+    """A fresh directory every pod uid may pass through (pytest's own tmp dirs are 0700 at the top)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    d.chmod(0o711)
+    return d
+
+
+@pytest.fixture(scope="module")
+def rootfs() -> Iterator[Path]:
+    """A read-only image tree: busybox, its applets, a user and a page for httpd."""
+    top = traversable_dir("nodus-oci-image-")
+    root = top / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(BUSYBOX, root / "bin/busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc").mkdir()
+    (root / "etc/passwd").write_text("root:x:0:0:root:/:/bin/sh\ntrainer:x:1001:1002::/:/bin/sh\n")
+    (root / "etc/group").write_text("root:x:0:\ntrainer:x:1002:\n")
+    (root / "www").mkdir()
+    (root / "www/index.html").write_text("hello from the sidecar\n")
+    for p in [root, *root.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(0o755 if p.is_dir() or p.name == "busybox" else 0o644)
+    yield root
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def node(rootfs: Path) -> Iterator[Node]:
+    become_subreaper()  # detached containers' inits become this process's children, as the supervisor's do
+    top = traversable_dir("nodus-oci-node-")
+    n = Node(top, Runc(top / "runc"), IdSlots(top / "ids"), rootfs, f"nodus-test/{uuid.uuid4().hex[:8]}")
+    try:
+        yield n
+    finally:
+        for state in n.runc.list():
+            n.runc.delete(state.id, force=True)
+        for pod in n.pods:
+            pod.close()
+        remove_cgroup_dirs(n.cgroup_parent)
+        assert not list(DEFAULT_FS.glob(f"*/{n.cgroup_parent}")), "a cgroup of the test was left behind"
+        remove_cgroup_dirs("nodus-test")
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def run(node: Node, pod: Pod, name: str, request: ContainerRequest, image: ImageConfig = IMAGE,
+        mounts: tuple[Mount, ...] = (), limits: Limits = Limits()) -> ContainerProcess:
+    log = node.log()
+    try:
+        return pod.start(name, request, image, node.rootfs, log, mounts, limits)
+    finally:
+        os.close(log)
+
+
+def sh(script: str, **kw: object) -> ContainerRequest:
+    return ContainerRequest("main", command=("sh", "-c", script), **kw)  # type: ignore[arg-type]
+
+
+def test_a_container_runs_to_completion_with_its_exit_code(node: Node) -> None:
+    pod = node.pod("a")
+    proc = run(node, pod, "main", sh("echo hello from main; id -u; echo to stderr >&2; exit 3"))
+    assert proc.wait(30) == 3
+    assert node.text().splitlines() == ["hello from main", "0", "to stderr"]
+    assert node.runc.state(pod.container_id("main")).status == ContainerStatus.STOPPED
+
+
+def test_env_args_working_dir_and_user_override_the_image(node: Node) -> None:
+    image = ImageConfig(entrypoint=("sh", "-c"), cmd=("echo image cmd",), env=("PATH=/bin", "FOO=image", "BAR=keep"),
+                        working_dir="/", user="trainer")
+    pod = node.pod("b")
+    request = ContainerRequest("main", args=('echo "$FOO $BAR $(pwd) $(id -u):$(id -g)"',), env={"FOO": "job"},
+                               working_dir="/www")
+    assert run(node, pod, "main", request, image).wait(30) == 0
+    assert node.text().splitlines() == ["job keep /www 1001:1002"]
+    assert run(node, pod, "defaults", ContainerRequest("defaults"), image).wait(30) == 0
+    assert node.text().splitlines()[-1] == "image cmd"
+
+
+def test_a_read_only_input_cannot_be_written_and_outputs_can(node: Node) -> None:
+    pod = node.pod("c")
+    d = node.dirs(pod, "inputs", "outputs")
+    (d["inputs"] / "data.txt").write_text("input\n")
+    mounts = (Mount("/nodus/inputs", str(d["inputs"]), read_only=True), Mount("/nodus/outputs", str(d["outputs"])))
+    script = "cat /nodus/inputs/data.txt; echo x > /nodus/inputs/data.txt || exit 9"
+    assert run(node, pod, "main", sh(script), mounts=mounts).wait(30) == 9
+    assert "Read-only file system" in node.text()
+    assert (d["inputs"] / "data.txt").read_text() == "input\n"
+    assert run(node, pod, "writer", sh("echo result > /nodus/outputs/out.txt"), mounts=mounts).wait(30) == 0
+    out = d["outputs"] / "out.txt"
+    assert out.read_text() == "result\n" and out.stat().st_uid == pod.ids.host(0)
+
+
+def test_a_memory_limit_below_use_reports_oom_killed(node: Node) -> None:
+    pod = node.pod("d")
+    proc = run(node, pod, "main", sh("x=aaaaaaaa; while true; do x=$x$x; done"), limits=Limits(memory_bytes=32 << 20))
+    assert proc.wait(60) == 128 + signal.SIGKILL
+    assert pod.oom_killed("main")
+    calm = run(node, pod, "calm", sh("true"), limits=Limits(memory_bytes=32 << 20))
+    assert calm.wait(30) == 0 and not pod.oom_killed("calm")
+
+
+def test_a_sidecar_serves_the_main_container_on_localhost(node: Node) -> None:
+    pod = node.pod("e")
+    sidecar = run(node, pod, "web", ContainerRequest("web", command=("httpd", "-f", "-p", "8080", "-h", "/www")))
+    deadline = time.monotonic() + 20
+    while 8080 not in listening_ports(sidecar.pid):
+        assert sidecar.poll() is None, node.text()
+        assert time.monotonic() < deadline, "the sidecar never listened on 8080"
+        sidecar.wait(0.05)
+    assert 8080 not in listening_ports(os.getpid())  # the pod's own network namespace, not the host's
+    main = run(node, pod, "main", sh("wget -q -O - http://127.0.0.1:8080/"))
+    assert main.wait(30) == 0, node.text()
+    assert "hello from the sidecar" in node.text()
+    assert pod.stop_all({"web": sidecar, "main": main}, grace=2) == ["main", "web"]
+    assert pod.find() == {}
+
+
+def test_sidecars_stop_in_reverse_order(node: Node) -> None:
+    pod = node.pod("f")
+    d = node.dirs(pod, "outputs")
+    mounts = (Mount("/nodus/outputs", str(d["outputs"])),)
+    procs = {}
+    for name in ("first", "second", "third"):
+        script = (f"trap 'echo {name} >> /nodus/outputs/order; exit 0' TERM; touch /nodus/outputs/ready-{name}; "
+                  "while true; do sleep 0.05; done")
+        procs[name] = run(node, pod, name, ContainerRequest(name, command=("sh", "-c", script)), mounts=mounts)
+    deadline = time.monotonic() + 20
+    while not all((d["outputs"] / f"ready-{n}").exists() for n in procs):
+        assert time.monotonic() < deadline, node.text()
+        procs["first"].wait(0.05)
+    assert pod.stop_all(procs, grace=10) == ["third", "second", "first"]
+    assert (d["outputs"] / "order").read_text().split() == ["third", "second", "first"]
+    assert [p.returncode for p in procs.values()] == [0, 0, 0]
+
+
+CALLER = """
+import os, sys, time
+from pathlib import Path
+from nodus.agent.oci.bundle import ContainerRequest, ImageConfig
+from nodus.agent.oci.pod import IdSlots, Pod
+from nodus.agent.oci.runc import Runc
+root, pod_id, rootfs, cgroup = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+pod = Pod(pod_id, root / "pods" / "g", Runc(root / "runc"), IdSlots(root / "ids"), cgroup)
+log = os.open(root / "attempt.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+proc = pod.start("main", ContainerRequest("main", command=("sleep", "300")), ImageConfig(env=("PATH=/bin",)), rootfs, log)
+print(proc.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_container_outlives_its_caller_and_is_found_again_from_runc_state(node: Node) -> None:
+    pod_id = f"g-{uuid.uuid4().hex[:6]}"
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(node.root), pod_id, str(node.rootfs),
+                               f"{node.cgroup_parent}/g"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout is not None
+        pid = int(caller.stdout.readline())
+    finally:
+        caller.kill()  # SIGKILL: nothing of the caller's runs after this
+        caller.wait()
+    again = node.pod("g")  # a restarted caller: same directory, slot and runc root
+    again.pod_id = pod_id
+    states = again.find()
+    assert list(states) == [f"{pod_id}-main"]
+    state = states[f"{pod_id}-main"]
+    assert state.status == ContainerStatus.RUNNING and state.pid == pid
+    os.kill(pid, 0)  # alive
+    again.stop("main", ContainerProcess.of(state.id, pid), grace=1)
+    assert again.find() == {}
+
+
+def test_a_second_pod_cannot_read_the_first_pods_files(node: Node) -> None:
+    first, second = node.pod("h1"), node.pod("h2")
+    assert first.ids.host(0) != second.ids.host(0)
+    d = node.dirs(first, "outputs")
+    wrote = run(node, first, "main", sh("umask 077; echo s3cret > /nodus/outputs/secret; mkdir -p /private; "
+                                        "echo mine > /private/file"),
+                mounts=(Mount("/nodus/outputs", str(d["outputs"])),))
+    assert wrote.wait(30) == 0
+    assert (d["outputs"] / "secret").stat().st_uid == first.ids.host(0)
+    layer = first.directory / "containers" / "main" / "upper"
+    read = run(node, second, "main", sh("cat /other/secret || exit 7"),
+               mounts=(Mount("/other", str(d["outputs"]), read_only=True), Mount("/layer", str(layer), read_only=True)))
+    assert read.wait(30) == 7
+    assert "Permission denied" in node.text() and "s3cret" not in node.text()
+
+
+def test_id_slots_are_exclusive_and_survive_a_restart(tmp_path: Path) -> None:
+    slots = IdSlots(tmp_path / "ids")
+    assert slots.claim("a") == 0 and slots.claim("b") == 1 and slots.claim("a") == 0
+    assert IdSlots(tmp_path / "ids").slot_of("b") == 1
+    slots.release("a")
+    assert slots.claim("c") == 0
+
+
+def test_runc_failures_are_typed(node: Node) -> None:
+    with pytest.raises(ContainerNotFound, match="container does not exist"):
+        node.runc.state("nope")
+    pod = node.pod("i")
+    run(node, pod, "main", sh("true")).wait(30)
+    with pytest.raises(ContainerExists):
+        run(node, pod, "main", sh("true"))
+    with pytest.raises(RuncMissing, match="not installed"):
+        Runc(node.root / "runc", binary="/nonexistent/runc").list()
