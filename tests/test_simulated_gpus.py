@@ -5,6 +5,8 @@ offering id is accepted as before."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from agent_double import AgentProcess, wait_for
-from conftest import Coordinator
+from conftest import BIN, Coordinator
 from e2e import agent_md, start_agent
 from nodus.agent.nvml import SimulatedNvml
 from nodus.agent.settings import SimulatedGpus
@@ -124,3 +126,25 @@ def test_without_a_price_book_any_offering_id_joins(coordinator: Coordinator, tm
                                    token=coordinator.token).stdout)["nodes"]
         assert [(n["name"], n["inventory"]["offering"], len(n["inventory"]["gpus"])) for n in nodes] == [
             ("free", "h100-sxm-80g-x8-us", 4)]
+
+
+def test_nodus_up_with_a_price_book_and_simulated_gpus(tmp_path: Path) -> None:
+    book = _book_with_a_dev_offering(tmp_path / "pricebook.yaml")
+    data = tmp_path / "up"
+    up = subprocess.Popen([str(BIN / "nodus"), "up", "--data-dir", str(data), "--http-listen", "127.0.0.1:0",
+                           "--grpc-listen", "127.0.0.1:0", "--price-book", str(book), "--offering", DEV_OFFERING,
+                           "--simulate-gpus", "H100:1:80Gi"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        agent_log = data / "agent.log"
+        wait_for(lambda: agent_log.exists() and "registered node" in agent_log.read_text(), 60,
+                 what="nodus up's agent to register")
+        c = Coordinator(data / "coordinator")
+        endpoints = json.loads((c.data_dir / "endpoints.json").read_text())
+        c.grpc, c.token = endpoints["grpc"], yaml.safe_load(c.kubeconfig.read_text())["users"][0]["user"]["token"]
+        assert json.loads(grpcurl(c, "nodus.v1.PriceBookService/GetPriceBook", {}, token=c.token).stdout)[
+            "version"] == "2026-12-01-dev"
+        (node,) = json.loads(grpcurl(c, "nodus.v1.NodeService/ListNodes", {}, token=c.token).stdout)["nodes"]
+        assert node["inventory"]["offering"] == DEV_OFFERING and node["inventory"]["gpus"][0]["simulated"] is True
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(30)

@@ -34,9 +34,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     bin_dir = Path(sys.executable).parent
     (data / "endpoints.json").unlink(missing_ok=True)
     coord_log, agent_log = data / "coordinator.log", data / "agent.log"
+    price_book = ["--price-book", str(Path(args.price_book).resolve())] if args.price_book else []
+    node_flags = [flag for name, value in (("--offering", args.offering), ("--simulate-gpus", args.simulate_gpus))
+                  if value for flag in (name, value)]
     coordinator = subprocess.Popen(
         [str(bin_dir / "nodus-coordinator"), "--data-dir", str(data / "coordinator"),
-         "--http-listen", args.http_listen, "--grpc-listen", args.grpc_listen],
+         "--http-listen", args.http_listen, "--grpc-listen", args.grpc_listen, *price_book],
         stdout=open(coord_log, "ab"), stderr=subprocess.STDOUT)
     procs = [coordinator]
     try:
@@ -46,7 +49,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         agent = subprocess.Popen(
             [str(bin_dir / "nodus-agent"), "--coordinator", grpc, "--node", args.node,
              "--work-dir", str(data / "agent"), "--join-token-file", str(data / "coordinator" / "join-token"),
-             "--runtime", "process"],
+             "--runtime", "process", *node_flags],
             stdout=open(agent_log, "ab"), stderr=subprocess.STDOUT)
         procs.append(agent)
         kubeconfig = data / "coordinator" / "kubeconfig"
@@ -84,4 +87,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--http-listen", default="127.0.0.1:8080")
     up.add_argument("--grpc-listen", default="127.0.0.1:7070")
     up.add_argument("--node", default="local")
+    up.add_argument("--price-book", help="price book YAML for the coordinator (default: none, nothing is charged)")
+    up.add_argument("--offering", help="offering id the local agent joins as (it must fit the price book's)")
+    up.add_argument("--simulate-gpus", metavar="MODEL:COUNT[:MEMORY]",
+                    help="the local agent reports these GPUs, marked simulated, instead of real ones")
     up.set_defaults(func=cmd_up, operator=True)
