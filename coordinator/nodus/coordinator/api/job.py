@@ -16,7 +16,7 @@ from .schema import (Bool, Int, KindSchema, List, Obj, Str, duration, get, money
                      quantity, strings)
 from .job_folding import complete_spec, fold_gpu, fold_resources, fold_spec
 from .job_status import JOB_STATUS
-from .limits import AdmissionLimits
+from .limits import GANG_NODES, AdmissionLimits
 from .references import not_found, resolve_references, resolve_secrets, resolve_volumes, secret_version
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -40,8 +40,8 @@ def _absolute_each(values: list[str], path: str) -> list[Cause]:
 
 
 def _beta_nodes(value: int, path: str, limits: AdmissionLimits) -> list[Cause]:
-    # Above 16 the field's own range reports it; between the cap and 16 it is the operator's cap.
-    if limits.gang_max_nodes < value <= 16:
+    # Above the API's range the field's own range reports it; between the cap and there, the operator's cap.
+    if limits.gang_max_nodes < value <= GANG_NODES[1]:
         return [errors.invalid_value(path, value, f"must be at most {limits.gang_max_nodes} during the beta")]
     return []
 
@@ -138,7 +138,7 @@ DISTRIBUTED = Obj(
         "network": Str(description="Network is Colocated (one provider and region), Regional (one region class) or Global.",
                        enum=("Colocated", "Regional", "Global"), default="Regional"),
         "nodes": Int(description="Nodes is the gang size (2–16; the beta caps it at 8). Exactly one of nodes and totalGPUs.",
-                     minimum=2, maximum=16, limit_checks=(_beta_nodes,)),
+                     minimum=GANG_NODES[0], maximum=GANG_NODES[1], limit_checks=(_beta_nodes,)),
         "startupTimeout": duration("StartupTimeout is the gang assembly budget (5m–60m, default 15m).",
                                    minimum="5m", maximum="60m", default="15m0s"),
         "totalGPUs": Int(description="TotalGPUs is resolved into status.topology at admission (2–64).",
