@@ -20,7 +20,8 @@ about a minute. The figures, through the real daemons and processes:
   waiting at its gate: from cancel.json written to its finishTime, beside the same stop of a supervisor
   whose main command runs (and exits on SIGTERM).
 - probe budget: the mesh probe (`python -m nodus.agent.probe`) whose peer never comes, and one whose
-  peer is frozen (SIGSTOP) midway: time to its report beside its budget.
+  peer is frozen (SIGSTOP) midway: time to its report beside its budget; and two probes on a host
+  without torch (RTT only), beside their budget and the 5 s the test once allowed.
 - handshake hold (tests/test_recovery_agent.py): `checkpointing.take` of a program that answers the
   handshake: the pause it was held, beside a plain copy of the same state and the handshake timeout.
 - the store's kill -9 trial (tests/test_checkpoint_stores.py): a saver process killed at a random moment
@@ -290,14 +291,46 @@ def frozen_peer(budget: float) -> float:
             p.wait()
 
 
-def probe_figures(args: argparse.Namespace) -> None:
+def without_torch(budget: float, tmp: Path) -> float:
+    """Two probes on a host where torch does not import (RTT only): seconds until both have reported."""
+    fake_torch = tmp / "no-torch" / "torch"
+    fake_torch.mkdir(parents=True, exist_ok=True)
+    (fake_torch / "__init__.py").write_text("raise ImportError('no torch on this host')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake_torch.parent), os.environ.get("PYTHONPATH", "")])}
+    listeners = [socket.socket(), socket.socket()]
+    try:
+        for s in listeners:
+            s.bind(("127.0.0.1", 0))
+            s.listen(16)
+        ports, store = [s.getsockname()[1] for s in listeners], free_port()
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(PROBE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True, env=env, pass_fds=[s.fileno()]) for s in listeners]
+        for rank, (p, s) in enumerate(zip(procs, listeners)):
+            assert p.stdin is not None
+            p.stdin.write(json.dumps(probe_plan(rank, ports, store, budget_s=budget, listen_fd=s.fileno())))
+            p.stdin.close()
+        for p in procs:
+            assert p.stdout is not None
+            p.stdout.read()
+            p.wait(budget + 60)
+        return time.monotonic() - t0
+    finally:
+        for s in listeners:
+            s.close()
+
+
+def probe_figures(args: argparse.Namespace, tmp: Path) -> None:
     absent = [absent_peer(args.probe_budget) for _ in range(args.runs)]
     frozen = [frozen_peer(args.probe_budget) for _ in range(max(1, args.runs // 2))]
+    rtt_only = [without_torch(2 * args.probe_budget, tmp) for _ in range(args.runs)]
     budget_ms = ms(args.probe_budget)
     print(f"probe, peer never comes: report after p50 / max  {p50_max(absent)}  beside its budget {budget_ms} ms "
           f"(the agent gives up at budget + {PROBE_GRACE:.0f} s){verdict(max(absent) <= args.probe_budget + 1)}")
     print(f"probe, peer frozen midway: report after p50 / max  {p50_max(frozen)}  beside its budget {budget_ms} ms"
           f"{verdict(max(frozen) <= args.probe_budget + 1)}")
+    print(f"probe without torch (RTT only, 2 members): both reported after p50 / max  {p50_max(rtt_only)}  beside "
+          f"its budget {ms(2 * args.probe_budget)} ms (target ≤ 5,000 ms){verdict(max(rtt_only) <= 5.0)}")
 
 
 # -- the checkpoint handshake ------------------------------------------------------------------------
@@ -429,7 +462,7 @@ def main() -> None:
         print(f"agent timings ({args.runs} runs each, load average {os.getloadavg()[0]:.2f})")
         agent_figures(args, tmp)
         gate_figures(args, tmp)
-        probe_figures(args)
+        probe_figures(args, tmp)
         handshake_figures(args, tmp)
         crash_figures(args, tmp)
 

@@ -93,6 +93,8 @@ def test_agent_timings_bench_reports_each_timing_beside_its_anchor_or_target() -
         "gate stop, polled": rf"^\s+cancel\.json alone \(polled at the gate\), {pair}",
         "probe, absent peer": rf"^probe, peer never comes: report after {pair}\s+beside its budget ({NUM}) ms",
         "probe, frozen peer": rf"^probe, peer frozen midway: report after {pair}\s+beside its budget ({NUM}) ms",
+        "probe without torch": rf"^probe without torch \(RTT only, 2 members\): both reported after {pair}\s+beside "
+                               rf"its budget ({NUM}) ms",
         "handshake hold": rf"^handshake hold .*, {pair}\s+beside a plain copy of the state ({NUM}) ms / ({NUM}) ms; "
                           rf"handshake timeout ({NUM}) ms",
         "kill -9 trial": rf"^kill -9 trial, {pair} per trial .*beside an interpreter start with the library ({NUM}) ms "
