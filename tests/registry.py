@@ -15,13 +15,16 @@ import hashlib
 import io
 import random
 import re
+import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import bcrypt
 import pytest
@@ -130,6 +133,64 @@ def write_index_layout(dest: Path, images: Mapping[str, tuple[list[Layer], Mappi
         {"mediaType": INDEX, "digest": _sha(index_bytes), "size": len(index_bytes),
          "annotations": {"org.opencontainers.image.ref.name": TAG}}]}))
     return dest
+
+
+def host_layer(paths: Iterable[Path], links: Mapping[str, str] | None = None) -> Layer:
+    """A layer of host files (directories recursively, symlinks as symlinks), each under its parent's real
+    path, with the host's symlinked directories on the way (merged /usr's /lib -> usr/lib) as symlinks,
+    plus `links` (path -> target); owners and times zeroed so the same files give the same digest."""
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if "__pycache__" in info.name.split("/"):
+            return None
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = 0
+        return info
+
+    wanted = sorted({Path(p) for p in paths})
+    placed = {p: Path(os.path.realpath(p.parent)) / p.name for p in wanted}
+    symlinked = sorted({a for p in wanted for a in p.parents if a != Path("/") and a.is_symlink()})
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for parent in sorted({str(q) for p in placed.values() for q in p.parents if str(q) != "/"}):
+            _add_dir(tar, parent.lstrip("/"))  # the parents first, so no directory is implied
+        for path in wanted:
+            tar.add(str(path), arcname=str(placed[path]).lstrip("/"), recursive=True, filter=clean)
+        all_links = {str(a): os.readlink(a) for a in symlinked if str(a) not in (links or {})}
+        all_links.update(links or {})
+        for path, target in sorted(all_links.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+            tar.addfile(info)
+    tar_bytes = raw.getvalue()
+    return Layer(gzip.compress(tar_bytes, compresslevel=1, mtime=0), _sha(tar_bytes))
+
+
+def _add_dir(tar: tarfile.TarFile, name: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, 0o755
+    tar.addfile(info)
+
+
+PYTHON_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "__pycache__"}
+"""Parts of the standard library no test program imports (about 870 of its 940 MB here)."""
+
+
+def build_python_layout(dest: Path) -> Path:
+    """busybox plus the interpreter running these tests, its standard library and the shared libraries
+    it and its extension modules load, at their host paths; /usr/bin/python3 points at it."""
+    exe = Path(os.path.realpath(sys.executable))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [exe, *(p for p in stdlib.iterdir() if p.name not in PYTHON_SKIP and not p.name.startswith("config-"))]
+    loaded = {exe, *(p for p in (stdlib / "lib-dynload").glob("*.so") if not p.name.startswith("_tkinter"))}
+    libs: set[Path] = set()
+    for binary in sorted(loaded):
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+        for lib in re.findall(r"(/\S+) \(0x", out):
+            libs.update({Path(lib), Path(os.path.realpath(lib))})
+    python = host_layer([*files, *sorted(libs - set(files))], {"usr/bin/python3": str(exe)})
+    return write_layout(dest, [busybox_layer(), python],
+                        {"Env": ["PATH=/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"], "Cmd": ["/usr/bin/python3"]})
 
 
 def build_busybox_layout(dest: Path, config: Mapping[str, object] | None = None) -> Path:

@@ -6,6 +6,9 @@ import asyncio
 import base64
 from concurrent.futures import ThreadPoolExecutor
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,8 +23,8 @@ from nodus.coordinator.images import BadImageReference, BadPullSecret, ImageNotF
     ImageUnauthorized, RegistryUnreachable, ResolvedImage, refusal
 from nodus.coordinator.images import RegistryCredentials as CoordinatorCredentials
 from agent_double import free_port
-from registry import Registry, build_busybox_layout, busybox_layer, layer, layout_blobs, push, write_index_layout, \
-    write_layout
+from registry import Registry, build_busybox_layout, build_python_layout, busybox_layer, layer, layout_blobs, push, \
+    write_index_layout, write_layout
 
 GIB = 1 << 30
 
@@ -315,3 +318,16 @@ def test_skopeo_failures_are_typed_with_whose_fault_they_are(stderr: str, kind: 
     error = classify(stderr, "r/x@sha256:...")
     assert type(error) is kind and error.fault is fault and error.lost_capacity == (fault is Fault.NODE)
     assert error.message.startswith("r/x@sha256:...: ")
+
+
+def test_a_python_image_built_from_the_host_interpreter_pulls_and_runs(tmp_path: Path, registry: Registry) -> None:
+    digest = push(build_python_layout(tmp_path / "python"), registry, "tests/python", "v1")
+    pulled = store(tmp_path, registry).pull(f"{registry.host}/tests/python@{digest}")
+    assert pulled.config.cmd == ("/usr/bin/python3",)
+    # chroot is enough to show the tree is complete (interpreter, stdlib, shared libraries); the
+    # runtime's own tests run it in a container
+    program = "import json, sqlite3, ssl, sys; print(json.dumps({'v': sys.version_info[:2]}))"
+    done = subprocess.run([shutil.which("chroot") or "chroot", str(pulled.rootfs), "/usr/bin/python3", "-c", program], capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout) == {"v": list(sys.version_info[:2])}
