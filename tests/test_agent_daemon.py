@@ -160,7 +160,7 @@ def test_cancel_sigterm_then_grace(fake: FakeCoordinator, agent: AgentProcess, t
     fake.cancel("a-stubborn", reason="Cancelled", grace=1)
     end = fake.wait_final("a-stubborn")
     assert end.phase == 12 and end.reason == "Cancelled" and end.exit_code == 128 + signal.SIGKILL
-    # SIGTERM first, then SIGKILL (how long the grace lasted is a duration: not asserted here)
+    # SIGTERM first, then SIGKILL (how long the grace lasted: bench/agent_timings.py, beside the grace)
     wait_for(lambda: "ignoring SIGTERM" in fake.log("a-stubborn"), 5, what="the SIGTERM in the log")
 
 

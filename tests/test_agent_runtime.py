@@ -333,7 +333,7 @@ def test_progress_is_folded_and_rate_limited(env: tuple[FakeCoordinator, AgentPr
     assert end.phase == 9
     sent = fake.progress("rt-progress")
     assert sent, "progress reached the coordinator"
-    # 151 reports written back to back: folded, not one message each (the rate is not asserted)
+    # 151 reports written back to back: folded, not one message each (the rate: bench/agent_timings.py)
     assert len(sent) < 20, f"{len(sent)} Progress messages for 151 reports: not folded"
     last = sent[-1]
     assert (last.stage, last.units_completed, last.units_total) == ("train", 150, 150)

@@ -125,7 +125,7 @@ def test_a_program_that_opted_in_gets_the_handshake(tmp_path: Path) -> None:
         proc.wait()
     assert snap.method == "handshake" and snap.seq == 7 and snap.paths == ("/nodus/state",)
     assert hashlib.sha256(snap.archive.read_bytes()).hexdigest() == snap.sha256
-    assert snap.size == snap.archive.stat().st_size and snap.pause > 0  # its length is bench/checkpoint.py's
+    assert snap.size == snap.archive.stat().st_size and snap.pause > 0  # its length: bench/agent_timings.py
     assert not list(layout.run.glob("checkpoint-*.d")), "the local copy is gone once archived"
     assert not Path(handshake_env(layout)["NODUS_CHECKPOINT_REQUEST"]).exists(), "released"
     target = attempt(tmp_path, "b")

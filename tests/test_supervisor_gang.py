@@ -156,7 +156,7 @@ def test_a_stop_at_the_gate_cancels_promptly(member: Callable[..., Member]) -> N
     m = member()
     m.at_gate()
     m.stop("ScaledDown")
-    end = m.final(timeout=30)  # a wait, not a measure: no test asserts a duration
+    end = m.final(timeout=30)  # a wait, not a measure: how prompt is bench/agent_timings.py's
     assert (end["phase"], end["reason"]) == ("CANCELLED", "ScaledDown")
     assert end["start_time"] is None and end["gate"] == "waiting"
 
