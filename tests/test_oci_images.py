@@ -331,3 +331,20 @@ def test_a_python_image_built_from_the_host_interpreter_pulls_and_runs(tmp_path:
                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
     assert done.returncode == 0, done.stderr
     assert orjson.loads(done.stdout) == {"v": list(sys.version_info[:2])}
+
+
+def test_pull_secrets_travel_as_per_registry_logins_and_pull_on_the_agent(
+        tmp_path: Path, private_registry: Registry) -> None:
+    digest = push(build_busybox_layout(tmp_path / "logins"), private_registry, "team/logins", "v1")
+    auth = base64.b64encode(b"alice:s3cret").decode()
+    config = orjson.dumps({"auths": {private_registry.host: {"auth": auth},
+                                     "https://index.docker.io/v1/": {"username": "bob", "password": "hub"}}})
+    docker = CoordinatorCredentials.from_secret("registry", {".dockerconfigjson": config})
+    logins = docker.logins(private_registry.host)
+    assert sorted(logins) == sorted([(private_registry.host, "alice", "s3cret"), ("docker.io", "bob", "hub")])
+    basic = CoordinatorCredentials.from_secret("basic", {"username": b"alice", "password": b"s3cret"})
+    assert basic.logins(private_registry.host) == [(private_registry.host, "alice", "s3cret")]
+    # what the agent gets in the Assignment pulls the private image
+    pulled = store(tmp_path, private_registry).pull(f"{private_registry.host}/team/logins@{digest}",
+                                                    RegistryCredentials.from_logins(logins))
+    assert (pulled.rootfs / "bin" / "busybox").exists()

@@ -103,6 +103,23 @@ class RegistryCredentials:
             return cls(username=data["username"].decode(), password=data["password"].decode())
         raise BadPullSecret(name, "holds neither .dockerconfigjson nor username and password")
 
+    def logins(self, registry: str) -> list[tuple[str, str, str]]:
+        """(registry, username, password) for each registry these credentials log in to, as the
+        Assignment's image_pull_credentials carry them; a username/password pair logs in to `registry`
+        (the image's)."""
+        if not self.docker_config:
+            return [(registry, self.username, self.password)] if self.username else []
+        found = []
+        for host, entry in (orjson.loads(self.docker_config).get("auths") or {}).items():
+            if not isinstance(entry, dict):
+                continue
+            user, password = str(entry.get("username") or ""), str(entry.get("password") or "")
+            if entry.get("auth"):
+                user, _, password = base64.b64decode(str(entry["auth"])).decode(errors="replace").partition(":")
+            if user:
+                found.append((_registry_host(host), user, password))
+        return found
+
     def authfile(self, registry: str) -> bytes:
         if self.docker_config:
             return self.docker_config
@@ -243,6 +260,13 @@ def _split(image: str) -> tuple[str, str, str, str]:
     if tag and not re.fullmatch(r"[\w][\w.-]{0,127}", tag):
         raise BadImageReference(image, f"{tag!r} is not a tag (letters, digits, _ . -, at most 128)")
     return registry, path, tag, digest
+
+
+def _registry_host(key: str) -> str:
+    """A docker config's auths key as host[:port]; `docker login` writes Docker Hub as its v1 URL."""
+    if "index.docker.io" in key:
+        return DOCKER_HUB
+    return key.removeprefix("https://").removeprefix("http://").split("/", 1)[0]
 
 
 def _sha(data: bytes) -> str:

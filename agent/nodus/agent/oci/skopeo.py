@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import orjson
 
@@ -82,6 +82,13 @@ class RegistryCredentials:
 
     def __repr__(self) -> str:  # never the password or the config's tokens in a log line
         return f"RegistryCredentials(username={self.username!r}, docker_config={bool(self.docker_config)})"
+
+    @classmethod
+    def from_logins(cls, logins: Iterable[tuple[str, str, str]]) -> RegistryCredentials:
+        """From the Assignment's image_pull_credentials: (registry, username, password) per registry."""
+        auths = {registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+                 for registry, user, password in logins}
+        return cls(docker_config=orjson.dumps({"auths": auths})) if auths else cls()
 
     def authfile(self, registry: str) -> bytes:
         """The containers-auth.json (docker config) skopeo reads for `registry`."""
