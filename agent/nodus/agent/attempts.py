@@ -42,8 +42,6 @@ LOST_CAPACITY_REASONS = frozenset(word for word, counts in _COUNTS_AS.items()
 such a stop is a Preemption checkpoint, best effort within the grace."""
 
 
-
-
 class GangStep(enum.StrEnum):
     """A gang member's start-up step (gang.py), in order. The value is the word state.json stores (`gang.done`,
     `gang.plan.step`) and the coordinator's status shows; on the wire it is agent.proto's GangStep member
