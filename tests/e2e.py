@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from conftest import BIN, Coordinator, job
 from agent_double import AgentProcess, wait_for
+from invariants import check_fleet
 
 NS = "/apis/nodus.dev/v1/namespaces/default"
 JOBS = f"{NS}/jobs"
@@ -113,12 +114,15 @@ AGENT_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
 
 @contextlib.contextmanager
-def joined(started: list[AgentProcess]) -> Iterator[list[AgentProcess]]:
-    """The started agents once each has registered; reaped (workloads too) after."""
+def joined(started: list[AgentProcess], c: Coordinator | None = None) -> Iterator[list[AgentProcess]]:
+    """The started agents once each has registered; reaped (workloads too) after. With the coordinator
+    they joined, a test that passed must also leave the fleet's invariants whole (tests/invariants.py)."""
     try:
         for a in started:
             registered(a)
         yield started
+        if c is not None:
+            check_fleet(c, started)
     finally:
         for a in started:
             a.reap()
@@ -128,7 +132,7 @@ def joined(started: list[AgentProcess]) -> Iterator[list[AgentProcess]]:
 def start_agent(c: Coordinator, work_dir: Path, node: str = "node-a",
                 extra_args: tuple[str, ...] = ()) -> Iterator[AgentProcess]:
     """One real agent on loopback, registered; reaped (workloads too) after."""
-    with joined([AgentProcess(work_dir, c.grpc, c.join_token, node=node, extra_args=extra_args).start()]) as [a]:
+    with joined([AgentProcess(work_dir, c.grpc, c.join_token, node=node, extra_args=extra_args).start()], c) as [a]:
         yield a
 
 
@@ -137,7 +141,7 @@ def fleet(c: Coordinator, root: Path, count: int, prefix: str, *extra: str
     """`count` real agents on loopback ("nodes" PREFIX-n0…), registered; reaped (workloads too) after."""
     return joined([AgentProcess(root / f"n{i}", c.grpc, c.join_token, node=f"{prefix}-n{i}", env=AGENT_ENV,
                                 extra_args=("--advertise-address", "127.0.0.1", *extra)).start()
-                   for i in range(count)])
+                   for i in range(count)], c)
 
 
 @contextlib.contextmanager

@@ -92,7 +92,7 @@ def agent_in(host: Host, c: Coordinator, token: str, root: Path) -> AgentProcess
 @pytest.fixture(scope="module")
 def agents(lab: Lab, c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[AgentProcess]]:
     root = tmp_path_factory.mktemp("netns-agents")
-    with joined([agent_in(h, c, c.join_token, root) for h in lab.hosts]) as started:
+    with joined([agent_in(h, c, c.join_token, root) for h in lab.hosts], c) as started:
         yield started
 
 

@@ -113,7 +113,7 @@ def test_node_loss_replaces_the_attempt_on_another_node_against_max_attempts(tmp
     with (Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "2s", "--heartbeat-interval",
                                                            "0.5s")) as c,
           joined([AgentProcess(tmp_path / name, c.grpc, c.join_token, node=name).start()
-                  for name in ("node-a", "node-b")]) as started):
+                  for name in ("node-a", "node-b")], c) as started):
         agents = {a.node: a for a in started}
         marker, go = tmp_path / "marker", tmp_path / "go"
         create(c, "lost", command=[PY, "-c", PER_INDEX, str(marker), str(go), "0"], backoffLimit=0,

@@ -85,7 +85,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Coordinator, dict[str, AgentProces
     with Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "2s", "--heartbeat-interval",
                                                           "0.4s")) as c:
         with joined([AgentProcess(tmp_path / n, c.grpc, c.join_token, node=n).start()
-                     for n in ("node-a", "node-b")]) as started:
+                     for n in ("node-a", "node-b")], c) as started:
             yield c, {a.node: a for a in started}
 
 
