@@ -30,7 +30,7 @@ import orjson
 from ..clock import Clock
 from .bundle import ImageConfig
 from .pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, NotFound
-from .skopeo import ImageReference, RegistryCredentials, Skopeo
+from .skopeo import ImageReference, RegistryCredentials, RunningCopy, Skopeo
 from .usage import Footprint, disk_usage, evictions
 
 TAG = "image"
@@ -112,23 +112,13 @@ class ImageStore:
             hit = self._cached(ref.digest)
             if hit is not None:
                 if progress:
-                    size = hit["bytes"]
-                    progress(PullProgress(size, size))
+                    progress(PullProgress(hit["bytes"], hit["bytes"]))
                 return hit["image"]
-            raw = self.skopeo.manifest(ref, credentials)
-            _verify_bytes(raw, ref.digest, str(ref))
-            manifest = orjson.loads(raw)
-            if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-                ref = ref.with_digest(self._platform_manifest(manifest, str(ref)))
-                hit = self._cached(ref.digest)
-                if hit is not None:
-                    if progress:
-                        progress(PullProgress(hit["bytes"], hit["bytes"]))
-                    return hit["image"]
-                raw = self.skopeo.manifest(ref, credentials)
-                _verify_bytes(raw, ref.digest, str(ref))
-                manifest = orjson.loads(raw)
-            return self._fetch(ref, raw, manifest, credentials, progress)
+            platform = self._fetch(ref, credentials, progress)
+            if isinstance(platform, PulledImage):
+                return platform
+        # an index (manifest list): the node's platform's manifest, pulled as any other
+        return self.pull(str(ref.with_digest(platform)), credentials, progress)
 
     def collect(self, room: int = 0, keep: Collection[str] = ()) -> int:
         """Removes images no attempt uses, least recently used first, until `room` more bytes fit under the
@@ -157,34 +147,35 @@ class ImageStore:
         footprints = [self._footprint(p) for p in self.images.iterdir() if not p.name.startswith(".")]
         return disk_usage(self.blobs) + sum(f.rootfs_bytes for f in footprints if f is not None)
 
-    def _fetch(self, ref: ImageReference, raw: bytes, manifest: dict[str, Any],
-               credentials: RegistryCredentials | None, progress: ProgressCallback | None) -> PulledImage:
-        try:
-            config = Descriptor(manifest["config"]["digest"], int(manifest["config"]["size"]))
-            layers = [Descriptor(d["digest"], int(d["size"])) for d in manifest["layers"]]
-        except (KeyError, TypeError, ValueError):
-            raise NotFound(f"{ref}: the registry served a manifest without config and layers") from None
-        wanted = [config, *layers]
-        total = sum(d.size for d in wanted)
+    def _fetch(self, ref: ImageReference, credentials: RegistryCredentials | None,
+               progress: ProgressCallback | None) -> PulledImage | str:
+        """The image pulled, verified and unpacked; or, for an index, the digest of the platform's manifest."""
         hexd = ref.digest.removeprefix("sha256:")
         staging = self.images / f".{hexd}.{secrets.token_hex(4)}"
-        with self._lock:
-            self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
+        layout = staging / "layout"
+        layout.mkdir(parents=True)
+        present = set(os.listdir(self.blobs / "sha256"))
         try:
-            missing = sum(d.size for d in wanted if not self._blob(d.digest).exists())
-            self.collect(room=missing)
-            if self.usage() + missing > self.budget:
-                raise DiskFull(f"{ref}: {missing} bytes to fetch do not fit the image cache's budget of "
-                               f"{self.budget} bytes beside the images attempts use")
-            free = shutil.disk_usage(self.root).free
-            if missing > free:
-                raise DiskFull(f"{ref}: {missing} bytes to fetch, {free} free on the image cache's disk")
-            layout = staging / "layout"
-            layout.mkdir(parents=True)
-            self._copy_verified(ref, layout, wanted, total, credentials, progress)
+            with self.skopeo.copying(ref, layout, TAG, self.blobs, credentials) as running:
+                # read while skopeo already fetches: the sizes matter only for the budget and the total
+                raw = self.skopeo.manifest(ref, credentials)
+                _verify_bytes(raw, ref.digest, str(ref))
+                manifest = orjson.loads(raw)
+                if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+                    return self._platform_manifest(manifest, str(ref))
+                wanted = _descriptors(manifest, str(ref))
+                total = sum(d.size for d in wanted)
+                with self._lock:
+                    self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
+                self._fit(ref, sum(d.size for d in wanted if d.digest.removeprefix("sha256:") not in present))
+                self._wait_reporting(running, layout, wanted, total, progress)
+            self._verify_reused(ref, layout, [d for d in wanted if d.digest.removeprefix("sha256:") in present],
+                                wanted, credentials)
+            if progress:
+                progress(PullProgress(total, total))
             rootfs = staging / "rootfs"
             self._unpack(layout, rootfs, str(ref))
-            image_config = orjson.loads(self._blob(config.digest).read_bytes())
+            image_config = orjson.loads(self._blob(wanted[0].digest).read_bytes())
             record = {"digest": ref.digest, "reference": str(ref), "blobs": sorted(self._pulling[ref.digest]),
                       "bytes": total, "rootfsBytes": disk_usage(rootfs), "lastUsed": self.clock.now(),
                       "config": image_config}
@@ -203,37 +194,49 @@ class ImageStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             with self._lock:
-                self._pulling.pop(ref.digest, None)
+                failed = self._pulling.pop(ref.digest, None) is not None and not (self.images / hexd).exists()
+            if failed:
+                self.collect()  # what the failed copy fetched before it stopped
 
-    def _copy_verified(self, ref: ImageReference, layout: Path, wanted: list[Descriptor], total: int,
-                       credentials: RegistryCredentials | None, progress: ProgressCallback | None) -> None:
-        """skopeo copy, then the blobs it did not fetch hashed before use: skopeo checks what it fetches as
-        it streams but reuses a blob it finds without reading it, so a cached blob that went bad is
-        found here, dropped and fetched again once."""
-        for attempt in (1, 2):
-            reused = [d for d in wanted if self._blob(d.digest).exists()]
-            stop = threading.Event()
-            reporter = threading.Thread(target=self._report, args=(layout, wanted, total, progress, stop),
-                                        name="nodus-pull-progress", daemon=True) if progress else None
+    def _fit(self, ref: ImageReference, missing: int) -> None:
+        """Room for `missing` bytes, collecting unused images; DiskFull when even that is not enough."""
+        self.collect(room=missing)
+        if self.usage() + missing > self.budget:
+            raise DiskFull(f"{ref}: {missing} bytes to fetch do not fit the image cache's budget of "
+                           f"{self.budget} bytes beside the images attempts use")
+        free = shutil.disk_usage(self.root).free
+        if missing > free:
+            raise DiskFull(f"{ref}: {missing} bytes to fetch, {free} free on the image cache's disk")
+
+    def _wait_reporting(self, running: RunningCopy, layout: Path, wanted: list[Descriptor], total: int,
+                        progress: ProgressCallback | None) -> None:
+        stop = threading.Event()
+        reporter = threading.Thread(target=self._report, args=(layout, wanted, total, progress, stop),
+                                    name="nodus-pull-progress", daemon=True) if progress else None
+        if reporter:
+            reporter.start()
+        try:
+            running.wait()
+        finally:
+            stop.set()
             if reporter:
-                reporter.start()
-            try:
-                self.skopeo.copy(ref, layout, TAG, self.blobs, credentials)
-            finally:
-                stop.set()
-                if reporter:
-                    reporter.join()
-            bad = [d for d in reused if not _blob_matches(self._blob(d.digest), d)]
-            bad += [d for d in wanted if d not in reused and not self._blob(d.digest).exists()]
-            if not bad:
-                if progress:
-                    progress(PullProgress(total, total))
-                return
-            for d in bad:
-                self._blob(d.digest).unlink(missing_ok=True)
-            if attempt == 2:
-                raise DigestMismatch(f"{ref}: blob {bad[0].digest} does not match its digest after a fresh "
-                                     "fetch; the node's cache disk is failing", Fault.NODE)
+                reporter.join()
+
+    def _verify_reused(self, ref: ImageReference, layout: Path, reused: list[Descriptor], wanted: list[Descriptor],
+                       credentials: RegistryCredentials | None) -> None:
+        """skopeo checks what it fetches as it streams but reuses a blob it finds without reading it, so
+        the reused ones are hashed here; one that went bad is dropped and fetched again, once."""
+        bad = [d for d in reused if not _blob_matches(self._blob(d.digest), d)]
+        bad += [d for d in wanted if d not in reused and not self._blob(d.digest).exists()]  # collected meanwhile
+        if not bad:
+            return
+        for d in bad:
+            self._blob(d.digest).unlink(missing_ok=True)
+        self.skopeo.copy(ref, layout, TAG, self.blobs, credentials)
+        still = [d for d in bad if not _blob_matches(self._blob(d.digest), d)]
+        if still:
+            raise DigestMismatch(f"{ref}: blob {still[0].digest} does not match its digest after a fresh fetch; "
+                                 "the node's cache disk is failing", Fault.NODE)
 
     def _report(self, layout: Path, wanted: list[Descriptor], total: int, progress: ProgressCallback,
                 stop: threading.Event) -> None:
@@ -305,6 +308,14 @@ class ImageStore:
     def _digest_lock(self, digest: str) -> threading.Lock:
         with self._lock:
             return self._digest_locks.setdefault(digest, threading.Lock())
+
+
+def _descriptors(manifest: dict[str, Any], what: str) -> list[Descriptor]:
+    """The config, then the layers."""
+    try:
+        return [Descriptor(d["digest"], int(d["size"])) for d in [manifest["config"], *manifest["layers"]]]
+    except (KeyError, TypeError, ValueError):
+        raise NotFound(f"{what}: the registry served a manifest without config and layers") from None
 
 
 def _verify_bytes(data: bytes, digest: str, what: str) -> None:

@@ -108,6 +108,24 @@ class RegistryCredentials:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningCopy:
+    """A `skopeo copy` under way."""
+
+    proc: subprocess.Popen[bytes]
+    what: str
+    timeout: float
+
+    def wait(self) -> None:
+        """Until the copy ends; raises its typed failure."""
+        try:
+            _, err = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise Unreachable(f"{self.what}: the registry did not answer within {self.timeout:.0f}s") from None
+        if self.proc.returncode != 0:
+            raise classify(err.decode(errors="replace"), self.what)
+
+
+@dataclass(frozen=True, slots=True)
 class Skopeo:
     """How this node talks to registries. `insecure` lists registries (host:port) reached over plain
     HTTP or with unverified TLS, as Docker's `insecure-registries` does; every other one needs TLS."""
@@ -124,13 +142,33 @@ class Skopeo:
 
     def copy(self, ref: ImageReference, layout: Path, tag: str, shared_blobs: Path,
              credentials: RegistryCredentials | None = None) -> None:
-        """Pulls `ref` into the OCI layout `layout:tag`, its blobs into `shared_blobs` (content-addressed,
-        one directory for every image, so a layer already there is not fetched again). skopeo copies
-        layers in parallel and refuses a blob whose bytes do not match its digest."""
+        """Pulls `ref` into the OCI layout `layout:tag`; see `copying`."""
+        with self.copying(ref, layout, tag, shared_blobs, credentials) as running:
+            running.wait()
+
+    @contextlib.contextmanager
+    def copying(self, ref: ImageReference, layout: Path, tag: str, shared_blobs: Path,
+                credentials: RegistryCredentials | None = None) -> Iterator[RunningCopy]:
+        """A copy of `ref` into the OCI layout `layout:tag` running for the block (killed if the block
+        leaves before `wait`), its blobs into `shared_blobs` (content-addressed, one directory for every
+        image, so a layer already there is not fetched again). skopeo copies layers in parallel and
+        refuses a blob whose bytes do not match its digest."""
         with self._session(ref, credentials) as (authfile, env):
-            self._run(["copy", "--quiet", *self._tls(ref, "--src-tls-verify"), "--src-authfile", authfile,
-                       "--dest-shared-blob-dir", str(shared_blobs), f"docker://{ref.pinned()}",
-                       f"oci:{layout}:{tag}"], env, str(ref))
+            args = [self.binary, "--insecure-policy", "copy", "--quiet", *self._tls(ref, "--src-tls-verify"),
+                    "--src-authfile", authfile, "--dest-shared-blob-dir", str(shared_blobs),
+                    f"docker://{ref.pinned()}", f"oci:{layout}:{tag}"]
+            try:
+                proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+            except FileNotFoundError:
+                raise ImagePullError(f"{ref}: {self.binary} is not installed on this node (scripts/setup)") from None
+            try:
+                yield RunningCopy(proc, str(ref), self.timeout)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                if proc.stderr:
+                    proc.stderr.close()
 
     def _address(self, ref: ImageReference) -> str:
         return f"{ref.registry}/{ref.repository}" + (f"@{ref.digest}" if ref.digest else f":{ref.tag or 'latest'}")
