@@ -1,7 +1,9 @@
 """Recovery decisions: which checkpoint is the latest, which commit is fenced off, when to checkpoint.
 
-Pure: Attempt objects, the Job's spec and `now` in, values out; the agent stream (`agent_session.py`) and
-the Job controller perform them. Committed checkpoints live on the Attempt that took them
+Pure: stored Attempt objects (the checkpoint service decides on them inside its compare-and-swap),
+the Job's view and `now` in, values out; the agent stream (`agent_session.py`), the checkpoint service
+and the Job controller perform them. The Job decision's side (status.checkpoint, status.storage, the
+suspend stops) is `recovery.py`'s, on views. Committed checkpoints live on the Attempt that took them
 (`status.checkpoints`, newest last), so the latest checkpoint of an index is derived from the set of
 its Attempts, like every count of the Job controller, and survives a coordinator restart.
 
