@@ -128,7 +128,9 @@ def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> li
 
 
 async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outputs_of: Any) -> agent_pb2.Assignment:
-    """The Assignment for `attempt`. `outputs_of(job, output, index)` finds another Job's committed output."""
+    """The Assignment for `attempt`. `outputs_of(job, output, index)` finds another Job's committed output.
+    It takes the stored objects, not views: it compiles the whole spec (and its pinned status) into the wire
+    message field by field, which a view would only copy."""
     project = attempt["metadata"]["namespace"]
     spec, status, a = job.get("spec") or {}, job.get("status") or {}, attempt["spec"]
     secrets = Secrets(vault, project, status)
