@@ -348,3 +348,30 @@ def test_pull_secrets_travel_as_per_registry_logins_and_pull_on_the_agent(
     pulled = store(tmp_path, private_registry).pull(f"{private_registry.host}/team/logins@{digest}",
                                                     RegistryCredentials.from_logins(logins))
     assert (pulled.rootfs / "bin" / "busybox").exists()
+
+
+def test_parallel_pulls_of_images_sharing_a_layer_both_land(tmp_path: Path, registry: Registry) -> None:
+    digests = [push(image_with(tmp_path, f"par{i}", os.urandom(256 * 1024)), registry, f"tests/par{i}", "v1")
+               for i in range(3)]
+    images = store(tmp_path, registry)
+    with ThreadPoolExecutor(3) as pool:
+        pulled = list(pool.map(lambda i: images.pull(f"{registry.host}/tests/par{i}@{digests[i]}"), range(3)))
+    for i, image in enumerate(pulled):
+        assert image.digest == digests[i] and (image.rootfs / "data" / f"par{i}.bin").stat().st_size == 256 * 1024
+        assert (image.rootfs / "bin" / "busybox").exists()
+
+
+def test_a_pull_a_crash_interrupted_leaves_nothing_behind(tmp_path: Path, registry: Registry,
+                                                           busybox: tuple[Path, str]) -> None:
+    images = store(tmp_path, registry)
+    images.pull(f"{registry.host}/tests/busybox@{busybox[1]}")
+    # what a kill -9 mid-pull leaves: a staging directory and a blob no image names
+    staging = images.images / f".{'a' * 64}.0000"
+    (staging / "layout").mkdir(parents=True)
+    orphan = images.blobs / "sha256" / ("b" * 64)
+    orphan.write_bytes(b"half a layer")
+    restarted = store(tmp_path, registry)
+    assert not staging.exists()
+    restarted.collect()
+    assert not orphan.exists()
+    assert restarted.pull(f"{registry.host}/tests/busybox@{busybox[1]}").cached
