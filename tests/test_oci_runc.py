@@ -175,7 +175,8 @@ def test_a_sidecar_serves_the_main_container_on_localhost(node: Node) -> None:
         assert sidecar.poll() is None, node.text()
         assert time.monotonic() < deadline, "the sidecar never listened on 8080"
         sidecar.wait(0.05)
-    assert 8080 not in listening_ports(os.getpid())  # the pod's own network namespace, not the host's
+    netns = os.stat(f"/proc/{sidecar.pid}/ns/net").st_ino
+    assert netns == os.stat(pod.namespaces.network).st_ino != os.stat("/proc/self/ns/net").st_ino  # the pod's own
     main = run(node, pod, "main", sh("wget -q -O - http://127.0.0.1:8080/"))
     assert main.wait(30) == 0, node.text()
     assert "hello from the sidecar" in node.text()
@@ -270,3 +271,48 @@ def test_runc_failures_are_typed(node: Node) -> None:
         run(node, pod, "main", sh("true"))
     with pytest.raises(RuncMissing, match="not installed"):
         Runc(node.root / "runc", binary="/nonexistent/runc").list()
+
+
+def supervise(node: Node, name: str, spec: dict[str, object]) -> tuple[dict[str, object], str]:
+    """Runs `python -m nodus.agent.supervisor` on an attempt whose spec.json names an image; returns
+    its final status.json and the attempt log."""
+    from nodus.agent.layout import AttemptLayout
+    from nodus.agent.statefile import read_json, write_json
+
+    layout = AttemptLayout(node.root / "attempts" / name)
+    layout.make()  # as the agent lays an attempt out
+    (layout.secrets / "token").mkdir(parents=True)
+    (layout.secrets / "token" / "value").write_text("s3cret")
+    (layout.secrets / "token" / "value").chmod(0o400)
+    oci = {"rootfs": str(node.rootfs), "image_config": {"config": {"Env": ["PATH=/bin"]}},
+           "runc_root": str(node.root / "runc"), "id_slots": str(node.root / "ids"), "args": None}
+    write_json(layout.spec, {"attempt_id": name, "env": {"PATH": "/bin", "NODUS_OUTPUTS_DIR": str(layout.outputs)},
+                             "cgroup_root": node.cgroup_parent, "stop_grace": 2, "oci": oci, **spec})
+    done = subprocess.run([sys.executable, "-m", "nodus.agent.supervisor", str(layout.root)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=90)
+    status = read_json(layout.status) or {}
+    assert done.returncode == 0, done.stderr
+    return status, layout.log.read_text()
+
+
+def test_the_supervisor_runs_init_sidecar_and_main_as_containers_of_one_pod(node: Node) -> None:
+    status, log = supervise(node, "sup-a", {
+        "init": {"command": ["sh", "-c", "echo init ran as $(id -u)"]},
+        "sidecars": [{"name": "web", "command": ["httpd", "-f", "-p", "8080", "-h", "/www"], "startup_timeout": 20}],
+        "command": ["sh", "-c", "wget -q -O - http://127.0.0.1:8080/ && cat /nodus/secrets/token/value > "
+                    "$NODUS_OUTPUTS_DIR/result && touch /nodus/secrets/token/value || echo secrets are read-only"],
+    })
+    assert status["phase"] == "SUCCEEDED", (status["message"], log)
+    assert status["exit_code"] == 0
+    assert "[init] init ran as 0" in log and "hello from the sidecar" in log
+    assert "secrets are read-only" in log
+    assert (node.root / "attempts/sup-a/outputs/result").read_text() == "s3cret"
+    assert node.runc.list() == []  # every container of the pod deleted when the attempt ended
+    assert not (node.root / "ids").exists() or list((node.root / "ids").iterdir()) == []
+
+
+def test_the_supervisor_reports_a_container_oom_kill_as_oomkilled(node: Node) -> None:
+    status, log = supervise(node, "sup-b", {"resources": {"memory_bytes": 32 << 20},
+                                            "command": ["sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"]})
+    assert (status["phase"], status["reason"], status["oom_killed"]) == ("FAILED", "OOMKilled", True), (status, log)
+    assert status["exit_code"] == 137

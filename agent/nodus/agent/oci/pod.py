@@ -354,7 +354,17 @@ def _read(path: Path) -> str:
 
 
 def listening_ports(pid: int) -> set[int]:
-    """TCP ports listening in the network namespace of `pid` (a sidecar's readiness)."""
+    """TCP ports that `pid` or its descendants listen on, in whatever network namespace they are
+    (read from their own /proc tables: a container's sockets are not in the host's /proc/net)."""
+    pids, inodes = _descendants(pid), set()
+    for p in pids:
+        try:
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                target = os.readlink(f"/proc/{p}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
     ports: set[int] = set()
     for table in ("tcp", "tcp6"):
         try:
@@ -363,6 +373,19 @@ def listening_ports(pid: int) -> set[int]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN, one of theirs
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue
+    return found

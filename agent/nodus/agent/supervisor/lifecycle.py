@@ -59,6 +59,9 @@ class Supervisor:
                                        "outputs": [], "process_groups": [], "cgroup": []}
         self.log_fd = os.open(layout.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.procs = Processes(self.log_fd, self.cwd, spec.get("user"), self.check_stop)
+        if spec.get("oci"):  # an image: the steps are runc containers of the attempt's pod
+            from .containers import containers_for
+            self.procs.runtime = containers_for(layout, spec) or self.procs.runtime
         self.sidecars = Sidecars(self.procs, self.note, float(spec.get("stop_grace", 10)))
         self.teardown = Teardown(self.procs, self.note)
 
@@ -142,6 +145,10 @@ class Supervisor:
             self._stop_everything(0)
             self.finish(P.LOST, Reason.AGENT_FAULT, f"attempt supervisor failed: {type(e).__name__}: {e}")
         finally:
+            try:
+                self.procs.runtime.close()
+            except Exception:  # noqa: BLE001 - what is left must not keep the status from being final
+                traceback.print_exc()
             shutil.rmtree(self.layout.secrets, ignore_errors=True)
             self.cgroup.remove()
 
@@ -225,7 +232,7 @@ class Supervisor:
 
         A `service` (a Ray worker) is only ever meant to end by a stop: exiting on its own loses the member.
         """
-        oom_before = self.cgroup.oom_kills()
+        oom_before = self.procs.runtime.oom_kills(None)
         try:
             main = self.procs.spawn("main", argv, env, None)
         except OSError as e:
@@ -248,7 +255,7 @@ class Supervisor:
         assert code is not None
         self.set(phase=P.STOPPING, exit_code=code)
         self.procs.signal_group(main, signal.SIGKILL)  # what the command left behind in its group
-        oom = code != 0 and self.cgroup.oom_kills() > oom_before
+        oom = code != 0 and self.procs.runtime.oom_kills(main.proc) > oom_before
         self._wind_down()
         if service:
             lines = [f"the {argv[0]} service of this gang member exited on its own with code {code}",

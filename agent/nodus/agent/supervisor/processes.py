@@ -3,6 +3,10 @@
 Single-threaded: init, setup, teardown and sidecar output is pumped through one selector, and a
 signal wakes it through a pipe (`signal.set_wakeup_fd`), so moving each child into the attempt's
 cgroup (and then to the workload user) in `preexec_fn` before exec is safe.
+
+How a step's process is made and signalled is a `StepRuntime` (ADR 0018's seam): `ForkExec` here
+(fork and exec into the attempt's cgroup), or the runc containers of `containers.py`; waiting,
+output, stops and the status file are the same path for both.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..cgroups import Cgroup
 
@@ -24,12 +28,38 @@ STOP_CHECK_INTERVAL = 0.5
 """Seconds between looks for a stop request while waiting (a signal is noticed at once)."""
 
 
+class StepProcess(Protocol):
+    """A step's running process as the supervisor waits for it (a Popen, or a container's init)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None:
+        """The exit status once it exited (signal N as -N or 128+N), else None."""
+
+
+class StepRuntime(Protocol):
+    """How a step's process is made, signalled, and what is left of the steps cleaned up."""
+
+    def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
+        """Starts the step with `stdout` as its stdout and stderr; raises OSError when it cannot start."""
+
+    def signal(self, proc: StepProcess, sig: int) -> None:
+        """Delivers `sig` to the step and what it started (SIGKILL: all of it)."""
+
+    def oom_kills(self, proc: StepProcess | None) -> int:
+        """How often the OOM killer struck `proc`'s step so far (None: before it started)."""
+
+    def close(self) -> None:
+        """Removes what the steps left once the attempt ended."""
+
+
 @dataclass(slots=True)
 class Child:
     """One process the supervisor started (init, a sidecar, a setup or teardown step, or the main command)."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: StepProcess
     pidfd: int
     prefix: bytes = b""
     pipe: int | None = None
@@ -56,6 +86,8 @@ class Processes:
         """Raises the supervisor's Stop when a stop was asked for; called by interruptible waits."""
         self.cgroup = Cgroup(0)
         """Where children go; the supervisor replaces it once it created the attempt's cgroup."""
+        self.runtime: StepRuntime = ForkExec(self)
+        """How children are made; the supervisor replaces it for an attempt that runs an image."""
         self.children: list[Child] = []
         self.process_groups: list[int] = []
         self.stop_signalled = False
@@ -157,9 +189,53 @@ class Processes:
             self._close_pipe(child)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str], prefix: bytes | None) -> Child:
-        """Starts a child in its own session; `prefix` None: its output goes to the log unprefixed."""
-        cgroup = self.cgroup
-        user = self.user
+        """Starts a child through the runtime; `prefix` None: its output goes to the log unprefixed."""
+        if prefix is None:
+            out_fd, pipe = self.log_fd, None
+        else:
+            pipe, out_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = self.runtime.launch(name, argv, env, out_fd)
+        finally:
+            if pipe is not None:
+                os.close(out_fd)
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            pidfd = -1
+        child = Child(name, proc, pidfd, prefix or b"", pipe)
+        if pipe is not None:
+            os.set_blocking(pipe, False)
+            self.selector.register(pipe, selectors.EVENT_READ, child)
+        self.children.append(child)
+        self.process_groups = sorted({*self.process_groups, proc.pid})
+        return child
+
+    def signal_group(self, child: Child, sig: int) -> None:
+        self.runtime.signal(child.proc, sig)
+
+    def terminate(self, child: Child, grace: float) -> None:
+        """SIGTERM to the child's process group, SIGKILL after `grace` seconds."""
+        if child.exit_code is None:
+            self.signal_group(child, signal.SIGTERM)
+            self.wait(grace, [child], interruptible=False)
+        self.signal_group(child, signal.SIGKILL)
+        if child.exit_code is None:
+            self.wait(5.0, [child], interruptible=False)
+        if child.pipe is not None:
+            self.drain(child, 0.5)
+
+
+class ForkExec:
+    """The process runtime's steps: each in its own session, moved into the attempt's cgroup and then
+    to the workload user before exec."""
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+
+    def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
+        cgroup = self.procs.cgroup
+        user = self.procs.user
 
         def child_setup() -> None:
             """In the child, before exec: cgroup, OOM score, then the workload user (in that order:
@@ -179,42 +255,18 @@ class Processes:
                 os.setgid(user["gid"])
                 os.setuid(user["uid"])
 
-        if prefix is None:
-            out_fd, pipe = self.log_fd, None
-        else:
-            pipe, out_fd = os.pipe2(os.O_CLOEXEC)
-        try:
-            proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out_fd,
-                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                                    preexec_fn=child_setup)
-        finally:
-            if pipe is not None:
-                os.close(out_fd)
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            pidfd = -1
-        child = Child(name, proc, pidfd, prefix or b"", pipe)
-        if pipe is not None:
-            os.set_blocking(pipe, False)
-            self.selector.register(pipe, selectors.EVENT_READ, child)
-        self.children.append(child)
-        self.process_groups = sorted({*self.process_groups, proc.pid})
-        return child
+        return subprocess.Popen(argv, env=env, cwd=self.procs.cwd, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                preexec_fn=child_setup)
 
-    def signal_group(self, child: Child, sig: int) -> None:
+    def signal(self, proc: StepProcess, sig: int) -> None:
         try:
-            os.killpg(child.proc.pid, sig)
+            os.killpg(proc.pid, sig)  # its session's process group: what it started goes with it
         except (ProcessLookupError, PermissionError):
             pass
 
-    def terminate(self, child: Child, grace: float) -> None:
-        """SIGTERM to the child's process group, SIGKILL after `grace` seconds."""
-        if child.exit_code is None:
-            self.signal_group(child, signal.SIGTERM)
-            self.wait(grace, [child], interruptible=False)
-        self.signal_group(child, signal.SIGKILL)
-        if child.exit_code is None:
-            self.wait(5.0, [child], interruptible=False)
-        if child.pipe is not None:
-            self.drain(child, 0.5)
+    def oom_kills(self, proc: StepProcess | None) -> int:
+        return self.procs.cgroup.oom_kills()  # every step is in the attempt's cgroup
+
+    def close(self) -> None:
+        """Nothing: the supervisor's cgroup sweep (kill_all) ends what a step left."""

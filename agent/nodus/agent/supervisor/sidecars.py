@@ -99,4 +99,5 @@ def _listening(pid: int) -> bool:
                 return True
         except psutil.Error:
             continue
-    return False
+    from ..oci.pod import listening_ports
+    return bool(listening_ports(pid))  # a container's sockets: psutil looks only in this network namespace

@@ -1,0 +1,138 @@
+"""The OCI runtime's steps: each step of the attempt (init, a sidecar, a setup, main or teardown step)
+is a runc container of the attempt's pod, made by `launch` instead of a fork and exec.
+
+What the agent writes in spec.json for an attempt with an image (`"oci"`):
+
+    {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR,
+     "args": [...] | null, "working_dir": "", "user": "",
+     "sidecars": {NAME: {"rootfs": DIR, "image_config": {...}}}}
+
+`rootfs` is the image's unpacked read-only tree, `image_config` its OCI config blob, `args` the Job's
+`args` (the main step's argv is the Job's `command`, empty to keep the image's entrypoint). The
+attempt's directories are bound at the literal /nodus paths, and host paths in a step's env are
+rewritten to where they are mounted (docs/adr/0020-oci-pods.md).
+"""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from ..checkpointing import handshake_dir
+from ..layout import AttemptLayout
+from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
+from ..oci.pod import ContainerProcess, IdSlots, Pod
+from ..oci.runc import Runc, RuncError, become_subreaper
+from .processes import StepProcess
+
+
+class Containers:
+    """The pod of one attempt, made when the first step starts and deleted by `close`."""
+
+    def __init__(self, layout: AttemptLayout, oci: dict[str, Any], cgroup_parent: str) -> None:
+        self.layout = layout
+        self.oci = oci
+        self.cgroup_parent = cgroup_parent
+        self.pod: Pod | None = None
+        self.count = 0
+        self.mounts: tuple[Mount, ...] = ()
+
+    def _open(self) -> Pod:
+        if self.pod is not None:
+            return self.pod
+        become_subreaper()  # a detached container's init is then this supervisor's child, waited for as one
+        pod = Pod(self.layout.root.name, self.layout.run / "pod", Runc(Path(self.oci["runc_root"])),
+                  IdSlots(Path(self.oci["id_slots"])), self.cgroup_parent)
+        self.pod = pod
+        lay = self.layout
+        # runc resolves the rootfs and the bind sources as the pod's root: it must pass through run/
+        # (0700 for the process runtime's workload user); 0711 lets it through without listing it.
+        lay.run.chmod(0o711)
+        handshake = handshake_dir(lay)
+        for d in (lay.state, lay.inputs, lay.outputs, lay.ready, handshake):
+            d.mkdir(parents=True, exist_ok=True)
+        lay.progress.touch()
+        rootfs = Path(self.oci["rootfs"])
+        uid, gid = resolve_user(self.oci.get("user") or ImageConfig.from_oci(self.oci.get("image_config") or {}).user,
+                                _read(rootfs / "etc/passwd"), _read(rootfs / "etc/group"), "user")
+        for path in (lay.state, lay.outputs, lay.ready, handshake, lay.progress):
+            pod.own(path, uid, gid)  # written by the workload's user inside the pod
+        secrets = {}
+        if lay.secrets.is_dir():
+            secrets["/nodus/secrets"] = str(lay.secrets)
+            for path in (lay.secrets, *lay.secrets.rglob("*")):
+                pod.own(path, uid, gid)  # 0400 files, readable by the workload's user only
+        self.mounts = (*attempt_mounts(str(lay.state), str(lay.inputs), str(lay.outputs), str(lay.progress), secrets),
+                       Mount("/nodus/ready", str(lay.ready)), Mount("/nodus/checkpoint", str(handshake)))
+        return pod
+
+    def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
+        pod = self._open()
+        self.count += 1
+        image = self.oci
+        if name.startswith("sidecar "):
+            image = (self.oci.get("sidecars") or {}).get(name.removeprefix("sidecar "), self.oci)
+        config = ImageConfig.from_oci(image.get("image_config") or {})
+        if name == "main":
+            request = ContainerRequest(name, command=tuple(argv) or None,
+                                       args=None if self.oci.get("args") is None else tuple(self.oci["args"]),
+                                       env=self._inside(env), working_dir=self.oci.get("working_dir") or "",
+                                       user=self.oci.get("user") or "")
+        else:
+            request = ContainerRequest(name, command=tuple(argv), env=self._inside(env), user=self.oci.get("user") or "")
+        step = f"{self.count}-{name.replace(' ', '-')}"  # steps repeat names (setup, teardown): each its own container
+        try:
+            return pod.start(step, request, config, Path(image["rootfs"]), stdout, self.mounts)
+        except (RuncError, ValueError) as e:
+            raise OSError(f"{name}: {e}") from e
+
+    def _inside(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with host paths of the attempt rewritten to where the pod sees them."""
+        binds = sorted(((m.source, m.destination) for m in self.mounts), key=lambda b: len(b[0]), reverse=True)
+        out = {}
+        for key, value in env.items():
+            for source, destination in binds:
+                if value == source or value.startswith(source + "/"):
+                    value = destination + value[len(source):]
+                    break
+            out[key] = value
+        return out
+
+    def signal(self, proc: StepProcess, sig: int) -> None:
+        if self.pod is None or not isinstance(proc, ContainerProcess) or proc.poll() is not None:
+            return
+        try:
+            self.pod.runc.kill(proc.container_id, sig, all_processes=sig == signal.SIGKILL)
+        except RuncError:
+            pass  # it stopped meanwhile
+
+    def oom_kills(self, proc: StepProcess | None) -> int:
+        """The step's own cgroup counts its OOM kills (cgroup v1 counts them where the victim is), read
+        before the container is deleted."""
+        if self.pod is None or not isinstance(proc, ContainerProcess):
+            return 0
+        try:
+            return self.pod.runc.oom_kills(proc.container_id)
+        except (RuncError, OSError, KeyError, ValueError):
+            return 0
+
+    def close(self) -> None:
+        if self.pod is not None:
+            self.pod.close()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def containers_for(layout: AttemptLayout, spec: dict[str, Any]) -> Containers | None:
+    """The runc runtime when spec.json names an image (its "oci" section), else None (fork and exec)."""
+    oci = spec.get("oci")
+    if not oci:
+        return None
+    name = spec.get("cgroup_name") or layout.root.name
+    return Containers(layout, dict(oci), f"{spec.get('cgroup_root', 'nodus')}/{name}")
+
