@@ -11,7 +11,7 @@ import pytest
 
 from conftest import Coordinator, job
 from e2e import JOBS, attempts_of, joined, patch_state, start_agent, suspend, units, wait_job
-from agent_double import AgentProcess
+from agent_double import AgentProcess, wait_for
 
 # Counts to TARGET, one step every 0.1 s, keeping the count in the state dir (written atomically);
 # records where each run started, so the test sees what a resumed run restored.
@@ -134,6 +134,9 @@ def test_node_loss_replacement_on_another_node_restores_the_latest(
     patch_state(c, "lossy", "Running")
     wait_job(c, "lossy", lambda j: (j["status"].get("checkpoint") or {}).get("restoredFromSeq") == 1
              and j["status"].get("phase") == "Running", what="attempt 2 to restore and run")
+    # Running is reported once the program is spawned; its start line follows. Killing the node
+    # before that line would leave the marker without attempt 2 (a race of the test, not the code).
+    wait_for(lambda: "2" in [r["attempt"] for r in starts(marker)], 30, what="attempt 2's program to start")
     lost_node = node_of(c, "lossy", 2)
     # The node dies with its work: the agent and every process of the attempt, at once.
     victim = agents[lost_node]
