@@ -81,6 +81,7 @@ def test_pull_by_digest_unpacks_busybox_and_reports_progress_to_total(
     assert pulled.config.env == ("PATH=/bin", "GREETING=hi") and pulled.config.working_dir == "/work"
     total = sum(layout_blobs(layout).values())
     assert seen[-1] == PullProgress(total, total)
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700  # setuid files in images stay out of reach
     assert all(p.total == total for p in seen)
     assert [p.done for p in seen] == sorted(p.done for p in seen)
 

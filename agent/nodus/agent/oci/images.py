@@ -96,6 +96,9 @@ class ImageStore:
         self.images = cache_dir / "images"
         (self.blobs / "sha256").mkdir(parents=True, exist_ok=True)
         self.images.mkdir(parents=True, exist_ok=True)
+        # images hold root-owned setuid files: no host user may reach them (the pod's overlay mounts the
+        # tree with the agent's credentials, so containers do not need the path)
+        os.chmod(cache_dir, 0o700)
         self._lock = threading.Lock()
         self._digest_locks: dict[str, threading.Lock] = {}
         self._pulling: dict[str, frozenset[str]] = {}
