@@ -4,8 +4,8 @@ Code names a reason as `Reason.AGENT_FAULT`, so a misspelt one fails mypy; its w
 member's name as the wire derives it (ATTEMPT_REASON_NODE_LOST is "NodeLost"). The agent cannot import
 the coordinator's `controllers/reasons.py` (the layers forbid it); both follow the proto. This module
 imports no protobuf, so the supervisor (forked from the zygote, kept small) stays without it; the
-daemon runs `check_against_proto` when it imports attempts.py, so a member the proto lacks (other
-than the unlisted ones below), or a proto member missing here, fails the agent's start.
+daemon runs `check_against_proto` when it imports attempts.py, so a member the proto lacks, or a proto
+member missing here, fails the agent's start.
 """
 from __future__ import annotations
 
@@ -94,25 +94,19 @@ class Reason(enum.StrEnum):
     """No end: the attempt waits, nothing fits it now."""
     SUSPEND_FAILED = enum.auto()
     """No end: a suspend's checkpoint failed; the attempt keeps running."""
-    # -- words the agent reports that common.proto does not list (yet): see UNLISTED ------------------
     OUTPUT_MISSING = enum.auto()
-    """Customer failure, unlisted: the command exited 0 but a declared output path does not exist."""
+    """Customer failure: the command exited 0 but a declared output path does not exist."""
     RESTORE_FAILED = enum.auto()
-    """Customer failure, unlisted: the checkpoint to resume from could not be fetched or restored."""
+    """Customer failure: the checkpoint to resume from could not be fetched or restored."""
     LEASE_EXPIRED = enum.auto()
-    """Lost capacity, unlisted: the lease ran out unrenewed; the agent stops its attempts before a
+    """Lost capacity: the lease ran out unrenewed; the agent stops its attempts before a
     replacement runs elsewhere."""
 
 
-UNLISTED = frozenset({Reason.OUTPUT_MISSING, Reason.RESTORE_FAILED, Reason.LEASE_EXPIRED})
-"""Agent words without a common.proto member (the coordinator stores them as they come). Adding them
-to the proto needs the coordinator's reasons.py as well, which checks itself against the proto."""
-
-
 def check_against_proto(proto_names: Iterable[str]) -> None:
-    """Raises unless Reason is exactly the proto's members (UNSPECIFIED aside) plus UNLISTED."""
+    """Raises unless Reason is exactly the proto's members (UNSPECIFIED aside)."""
     proto = {name.removeprefix(PROTO_PREFIX) for name in proto_names} - {"UNSPECIFIED"}
-    ours = {r.name for r in Reason if r not in UNLISTED}
+    ours = {r.name for r in Reason}
     if proto != ours:
         raise ImportError(f"the agent's Reason differs from common.proto: only here {sorted(ours - proto)}, "
                           f"only in the proto {sorted(proto - ours)}")

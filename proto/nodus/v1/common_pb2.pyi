@@ -77,6 +77,9 @@ class AttemptReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTEMPT_REASON_MAX_COST_REACHED: _ClassVar[AttemptReason]
     ATTEMPT_REASON_WAITING_FOR_CAPACITY: _ClassVar[AttemptReason]
     ATTEMPT_REASON_SUSPEND_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_OUTPUT_MISSING: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_RESTORE_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_LEASE_EXPIRED: _ClassVar[AttemptReason]
 
 class Launcher(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -150,6 +153,9 @@ ATTEMPT_REASON_GANG_ASSEMBLY_TIMEOUT: AttemptReason
 ATTEMPT_REASON_MAX_COST_REACHED: AttemptReason
 ATTEMPT_REASON_WAITING_FOR_CAPACITY: AttemptReason
 ATTEMPT_REASON_SUSPEND_FAILED: AttemptReason
+ATTEMPT_REASON_OUTPUT_MISSING: AttemptReason
+ATTEMPT_REASON_RESTORE_FAILED: AttemptReason
+ATTEMPT_REASON_LEASE_EXPIRED: AttemptReason
 LAUNCHER_UNSPECIFIED: Launcher
 LAUNCHER_PLAIN: Launcher
 LAUNCHER_TORCHRUN: Launcher

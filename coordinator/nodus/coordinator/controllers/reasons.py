@@ -95,6 +95,12 @@ class AttemptReason(enum.StrEnum):
     """No end: the attempt waits, nothing fits it now."""
     SUSPEND_FAILED = enum.auto()
     """No end: a suspend's checkpoint failed; the attempt keeps running."""
+    OUTPUT_MISSING = enum.auto()
+    """Customer failure: the command exited 0 but a declared output path does not exist."""
+    RESTORE_FAILED = enum.auto()
+    """Customer failure: the checkpoint to resume from could not be fetched or restored."""
+    LEASE_EXPIRED = enum.auto()
+    """Lost capacity: the node's lease ran out unrenewed and its agent stopped the attempt."""
 
     @property
     def proto(self) -> common_pb2.AttemptReason:
