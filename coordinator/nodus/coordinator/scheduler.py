@@ -11,9 +11,15 @@ Nothing fits: the attempt waits (the Job controller fails it after `placement.qu
 Free capacity is derived from the Attempt objects in the store (their `spec.node`, `spec.resources`
 and `spec.gpuIndexes`), never from memory, so it survives a restart of the coordinator.
 
-The seam for pricing: every node that fits becomes a `Candidate`, and a `Scorer` ranks candidates.
-Offerings, prices and profiles (Cost, Speed, Balanced) arrive with the pricing issue as scorers (and
-candidate filters) passed to `place`; nothing else here changes.
+Every node that fits becomes a `Candidate`, and a `Scorer` ranks candidates (`spread`, below).
+
+With a price book (`book`, the active one), each node is read with its offering: `money/policy.py`
+refuses what the Job's `placement` rules out (`interruptible: Never` on interruptible capacity, a rate
+above `maxRateUSDPerHour`) and ranks the rest by `placement.profile` (Cost, Speed, Balanced) before
+the scorer, which then only breaks ties. The decision names the offering, its frozen rate and
+whether it is interruptible, and its explanation says why each other offering lost. Exact GPU
+variants also match the offering's accelerator id, and an offering sold with NVLink counts as NVLink
+(interconnect is not measured yet). Without a book nothing of this applies: placement is as before.
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from decimal import Decimal
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from .api import units
+from .money import policy as money
+from .money.pricebook import Interconnect, Offering, PriceBook
 
 PROCESS, OCI = "process", "oci"
 """Runtime words: a Job without an image needs `process`; one with an image needs `oci`."""
@@ -93,6 +101,8 @@ class Request:
     """A gang rank's node of the previous epoch: taken when it still fits."""
     avoid_nodes: tuple[str, ...] = ()
     """Nodes a gang rank must not use again (its member never assembled there, or the node was lost)."""
+    policy: money.Policy = money.Policy()
+    """interruptible, maxRateUSDPerHour, profile and expectedDuration: read only with a price book."""
 
     @property
     def amount(self) -> Amount:
@@ -100,9 +110,9 @@ class Request:
 
     @classmethod
     def of(cls, resources: Mapping[str, Any] | None, image: str | None,
-           placement: Mapping[str, Any] | None = None) -> "Request":
-        """The request of a Job's (or an Attempt's) `resources`, `image` and `placement` (regions and
-        offerings; the rest of placement is the pricing issue's). Unset floors ask for nothing."""
+           placement: Mapping[str, Any] | None = None, expected_duration: str | None = None) -> "Request":
+        """The request of a Job's (or an Attempt's) `resources`, `image`, `placement` and
+        `expectedDuration`. Unset floors ask for nothing."""
         resources = resources or {}
         placement = placement or {}
         gpu = resources.get("gpu") or {}
@@ -114,7 +124,8 @@ class Request:
                    gpu_min_memory=_bytes(gpu.get("minMemory")), nvlink=gpu.get("interconnect") == "NVLink",
                    regions=tuple(placement.get("regions") or ()), offerings=tuple(placement.get("offerings") or ()),
                    prefer_node=str(placement.get("preferNode") or ""),
-                   avoid_nodes=tuple(placement.get("avoidNodes") or ()))
+                   avoid_nodes=tuple(placement.get("avoidNodes") or ()),
+                   policy=money.Policy.of(placement, expected_duration))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +144,8 @@ class Candidate:
     node: NodeView
     free_after: Amount
     gpu_indexes: tuple[int, ...]
+    offering: Offering | None = None
+    """The node's offering in the active price book; None without a book or when the book does not sell it."""
 
 
 Scorer = Callable[[Request, Candidate], tuple[float, ...]]
@@ -148,6 +161,8 @@ class Placement:
     node: str | None
     gpu_indexes: tuple[int, ...] = ()
     explain: str = ""
+    offering: Offering | None = None
+    """What the attempt is sold as (with a price book): its rate is the one frozen for the attempt."""
 
 
 def _millis(value: Any) -> int:
@@ -222,7 +237,8 @@ def free_on(node: NodeView, reservations: Iterable[Reservation]) -> tuple[Amount
     return node.capacity - held, frozenset(g.index for g in node.gpus) - used
 
 
-def fit(request: Request, node: NodeView, reservations: Iterable[Reservation]) -> Candidate | str:
+def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
+        book: PriceBook | None = None) -> Candidate | str:
     """A Candidate, or the reason (in a customer's words) why the request does not fit the node."""
     if not node.ready:
         return "NotReady"
@@ -234,6 +250,9 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation]) -
         return f"region {node.region or 'unset'} is not in {', '.join(request.regions)}"
     if request.offerings and node.offering not in request.offerings:
         return f"offering {node.offering or 'unset'} is not in {', '.join(request.offerings)}"
+    offering = book.offering(node.offering) if book is not None and node.offering else None
+    if book is not None and (refused := money.refusal(request.policy, offering, node.offering)):
+        return refused
     if request.runtime not in node.runtimes:
         need = "an image needs the oci runtime" if request.runtime == OCI else "no image needs the process runtime"
         return f"{need} (node offers {', '.join(sorted(node.runtimes)) or 'none'})"
@@ -245,17 +264,22 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation]) -
             return f"{label}: wants {fmt(want)}, {fmt(max(have, 0))} free"
     chosen: tuple[int, ...] = ()
     if request.gpu_count:
+        acc = offering.accelerator if offering is not None else None
+        sold = (not request.gpu_types or acc is None or gpu_matches(acc.id, request.gpu_types, request.gpu_exact)
+                or (not request.gpu_exact and gpu_matches(acc.family, request.gpu_types, False)))
+        nvlink_sold = acc is not None and acc.interconnect is Interconnect.NVLINK
         usable = [g for g in node.gpus if g.index in free_gpus
-                  and (not request.gpu_types or gpu_matches(g.name, request.gpu_types, request.gpu_exact))
+                  and (not request.gpu_types or gpu_matches(g.name, request.gpu_types, request.gpu_exact)
+                       or (acc is not None and sold))
                   and g.memory_bytes >= request.gpu_min_memory
-                  and (not request.nvlink or g.nvlink_links > 0)]
+                  and (not request.nvlink or g.nvlink_links > 0 or nvlink_sold)]
         if len(usable) < request.gpu_count:
             kind = "/".join(request.gpu_types) or "any"
             extra = (f" with ≥{_quantity(request.gpu_min_memory)}" if request.gpu_min_memory else "") + \
                 (" on NVLink" if request.nvlink else "")
             return f"gpu: wants {request.gpu_count} × {kind}{extra}, {len(usable)} free"
         chosen = tuple(sorted(g.index for g in usable)[:request.gpu_count])
-    return Candidate(node, free - request.amount, chosen)
+    return Candidate(node, free - request.amount, chosen, offering)
 
 
 def spread(request: Request, candidate: Candidate) -> tuple[float, ...]:
@@ -276,12 +300,13 @@ def spread(request: Request, candidate: Candidate) -> tuple[float, ...]:
 
 
 def place(request: Request, nodes: Sequence[NodeView], reservations: Sequence[Reservation],
-          scorer: Scorer = spread) -> Placement:
-    """The best node for `request`, deterministically (same inputs, same answer)."""
+          scorer: Scorer = spread, book: PriceBook | None = None) -> Placement:
+    """The best node for `request`, deterministically (same inputs, same answer). With `book`, the
+    Job's placement policy filters and its profile ranks first (module docstring)."""
     candidates: list[Candidate] = []
     refusals: list[str] = []
     for node in sorted(nodes, key=lambda n: n.name):
-        result = fit(request, node, reservations)
+        result = fit(request, node, reservations, book)
         if isinstance(result, Candidate):
             candidates.append(result)
         else:
@@ -291,10 +316,49 @@ def place(request: Request, nodes: Sequence[NodeView], reservations: Sequence[Re
             return Placement(None, explain="no node has registered")
         shown = "; ".join(refusals[:5]) + (f"; and {len(refusals) - 5} more" if len(refusals) > 5 else "")
         return Placement(None, explain=f"no node fits: {shown}")
-    best = max(candidates, key=lambda c: (scorer(request, c), _reverse(c.node.name)))
-    of = (f"the most free capacity of {len(candidates)} fitting nodes" if len(candidates) > 1
-          else "the only fitting node")
-    return Placement(best.node.name, best.gpu_indexes, explain=f"{best.node.name}: {of}")
+    if book is None:
+        best = max(candidates, key=lambda c: (scorer(request, c), _reverse(c.node.name)))
+        of = (f"the most free capacity of {len(candidates)} fitting nodes" if len(candidates) > 1
+              else "the only fitting node")
+        return Placement(best.node.name, best.gpu_indexes, explain=f"{best.node.name}: {of}")
+    return _priced(request, candidates, refusals, scorer)
+
+
+def _priced(request: Request, candidates: list[Candidate], refusals: list[str], scorer: Scorer) -> Placement:
+    """The best candidate by the request's profile (then `scorer`), explained against every other
+    offering: each loser once (by its best node), then the nodes the policy or capacity ruled out."""
+    policy = request.policy
+    looks: dict[str, money.Outlook] = {}
+    for c in candidates:
+        if c.offering is not None and c.offering.id not in looks:
+            looks[c.offering.id] = money.outlook(policy, c.offering)
+
+    def look(c: Candidate) -> money.Outlook | None:
+        return looks[c.offering.id] if c.offering is not None else None
+
+    ranked = sorted(candidates, key=lambda c: (money.score(policy, look(c)), scorer(request, c),
+                                               _reverse(c.node.name)), reverse=True)
+    best = ranked[0]
+    chosen = look(best)
+    if chosen is None:
+        head = f"{best.node.name}: sold as no offering of the price book (no priced node fits)"
+    else:
+        offerings = len({c.offering.id for c in candidates if c.offering is not None})
+        head = (f"{best.node.name}: {money.describe(chosen)}, {money.WON[policy.profile]} "
+                f"({policy.profile.value}) of {offerings} fitting offering{'s' if offerings > 1 else ''}")
+    why: list[str] = []
+    seen = {best.offering.id} if best.offering is not None else set()
+    for c in ranked[1:]:
+        other = look(c)
+        if other is None or other.offering.id in seen:
+            continue
+        seen.add(other.offering.id)
+        why.append(f"{c.node.name}: {money.lost(policy, chosen, other)}" if chosen is not None
+                   else f"{c.node.name}: {money.describe(other)}")
+    why.extend(refusals)
+    shown = "; ".join(why[:8]) + (f"; and {len(why) - 8} more" if len(why) > 8 else "")
+    return Placement(best.node.name, best.gpu_indexes, explain=head + (f"; lost: {shown}" if shown else ""),
+                     offering=best.offering)
 
 
 def _reverse(name: str) -> tuple[int, ...]:
@@ -303,12 +367,13 @@ def _reverse(name: str) -> tuple[int, ...]:
 
 
 def place_all(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView],
-              reservations: Sequence[Reservation], scorer: Scorer = spread) -> dict[Key, Placement]:
+              reservations: Sequence[Reservation], scorer: Scorer = spread,
+              book: PriceBook | None = None) -> dict[Key, Placement]:
     """Places requests in order, each seeing the capacity the earlier ones took (one scheduling pass)."""
     held = list(reservations)
     out: dict[Key, Placement] = {}
     for key, request in requests:
-        placement = place(request, nodes, held, scorer)
+        placement = place(request, nodes, held, scorer, book)
         out[key] = placement
         if placement.node is not None:
             held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
@@ -341,7 +406,7 @@ def localities(nodes: Sequence[NodeView], network: str) -> list[tuple[str, list[
 
 def place_gang(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView],
                reservations: Sequence[Reservation], network: str = "Regional",
-               scorer: Scorer = spread) -> dict[Key, Placement]:
+               scorer: Scorer = spread, book: PriceBook | None = None) -> dict[Key, Placement]:
     """All or nothing: every member (in rank order) on a node of its own, all within one locality
     (`network`), a rank on its previous node when that still fits; else none is placed and each
     says why. Deterministic: localities are tried by the most preferred nodes they hold, then by name."""
@@ -359,12 +424,13 @@ def place_gang(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView
             placement = None
             if request.prefer_node:
                 mine = [n for n in free if n.name == request.prefer_node]
-                if mine and isinstance(fit(request, mine[0], held), Candidate):
-                    placement = place(request, mine, held, scorer)
+                if mine and isinstance(fit(request, mine[0], held, book), Candidate):
+                    placement = place(request, mine, held, scorer, book)
                     placement = Placement(placement.node, placement.gpu_indexes,
-                                          explain=f"{placement.node}: rank {rank} keeps its node")
+                                          explain=f"{placement.node}: rank {rank} keeps its node",
+                                          offering=placement.offering)
             if placement is None:
-                placement = place(request, free, held, scorer)
+                placement = place(request, free, held, scorer, book)
             if placement.node is None:
                 where = "" if network == "Global" else f" in {label}"
                 why.append(f"{label}: rank {rank} fits no free node{where} ({placement.explain})"
@@ -372,14 +438,14 @@ def place_gang(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView
                 break
             used.add(placement.node)
             held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
-            out[key] = Placement(placement.node, placement.gpu_indexes,
+            out[key] = Placement(placement.node, placement.gpu_indexes, offering=placement.offering,
                                  explain=f"{placement.explain}; gang of {size} placed all at once ({network})")
         else:
             return out
     if any(r.avoid_nodes for _, r in requests):
         # Avoiding where a rank failed to assemble is a preference: better there again than nowhere.
         again = place_gang([(k, replace(r, avoid_nodes=())) for k, r in requests], nodes, reservations, network,
-                           scorer)
+                           scorer, book)
         if again and all(p.node for p in again.values()):
             return again
     if not nodes:

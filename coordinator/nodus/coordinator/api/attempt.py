@@ -60,6 +60,9 @@ ATTEMPT_SPEC = Obj(description="AttemptSpec is what the coordinator decided for 
     "node": _s("Node is the node the scheduler placed the attempt on; empty while Pending."),
     "offering": _s("Offering is the offering key of the node it was placed on."),
     "regionClass": _s("RegionClass is the region class of the node it was placed on."),
+    "rateUSDPerHour": _s("RateUSDPerHour is the offering's customer rate, frozen when the attempt was placed "
+                         "(with a price book)."),
+    "interruptible": Bool(description="Interruptible is true when the offering it was placed on can be reclaimed."),
     "epoch": _i("Epoch is the gang epoch of a gang member (the fencing token of its checkpoints); 0 otherwise."),
     "gang": Obj(description="Gang places a member in its gang: epoch, rank and size.", fields={
         "epoch": _i("Epoch is the gang epoch, from 1 (NODUS_GANG_EPOCH)."),

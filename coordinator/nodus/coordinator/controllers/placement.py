@@ -7,6 +7,13 @@ each binding (spec.node, spec.gpuIndexes, phase Provisioning) with compare-and-s
 fits nowhere gets `status.placement.explain` (written only when it changes) and waits; a pass runs
 again whenever something that could make room changes: a new waiting attempt, a placed attempt that
 ended or went away, a node that registered, was cordoned or uncordoned, or whose readiness changed.
+
+With a price book active, each pass reads it and places by the owning Job's `placement` policy and
+profile (scheduler.py, money/policy.py). A binding then freezes the offering's customer rate on the
+Attempt (spec.rateUSDPerHour, spec.interruptible) and writes the Job's `status.placement` (offering,
+rate as a decimal string, region class, interruptible): the Job controller keeps status fields it
+does not derive, so the copy stays until the next placement replaces it. Without a book neither is
+written and placement is as before.
 """
 from __future__ import annotations
 
@@ -14,10 +21,12 @@ import asyncio
 import logging
 from typing import Any, TypeGuard
 
+from ..api import units
 from ..clock import Clock
+from ..money.pricebook import PriceBook
 from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
 from .attempt_machine import Placed, Refusal, phase_of, transition
-from .cache import ATTEMPTS, LEASES, NODES, Cache
+from .cache import ATTEMPTS, LEASES, NODES, Cache, job_key
 from .objects import Objects
 from .reasons import AttemptReason
 from .views import AttemptView
@@ -36,8 +45,38 @@ def _holding(obj: dict[str, Any] | None) -> bool:
     return obj is not None and bool((obj.get("spec") or {}).get("node")) and not phase_of(obj).terminal
 
 
-def _request(attempt: AttemptView) -> Request:
-    return Request.of(attempt.resources, attempt.image or None, attempt.constraints)
+POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile")
+"""What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
+
+
+def _request(attempt: AttemptView, job: dict[str, Any] | None = None) -> Request:
+    spec = (job or {}).get("spec") or {}
+    policy = {k: v for k, v in (spec.get("placement") or {}).items() if k in POLICY_FIELDS}
+    return Request.of(attempt.resources, attempt.image or None, {**policy, **attempt.constraints},
+                      spec.get("expectedDuration"))
+
+
+def job_placement(placement: Placement, node: NodeView | None) -> dict[str, Any]:
+    """status.placement of a Job whose attempt was placed on a priced offering, in customer terms."""
+    offering = placement.offering
+    assert offering is not None
+    return {"offering": offering.id, "rateUSDPerHour": units.format_money(offering.rate_usd_per_hour),
+            "regionClass": offering.region_class or (node.region if node is not None else ""),
+            "interruptible": offering.interruptible}
+
+
+def placed_on(placement: Placement, node: NodeView | None) -> Any:
+    """The mutation of the Job: its status.placement says where its newest attempt went."""
+    want = job_placement(placement, node)
+
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        status = dict(obj.get("status") or {})
+        if status.get("placement") == want:
+            return None
+        status["placement"] = want
+        obj["status"] = status
+        return obj
+    return mutate
 
 
 def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
@@ -55,6 +94,10 @@ def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
                 obj["spec"]["offering"] = node.offering
             if node.region:
                 obj["spec"]["regionClass"] = node.region
+        if placement.offering is not None:
+            # The rate the attempt is charged at, frozen here: a later price book changes only later attempts.
+            obj["spec"]["rateUSDPerHour"] = units.format_money(placement.offering.rate_usd_per_hour)
+            obj["spec"]["interruptible"] = placement.offering.interruptible
         if placement.gpu_indexes:
             obj["spec"]["gpuIndexes"] = list(placement.gpu_indexes)
         obj["status"] = status
@@ -126,6 +169,7 @@ class PlacementController:
         waiting.sort(key=lambda kv: (kv[1].created or 0.0, kv[1].project, kv[1].job, kv[1].index, kv[1].number,
                                      kv[1].rank))
         nodes, held = self.registry.views(), list(self.registry.reservations())
+        book: PriceBook | None = await self.registry.price_books.active()
         decisions: dict[str, Placement] = {}
         singles: list[tuple[str, Request]] = []
         gangs: dict[tuple[str, str, int], list[tuple[str, AttemptView]]] = {}
@@ -133,7 +177,7 @@ class PlacementController:
             if a.in_gang:
                 gangs.setdefault((a.project, a.job_uid, a.epoch), []).append((key, a))
             else:
-                singles.append((key, _request(a)))
+                singles.append((key, _request(a, cache.job(a.project, a.job))))
         # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
         # would starve behind a stream of single attempts otherwise.
         for (project, uid, _epoch), members in gangs.items():
@@ -142,16 +186,21 @@ class PlacementController:
                 continue  # the rest of the epoch is being created: place it whole
             job = cache.job_view(project, members[0][1].job)
             network = job.network if job is not None else "Regional"
-            requests = [(key, _request(a)) for key, a in members]
-            placed = place_gang(requests, nodes, held, network)
+            requests = [(key, _request(a, cache.job(a.project, a.job))) for key, a in members]
+            placed = place_gang(requests, nodes, held, network, book=book)
             decisions.update(placed)
             for key, request in requests:
                 p = placed[key]
                 if p.node is not None:
                     held.append(Reservation(p.node, request.amount, p.gpu_indexes))
-        decisions.update(place_all(singles, nodes, held))
+        decisions.update(place_all(singles, nodes, held, book=book))
         now = self.clock.now()
         by_name = {n.name: n for n in nodes}
         writes = [self.objects.mutate(str(key), bind(p, now, by_name.get(p.node)) if p.node else explain(p))
                   for key, p in decisions.items()]
-        await asyncio.gather(*writes)
+        bound = await asyncio.gather(*writes)
+        views = dict(waiting)
+        jobs = {job_key(views[key].project, views[key].job): (p, by_name.get(p.node or ""))
+                for (key, p), written in zip(decisions.items(), bound)
+                if written is not None and p.node and p.offering is not None}
+        await asyncio.gather(*(self.objects.mutate(k, placed_on(p, n)) for k, (p, n) in jobs.items()))

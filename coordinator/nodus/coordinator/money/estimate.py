@@ -98,15 +98,9 @@ def _quantile(outcomes: list[tuple[Decimal, Decimal]], q: Decimal) -> Decimal:
     return max(c for c, _ in outcomes)
 
 
-def cost_band(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decimal(0),
-              interruptions_per_hour: Decimal = Decimal(0), restart_overhead_s: Decimal = Decimal(0)) -> Band:
-    """p50/p90 cost of work that runs `duration_s` once started, on one node.
-
-    Each allocation boots for `startup_s` before the work runs. On interruptible capacity the number of
-    reclaims over the run is Poisson with mean `interruptions_per_hour` × the run's hours; each reclaim
-    ends the allocation (its increments and minimum charge apply) and the replacement boots again and
-    redoes `restart_overhead_s` of work (restoring, and what ran since the last checkpoint). The work is
-    taken as split evenly between the allocations, and the billed seconds are priced once."""
+def _outcomes(tariff: Tariff, duration_s: Decimal, startup_s: Decimal, interruptions_per_hour: Decimal,
+              restart_overhead_s: Decimal) -> list[tuple[Decimal, Decimal]]:
+    """(cost, probability) per number of reclaims, as `cost_band` describes."""
     if duration_s < 0 or startup_s < 0 or interruptions_per_hour < 0 or restart_overhead_s < 0:
         raise ValueError("durations and rates must not be negative")
     mean = interruptions_per_hour * (duration_s + startup_s) / SECONDS_PER_HOUR
@@ -116,4 +110,26 @@ def cost_band(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decim
         working = duration_s + restarts * restart_overhead_s
         per_allocation = startup_s + working / allocations
         outcomes.append((tariff.price(tariff.billed_seconds(per_allocation) * allocations), probability))
+    return outcomes
+
+
+def cost_band(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decimal(0),
+              interruptions_per_hour: Decimal = Decimal(0), restart_overhead_s: Decimal = Decimal(0)) -> Band:
+    """p50/p90 cost of work that runs `duration_s` once started, on one node.
+
+    Each allocation boots for `startup_s` before the work runs. On interruptible capacity the number of
+    reclaims over the run is Poisson with mean `interruptions_per_hour` × the run's hours; each reclaim
+    ends the allocation (its increments and minimum charge apply) and the replacement boots again and
+    redoes `restart_overhead_s` of work (restoring, and what ran since the last checkpoint). The work is
+    taken as split evenly between the allocations, and the billed seconds are priced once."""
+    outcomes = _outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s)
     return Band(_quantile(outcomes, Decimal("0.5")), _quantile(outcomes, Decimal("0.9")))
+
+
+def expected_charge(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decimal(0),
+                    interruptions_per_hour: Decimal = Decimal(0), restart_overhead_s: Decimal = Decimal(0)) -> Decimal:
+    """The mean cost over the same outcomes as `cost_band`, to the cent. Placement ranks by it: a p50
+    would hide the restarts of a rarely reclaimed offering, the mean counts each at its probability."""
+    outcomes = _outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s)
+    total = sum((p for _, p in outcomes), Decimal(0))
+    return cents(sum((c * p for c, p in outcomes), Decimal(0)) / total)

@@ -1,0 +1,200 @@
+"""Placement's money rules, pure: which offerings a Job's placement policy allows, and how its
+profile ranks the rest (the scheduler applies them when a price book is active).
+
+Filters, each refusal in the customer's words and naming the field:
+- `placement.maxRateUSDPerHour`: the offering's customer rate (for the whole node) must not be above
+  it; a node sold as no offering of the active book has no rate, so it is refused when this is set.
+- `placement.interruptible`: Never (the default) refuses every interruptible offering; Prefer ranks
+  interruptible offerings before the others, then by profile; Allow leaves it to the profile, whose
+  expected cost and time count the expected restarts.
+
+What an offering is expected to do for the Job (`Outlook`): `expectedDuration` is read as the run's
+time on the reference accelerator (relativeSpeed 1), so on an offering of speed s it runs
+duration / s. Reclaims are Poisson at the offering's interruptionsPerHour; each one costs
+RESTART_OVERHEAD_S (a new node's boot, the restore, the work since the last checkpoint) in time and in
+billed allocations. With `expectedDuration` the cost is `estimate.expected_charge` (increments, the
+minimum charge, the restarts); without one offerings are compared on one hour of reference work at
+their rate, restarts included, and the explanation says "per hour of work".
+
+Profiles rank outlooks (`score`: the highest tuple wins):
+- Cost: least expected cost, then earliest completion.
+- Speed: earliest expected completion, then least cost.
+- Balanced (the default, as spec/job.md's schema in api/job.py says): least expected cost × expected
+  completion time. The product compares ratios, so an offering twice as fast wins when it costs less
+  than twice as much, whatever the units; equal products go to the cheaper one.
+A node sold as no offering of the book ranks after every priced one: its cost is unknown.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping
+
+from ..api import units
+from .estimate import SECONDS_PER_HOUR, Tariff, cents, expected_charge
+from .pricebook import Offering
+
+RESTART_OVERHEAD_S = Decimal(600)
+"""Time one reclaim adds to a run: the replacement's boot, its restore and the work redone since the
+last checkpoint (10 minutes, until the fleet's measured restore times replace it)."""
+REFERENCE_WORK_S = SECONDS_PER_HOUR
+"""Without expectedDuration offerings are compared on one hour of work on the reference accelerator."""
+
+
+class Interruptible(enum.Enum):
+    """`placement.interruptible`: may the Job run on capacity that can be reclaimed?"""
+
+    NEVER = "Never"
+    """Never on an interruptible offering (the default)."""
+    ALLOW = "Allow"
+    """Where its expected cost and time, restarts included, win under the profile."""
+    PREFER = "Prefer"
+    """Interruptible offerings first; others only when no interruptible one fits."""
+
+
+class Profile(enum.Enum):
+    """`placement.profile`: what placement optimizes among the offerings that pass the filters."""
+
+    COST = "Cost"
+    """Least expected total cost."""
+    SPEED = "Speed"
+    """Earliest expected completion."""
+    BALANCED = "Balanced"
+    """Least expected cost × expected completion time (the default)."""
+
+
+def _enum(kind: type[enum.Enum], value: Any, default: Any) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A Job's placement policy, as placement reads it."""
+
+    interruptible: Interruptible = Interruptible.NEVER
+    max_rate_usd_per_hour: Decimal | None = None
+    profile: Profile = Profile.BALANCED
+    duration_s: Decimal | None = None
+    """spec.expectedDuration, on the reference accelerator; None when the Job declares none."""
+
+    @classmethod
+    def of(cls, placement: Mapping[str, Any] | None, expected_duration: str | None = None) -> Policy:
+        """The policy of a Job's `placement` and `expectedDuration`. Admission has validated both; a
+        value that still does not read (an object stored before a field existed) counts as unset."""
+        placement = placement or {}
+        rate: Decimal | None = None
+        try:
+            if placement.get("maxRateUSDPerHour") not in (None, ""):
+                rate = units.parse_money(placement["maxRateUSDPerHour"])
+        except ValueError:
+            rate = None
+        duration: Decimal | None = None
+        try:
+            if expected_duration:
+                duration = Decimal(units.parse_duration_ns(expected_duration)) / units.NS_PER_SECOND
+        except (ValueError, InvalidOperation):
+            duration = None
+        return cls(_enum(Interruptible, placement.get("interruptible"), Interruptible.NEVER), rate,
+                   _enum(Profile, placement.get("profile"), Profile.BALANCED), duration)
+
+
+def _usd(amount: Decimal) -> str:
+    return "$" + units.format_money(amount)
+
+
+def refusal(policy: Policy, offering: Offering | None, offering_id: str) -> str | None:
+    """Why `policy` refuses a node sold as `offering` (None: the book does not sell `offering_id`),
+    or None when it may be placed there."""
+    limit = policy.max_rate_usd_per_hour
+    if offering is None:
+        if limit is None:
+            return None
+        sold = f"offering {offering_id} is not in the active price book" if offering_id else "it is sold as no offering"
+        return f"{sold}, so it has no rate to hold to placement.maxRateUSDPerHour {_usd(limit)}"
+    if offering.interruptible and policy.interruptible is Interruptible.NEVER:
+        return f"offering {offering.id} is interruptible and placement.interruptible is Never"
+    if limit is not None and offering.rate_usd_per_hour > limit:
+        return (f"offering {offering.id} costs {_usd(offering.rate_usd_per_hour)}/h, above "
+                f"placement.maxRateUSDPerHour {_usd(limit)}")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What running the Job on one offering is expected to cost and take."""
+
+    offering: Offering
+    cost_usd: Decimal
+    """The whole run's expected cost; per hour of reference work when `per_hour`."""
+    hours: Decimal
+    """Expected hours until it completes, restarts included; per hour of reference work when `per_hour`."""
+    per_hour: bool
+    """The Job declares no expectedDuration."""
+
+
+def outlook(policy: Policy, offering: Offering) -> Outlook:
+    work_s = policy.duration_s if policy.duration_s is not None else REFERENCE_WORK_S
+    run_s = work_s / offering.relative_speed
+    per_hour = offering.interruptions_per_hour
+    restarts = per_hour * run_s / SECONDS_PER_HOUR
+    hours = (run_s + restarts * RESTART_OVERHEAD_S) / SECONDS_PER_HOUR
+    if policy.duration_s is None:
+        cost = offering.rate_usd_per_hour * hours  # unrounded: a cent apart is still apart
+    else:
+        cost = expected_charge(Tariff.of(offering), run_s, interruptions_per_hour=per_hour,
+                               restart_overhead_s=RESTART_OVERHEAD_S)
+    return Outlook(offering, cost, hours, policy.duration_s is None)
+
+
+def score(policy: Policy, look: Outlook | None) -> tuple[Decimal, ...]:
+    """Ranks an outlook under `policy`; the highest tuple wins. None (an unpriced node) loses to any."""
+    if look is None:
+        return (Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+    first = Decimal(1 if policy.interruptible is Interruptible.PREFER and look.offering.interruptible else 0)
+    if policy.profile is Profile.COST:
+        keys = (-look.cost_usd, -look.hours)
+    elif policy.profile is Profile.SPEED:
+        keys = (-look.hours, -look.cost_usd)
+    else:
+        keys = (-look.cost_usd * look.hours, -look.cost_usd)
+    return (Decimal(1), first, *keys)
+
+
+def _hours(h: Decimal) -> str:
+    return f"{h.quantize(Decimal('0.01'))}h"
+
+
+def describe(look: Outlook) -> str:
+    """`offering l4-24g-x1-eu ($0.85/h): expected $1.42 and 1.67h`, in the customer's words."""
+    o = look.offering
+    spot = ", interruptible" if o.interruptible else ""
+    if look.per_hour:
+        return (f"offering {o.id} ({_usd(o.rate_usd_per_hour)}/h{spot}): expected {_usd(cents(look.cost_usd))} and "
+                f"{_hours(look.hours)} per hour of work")
+    return f"offering {o.id} ({_usd(o.rate_usd_per_hour)}/h{spot}): expected {_usd(look.cost_usd)} and " \
+           f"{_hours(look.hours)}"
+
+
+WON = {Profile.COST: "the least expected cost", Profile.SPEED: "the earliest expected completion",
+       Profile.BALANCED: "the least expected cost × time"}
+"""How the chosen offering won, per profile."""
+
+
+def lost(policy: Policy, best: Outlook, other: Outlook) -> str:
+    """Why `other` lost to `best`, in the customer's words."""
+    if (policy.interruptible is Interruptible.PREFER and best.offering.interruptible
+            and not other.offering.interruptible):
+        return f"{describe(other)}; placement.interruptible is Prefer and it is not interruptible"
+    if policy.profile is Profile.SPEED and other.hours != best.hours:
+        return f"{describe(other)}; {_hours(other.hours - best.hours)} later"
+    if policy.profile is Profile.BALANCED and other.cost_usd * other.hours != best.cost_usd * best.hours:
+        ratio = (other.cost_usd * other.hours) / (best.cost_usd * best.hours) if best.cost_usd * best.hours else None
+        times = f"{ratio.quantize(Decimal('0.01'))}× " if ratio is not None else ""
+        return f"{describe(other)}; cost × time {times}the chosen"
+    if other.cost_usd != best.cost_usd:
+        return f"{describe(other)}; {_usd(cents(other.cost_usd - best.cost_usd))} more"
+    return f"{describe(other)}; the same, and the chosen node comes first by name"
