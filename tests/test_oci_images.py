@@ -10,14 +10,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import orjson
 import pytest
 
+from nodus.agent.oci.bundle import ContainerRequest
 from nodus.agent.oci.images import ImageStore, PullProgress
+from nodus.agent.oci.pod import IdSlots, Pod, remove_cgroup_dirs
 from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, InvalidReference, NotFound, \
     Unauthorized, Unreachable, classify
+from nodus.agent.oci.runc import Runc, become_subreaper
 from nodus.agent.oci.skopeo import RegistryCredentials, Skopeo
 from nodus.coordinator.images import BadImageReference, BadPullSecret, ImageNotFound, ImageResolver, \
     ImageUnauthorized, RegistryUnreachable, ResolvedImage, refusal
@@ -376,3 +380,36 @@ def test_a_pull_a_crash_interrupted_leaves_nothing_behind(tmp_path: Path, regist
     restarted.collect()
     assert not orphan.exists()
     assert restarted.pull(f"{registry.host}/tests/busybox@{busybox[1]}").cached
+
+
+@pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0, reason="needs runc and root")
+@pytest.mark.timeout(120)
+def test_a_pulled_image_runs_in_a_pod_with_its_config(tmp_path: Path, registry: Registry,
+                                                      busybox: tuple[Path, str]) -> None:
+    """The two halves of issue 11 fit: the store's tree and config are what the pod runs (its overlay
+    reads the tree through the 0700 cache), and a container cannot change the shared tree."""
+    pulled = store(tmp_path, registry).pull(f"{registry.host}/tests/busybox@{busybox[1]}")
+    become_subreaper()
+    top = Path(tempfile.mkdtemp(prefix="nodus-oci-images-pod-"))
+    top.chmod(0o711)  # the pod's root (a host id of its range) walks to its writable layer
+    runc = Runc(top / "runc")
+    pod = Pod(f"img-{uuid.uuid4().hex[:6]}", top / "pod", runc, IdSlots(top / "ids"),
+              f"nodus-test/{uuid.uuid4().hex[:8]}")
+    try:
+        log = os.open(top / "main.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            script = 'echo "$GREETING $(id -u) $(pwd)"; echo x > /bin/busybox || echo image file not writable'
+            request = ContainerRequest("main", command=("sh", "-c", script))
+            proc = pod.start("main", request, pulled.config, pulled.rootfs, log)
+        finally:
+            os.close(log)
+        assert proc.wait(60) == 0, (top / "main.log").read_text()
+        lines = (top / "main.log").read_text().splitlines()
+        assert lines[0] == "hi 65534 /work" and lines[-1] == "image file not writable"
+        assert (pulled.rootfs / "bin" / "busybox").read_bytes() == Path("/usr/bin/busybox").read_bytes()
+    finally:
+        for state in runc.list():
+            runc.delete(state.id, force=True)
+        pod.close()
+        remove_cgroup_dirs("nodus-test")
+        shutil.rmtree(top, ignore_errors=True)
