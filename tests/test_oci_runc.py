@@ -12,14 +12,19 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from nodus.agent.cgroups import DEFAULT_FS
+from nodus.agent.cgroups import DEFAULT_FS, Cgroup
+from nodus.agent.checkpointing import Hold
+from nodus.agent.layout import AttemptLayout
 from nodus.agent.oci.bundle import ContainerRequest, ImageConfig, Limits, Mount
-from nodus.agent.oci.pod import ContainerProcess, IdSlots, Pod, listening_ports, remove_cgroup_dirs
+from nodus.agent.oci.pod import (ContainerProcess, IdSlots, Pod, listening_ports, remove_cgroup_dirs, remove_namespaces,
+                                 unmount_layer)
 from nodus.agent.oci.runc import (ContainerExists, ContainerNotFound, ContainerStatus, Runc, RuncMissing,
                                   become_subreaper)
+from nodus.agent.statefile import read_json, write_json
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 APPLETS = ("sh", "echo", "cat", "id", "pwd", "sleep", "httpd", "wget", "env", "touch", "mkdir", "ls", "true")
@@ -105,6 +110,10 @@ def node(rootfs: Path) -> Iterator[Node]:
             n.runc.delete(state.id, force=True)
         for pod in n.pods:
             pod.close()
+        for pod_dir in top.glob("attempts/*/run/pod"):  # a supervisor's pod, if the test killed it
+            for layer in pod_dir.glob("containers/*"):
+                unmount_layer(layer)
+            remove_namespaces(pod_dir / "ns")
         remove_cgroup_dirs(n.cgroup_parent)
         assert not list(DEFAULT_FS.glob(f"*/{n.cgroup_parent}")), "a cgroup of the test was left behind"
         remove_cgroup_dirs("nodus-test")
@@ -205,8 +214,10 @@ def test_sidecars_stop_in_reverse_order(node: Node) -> None:
 CALLER = """
 import os, sys, time
 from pathlib import Path
+from typing import Any
 from nodus.agent.oci.bundle import ContainerRequest, ImageConfig
 from nodus.agent.oci.pod import IdSlots, Pod
+from nodus.agent.statefile import read_json, write_json
 from nodus.agent.oci.runc import Runc
 root, pod_id, rootfs, cgroup = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 pod = Pod(pod_id, root / "pods" / "g", Runc(root / "runc"), IdSlots(root / "ids"), cgroup)
@@ -273,26 +284,32 @@ def test_runc_failures_are_typed(node: Node) -> None:
         Runc(node.root / "runc", binary="/nonexistent/runc").list()
 
 
-def supervise(node: Node, name: str, spec: dict[str, object]) -> tuple[dict[str, object], str]:
-    """Runs `python -m nodus.agent.supervisor` on an attempt whose spec.json names an image; returns
-    its final status.json and the attempt log."""
-    from nodus.agent.layout import AttemptLayout
-    from nodus.agent.statefile import read_json, write_json
-
+def attempt(node: Node, name: str, spec: dict[str, object]) -> AttemptLayout:
+    """An attempt laid out as the agent does, with a spec.json that names the busybox image."""
     layout = AttemptLayout(node.root / "attempts" / name)
-    layout.make()  # as the agent lays an attempt out
+    layout.make()
     (layout.secrets / "token").mkdir(parents=True)
     (layout.secrets / "token" / "value").write_text("s3cret")
     (layout.secrets / "token" / "value").chmod(0o400)
     oci = {"rootfs": str(node.rootfs), "image_config": {"config": {"Env": ["PATH=/bin"]}},
            "runc_root": str(node.root / "runc"), "id_slots": str(node.root / "ids"), "args": None}
     write_json(layout.spec, {"attempt_id": name, "env": {"PATH": "/bin", "NODUS_OUTPUTS_DIR": str(layout.outputs)},
-                             "cgroup_root": node.cgroup_parent, "stop_grace": 2, "oci": oci, **spec})
-    done = subprocess.run([sys.executable, "-m", "nodus.agent.supervisor", str(layout.root)], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=90)
-    status = read_json(layout.status) or {}
-    assert done.returncode == 0, done.stderr
-    return status, layout.log.read_text()
+                             "cgroup_root": node.cgroup_parent, "stop_grace": 5, "oci": oci, **spec})
+    return layout
+
+
+def supervisor(layout: AttemptLayout) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "nodus.agent.supervisor", str(layout.root)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def supervise(node: Node, name: str, spec: dict[str, object]) -> tuple[dict[str, Any], str]:
+    """Runs `python -m nodus.agent.supervisor` on an attempt to its end; its status.json and log."""
+    layout = attempt(node, name, spec)
+    proc = supervisor(layout)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    return read_json(layout.status) or {}, layout.log.read_text()
 
 
 def test_the_supervisor_runs_init_sidecar_and_main_as_containers_of_one_pod(node: Node) -> None:
@@ -316,3 +333,40 @@ def test_the_supervisor_reports_a_container_oom_kill_as_oomkilled(node: Node) ->
                                             "command": ["sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"]})
     assert (status["phase"], status["reason"], status["oom_killed"]) == ("FAILED", "OOMKilled", True), (status, log)
     assert status["exit_code"] == 137
+
+
+def test_the_checkpoint_hold_freezes_the_pod_and_a_cancel_stops_it_with_its_grace(node: Node) -> None:
+    script = ("trap 'echo got TERM > $NODUS_OUTPUTS_DIR/term; exit 0' TERM; touch $NODUS_OUTPUTS_DIR/ready; "
+              "while true; do sleep 0.05; done")
+    layout = attempt(node, "sup-c", {"command": ["sh", "-c", script]})
+    proc = supervisor(layout)
+    try:
+        deadline = time.monotonic() + 30
+        while not (layout.outputs / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, layout.log.read_text()
+            time.sleep(0.05)
+        status = read_json(layout.status) or {}
+        assert status["phase"] == "RUNNING"
+        attempt_cgroup = Cgroup.locate(node.cgroup_parent, "sup-c")
+        hold = Hold(layout, 1, opted_in=False, main_pid=int(status["main_pid"]), cgroup=attempt_cgroup)
+        hold.acquire()
+        try:
+            assert hold.method == "freeze"
+            container = Cgroup.locate(f"{node.cgroup_parent}/sup-c", "1-main")
+            state = container.paths["freezer"] / "freezer.state"
+            frozen_by = time.monotonic() + 10  # v1 freezes asynchronously: FREEZING, then FROZEN
+            while state.read_text().strip() != "FROZEN":
+                assert time.monotonic() < frozen_by, state.read_text()
+                time.sleep(0.02)
+        finally:
+            hold.release()
+        write_json(layout.cancel, {"reason": "Cancelled", "grace_seconds": 10})
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    status = read_json(layout.status) or {}
+    assert (status["phase"], status["reason"]) == ("CANCELLED", "Cancelled"), (status, err)
+    assert (layout.outputs / "term").read_text() == "got TERM\n"  # SIGTERM reached it, within its grace
+    assert node.runc.list() == []
