@@ -114,9 +114,10 @@ class ImageStore:
         with self._digest_lock(ref.digest):
             hit = self._cached(ref.digest)
             if hit is not None:
+                image, size = hit
                 if progress:
-                    progress(PullProgress(hit["bytes"], hit["bytes"]))
-                return hit["image"]
+                    progress(PullProgress(size, size))
+                return image
             platform = self._fetch(ref, credentials, progress)
             if isinstance(platform, PulledImage):
                 return platform
@@ -278,8 +279,8 @@ class ImageStore:
                 raise DiskFull(f"{what}: unpacking: {err}")
             raise ImagePullError(f"{what}: unpacking failed: {err}")
 
-    def _cached(self, digest: str) -> dict[str, Any] | None:
-        """The cached image for `digest` (its last use moved to now), or None."""
+    def _cached(self, digest: str) -> tuple[PulledImage, int] | None:
+        """The cached image for `digest` and its blobs' bytes (its last use moved to now), or None."""
         path = self.images / digest.removeprefix("sha256:")
         try:
             record = orjson.loads((path / "image.json").read_bytes())
@@ -288,7 +289,7 @@ class ImageStore:
         record["lastUsed"] = self.clock.now()
         _write_atomic(path / "image.json", orjson.dumps(record))
         image = PulledImage(digest, path / "rootfs", ImageConfig.from_oci(record["config"]), True)
-        return {"image": image, "bytes": int(record["bytes"])}
+        return image, int(record["bytes"])
 
     def _footprint(self, path: Path) -> Footprint | None:
         try:
