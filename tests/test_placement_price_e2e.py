@@ -1,0 +1,97 @@
+"""Placement by price through the real coordinator (--price-book: the example book plus three offerings
+this test machine's host fits) and three real agents joined with --simulate-gpus and --offering: one
+cheap interruptible, one pricier on-demand, one fast. Cost picks the cheapest eligible offering, Speed
+the fastest, Never never lands on the interruptible node, maxRateUSDPerHour filters, and the Job's
+status.placement (read over REST, as kubectl does) shows the offering and its frozen rate."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent_double import AgentProcess
+from conftest import Coordinator
+from e2e import AGENT_ENV, JOBS, attempts_of, create, get_job, joined, settled, wait_status
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml"
+SPOT, ON_DEMAND, FAST = "a100-x1-dev-spot", "a100-x1-dev", "h100-x1-dev"
+
+
+def _book(path: Path) -> Path:
+    """The example book plus x1 offerings small enough for this host (1 vCPU, 1Gi) to fit."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    h100 = next(o for o in doc["offerings"] if o["id"] == "h100-sxm-80g-x1-us")
+
+    def dev(oid: str, family: str, rate: str, speed: str, spot: bool = False) -> dict[str, Any]:
+        o = dict(h100, id=oid, vcpu=1, memory="1Gi", disk="1Gi", rateUSDPerHour=rate, relativeSpeed=speed,
+                 interruptible=spot)
+        o["accelerator"] = dict(h100["accelerator"], id=f"nvidia-{family.lower()}-sxm-80g", family=family)
+        if spot:
+            o["interruptionsPerHour"] = "0.05"
+        return o
+
+    doc["offerings"] += [dev(SPOT, "A100", "1.10", "1", spot=True), dev(ON_DEMAND, "A100", "2.20", "1"),
+                         dev(FAST, "H100", "4.00", "1.5")]
+    doc["pricebookVersion"] = "2026-12-01-placement"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _agent(c: Coordinator, root: Path, name: str, gpu: str, offering: str, spot: bool = False) -> AgentProcess:
+    return AgentProcess(root / name, c.grpc, c.join_token, node=name, env=AGENT_ENV, extra_args=(
+        "--simulate-gpus", f"{gpu}:1:80Gi", "--offering", offering, "--region", "us",
+        "--interruptible", "true" if spot else "false")).start()
+
+
+def _run(c: Coordinator, name: str, **placement: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Runs a one-GPU Job under `placement` to the end; its status and its (only) attempt."""
+    create(c, name, resources={"gpu": {"count": 1}}, placement=placement)
+    status = settled(c, name)
+    assert status["phase"] == "Succeeded", status
+    (attempt,) = attempts_of(c, name)
+    return status, attempt
+
+
+def test_offerings_chosen_by_profile_and_policy(tmp_path: Path) -> None:
+    book = _book(tmp_path / "pricebook.yaml")
+    with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
+        with joined([_agent(c, tmp_path, "n-spot", "A100", SPOT, spot=True),
+                     _agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND),
+                     _agent(c, tmp_path, "n-fast", "H100", FAST)], c):
+            status, attempt = _run(c, "cheapest", profile="Cost", interruptible="Allow")
+            assert status["placement"] == {"offering": SPOT, "rateUSDPerHour": "1.10", "regionClass": "us",
+                                           "interruptible": True}
+            assert attempt["spec"]["node"] == "n-spot" and attempt["spec"]["rateUSDPerHour"] == "1.10"
+
+            status, attempt = _run(c, "never", profile="Cost")  # interruptible defaults to Never
+            assert status["placement"]["offering"] == ON_DEMAND and status["placement"]["rateUSDPerHour"] == "2.20"
+            assert status["placement"]["interruptible"] is False and attempt["spec"]["node"] == "n-ondemand"
+            explain = attempt["status"]["placement"]["explain"]
+            assert f"offering {SPOT} is interruptible and placement.interruptible is Never" in explain
+            assert f"n-fast: offering {FAST} ($4.00/h)" in explain and "more" in explain
+
+            status, attempt = _run(c, "fastest", profile="Speed", interruptible="Allow")
+            assert status["placement"]["offering"] == FAST and attempt["spec"]["node"] == "n-fast"
+            assert "the earliest expected completion (Speed)" in attempt["status"]["placement"]["explain"]
+
+            status, attempt = _run(c, "capped", profile="Speed", maxRateUSDPerHour="3.00")
+            assert status["placement"]["offering"] == ON_DEMAND
+            assert f"offering {FAST} costs $4.00/h, above placement.maxRateUSDPerHour $3.00" in \
+                attempt["status"]["placement"]["explain"]
+
+            create(c, "too-cheap", resources={"gpu": {"count": 1}}, placement={"maxRateUSDPerHour": "1.00"})
+            waiting = wait_status(c, "too-cheap", lambda s: "maxRateUSDPerHour" in (s.get("message") or ""),
+                                  what="the Job to say why nothing fits")
+            assert waiting["phase"] == "Queued" and "placement" not in waiting
+            assert f"offering {ON_DEMAND} costs $2.20/h, above placement.maxRateUSDPerHour $1.00" in waiting["message"]
+            assert c.session().delete(c.url(f"{JOBS}/too-cheap")).status_code == 200
+            assert get_job(c, "cheapest")["status"]["placement"]["offering"] == SPOT, "kept after the Job ended"
+
+
+def test_without_a_price_book_the_job_has_no_placement_price(tmp_path: Path) -> None:
+    with Coordinator(tmp_path / "data").start() as c:
+        with joined([_agent(c, tmp_path, "n-spot", "A100", SPOT, spot=True)], c):
+            status, attempt = _run(c, "free", profile="Cost")  # Never, but nothing is priced: placed as before
+            assert "placement" not in status and attempt["spec"]["node"] == "n-spot"
+            assert attempt["spec"]["offering"] == SPOT and "rateUSDPerHour" not in attempt["spec"]
