@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 import os
 import shutil
 import subprocess
@@ -413,3 +413,27 @@ def test_a_pulled_image_runs_in_a_pod_with_its_config(tmp_path: Path, registry: 
         pod.close()
         remove_cgroup_dirs("nodus-test")
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_copy_that_stops_receiving_bytes_is_stopped_as_unreachable(tmp_path: Path, registry: Registry) -> None:
+    """A large image may take long; a copy whose bytes stop moving for stall_timeout (of the injected
+    clock) is killed and reported as the node's failure, leaving nothing behind."""
+    digest = push(image_with(tmp_path, "stalls", b"never arrives\n"), registry, "tests/stalls", "v1")
+    hanging = tmp_path / "skopeo"
+    hanging.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = copy ] && exec sleep 600; done\n'
+                       f'exec {shutil.which("skopeo")} "$@"\n')
+    hanging.chmod(0o755)
+    clock = ManualClock()
+    images = ImageStore(tmp_path / "cache", GIB, clock, lambda: (),
+                        Skopeo(insecure=frozenset({registry.host}), binary=str(hanging)), stall_timeout=30)
+    with ThreadPoolExecutor(1) as pool:
+        pulling = pool.submit(images.pull, f"{registry.host}/tests/stalls@{digest}")
+        for _ in range(1200):  # move the clock until the store gives up; at most a minute of polling
+            if pulling.done():
+                break
+            clock.t += 10
+            wait([pulling], timeout=0.05)
+        with pytest.raises(Unreachable, match="no bytes arrived for 30s") as stalled:
+            pulling.result(timeout=0)
+    assert stalled.value.lost_capacity
+    assert [p for p in images.images.iterdir()] == []

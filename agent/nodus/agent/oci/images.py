@@ -29,7 +29,7 @@ import orjson
 
 from ..clock import Clock
 from .bundle import ImageConfig
-from .pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, NotFound
+from .pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, NotFound, Unreachable
 from .skopeo import ImageReference, RegistryCredentials, RunningCopy, Skopeo
 from .usage import Footprint, disk_usage, evictions
 
@@ -84,7 +84,8 @@ class ImageStore:
     pull until it ends, so an image pulled for it is not collected before its container starts."""
 
     def __init__(self, cache_dir: Path, disk_budget: int, clock: Clock, in_use: Callable[[], Collection[str]],
-                 skopeo: Skopeo | None = None, platform: Platform = Platform(), umoci: str = "umoci") -> None:
+                 skopeo: Skopeo | None = None, platform: Platform = Platform(), umoci: str = "umoci",
+                 stall_timeout: float = 120.0) -> None:
         self.root = cache_dir
         self.budget = disk_budget
         self.clock = clock
@@ -92,6 +93,9 @@ class ImageStore:
         self.skopeo = skopeo or Skopeo()
         self.platform = platform
         self.umoci = umoci
+        self.stall_timeout = stall_timeout
+        """Seconds (of `clock`) a copy may go without a new byte before it counts as Unreachable: a large
+        image on a slow link may take an hour, a stuck connection should not."""
         self.blobs = cache_dir / "blobs"
         self.images = cache_dir / "images"
         (self.blobs / "sha256").mkdir(parents=True, exist_ok=True)
@@ -172,7 +176,7 @@ class ImageStore:
                 with self._lock:
                     self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
                 self._fit(ref, sum(d.size for d in wanted if d.digest.removeprefix("sha256:") not in present))
-                self._wait_reporting(running, layout, wanted, total, progress)
+                self._wait_watching(ref, running, layout, wanted, total, progress)
             self._verify_reused(ref, layout, [d for d in wanted if d.digest.removeprefix("sha256:") in present],
                                 wanted, credentials)
             if progress:
@@ -212,19 +216,23 @@ class ImageStore:
         if missing > free:
             raise DiskFull(f"{ref}: {missing} bytes to fetch, {free} free on the image cache's disk")
 
-    def _wait_reporting(self, running: RunningCopy, layout: Path, wanted: list[Descriptor], total: int,
-                        progress: ProgressCallback | None) -> None:
-        stop = threading.Event()
-        reporter = threading.Thread(target=self._report, args=(layout, wanted, total, progress, stop),
-                                    name="nodus-pull-progress", daemon=True) if progress else None
-        if reporter:
-            reporter.start()
+    def _wait_watching(self, ref: ImageReference, running: RunningCopy, layout: Path, wanted: list[Descriptor],
+                       total: int, progress: ProgressCallback | None) -> None:
+        """Waits for the copy while a thread reports its bytes and stops it when they stall."""
+        stop, stalled = threading.Event(), threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(running, layout, wanted, total, progress, stop, stalled),
+                                   name="nodus-pull-progress", daemon=True)
+        watcher.start()
         try:
             running.wait()
+        except ImagePullError:
+            if stalled.is_set():
+                raise Unreachable(f"{ref}: no bytes arrived for {self.stall_timeout:.0f}s; the registry or the "
+                                  "node's network stalled") from None
+            raise
         finally:
             stop.set()
-            if reporter:
-                reporter.join()
+            watcher.join()
 
     def _verify_reused(self, ref: ImageReference, layout: Path, reused: list[Descriptor], wanted: list[Descriptor],
                        credentials: RegistryCredentials | None) -> None:
@@ -242,10 +250,10 @@ class ImageStore:
             raise DigestMismatch(f"{ref}: blob {still[0].digest} does not match its digest after a fresh fetch; "
                                  "the node's cache disk is failing", Fault.NODE)
 
-    def _report(self, layout: Path, wanted: list[Descriptor], total: int, progress: ProgressCallback,
-                stop: threading.Event) -> None:
+    def _watch(self, running: RunningCopy, layout: Path, wanted: list[Descriptor], total: int,
+               progress: ProgressCallback | None, stop: threading.Event, stalled: threading.Event) -> None:
         """Bytes on disk: finished blobs plus skopeo's partial files in the layout (oci-put-blob*)."""
-        last = -1
+        last, advanced = -1, self.clock.monotonic()
         while True:
             done = sum(d.size for d in wanted if self._blob(d.digest).exists())
             for partial in layout.glob("oci-put-blob*"):
@@ -255,8 +263,13 @@ class ImageStore:
                     pass  # renamed into the blob directory between the glob and the stat
             done = min(done, total)
             if done > last:
-                progress(PullProgress(done, total))
-                last = done
+                if progress:
+                    progress(PullProgress(done, total))
+                last, advanced = done, self.clock.monotonic()
+            elif self.clock.monotonic() - advanced > self.stall_timeout:
+                stalled.set()
+                running.kill()
+                return
             if stop.wait(PROGRESS_INTERVAL):
                 return
 

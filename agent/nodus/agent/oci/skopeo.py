@@ -113,16 +113,19 @@ class RunningCopy:
 
     proc: subprocess.Popen[bytes]
     what: str
-    timeout: float
 
-    def wait(self) -> None:
-        """Until the copy ends; raises its typed failure."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the copy ends (or `timeout` seconds); raises its typed failure."""
         try:
-            _, err = self.proc.communicate(timeout=self.timeout)
+            _, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise Unreachable(f"{self.what}: the registry did not answer within {self.timeout:.0f}s") from None
+            raise Unreachable(f"{self.what}: the registry did not answer within {timeout:.0f}s") from None
         if self.proc.returncode != 0:
             raise classify(err.decode(errors="replace"), self.what)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,7 @@ class Skopeo:
 
     insecure: frozenset[str] = frozenset()
     timeout: float = 600.0
+    """For a manifest and a blocking `copy`; a `copying` caller watches the bytes instead."""
     binary: str = "skopeo"
 
     def manifest(self, ref: ImageReference, credentials: RegistryCredentials | None = None) -> bytes:
@@ -142,9 +146,9 @@ class Skopeo:
 
     def copy(self, ref: ImageReference, layout: Path, tag: str, shared_blobs: Path,
              credentials: RegistryCredentials | None = None) -> None:
-        """Pulls `ref` into the OCI layout `layout:tag`; see `copying`."""
+        """Pulls `ref` into the OCI layout `layout:tag` within `timeout` seconds; see `copying`."""
         with self.copying(ref, layout, tag, shared_blobs, credentials) as running:
-            running.wait()
+            running.wait(self.timeout)
 
     @contextlib.contextmanager
     def copying(self, ref: ImageReference, layout: Path, tag: str, shared_blobs: Path,
@@ -162,7 +166,7 @@ class Skopeo:
             except FileNotFoundError:
                 raise ImagePullError(f"{ref}: {self.binary} is not installed on this node (scripts/setup)") from None
             try:
-                yield RunningCopy(proc, str(ref), self.timeout)
+                yield RunningCopy(proc, str(ref))
             finally:
                 if proc.poll() is None:
                     proc.kill()
