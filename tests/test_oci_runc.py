@@ -94,6 +94,8 @@ def rootfs() -> Iterator[Path]:
     for p in [root, *root.rglob("*")]:
         if not p.is_symlink():
             p.chmod(0o755 if p.is_dir() or p.name == "busybox" else 0o644)
+    (root / "home/trainer").mkdir(parents=True)
+    os.chown(root / "home/trainer", 1001, 1002)  # the image's own user owns its home
     yield root
     shutil.rmtree(top, ignore_errors=True)
 
@@ -117,6 +119,8 @@ def node(rootfs: Path) -> Iterator[Node]:
         remove_cgroup_dirs(n.cgroup_parent)
         assert not list(DEFAULT_FS.glob(f"*/{n.cgroup_parent}")), "a cgroup of the test was left behind"
         remove_cgroup_dirs("nodus-test")
+        with open("/proc/self/mountinfo") as f:
+            assert not [line for line in f if str(top) in line], "a mount of the test was left behind"
         shutil.rmtree(top, ignore_errors=True)
 
 
@@ -151,6 +155,19 @@ def test_env_args_working_dir_and_user_override_the_image(node: Node) -> None:
     assert node.text().splitlines() == ["job keep /www 1001:1002"]
     assert run(node, pod, "defaults", ContainerRequest("defaults"), image).wait(30) == 0
     assert node.text().splitlines()[-1] == "image cmd"
+
+
+def test_the_image_tree_is_the_pods_own_through_the_id_map_and_stays_unchanged(node: Node, rootfs: Path) -> None:
+    pod = node.pod("j")
+    root = run(node, pod, "root", sh("ls -ln /etc/group; echo 'extra:x:7:' >> /etc/group && echo appended"))
+    assert root.wait(30) == 0, node.text()
+    owner = node.text().split()[2:4]
+    assert owner == ["0", "0"] and "appended" in node.text()  # the image's root files are the pod root's
+    assert "extra" not in (rootfs / "etc/group").read_text()  # the write went to the container's own layer
+    trainer = run(node, pod, "trainer", ContainerRequest("trainer", command=("sh", "-c", "echo hi > /home/trainer/f"),
+                                                         user="trainer"))
+    assert trainer.wait(30) == 0, node.text()
+    assert not (rootfs / "home/trainer/f").exists()
 
 
 def test_a_read_only_input_cannot_be_written_and_outputs_can(node: Node) -> None:

@@ -163,9 +163,14 @@ def _unmount(target: Path) -> None:
         subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
 
 
-def mount_layer(image_rootfs: Path, directory: Path, owner: int) -> Path:
+def mount_layer(image_rootfs: Path, directory: Path, owner: int, userns: str | None = None) -> Path:
     """The container's root: the image's read-only tree with the container's writable layer over it
-    (overlayfs; upper and work dirs in `directory`, owned by the pod's root so its writes land)."""
+    (overlayfs; upper and work dirs in `directory`, owned by the pod's root so its writes land).
+
+    With `userns` the image tree is seen through an idmapped mount of the pod's id map, so the image's
+    root-owned files are the pod root's (and a uid-1000 tree is the pod's uid 1000); without, or where
+    the kernel refuses idmapped mounts, they show as nobody and only read.
+    """
     merged = directory / "rootfs"
     if os.path.ismount(merged):
         return merged
@@ -173,7 +178,10 @@ def mount_layer(image_rootfs: Path, directory: Path, owner: int) -> Path:
         (directory / name).mkdir(parents=True, exist_ok=True)
     for name in ("upper", "work"):
         os.chown(directory / name, owner, owner)
-    options = f"lowerdir={image_rootfs},upperdir={directory / 'upper'},workdir={directory / 'work'}"
+    lower = image_rootfs
+    if userns is not None and idmapped_view(image_rootfs, directory / "lower", userns):
+        lower = directory / "lower"
+    options = f"lowerdir={lower},upperdir={directory / 'upper'},workdir={directory / 'work'}"
     done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True,
                           text=True)
     if done.returncode != 0:
@@ -182,10 +190,55 @@ def mount_layer(image_rootfs: Path, directory: Path, owner: int) -> Path:
 
 
 def unmount_layer(directory: Path) -> None:
-    merged = directory / "rootfs"
-    if os.path.ismount(merged):
-        _unmount(merged)
+    for name in ("rootfs", "lower"):
+        if _mounted(directory / name):
+            _unmount(directory / name)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _mounted(path: Path) -> bool:
+    """Whether something is mounted at `path` (os.path.ismount misses a bind mount within one filesystem)."""
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = (line.split()[4] for line in f)
+            return any(p.encode().decode("unicode_escape") == target for p in points)
+    except OSError:
+        return os.path.ismount(path)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64 share these numbers
+OPEN_TREE_CLONE = 1
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_IDMAP = 0x100000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+
+
+def idmapped_view(source: Path, target: Path, userns: str) -> bool:
+    """A read-only copy of the mount of `source` at `target` whose ids go through `userns`'s map;
+    False where the kernel or the filesystem cannot (Linux < 5.12, some filesystems)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, str(source).encode(), OPEN_TREE_CLONE | os.O_CLOEXEC)
+    if tree < 0:
+        return False
+    ns = os.open(userns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, 0, 0, ns)
+        if libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+            return False
+        target.mkdir(parents=True, exist_ok=True)
+        return bool(libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, str(target).encode(), MOVE_MOUNT_F_EMPTY_PATH) == 0)
+    finally:
+        os.close(ns)
+        os.close(tree)
 
 
 @dataclass(slots=True)
@@ -270,7 +323,7 @@ class Pod:
               mounts: Sequence[Mount] = (), limits: Limits = Limits(), devices: Sequence[Device] = ()) -> ContainerProcess:
         """Creates and starts one container; its stdout and stderr go to `stdout`."""
         directory = self.directory / "containers" / _safe_id(name)
-        rootfs = mount_layer(image_rootfs, directory, self.ids.host(0))
+        rootfs = mount_layer(image_rootfs, directory, self.ids.host(0), self.namespaces.user)
         process = resolve_process(request, image, _read(image_rootfs / "etc/passwd"), _read(image_rootfs / "etc/group"))
         spec = runtime_spec(process, str(rootfs), hostname=self.pod_id[:63], ids=self.ids, namespaces=self.namespaces,
                             cgroups_path=f"/{self.cgroup_parent}/{_safe_id(name)}", mounts=mounts, limits=limits,
