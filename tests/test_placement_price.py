@@ -11,7 +11,7 @@ import pytest
 
 from nodus.coordinator.controllers.placement import _request, job_placement, placed_on
 from nodus.coordinator.controllers.views import AttemptView
-from nodus.coordinator.money.estimate import Tariff, cost_band, expected_charge
+from nodus.coordinator.money.estimate import Tariff, cost_band, expected_charge, restarts_at
 from nodus.coordinator.money.policy import Interruptible, Policy, Profile, outlook
 from nodus.coordinator.money.pricebook import PriceBook, parse
 from nodus.coordinator.scheduler import (PROCESS, Amount, Candidate, Gpu, NodeView, Request, fit, place, place_all,
@@ -214,3 +214,29 @@ def test_the_jobs_policy_reaches_the_attempts_request() -> None:
 @pytest.mark.parametrize("profile,node_name", [("Cost", "n-spot"), ("Speed", "n-fast"), ("Balanced", "n-spot")])
 def test_profiles_with_interruptible_allowed(profile: str, node_name: str) -> None:
     assert place(req(profile=profile, interruptible="Allow"), FLEET, [], book=BOOK).node == node_name
+
+
+def test_complete_by_time_steers_towards_speed() -> None:
+    # 2h of reference work: the on-demand A100 takes 2h, the H100 (speed 2) 1h.
+    def cost(within_s: int | None) -> Request:
+        return Request.of({"gpu": {"count": 1}}, None, {"profile": "Cost"}, "2h",
+                          None if within_s is None else Decimal(within_s))
+
+    assert place(cost(None), FLEET, [], book=BOOK).node == "n-ondemand"
+    assert place(cost(3 * 3600), FLEET, [], book=BOOK).node == "n-ondemand", "the cheapest finishes in time"
+    steered = place(cost(90 * 60), FLEET, [], book=BOOK)
+    assert steered.node == "n-fast"
+    assert "(completeByTime is in 1.50h and Cost's choice, offering a100-x1-us, would finish in 2.00h at p90, " \
+           "so ranked by Speed)" in steered.explain
+    without_duration = Request.of({"gpu": {"count": 1}}, None, {"profile": "Cost"}, None, Decimal(60))
+    assert place(without_duration, FLEET, [], book=BOOK).node == "n-ondemand", "no duration, no finish time"
+    # p90 counts the reclaims: six an hour on the flaky one adds restarts beyond the mean at p90.
+    flaky = BOOK.offering("a100-x1-us-flaky")
+    assert flaky is not None
+    look = outlook(Policy(duration_s=Decimal(3600)), flaky)
+    assert look.hours_p90 > look.hours > Decimal(1)
+
+
+def test_restarts_at_a_quantile() -> None:
+    assert restarts_at(Decimal(0), Decimal("0.9")) == 0
+    assert restarts_at(Decimal(6), Decimal("0.9")) == 9  # Poisson(6): P(N ≤ 8) ≈ 0.847, P(N ≤ 9) ≈ 0.916

@@ -110,9 +110,10 @@ class Request:
 
     @classmethod
     def of(cls, resources: Mapping[str, Any] | None, image: str | None,
-           placement: Mapping[str, Any] | None = None, expected_duration: str | None = None) -> "Request":
-        """The request of a Job's (or an Attempt's) `resources`, `image`, `placement` and
-        `expectedDuration`. Unset floors ask for nothing."""
+           placement: Mapping[str, Any] | None = None, expected_duration: str | None = None,
+           complete_within_s: Decimal | None = None) -> "Request":
+        """The request of a Job's (or an Attempt's) `resources`, `image`, `placement`,
+        `expectedDuration` and the time left until its `completeByTime`. Unset floors ask for nothing."""
         resources = resources or {}
         placement = placement or {}
         gpu = resources.get("gpu") or {}
@@ -125,7 +126,7 @@ class Request:
                    regions=tuple(placement.get("regions") or ()), offerings=tuple(placement.get("offerings") or ()),
                    prefer_node=str(placement.get("preferNode") or ""),
                    avoid_nodes=tuple(placement.get("avoidNodes") or ()),
-                   policy=money.Policy.of(placement, expected_duration))
+                   policy=money.Policy.of(placement, expected_duration, complete_within_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,11 +286,11 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
 def spread(request: Request, candidate: Candidate) -> tuple[float, ...]:
     """Prefer the node with the most capacity left after the placement.
 
-    Why spread, in this first version: without prices every node costs the same, so the best node is
-    the one where the attempt contends least for what is not reserved (memory bandwidth, disk and
-    network I/O, CPU beyond the floor) and where a lost node takes the fewest attempts with it. Free
-    GPUs count first (they are the scarce part), then the mean free fraction of cpu, memory and
-    disk. The pricing issue's Cost profile will bin-pack instead, as a different Scorer.
+    Why spread: without prices every node costs the same, so the best node is the one where the
+    attempt contends least for what is not reserved (memory bandwidth, disk and network I/O, CPU
+    beyond the floor) and where a lost node takes the fewest attempts with it. Free GPUs count first
+    (they are the scarce part), then the mean free fraction of cpu, memory and disk. With a price
+    book the profile ranks first and spread only breaks ties between nodes of equal outlook.
     """
     node, left = candidate.node, candidate.free_after
     fractions = [have / total for have, total in ((left.cpu_millis, node.capacity.cpu_millis),
@@ -336,8 +337,15 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
     def look(c: Candidate) -> money.Outlook | None:
         return looks[c.offering.id] if c.offering is not None else None
 
-    ranked = sorted(candidates, key=lambda c: (money.score(policy, look(c)), scorer(request, c),
-                                               _reverse(c.node.name)), reverse=True)
+    def rank(policy: money.Policy) -> list[Candidate]:
+        return sorted(candidates, key=lambda c: (money.score(policy, look(c)), scorer(request, c),
+                                                 _reverse(c.node.name)), reverse=True)
+
+    ranked = rank(policy)
+    steer = money.late(policy, look(ranked[0]))
+    if steer:
+        policy = replace(policy, profile=money.Profile.SPEED)
+        ranked = rank(policy)
     best = ranked[0]
     chosen = look(best)
     if chosen is None:
@@ -357,6 +365,7 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
                    else f"{c.node.name}: {money.describe(other)}")
     why.extend(refusals)
     shown = "; ".join(why[:8]) + (f"; and {len(why) - 8} more" if len(why) > 8 else "")
+    head += f" ({steer})" if steer else ""
     return Placement(best.node.name, best.gpu_indexes, explain=head + (f"; lost: {shown}" if shown else ""),
                      offering=best.offering)
 

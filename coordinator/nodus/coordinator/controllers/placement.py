@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from decimal import Decimal
 from typing import Any, TypeGuard
 
 from ..api import units
-from ..clock import Clock
+from ..clock import Clock, parse
 from ..money.pricebook import PriceBook
 from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
 from .attempt_machine import Placed, Refusal, phase_of, transition
@@ -49,11 +50,13 @@ POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile")
 """What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
 
 
-def _request(attempt: AttemptView, job: dict[str, Any] | None = None) -> Request:
+def _request(attempt: AttemptView, job: dict[str, Any] | None = None, now: float = 0.0) -> Request:
     spec = (job or {}).get("spec") or {}
     policy = {k: v for k, v in (spec.get("placement") or {}).items() if k in POLICY_FIELDS}
+    deadline = parse(spec.get("completeByTime"))
+    within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
     return Request.of(attempt.resources, attempt.image or None, {**policy, **attempt.constraints},
-                      spec.get("expectedDuration"))
+                      spec.get("expectedDuration"), within)
 
 
 def job_placement(placement: Placement, node: NodeView | None) -> dict[str, Any]:
@@ -170,6 +173,7 @@ class PlacementController:
                                      kv[1].rank))
         nodes, held = self.registry.views(), list(self.registry.reservations())
         book: PriceBook | None = await self.registry.price_books.active()
+        now = self.clock.now()
         decisions: dict[str, Placement] = {}
         singles: list[tuple[str, Request]] = []
         gangs: dict[tuple[str, str, int], list[tuple[str, AttemptView]]] = {}
@@ -177,7 +181,7 @@ class PlacementController:
             if a.in_gang:
                 gangs.setdefault((a.project, a.job_uid, a.epoch), []).append((key, a))
             else:
-                singles.append((key, _request(a, cache.job(a.project, a.job))))
+                singles.append((key, _request(a, cache.job(a.project, a.job), now)))
         # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
         # would starve behind a stream of single attempts otherwise.
         for (project, uid, _epoch), members in gangs.items():
@@ -186,7 +190,7 @@ class PlacementController:
                 continue  # the rest of the epoch is being created: place it whole
             job = cache.job_view(project, members[0][1].job)
             network = job.network if job is not None else "Regional"
-            requests = [(key, _request(a, cache.job(a.project, a.job))) for key, a in members]
+            requests = [(key, _request(a, cache.job(a.project, a.job), now)) for key, a in members]
             placed = place_gang(requests, nodes, held, network, book=book)
             decisions.update(placed)
             for key, request in requests:
@@ -194,7 +198,6 @@ class PlacementController:
                 if p.node is not None:
                     held.append(Reservation(p.node, request.amount, p.gpu_indexes))
         decisions.update(place_all(singles, nodes, held, book=book))
-        now = self.clock.now()
         by_name = {n.name: n for n in nodes}
         writes = [self.objects.mutate(str(key), bind(p, now, by_name.get(p.node)) if p.node else explain(p))
                   for key, p in decisions.items()]

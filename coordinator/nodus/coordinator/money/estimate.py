@@ -87,6 +87,17 @@ def _poisson(mean: Decimal) -> list[Decimal]:
     return out
 
 
+def restarts_at(mean: Decimal, q: Decimal) -> int:
+    """The number of reclaims not exceeded with probability `q`, when they are Poisson with `mean`."""
+    covered = Decimal(0)
+    probabilities = _poisson(mean)
+    for k, p in enumerate(probabilities):
+        covered += p
+        if covered >= q:
+            return k
+    return len(probabilities) - 1
+
+
 def _quantile(outcomes: list[tuple[Decimal, Decimal]], q: Decimal) -> Decimal:
     """The smallest cost whose cumulative probability reaches `q`; outcomes are (cost, probability)."""
     covered = Decimal(0)

@@ -23,6 +23,9 @@ Profiles rank outlooks (`score`: the highest tuple wins):
   completion time. The product compares ratios, so an offering twice as fast wins when it costs less
   than twice as much, whatever the units; equal products go to the cheaper one.
 A node sold as no offering of the book ranks after every priced one: its cost is unknown.
+
+`completeByTime` (with `expectedDuration`) steers towards Speed: when the profile's choice would, at
+the 90th percentile of its reclaims, finish after it, placement ranks by Speed instead and says so.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
 from ..api import units
-from .estimate import SECONDS_PER_HOUR, Tariff, cents, expected_charge
+from .estimate import SECONDS_PER_HOUR, Tariff, cents, expected_charge, restarts_at
 from .pricebook import Offering
 
 RESTART_OVERHEAD_S = Decimal(600)
@@ -80,11 +83,15 @@ class Policy:
     profile: Profile = Profile.BALANCED
     duration_s: Decimal | None = None
     """spec.expectedDuration, on the reference accelerator; None when the Job declares none."""
+    complete_within_s: Decimal | None = None
+    """Seconds from the placement until spec.completeByTime; None when the Job sets none."""
 
     @classmethod
-    def of(cls, placement: Mapping[str, Any] | None, expected_duration: str | None = None) -> Policy:
-        """The policy of a Job's `placement` and `expectedDuration`. Admission has validated both; a
-        value that still does not read (an object stored before a field existed) counts as unset."""
+    def of(cls, placement: Mapping[str, Any] | None, expected_duration: str | None = None,
+           complete_within_s: Decimal | None = None) -> Policy:
+        """The policy of a Job's `placement`, `expectedDuration` and time left until `completeByTime`.
+        Admission has validated them; a value that still does not read (an object stored before a
+        field existed) counts as unset."""
         placement = placement or {}
         rate: Decimal | None = None
         try:
@@ -99,7 +106,7 @@ class Policy:
         except (ValueError, InvalidOperation):
             duration = None
         return cls(_enum(Interruptible, placement.get("interruptible"), Interruptible.NEVER), rate,
-                   _enum(Profile, placement.get("profile"), Profile.BALANCED), duration)
+                   _enum(Profile, placement.get("profile"), Profile.BALANCED), duration, complete_within_s)
 
 
 def _usd(amount: Decimal) -> str:
@@ -134,6 +141,8 @@ class Outlook:
     """Expected hours until it completes, restarts included; per hour of reference work when `per_hour`."""
     per_hour: bool
     """The Job declares no expectedDuration."""
+    hours_p90: Decimal = Decimal(0)
+    """Hours until it completes at the 90th percentile of its reclaims."""
 
 
 def outlook(policy: Policy, offering: Offering) -> Outlook:
@@ -147,7 +156,19 @@ def outlook(policy: Policy, offering: Offering) -> Outlook:
     else:
         cost = expected_charge(Tariff.of(offering), run_s, interruptions_per_hour=per_hour,
                                restart_overhead_s=RESTART_OVERHEAD_S)
-    return Outlook(offering, cost, hours, policy.duration_s is None)
+    p90 = (run_s + restarts_at(restarts, Decimal("0.9")) * RESTART_OVERHEAD_S) / SECONDS_PER_HOUR
+    return Outlook(offering, cost, hours, policy.duration_s is None, p90)
+
+
+def late(policy: Policy, look: Outlook | None) -> str:
+    """Why completeByTime overrides the profile for this choice ("" when it does not): the choice would
+    finish after it at p90. Only with expectedDuration, since only then is there a finish time."""
+    if (look is None or look.per_hour or policy.complete_within_s is None or policy.profile is Profile.SPEED
+            or look.hours_p90 * SECONDS_PER_HOUR <= policy.complete_within_s):
+        return ""
+    left = max(policy.complete_within_s, Decimal(0)) / SECONDS_PER_HOUR
+    return (f"completeByTime is in {_hours(left)} and {policy.profile.value}'s choice, offering {look.offering.id}, "
+            f"would finish in {_hours(look.hours_p90)} at p90, so ranked by Speed")
 
 
 def score(policy: Policy, look: Outlook | None) -> tuple[Decimal, ...]:
