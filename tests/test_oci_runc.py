@@ -387,3 +387,16 @@ def test_the_checkpoint_hold_freezes_the_pod_and_a_cancel_stops_it_with_its_grac
     assert (status["phase"], status["reason"]) == ("CANCELLED", "Cancelled"), (status, err)
     assert (layout.outputs / "term").read_text() == "got TERM\n"  # SIGTERM reached it, within its grace
     assert node.runc.list() == []
+
+
+def test_a_failing_init_container_and_a_command_missing_from_the_image_fail_the_attempt_naming_them(
+        node: Node) -> None:
+    status, log = supervise(node, "sup-d", {"init": {"command": ["sh", "-c", "echo no schema; exit 4"]},
+                                            "command": ["sh", "-c", "echo never"]})
+    assert (status["phase"], status["reason"]) == ("FAILED", "InitFailed"), status
+    assert status["message"] == "no schema" and "never" not in log
+    status, log = supervise(node, "sup-e", {"command": ["/bin/train", "--fast"]})
+    assert (status["phase"], status["reason"], status["exit_code"]) == ("FAILED", "Error", 127), status
+    assert status["message"].startswith("command could not start: /bin/train: main: runc create"), status
+    assert "no such file or directory" in status["message"]
+    assert node.runc.list() == []
