@@ -240,6 +240,11 @@ def classify(stderr: str, image: str) -> ImageRefused:
     return ImageRefused(image, detail)
 
 
+def registry_of(image: str) -> str:
+    """The registry host (host[:port]) an image reference pulls from: Docker Hub when it names none."""
+    return _split(image)[0]
+
+
 def _split(image: str) -> tuple[str, str, str, str]:
     """(registry, repository, tag, digest) by Docker's rules (Docker Hub when no registry is named)."""
     rest, _, digest = image.strip().partition("@")

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .plane import ControlPlane
 from .pricebook_api import apply_file as apply_price_book
 from .gateway import downloads
 from .gateway.app import make_app
+from .images import ImageResolver
 from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
 from .resources import ResourceService
 from .store.sqlite import SqliteStore
@@ -147,7 +149,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     store = await SqliteStore.open(data_dir / "store.db")
     identity = Identity(store)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
-    service = ResourceService(store, identity, vault, limits=_admission_limits(args))
+    service = ResourceService(store, identity, vault, limits=_admission_limits(args), images=_image_resolver(args))
     lease, heartbeat = _lease_settings(args)
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
     if args.price_book:
@@ -238,6 +240,17 @@ def _admission_limits(args: argparse.Namespace) -> AdmissionLimits:
         raise SystemExit(f"--gang-max-nodes: {e}") from None
 
 
+def _image_resolver(args: argparse.Namespace) -> ImageResolver:
+    """Admission resolves every Job's image through skopeo; without it image Jobs are refused (503
+    naming the cause), never admitted unpinned, so say so at start too."""
+    if shutil.which("skopeo") is None:
+        log.error("skopeo is not on the PATH: Jobs with an image are refused until it is installed (scripts/setup)")
+    hosts = args.insecure_registry or ()
+    if isinstance(hosts, str):  # NODUS_INSECURE_REGISTRY: a comma-separated list
+        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
+    return ImageResolver(insecure=frozenset(str(h) for h in hosts))
+
+
 def _storage_settings(args: argparse.Namespace) -> tuple[int, float]:
     """--free-storage in bytes and --retention-interval in seconds."""
     try:
@@ -287,6 +300,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-probe-budget", help="time budget of one probe, at most 30s (default 30s)")
     p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to the wall "
                    "clock (re-read every 50 ms), to see timeouts, TTLs and leases play out without waiting")
+    p.add_argument("--insecure-registry", action="append",
+                   help="a registry HOST:PORT reached over plain HTTP when admission resolves images (repeatable; "
+                        "the agents' own list must name it too)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p

@@ -22,6 +22,7 @@ from .api.kinds import KindInfo, resolve
 from .api.limits import BETA, AdmissionLimits
 from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
+from .images import ImageResolver
 from .selectors import FieldSelector, LabelSelector
 from .store.base import Record, Store
 from .strategies import KindStrategy, strategies
@@ -122,13 +123,13 @@ class _Lookup:
 class ResourceService:
     def __init__(self, store: Store, identity: Identity, vault: Vault,
                  now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0,
-                 limits: AdmissionLimits = BETA) -> None:
+                 limits: AdmissionLimits = BETA, images: ImageResolver | None = None) -> None:
         self.store = store
         self.identity = identity
         self.vault = vault
-        self._strategies = strategies(vault)
         self._now = now
         self._lookup = _Lookup(self)
+        self._strategies = strategies(vault, images, self._lookup)  # images: Jobs' digests pinned on create
         self.bookmark_seconds = bookmark_seconds
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""
@@ -285,6 +286,7 @@ class ResourceService:
         meta.update(namespace=project, uid=str(uuid.uuid4()), generation=1, creationTimestamp=self._now())
         strategy = self._strategy(info)
         values = strategy.on_create(new, self._now())
+        await strategy.prepare(project, new)
         if dry_run:
             new["metadata"]["resourceVersion"] = ""
             return new, admitted.warnings

@@ -1,15 +1,21 @@
 """Per-kind behaviour of the resource service on create, update and delete, as Kubernetes' registry
 has a strategy per kind: the service does what every kind shares (identity, admission, the store's
-compare-and-swap) and calls these hooks where a kind differs. Only the Secret differs today: its
-values live in the vault, versioned, and never in the stored object.
+compare-and-swap) and calls these hooks where a kind differs. A Secret's values live in the vault,
+versioned, and never in the stored object; a Job's images are resolved to digests on create.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from typing import Any
 
 import orjson
 
+from . import errors
+from .api.admission import Lookup
+from .api.references import not_found, secret_version
+from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .vault import Vault
 
 Values = dict[str, str]
@@ -22,6 +28,9 @@ class KindStrategy:
     def on_create(self, obj: dict[str, Any], now: str) -> Values | None:
         """Shapes an admitted new object; returns values the store must not hold (None: none)."""
         return None
+
+    async def prepare(self, project: str, obj: dict[str, Any]) -> None:
+        """After `on_create`, before anything is written (a dry run too): what needs I/O to admit."""
 
     async def readable(self, project: str, name: str, old: dict[str, Any], base: dict[str, Any]) -> None:
         """Adds to `base` (a copy of the stored object) what a patch applies to but the store lacks."""
@@ -77,9 +86,93 @@ class SecretStrategy(KindStrategy):
         await self.vault.drop(project, name)
 
 
-def strategies(vault: Vault) -> dict[str, KindStrategy]:
-    """The strategy of each kind that has its own (by kind name); every other kind takes the default."""
-    return {"Secret": SecretStrategy(vault)}
+class JobStrategy(KindStrategy):
+    """A Job's `image` and its sidecars' own images are resolved on create, with the Job's
+    imagePullSecrets, to the digests every attempt runs: `status.image` {reference, digest, user} and
+    `status.sidecarImages[]` (the same and the sidecar's name). The pull secrets are pinned in
+    status.secretVersions as mounted Secrets are, so every attempt pulls with the same credentials.
+    spec.image is immutable (JobSpec), so an update never needs resolving again."""
+
+    def __init__(self, vault: Vault, images: ImageResolver, lookup: Lookup) -> None:
+        self.vault, self.images, self.lookup = vault, images, lookup
+
+    async def prepare(self, project: str, obj: dict[str, Any]) -> None:
+        spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
+        sidecars = [(i, s) for i, s in enumerate(spec.get("sidecars") or []) if s.get("image")]
+        if not spec.get("image") and not sidecars:
+            return
+        status = obj.setdefault("status", {})
+        credentials = await self._pull_secrets(project, name, spec.get("imagePullSecrets") or [], status)
+        resolved: dict[str, ResolvedImage] = {}
+
+        async def resolve(image: str, path: str) -> ResolvedImage:
+            if image not in resolved:
+                try:
+                    resolved[image] = await self.images.resolve(image, _login_for(image, credentials))
+                except ImageRefused as e:
+                    raise refusal(e, "Job", name, path) from None
+            return resolved[image]
+
+        if spec.get("image"):
+            status["image"] = (await resolve(spec["image"], "spec.image")).as_status()
+        pins = []
+        for i, sidecar in sidecars:
+            got = await resolve(sidecar["image"], f"spec.sidecars[{i}].image")
+            pins.append({"name": sidecar["name"], **got.as_status()})
+        if pins:
+            status["sidecarImages"] = pins
+
+    async def _pull_secrets(self, project: str, name: str, names: list[str],
+                            status: dict[str, Any]) -> list[RegistryCredentials]:
+        """Each named Secret's credentials at its latest version, pinned in `status`."""
+        out = []
+        for i, secret_name in enumerate(names):
+            path = f"spec.imagePullSecrets[{i}]"
+            secret = await self.lookup.get("secrets", project, secret_name)
+            chosen = secret_version(secret, None) if secret is not None else None
+            if chosen is None or chosen.get("version") is None:
+                raise errors.invalid("Job", name, [not_found(path, secret_name)],
+                                     fix=f"create Secret {secret_name} in project {project} with the registry's "
+                                         "credentials (.dockerconfigjson, or username and password), or drop it "
+                                         "from spec.imagePullSecrets")
+            values = await self.vault.get(project, secret_name, int(chosen["version"]))
+            try:
+                out.append(RegistryCredentials.from_secret(secret_name, {k: _raw(v) for k, v in values.items()}))
+            except ImageRefused as e:
+                raise refusal(e, "Job", name, path) from None
+            status.setdefault("secretVersions", {}).setdefault(secret_name, chosen["version"])
+            if chosen.get("versionID") is not None:
+                status.setdefault("secretVersionIDs", {}).setdefault(secret_name, chosen["versionID"])
+        return out
+
+
+def _login_for(image: str, credentials: list[RegistryCredentials]) -> RegistryCredentials | None:
+    """The first pull secret that logs in to the image's registry (a username/password pair logs in to
+    any), as one username/password pair."""
+    registry = registry_of(image)
+    for creds in credentials:
+        for host, username, password in creds.logins(registry):
+            if host == registry:
+                return RegistryCredentials(username=username, password=password)
+    return None
+
+
+def _raw(value: str) -> bytes:
+    """A Secret value as the vault holds it (base64) in bytes."""
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return value.encode()
+
+
+def strategies(vault: Vault, images: ImageResolver | None = None,
+               lookup: Lookup | None = None) -> dict[str, KindStrategy]:
+    """The strategy of each kind that has its own (by kind name); every other kind takes the default.
+    Without `images` (a resource service built without a resolver) a Job is admitted as written."""
+    own: dict[str, KindStrategy] = {"Secret": SecretStrategy(vault)}
+    if images is not None and lookup is not None:
+        own["Job"] = JobStrategy(vault, images, lookup)
+    return own
 
 
 def _secret_status(old: dict[str, Any] | None, version: int, values: Values, now: str) -> dict[str, Any]:

@@ -188,6 +188,13 @@ JOB_STATUS = _o(
                                      "Secret deleted and recreated under the same name is a different Secret.",
                          values=_s()),
     secretVersions=Map(description="SecretVersions are pinned at admission; replacements reuse them.", values=_i()),
+    sidecarImages=_l("SidecarImages are the pinned images of the sidecars that name their own (a sidecar without "
+                     "one runs status.image).", _o(
+        "SidecarImageStatus is a sidecar's pinned image.",
+        digest=_s("Digest is the pinned digest."),
+        name=_s("Name is the sidecar."),
+        reference=_s("Reference is the image as written."),
+        user=_s("User is the user the image’s config runs its process as (root when it names none)."))),
     source=_o("SourceStatus is the resolved code.",
               blob=_s("Blob is the uploaded blob."),
               commit=_s("Commit is the resolved git commit.")),

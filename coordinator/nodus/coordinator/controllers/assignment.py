@@ -19,6 +19,7 @@ from google.protobuf import duration_pb2
 from nodus.v1 import agent_pb2, common_pb2
 
 from ..clock import seconds
+from ..images import ImageRefused, RegistryCredentials, ResolvedImage, registry_of
 from ..scheduler import Request
 from ..vault import Vault
 
@@ -99,6 +100,42 @@ class Secrets:
                                      data={k: _raw(v) for k, v in values.items()}, mount_path=f"{SECRETS_DIR}/{name}")
 
 
+def pinned(image: str, pin: dict[str, Any] | None) -> str:
+    """What the agent pulls: registry/repository@digest from the admission's pin (status.image), never
+    the tag, so every attempt runs the digest admitted even after the tag moved. A Job admitted
+    without a resolver (no pin) is sent as written; the agent refuses a tag."""
+    if not image or not pin or not pin.get("digest"):
+        return image
+    return ResolvedImage(str(pin.get("reference") or image), str(pin["digest"]), "").pinned  # parsed when pinned
+
+
+async def _pull_credentials(spec: dict[str, Any], secrets: Secrets) -> list[agent_pb2.RegistryCredential]:
+    """The imagePullSecrets at their pinned versions as per-registry logins (a username/password pair
+    logs in to the Job's image's registry)."""
+    image = spec.get("image") or next((s["image"] for s in spec.get("sidecars") or [] if s.get("image")), "")
+    if not image:
+        return []
+    try:
+        registry = registry_of(image)
+    except ImageRefused:
+        return []  # admitted without a resolver, so never checked: the agent refuses the reference itself
+    out: list[agent_pb2.RegistryCredential] = []
+    for name in spec.get("imagePullSecrets") or []:
+        values = await secrets.values(name)
+        if not values:
+            continue
+        try:
+            credentials = RegistryCredentials.from_secret(name, {k: _raw(v) for k, v in values.items()})
+        except ImageRefused as e:  # admission refused it; a Secret changed since is skipped, not sent
+            log.warning("imagePullSecret %s: %s", name, e)
+            continue
+        for host, username, password in credentials.logins(registry):
+            login = agent_pb2.RegistryCredential(registry=host, username=username, password=password)
+            if login not in out:
+                out.append(login)
+    return out
+
+
 def _location(sha256: str) -> agent_pb2.Location:
     return agent_pb2.Location(uri=BLOB_URI + sha256)
 
@@ -137,10 +174,8 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
     literal, secret_env = await secrets.env(spec.get("env") or [])
     env = {**literal, **identity_env(attempt)}
     request = Request.of(a.get("resources"), a.get("image"))
-    image = spec.get("image", "")
-    digest = (status.get("image") or {}).get("digest")
-    if image and digest and "@" not in image:
-        image = f"{image}@{digest}"  # name:tag@digest is valid, and the digest wins
+    image = pinned(spec.get("image", ""), status.get("image"))
+    sidecar_pins = {p.get("name"): p for p in status.get("sidecarImages") or [] if isinstance(p, dict)}
     out = agent_pb2.Assignment(
         attempt_id=a["id"], job=common_pb2.JobRef(project=project, name=a["job"], uid=a["jobUID"]),
         index=int(a["index"]), attempt_number=int(a["number"]), env=env, secret_env=secret_env,
@@ -153,6 +188,7 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
         inputs=_inputs(spec, status, outputs_of),
         outputs=[agent_pb2.Output(name=o["name"], path=o["path"], all_ranks=o.get("fromRanks") == "All")
                  for o in spec.get("outputs") or []] + [agent_pb2.Output(name="outputs", path=OUTPUTS_DIR)],
+        image_pull_credentials=await _pull_credentials(spec, secrets),
     )
     init = spec.get("initCommand")
     if init:
@@ -160,7 +196,8 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
                                                         timeout=_duration(init.get("timeout"))))
     for sidecar in spec.get("sidecars") or []:
         s_literal, s_secret = await secrets.env(sidecar.get("env") or [])
-        out.sidecars.append(agent_pb2.Sidecar(name=sidecar["name"], image=sidecar.get("image", ""),
+        out.sidecars.append(agent_pb2.Sidecar(name=sidecar["name"],
+                                              image=pinned(sidecar.get("image", ""), sidecar_pins.get(sidecar["name"])),
                                               command=sidecar.get("command") or [], env=s_literal,
                                               secret_env=s_secret,
                                               startup_timeout=_duration(sidecar.get("startupTimeout"))))
