@@ -6,6 +6,7 @@ test_agent_service.py offering the oci runtime.
 """
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -133,8 +134,12 @@ def test_a_moved_tag_leaves_the_pin_and_every_attempt_runs_that_digest(
     agent.finish(one.attempt_id, FAILED, exit_code=1, reason="Error", message="boom")
     two = agent.expect("assignment", of_job("moving"))
     assert two.attempt_number == 2
+    agent.update(two.attempt_id, RUNNING)
+    agent.finish(two.attempt_id, common_pb2.ATTEMPT_PHASE_LOST, reason="NodeLost", message="the node went away")
+    three = agent.expect("assignment", of_job("moving"))  # lost capacity: a replacement, not a retry
+    assert three.attempt_number == 3
     pinned = f"{oci_registry.host}/adm/moving@{first}"
-    assert one.image == two.image == pinned  # never the tag, and not the digest it moved to
+    assert one.image == two.image == three.image == pinned  # never the tag, nor the digest it moved to
     got = c.session().get(c.url(f"{JOBS}/moving")).json()
     assert got["status"]["image"]["digest"] == first
 
@@ -163,6 +168,17 @@ def test_a_private_repository_needs_its_pull_secret_which_the_assignment_carries
     assert a.image == f"{reg.host}/adm/private@{digest}"
     assert [(p.registry, p.username, p.password) for p in a.image_pull_credentials] == \
         [(reg.host, reg.username, reg.password)]
+    # A docker config (what `docker login` writes) logs in to the registries it names, this one among them.
+    token = base64.b64encode(f"{reg.username}:{reg.password}".encode()).decode()
+    config = {"auths": {"ghcr.io": {"auth": base64.b64encode(b"bob:other").decode()}, reg.host: {"auth": token}}}
+    docker = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "dockercfg"},
+              "stringData": {".dockerconfigjson": json.dumps(config)}}
+    assert c.session().post(c.url(SECRETS), json=docker).status_code == 201
+    r = post(c, image_job("private-docker", image, imagePullSecrets=["dockercfg"]))
+    assert r.status_code == 201 and r.json()["status"]["image"]["digest"] == digest, r.text
+    a = agent.expect("assignment", of_job("private-docker"))
+    assert (reg.host, reg.username, reg.password) in [(p.registry, p.username, p.password)
+                                                      for p in a.image_pull_credentials]
 
 
 def test_grpc_create_is_refused_with_the_same_reason_and_field(c: Coordinator, busybox: tuple[str, str]) -> None:
