@@ -4,18 +4,19 @@ profiles, exact variants and NVLink read from the offering, explanations naming 
 offering lost, and no price book meaning placement exactly as before."""
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from nodus.coordinator.controllers.placement import _request, job_placement, placed_on
+from nodus.coordinator.controllers.placement import _request, job_placement, placed_on, warm_holds
 from nodus.coordinator.controllers.views import AttemptView
 from nodus.coordinator.money.estimate import Tariff, cost_band, expected_charge, restarts_at
 from nodus.coordinator.money.policy import Interruptible, Policy, Profile, outlook
 from nodus.coordinator.money.pricebook import PriceBook, parse
-from nodus.coordinator.scheduler import (PROCESS, Amount, Candidate, Gpu, NodeView, Request, fit, place, place_all,
-                                         place_gang)
+from nodus.coordinator.scheduler import (PROCESS, Amount, Candidate, Gpu, NodeView, Request, Reservation, fit, place,
+                                         place_all, place_gang)
 
 GI = 1 << 30
 
@@ -191,7 +192,7 @@ def test_expected_charge_counts_restarts_at_their_probability() -> None:
 def test_the_job_and_the_attempt_get_the_frozen_rate() -> None:
     chosen = place(req(profile="Cost"), FLEET, [], book=BOOK)
     assert job_placement(chosen, ON_DEMAND) == {"offering": "a100-x1-us", "rateUSDPerHour": "2.00",
-                                                "regionClass": "us", "interruptible": False}
+                                                "regionClass": "us", "interruptible": False, "warmReuse": False}
     job = {"metadata": {"name": "j"}, "status": {"phase": "Queued"}}
     written = placed_on(chosen, ON_DEMAND)(job)
     assert written is not None and written["status"]["phase"] == "Queued"
@@ -206,7 +207,7 @@ def test_the_jobs_policy_reaches_the_attempts_request() -> None:
     job = {"spec": {"expectedDuration": "30m", "placement": {"interruptible": "Allow", "profile": "Cost",
                                                              "maxRateUSDPerHour": "3", "regions": ["eu"]}}}
     r = _request(attempt, job)
-    assert r.regions == ("us",), "the attempt's own hard constraints win"
+    assert r.regions == ("us",) and r.project == "p", "the attempt's own hard constraints win"
     assert r.policy == Policy(Interruptible.ALLOW, Decimal("3"), Profile.COST, Decimal(1800))
     assert _request(attempt).policy == Policy()
 
@@ -240,3 +241,50 @@ def test_complete_by_time_steers_towards_speed() -> None:
 def test_restarts_at_a_quantile() -> None:
     assert restarts_at(Decimal(0), Decimal("0.9")) == 0
     assert restarts_at(Decimal(6), Decimal("0.9")) == 9  # Poisson(6): P(N ≤ 8) ≈ 0.847, P(N ≤ 9) ≈ 0.916
+
+
+WARM = Reservation("n-ondemand", Amount(), warm_for="p1", until=1_767_225_600.0)
+
+
+def test_a_warm_node_is_kept_for_its_project_and_reused_first() -> None:
+    def of(project: str, **placement: Any) -> Request:
+        return replace(req(**placement), project=project)
+
+    assert fit(of("p2"), ON_DEMAND, [WARM], BOOK) == \
+        "kept warm for project p1 until 2026-01-01T00:00:00Z (the scaledownWindow of its last Job)"
+    other = place(of("p2", profile="Cost"), FLEET, [WARM], book=BOOK)
+    assert other.node == "n-fast" and "n-ondemand: kept warm for project p1" in other.explain
+    mine = place(of("p1", profile="Speed"), FLEET, [WARM], book=BOOK)
+    assert mine.node == "n-ondemand" and mine.warm_reuse, "its warm node first, though n-fast is faster"
+    assert "reuses the node its project kept warm (scaledownWindow)" in mine.explain
+    assert not place(of("p1", profile="Speed"), FLEET, [], book=BOOK).warm_reuse
+    # Taken once: the second attempt of the project goes by its profile (and the node's GPU is taken).
+    both = place_all([("a", of("p1", profile="Speed")), ("b", of("p1", profile="Speed"))], FLEET, [WARM], book=BOOK)
+    assert (both["a"].node, both["a"].warm_reuse, both["b"].node, both["b"].warm_reuse) == (
+        "n-ondemand", True, "n-fast", False)
+    # Without a price book there is no warm hold: placement as before.
+    assert isinstance(fit(of("p2"), ON_DEMAND, [WARM]), Candidate)
+
+
+def _ended(name: str, node_name: str, finished: str | None, phase: str = "Succeeded",
+           project: str = "p1") -> AttemptView:
+    status: dict[str, Any] = {"phase": phase}
+    if finished:
+        status["finishTime"] = finished
+    return AttemptView.from_object({"metadata": {"name": name, "namespace": project}, "spec": {
+        "job": name, "index": 0, "number": 1, "node": node_name}, "status": status})
+
+
+def test_warm_holds_come_from_ended_attempts_within_their_window() -> None:
+    t0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    attempts = [_ended("old", "n1", "2026-01-01T00:00:00Z"), _ended("new", "n1", "2026-01-01T00:01:00Z"),
+                _ended("lost", "n2", "2026-01-01T00:01:00Z", "Lost"), _ended("busy", "n3", "2026-01-01T00:01:00Z"),
+                _ended("live", "n3", None, "Running"), _ended("nowindow", "n4", "2026-01-01T00:01:00Z")]
+    windows = {"old": 30.0, "new": 120.0, "lost": 600.0, "busy": 600.0, "live": 600.0}
+
+    def window(project: str, job: str) -> float | None:
+        return windows.get(job)
+
+    assert warm_holds(attempts, window, t0 + 90) == [
+        Reservation("n1", Amount(), warm_for="p1", until=t0 + 180)], "the newest ended attempt of a node counts"
+    assert warm_holds(attempts, window, t0 + 180) == [], "released when the window has passed"

@@ -2,7 +2,9 @@
 this test machine's host fits) and three real agents joined with --simulate-gpus and --offering: one
 cheap interruptible, one pricier on-demand, one fast. Cost picks the cheapest eligible offering, Speed
 the fastest, Never never lands on the interruptible node, maxRateUSDPerHour filters, and the Job's
-status.placement (read over REST, as kubectl does) shows the offering and its frozen rate."""
+status.placement (read over REST, as kubectl does) shows the offering and its frozen rate. A node
+kept warm after a Job with scaledownWindow is reused by its project and refused to another project
+until the window has passed."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,9 +12,10 @@ from typing import Any
 
 import yaml
 
-from agent_double import AgentProcess
+from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
-from e2e import AGENT_ENV, JOBS, attempts_of, create, get_job, joined, settled, wait_status
+from conftest import job
+from e2e import AGENT_ENV, JOBS, NS, attempts_of, create, get_job, joined, settled, wait_status
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml"
 SPOT, ON_DEMAND, FAST = "a100-x1-dev-spot", "a100-x1-dev", "h100-x1-dev"
@@ -61,7 +64,7 @@ def test_offerings_chosen_by_profile_and_policy(tmp_path: Path) -> None:
                      _agent(c, tmp_path, "n-fast", "H100", FAST)], c):
             status, attempt = _run(c, "cheapest", profile="Cost", interruptible="Allow")
             assert status["placement"] == {"offering": SPOT, "rateUSDPerHour": "1.10", "regionClass": "us",
-                                           "interruptible": True}
+                                           "interruptible": True, "warmReuse": False}
             assert attempt["spec"]["node"] == "n-spot" and attempt["spec"]["rateUSDPerHour"] == "1.10"
 
             status, attempt = _run(c, "never", profile="Cost")  # interruptible defaults to Never
@@ -95,3 +98,43 @@ def test_without_a_price_book_the_job_has_no_placement_price(tmp_path: Path) -> 
             status, attempt = _run(c, "free", profile="Cost")  # Never, but nothing is priced: placed as before
             assert "placement" not in status and attempt["spec"]["node"] == "n-spot"
             assert attempt["spec"]["offering"] == SPOT and "rateUSDPerHour" not in attempt["spec"]
+
+
+def test_a_warm_node_is_reused_by_its_project_and_released_after_the_window(tmp_path: Path) -> None:
+    book = _book(tmp_path / "pricebook.yaml")
+    gate = tmp_path / "gate"
+    hold = ["python3", "-c", f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"]
+    one_gpu = {"gpu": {"count": 1}}
+    with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
+        with joined([_agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND)], c):
+            c.run("nodus", "project", "create", "other")
+            other = c.session(c.grpc_token("other", "editor"))
+            other_jobs = c.url(NS.replace("/default", "/other") + "/jobs")
+            create(c, "first", command=hold, resources=one_gpu, scaledownWindow="6s")
+            wait_status(c, "first", lambda s: s.get("phase") == "Running", what="the first Job to run")
+            # Both wait for the only node while it is busy; the other project's Job is the older one.
+            r = other.post(other_jobs, json=job("elsewhere", resources=one_gpu, placement={"profile": "Cost"}))
+            assert r.status_code == 201, r.text
+            create(c, "second", resources=one_gpu, placement={"profile": "Speed"}, scaledownWindow="6s")
+            wait_status(c, "second", lambda s: s.get("phase") == "Queued" and s.get("message"),
+                        what="the second Job to wait for capacity")
+            gate.touch()
+            assert settled(c, "first")["placement"]["warmReuse"] is False
+            second = settled(c, "second")
+            assert second["phase"] == "Succeeded" and second["placement"]["warmReuse"] is True
+            assert second["placement"]["offering"] == ON_DEMAND
+            (attempt,) = attempts_of(c, "second")
+            assert "reuses the node its project kept warm (scaledownWindow)" in attempt["status"]["placement"]["explain"]
+
+            def elsewhere() -> dict[str, Any]:
+                got = other.get(f"{other_jobs}/elsewhere")
+                assert got.status_code == 200, got.text
+                return dict(got.json().get("status") or {})
+
+            waited = wait_for(lambda: "kept warm for project default" in (elsewhere().get("message") or ""), 60,
+                              interval=0.1, what="the other project's Job to say the node is kept warm")
+            assert waited
+            done = wait_for(lambda: (s := elsewhere()).get("phase") == "Succeeded" and s, 60, interval=0.2,
+                            what="the other project's Job to run once the window has passed")
+            assert done["placement"] == {"offering": ON_DEMAND, "rateUSDPerHour": "2.20", "regionClass": "us",
+                                         "interruptible": False, "warmReuse": False}

@@ -19,7 +19,11 @@ above `maxRateUSDPerHour`) and ranks the rest by `placement.profile` (Cost, Spee
 the scorer, which then only breaks ties. The decision names the offering, its frozen rate and
 whether it is interruptible, and its explanation says why each other offering lost. Exact GPU
 variants also match the offering's accelerator id, and an offering sold with NVLink counts as NVLink
-(interconnect is not measured yet). Without a book nothing of this applies: placement is as before.
+(interconnect is not measured yet). Warm reuse, also only with a book: a node whose last attempt of a
+Job with `scaledownWindow` ended within that window is kept for that Job's project (a `Reservation`
+with `warm_for`, derived from the store by the placement controller); other projects' attempts are
+refused there, and the project's next fitting attempt takes it before any other node. Without a book
+nothing of this applies: placement is as before.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from decimal import Decimal
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from .api import units
+from .clock import rfc3339
 from .money import policy as money
 from .money.pricebook import Interconnect, Offering, PriceBook
 
@@ -97,6 +102,8 @@ class Request:
     """Region classes the node must be in; empty: any."""
     offerings: tuple[str, ...] = ()
     """Offering ids the node must be sold as; empty: any."""
+    project: str = ""
+    """The project the attempt runs for: only it may take a node kept warm for it."""
     prefer_node: str = ""
     """A gang rank's node of the previous epoch: taken when it still fits."""
     avoid_nodes: tuple[str, ...] = ()
@@ -136,6 +143,10 @@ class Reservation:
     node: str
     amount: Amount
     gpu_indexes: tuple[int, ...] = ()
+    warm_for: str = ""
+    """Set instead of an amount: the node is kept warm for this project (spec.scaledownWindow)."""
+    until: float = 0.0
+    """When a warm hold ends (Unix seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +158,8 @@ class Candidate:
     gpu_indexes: tuple[int, ...]
     offering: Offering | None = None
     """The node's offering in the active price book; None without a book or when the book does not sell it."""
+    warm: bool = False
+    """The node is kept warm for the request's project."""
 
 
 Scorer = Callable[[Request, Candidate], tuple[float, ...]]
@@ -164,6 +177,8 @@ class Placement:
     explain: str = ""
     offering: Offering | None = None
     """What the attempt is sold as (with a price book): its rate is the one frozen for the attempt."""
+    warm_reuse: bool = False
+    """It takes a node its project kept warm."""
 
 
 def _millis(value: Any) -> int:
@@ -254,6 +269,10 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
     offering = book.offering(node.offering) if book is not None and node.offering else None
     if book is not None and (refused := money.refusal(request.policy, offering, node.offering)):
         return refused
+    warm = {r.warm_for: r.until for r in reservations if r.node == node.name and r.warm_for} if book else {}
+    if warm and request.project not in warm:
+        project, until = next(iter(warm.items()))
+        return f"kept warm for project {project} until {rfc3339(until)} (the scaledownWindow of its last Job)"
     if request.runtime not in node.runtimes:
         need = "an image needs the oci runtime" if request.runtime == OCI else "no image needs the process runtime"
         return f"{need} (node offers {', '.join(sorted(node.runtimes)) or 'none'})"
@@ -280,7 +299,7 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
                 (" on NVLink" if request.nvlink else "")
             return f"gpu: wants {request.gpu_count} × {kind}{extra}, {len(usable)} free"
         chosen = tuple(sorted(g.index for g in usable)[:request.gpu_count])
-    return Candidate(node, free - request.amount, chosen, offering)
+    return Candidate(node, free - request.amount, chosen, offering, bool(warm))
 
 
 def spread(request: Request, candidate: Candidate) -> tuple[float, ...]:
@@ -338,7 +357,8 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
         return looks[c.offering.id] if c.offering is not None else None
 
     def rank(policy: money.Policy) -> list[Candidate]:
-        return sorted(candidates, key=lambda c: (money.score(policy, look(c)), scorer(request, c),
+        # A warm node first: its project pays for it through the window whether it is used or not.
+        return sorted(candidates, key=lambda c: (c.warm, money.score(policy, look(c)), scorer(request, c),
                                                  _reverse(c.node.name)), reverse=True)
 
     ranked = rank(policy)
@@ -366,8 +386,9 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
     why.extend(refusals)
     shown = "; ".join(why[:8]) + (f"; and {len(why) - 8} more" if len(why) > 8 else "")
     head += f" ({steer})" if steer else ""
+    head += "; reuses the node its project kept warm (scaledownWindow)" if best.warm else ""
     return Placement(best.node.name, best.gpu_indexes, explain=head + (f"; lost: {shown}" if shown else ""),
-                     offering=best.offering)
+                     offering=best.offering, warm_reuse=best.warm)
 
 
 def _reverse(name: str) -> tuple[int, ...]:
@@ -385,6 +406,8 @@ def place_all(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView]
         placement = place(request, nodes, held, scorer, book)
         out[key] = placement
         if placement.node is not None:
+            if placement.warm_reuse:  # taken: from now on its own attempt holds it
+                held = [r for r in held if not (r.warm_for and r.node == placement.node)]
             held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
     return out
 
@@ -435,9 +458,7 @@ def place_gang(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView
                 mine = [n for n in free if n.name == request.prefer_node]
                 if mine and isinstance(fit(request, mine[0], held, book), Candidate):
                     placement = place(request, mine, held, scorer, book)
-                    placement = Placement(placement.node, placement.gpu_indexes,
-                                          explain=f"{placement.node}: rank {rank} keeps its node",
-                                          offering=placement.offering)
+                    placement = replace(placement, explain=f"{placement.node}: rank {rank} keeps its node")
             if placement is None:
                 placement = place(request, free, held, scorer, book)
             if placement.node is None:
@@ -447,8 +468,8 @@ def place_gang(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView
                 break
             used.add(placement.node)
             held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
-            out[key] = Placement(placement.node, placement.gpu_indexes, offering=placement.offering,
-                                 explain=f"{placement.explain}; gang of {size} placed all at once ({network})")
+            out[key] = replace(placement,
+                               explain=f"{placement.explain}; gang of {size} placed all at once ({network})")
         else:
             return out
     if any(r.avoid_nodes for _, r in requests):

@@ -14,19 +14,25 @@ Attempt (spec.rateUSDPerHour, spec.interruptible) and writes the Job's `status.p
 rate as a decimal string, region class, interruptible): the Job controller keeps status fields it
 does not derive, so the copy stays until the next placement replaces it. Without a book neither is
 written and placement is as before.
+
+Warm holds (with a book) are derived each pass from the store like reservations: a node whose newest
+attempt ended (not Lost) less than its Job's `scaledownWindow` ago, with nothing live on it, is kept
+for that project (`warm_holds`). A pass that leaves a hold in place wakes again by the time it ends
+(at least every RECHECK_SECONDS, since a test's clock may jump), so what waits for the node then places.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from decimal import Decimal
-from typing import Any, TypeGuard
+from dataclasses import replace
+from typing import Any, Callable, Iterable, TypeGuard
 
 from ..api import units
-from ..clock import Clock, parse
+from ..clock import Clock, parse, seconds
 from ..money.pricebook import PriceBook
-from ..scheduler import NodeView, Placement, Request, Reservation, place_all, place_gang
-from .attempt_machine import Placed, Refusal, phase_of, transition
+from ..scheduler import Amount, NodeView, Placement, Request, Reservation, place_all, place_gang
+from .attempt_machine import AttemptPhase, Placed, Refusal, phase_of, transition
 from .cache import ATTEMPTS, LEASES, NODES, Cache, job_key
 from .objects import Objects
 from .reasons import AttemptReason
@@ -46,6 +52,8 @@ def _holding(obj: dict[str, Any] | None) -> bool:
     return obj is not None and bool((obj.get("spec") or {}).get("node")) and not phase_of(obj).terminal
 
 
+RECHECK_SECONDS = 1.0
+"""How long a pass waits at most while a warm hold is pending."""
 POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile")
 """What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
 
@@ -55,8 +63,33 @@ def _request(attempt: AttemptView, job: dict[str, Any] | None = None, now: float
     policy = {k: v for k, v in (spec.get("placement") or {}).items() if k in POLICY_FIELDS}
     deadline = parse(spec.get("completeByTime"))
     within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
-    return Request.of(attempt.resources, attempt.image or None, {**policy, **attempt.constraints},
-                      spec.get("expectedDuration"), within)
+    request = Request.of(attempt.resources, attempt.image or None, {**policy, **attempt.constraints},
+                         spec.get("expectedDuration"), within)
+    return replace(request, project=attempt.project)
+
+
+def warm_holds(attempts: Iterable[AttemptView], window: Callable[[str, str], float | None],
+               now: float) -> list[Reservation]:
+    """The nodes kept warm: per node, its newest ended attempt when nothing live is on the node, the
+    attempt did not end Lost (the node went away), and it ended less than `window(project, job)` (its
+    Job's scaledownWindow in seconds; None when unset) ago."""
+    live: set[str] = set()
+    newest: dict[str, AttemptView] = {}
+    for a in attempts:
+        if not a.node:
+            continue
+        if not a.phase.terminal:
+            live.add(a.node)
+        elif a.finished is not None and (a.node not in newest or a.finished > (newest[a.node].finished or 0.0)):
+            newest[a.node] = a
+    holds = []
+    for node, a in sorted(newest.items()):
+        span = window(a.project, a.job)
+        if node in live or a.phase is AttemptPhase.LOST or not span or a.finished is None:
+            continue
+        if a.finished + span > now:
+            holds.append(Reservation(node, Amount(), warm_for=a.project, until=a.finished + span))
+    return holds
 
 
 def job_placement(placement: Placement, node: NodeView | None) -> dict[str, Any]:
@@ -65,7 +98,7 @@ def job_placement(placement: Placement, node: NodeView | None) -> dict[str, Any]
     assert offering is not None
     return {"offering": offering.id, "rateUSDPerHour": units.format_money(offering.rate_usd_per_hour),
             "regionClass": offering.region_class or (node.region if node is not None else ""),
-            "interruptible": offering.interruptible}
+            "interruptible": offering.interruptible, "warmReuse": placement.warm_reuse}
 
 
 def placed_on(placement: Placement, node: NodeView | None) -> Any:
@@ -126,6 +159,8 @@ class PlacementController:
         self.cache = registry.cache
         self._waiting: set[str] = set()
         self._dirty = asyncio.Event()
+        self._release: float | None = None
+        """When the earliest warm hold of the last pass ends (None: no hold pending)."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, lambda key, old, new: self._dirty.set())
         self.cache.listen(LEASES, self._on_lease)
@@ -151,7 +186,14 @@ class PlacementController:
             self._on_attempt(key, None, obj)
         self._dirty.set()
         while True:
-            await self._dirty.wait()
+            if self._release is None:
+                await self._dirty.wait()
+            else:
+                wait = min(max(self._release - self.clock.now(), 0.0), RECHECK_SECONDS)
+                try:
+                    await asyncio.wait_for(self._dirty.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
             self._dirty.clear()
             try:
                 await self.place()
@@ -162,9 +204,13 @@ class PlacementController:
                 await asyncio.sleep(0.5)
                 self._dirty.set()
 
+    def _window(self, project: str, job: str) -> float | None:
+        return seconds(((self.cache.job(project, job) or {}).get("spec") or {}).get("scaledownWindow"))
+
     async def place(self) -> None:
         """One pass over every waiting attempt, oldest first; a gang's members as one unit (all or nothing)."""
         cache: Cache = self.cache
+        self._release = None  # holds are derived afresh each pass; only a waiting attempt needs a wake-up
         waiting = [(key, a) for key in list(self._waiting) if (a := cache.attempt_view(key)) is not None
                    and not a.placed and not a.stop_requested and not a.phase.terminal]
         if not waiting:
@@ -174,6 +220,11 @@ class PlacementController:
         nodes, held = self.registry.views(), list(self.registry.reservations())
         book: PriceBook | None = await self.registry.price_books.active()
         now = self.clock.now()
+        if book is not None:
+            warm = warm_holds(filter(None, (cache.attempt_view(k) for k, _ in cache.under(ATTEMPTS))),
+                              self._window, now)
+            held.extend(warm)
+            self._release = min((h.until for h in warm), default=None)
         decisions: dict[str, Placement] = {}
         singles: list[tuple[str, Request]] = []
         gangs: dict[tuple[str, str, int], list[tuple[str, AttemptView]]] = {}
