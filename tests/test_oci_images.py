@@ -16,9 +16,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from nodus.agent.cgroups import DEFAULT_FS
 from nodus.agent.oci.bundle import ContainerRequest
 from nodus.agent.oci.images import ImageStore, PullProgress
-from nodus.agent.oci.pod import IdSlots, Pod, remove_cgroup_dirs
+from nodus.agent.oci.pod import IdSlots, Pod
 from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, InvalidReference, NotFound, \
     Unauthorized, Unreachable, classify
 from nodus.agent.oci.runc import Runc, become_subreaper
@@ -393,8 +394,9 @@ def test_a_pulled_image_runs_in_a_pod_with_its_config(tmp_path: Path, registry: 
     top = Path(tempfile.mkdtemp(prefix="nodus-oci-images-pod-"))
     top.chmod(0o711)  # the pod's root (a host id of its range) walks to its writable layer
     runc = Runc(top / "runc")
+    # a cgroup parent of this test's own: a shared one ("nodus-test") races with other runs' cleanup
     pod = Pod(f"img-{uuid.uuid4().hex[:6]}", top / "pod", runc, IdSlots(top / "ids"),
-              f"nodus-test/{uuid.uuid4().hex[:8]}")
+              f"nodus-test-images-{uuid.uuid4().hex[:8]}")
     try:
         log = os.open(top / "main.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -410,8 +412,8 @@ def test_a_pulled_image_runs_in_a_pod_with_its_config(tmp_path: Path, registry: 
     finally:
         for state in runc.list():
             runc.delete(state.id, force=True)
-        pod.close()
-        remove_cgroup_dirs("nodus-test")
+        pod.close()  # its cgroup parent included
+        assert not [c for c in DEFAULT_FS.iterdir() if (c / pod.cgroup_parent).exists()], "a cgroup was left"
         shutil.rmtree(top, ignore_errors=True)
 
 
