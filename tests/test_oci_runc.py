@@ -108,20 +108,25 @@ def node(rootfs: Path) -> Iterator[Node]:
     try:
         yield n
     finally:
-        for state in n.runc.list():
-            n.runc.delete(state.id, force=True)
-        for pod in n.pods:
-            pod.close()
-        for pod_dir in top.glob("attempts/*/run/pod"):  # a supervisor's pod, if the test killed it
-            for layer in pod_dir.glob("containers/*"):
-                unmount_layer(layer)
-            remove_namespaces(pod_dir / "ns")
-        remove_cgroup_dirs(n.cgroup_parent)
-        assert not list(DEFAULT_FS.glob(f"*/{n.cgroup_parent}")), "a cgroup of the test was left behind"
-        remove_cgroup_dirs("nodus-test")
-        with open("/proc/self/mountinfo") as f:
-            assert not [line for line in f if str(top) in line], "a mount of the test was left behind"
-        shutil.rmtree(top, ignore_errors=True)
+        try:
+            for state in n.runc.list():
+                n.runc.delete(state.id, force=True)
+            for pod in n.pods:
+                pod.close()
+            for pod_dir in top.glob("attempts/*/run/pod"):  # a supervisor's pod, if the test killed it
+                for layer in pod_dir.glob("containers/*"):
+                    unmount_layer(layer)
+                remove_namespaces(pod_dir / "ns")
+            remove_cgroup_dirs(n.cgroup_parent)
+            assert not [c for c in DEFAULT_FS.iterdir() if (c / n.cgroup_parent).exists()], "a test cgroup was left"
+            remove_cgroup_dirs("nodus-test")
+            with open("/proc/self/mountinfo") as f:
+                assert not [line for line in f if str(top) in line], "a mount of the test was left behind"
+        finally:
+            with open("/proc/self/mountinfo") as f:
+                mounted = any(str(top) in line for line in f)
+            if not mounted:
+                shutil.rmtree(top, ignore_errors=True)  # never through a mount that is still there
 
 
 def run(node: Node, pod: Pod, name: str, request: ContainerRequest, image: ImageConfig = IMAGE,
@@ -310,7 +315,8 @@ def attempt(node: Node, name: str, spec: dict[str, object]) -> AttemptLayout:
     (layout.secrets / "token" / "value").chmod(0o400)
     oci = {"rootfs": str(node.rootfs), "image_config": {"config": {"Env": ["PATH=/bin"]}},
            "runc_root": str(node.root / "runc"), "id_slots": str(node.root / "ids"), "args": None}
-    write_json(layout.spec, {"attempt_id": name, "env": {"PATH": "/bin", "NODUS_OUTPUTS_DIR": str(layout.outputs)},
+    env = {"PATH": "/bin", "NODUS_OUTPUTS_DIR": str(layout.outputs), "HOME": str(layout.root), "TMPDIR": str(layout.tmp)}
+    write_json(layout.spec, {"attempt_id": name, "env": env,
                              "cgroup_root": node.cgroup_parent, "stop_grace": 5, "oci": oci, **spec})
     return layout
 
@@ -331,14 +337,15 @@ def supervise(node: Node, name: str, spec: dict[str, object]) -> tuple[dict[str,
 
 def test_the_supervisor_runs_init_sidecar_and_main_as_containers_of_one_pod(node: Node) -> None:
     status, log = supervise(node, "sup-a", {
-        "init": {"command": ["sh", "-c", "echo init ran as $(id -u)"]},
+        "init": {"command": ["sh", "-c", "echo init ran as $(id -u) home $HOME tmp $TMPDIR; echo t > $TMPDIR/t"]},
         "sidecars": [{"name": "web", "command": ["httpd", "-f", "-p", "8080", "-h", "/www"], "startup_timeout": 20}],
         "command": ["sh", "-c", "wget -q -O - http://127.0.0.1:8080/ && cat /nodus/secrets/token/value > "
                     "$NODUS_OUTPUTS_DIR/result && touch /nodus/secrets/token/value || echo secrets are read-only"],
     })
     assert status["phase"] == "SUCCEEDED", (status["message"], log)
     assert status["exit_code"] == 0
-    assert "[init] init ran as 0" in log and "hello from the sidecar" in log
+    assert "[init] init ran as 0 home / tmp /tmp" in log and "hello from the sidecar" in log
+    assert (node.root / "attempts/sup-a/run/tmp/t").read_text() == "t\n"
     assert "secrets are read-only" in log
     assert (node.root / "attempts/sup-a/outputs/result").read_text() == "s3cret"
     assert node.runc.list() == []  # every container of the pod deleted when the attempt ended
@@ -359,11 +366,10 @@ def test_the_checkpoint_hold_freezes_the_pod_and_a_cancel_stops_it_with_its_grac
     proc = supervisor(layout)
     try:
         deadline = time.monotonic() + 30
-        while not (layout.outputs / "ready").exists():
+        while not (layout.outputs / "ready").exists() or (read_json(layout.status) or {}).get("phase") != "RUNNING":
             assert proc.poll() is None and time.monotonic() < deadline, layout.log.read_text()
             time.sleep(0.05)
         status = read_json(layout.status) or {}
-        assert status["phase"] == "RUNNING"
         attempt_cgroup = Cgroup.locate(node.cgroup_parent, "sup-c")
         hold = Hold(layout, 1, opted_in=False, main_pid=int(status["main_pid"]), cgroup=attempt_cgroup)
         hold.acquire()

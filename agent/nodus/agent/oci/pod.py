@@ -387,14 +387,21 @@ class Pod:
 def remove_cgroup_dirs(relative: str, fs: Path = DEFAULT_FS) -> None:
     """The empty cgroup directories under `relative` in every hierarchy (runc makes them in all v1
     controllers, not only the ones the attempt's Cgroup holds); a busy one stays."""
-    tops = [fs / relative] if (fs / "cgroup.controllers").exists() else list(fs.glob(f"*/{relative}"))
-    for top in tops:
-        for path in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: len(p.parts),
-                           reverse=True):
-            try:
-                path.rmdir()
-            except OSError:
-                pass
+    hierarchies = [fs] if (fs / "cgroup.controllers").exists() else [c for c in fs.iterdir() if c.is_dir()]
+    for top in (h / relative for h in hierarchies):
+        # Bottom-up, and tolerant of directories vanishing meanwhile (os.walk ignores them).
+        dirs = [Path(d) for d, _, _ in os.walk(top, topdown=False)]
+        for path in dirs:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        break
+                    time.sleep(0.01)  # its last tasks are still leaving (as Cgroup.remove waits)
 
 
 def _read(path: Path) -> str:

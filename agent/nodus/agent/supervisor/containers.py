@@ -9,8 +9,8 @@ What the agent writes in spec.json for an attempt with an image (`"oci"`):
 
 `rootfs` is the image's unpacked read-only tree, `image_config` its OCI config blob, `args` the Job's
 `args` (the main step's argv is the Job's `command`, empty to keep the image's entrypoint). The
-attempt's directories are bound at the literal /nodus paths, and host paths in a step's env are
-rewritten to where they are mounted (docs/adr/0020-oci-pods.md).
+attempt's directories are bound at the literal /nodus paths (its tmp at /tmp), and host paths in a
+step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md).
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ class Containers:
         rootfs = Path(self.oci["rootfs"])
         uid, gid = resolve_user(self.oci.get("user") or ImageConfig.from_oci(self.oci.get("image_config") or {}).user,
                                 _read(rootfs / "etc/passwd"), _read(rootfs / "etc/group"), "user")
-        for path in (lay.state, lay.outputs, lay.ready, handshake, lay.progress):
+        lay.tmp.mkdir(parents=True, exist_ok=True)
+        for path in (lay.state, lay.outputs, lay.ready, handshake, lay.progress, lay.tmp):
             pod.own(path, uid, gid)  # written by the workload's user inside the pod
         secrets = {}
         if lay.secrets.is_dir():
@@ -63,7 +64,8 @@ class Containers:
             for path in (lay.secrets, *lay.secrets.rglob("*")):
                 pod.own(path, uid, gid)  # 0400 files, readable by the workload's user only
         self.mounts = (*attempt_mounts(str(lay.state), str(lay.inputs), str(lay.outputs), str(lay.progress), secrets),
-                       Mount("/nodus/ready", str(lay.ready)), Mount("/nodus/checkpoint", str(handshake)))
+                       Mount("/nodus/ready", str(lay.ready)), Mount("/nodus/checkpoint", str(handshake)),
+                       Mount("/tmp", str(lay.tmp)))
         return pod
 
     def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
@@ -87,15 +89,19 @@ class Containers:
             raise OSError(f"{name}: {e}") from e
 
     def _inside(self, env: dict[str, str]) -> dict[str, str]:
-        """`env` with host paths of the attempt rewritten to where the pod sees them."""
+        """`env` with host paths of the attempt rewritten to where the pod sees them; one the pod cannot
+        see is left out (HOME: runc then sets the image user's home from its /etc/passwd)."""
         binds = sorted(((m.source, m.destination) for m in self.mounts), key=lambda b: len(b[0]), reverse=True)
+        root = str(self.layout.root)
         out = {}
         for key, value in env.items():
             for source, destination in binds:
                 if value == source or value.startswith(source + "/"):
-                    value = destination + value[len(source):]
+                    out[key] = destination + value[len(source):]
                     break
-            out[key] = value
+            else:
+                if not (value == root or value.startswith(root + "/")):
+                    out[key] = value
         return out
 
     def signal(self, proc: StepProcess, sig: int) -> None:
