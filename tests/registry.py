@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-import bcrypt
 import pytest
 import orjson
 import requests
@@ -242,6 +241,8 @@ class Registry:
                   "storage": {"filesystem": {"rootdirectory": str(self.storage)}, "delete": {"enabled": True}},
                   "http": {"addr": self.host}}
         if self.username:
+            import bcrypt  # here, not at the top: conftest imports this module for every test
+
             htpasswd = self.root / "htpasswd"
             hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=4)).decode()
             htpasswd.write_text(f"{self.username}:{hashed}\n")
