@@ -66,6 +66,9 @@ def test_offerings_chosen_by_profile_and_policy(tmp_path: Path) -> None:
             assert status["placement"] == {"offering": SPOT, "rateUSDPerHour": "1.10", "regionClass": "us",
                                            "interruptible": True, "warmReuse": False}
             assert attempt["spec"]["node"] == "n-spot" and attempt["spec"]["rateUSDPerHour"] == "1.10"
+            shown = c.run("kubectl", "get", "job", "cheapest", "-o",
+                          "jsonpath={.status.placement.offering} {.status.placement.rateUSDPerHour}").stdout
+            assert shown == f"{SPOT} 1.10"
 
             status, attempt = _run(c, "never", profile="Cost")  # interruptible defaults to Never
             assert status["placement"]["offering"] == ON_DEMAND and status["placement"]["rateUSDPerHour"] == "2.20"
