@@ -16,7 +16,9 @@ A gang member (spec.json has `gang`) stops at a gate after its sidecars: it writ
 `launchers.model.Launch` with rank 0's endpoint and a wait budget). Then it writes `"gate": "open"`
 and runs the launch: files → wait for the head → setup steps → the main step → teardown steps.
 
-Its parts: `lifecycle` (the main loop and the status file), `processes` (the children and the one
-select loop that pumps them), `sidecars` (the sidecars and a gang member's teardown steps),
-`member` (a gang member's launch files and its wait for the head), `phase` (what status.json says).
+Its parts: `lifecycle` (the main loop and the status file), `processes` (the children, the one
+select loop that pumps them, and the StepRuntime seam with its fork-and-exec side), `containers`
+(the OCI side of the seam: each step a runc container of the attempt's pod, when spec.json has
+"oci"), `sidecars` (the sidecars and a gang member's teardown steps), `member` (a gang member's
+launch files and its wait for the head), `phase` (what status.json says).
 """
