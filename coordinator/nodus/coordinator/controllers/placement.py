@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from decimal import Decimal
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any, Callable, Iterable, TypeGuard
 
 from ..api import units
@@ -247,6 +247,8 @@ class PlacementController:
             for key, request in requests:
                 p = placed[key]
                 if p.node is not None:
+                    if p.warm_reuse:  # taken: from now on the member's own attempt holds it
+                        held = [r for r in held if not (r.warm_for and r.node == p.node)]
                     held.append(Reservation(p.node, request.amount, p.gpu_indexes))
         decisions.update(place_all(singles, nodes, held, book=book))
         by_name = {n.name: n for n in nodes}
