@@ -119,7 +119,6 @@ def node(rootfs: Path) -> Iterator[Node]:
                 remove_namespaces(pod_dir / "ns")
             remove_cgroup_dirs(n.cgroup_parent)
             assert not [c for c in DEFAULT_FS.iterdir() if (c / n.cgroup_parent).exists()], "a test cgroup was left"
-            remove_cgroup_dirs("nodus-test")
             with open("/proc/self/mountinfo") as f:
                 assert not [line for line in f if str(top) in line], "a mount of the test was left behind"
         finally:
