@@ -112,3 +112,13 @@ def test_gang_netns_bench_reports_the_probe_beside_a_raw_echo_and_a_plain_all_re
         "limited busbw beside plain": rf"^probe busbw, (?:\d+ Mbit/s tbf: ({NUM}) Gbit/s  beside plain all-reduce "
                                       rf"({NUM}) Gbit/s; .*|tbf-limited: n/a, `tc` is not installed)$",
     })
+
+
+def test_oci_pull_bench_reports_pulls_beside_skopeo_copy_and_umoci_unpack() -> None:
+    figures(run_tiny("oci_pull"), {
+        "fetch beside skopeo copy": rf"^cold pull, fetched and verified\s+({NUM}) ms\s+skopeo copy \(same registry\)\s+"
+                                    rf"({NUM}) ms\s+ratio ({NUM})\s+target ≥ 1\.0$",
+        "unpacked beside copy + unpack": rf"^cold pull, unpacked\s+({NUM}) ms\s+skopeo copy \+ umoci raw unpack of it "
+                                         rf"alone\s+({NUM}) ms\s+ratio ({NUM})$",
+        "warm pull": rf"^warm pull \(cache hit\)\s+({NUM}) ms$",
+    })
