@@ -122,3 +122,10 @@ def test_oci_pull_bench_reports_pulls_beside_skopeo_copy_and_umoci_unpack() -> N
                                          rf"alone\s+({NUM}) ms\s+ratio ({NUM})$",
         "warm pull": rf"^warm pull \(cache hit\)\s+({NUM}) ms$",
     })
+
+
+def test_placement_bench_reports_a_priced_pass_beside_one_without_a_book() -> None:
+    figures(run_tiny("placement"), {
+        "priced beside unpriced": rf"^priced pass ms\s+({NUM})\s+without a book\s+({NUM}) ms$",
+        "per node per attempt": rf"^pricing adds\s+({NUM}) µs per node per attempt$",
+    })
