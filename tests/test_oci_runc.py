@@ -273,6 +273,9 @@ def test_the_container_outlives_its_caller_and_is_found_again_from_runc_state(no
 def test_a_second_pod_cannot_read_the_first_pods_files(node: Node) -> None:
     first, second = node.pod("h1"), node.pod("h2")
     assert first.ids.host(0) != second.ids.host(0)
+    for pod in (first, second):  # its layers are closed to host users and to the other pod
+        st = pod.directory.stat()
+        assert (st.st_uid, st.st_mode & 0o077) == (pod.ids.host(0), 0)
     d = node.dirs(first, "outputs")
     wrote = run(node, first, "main", sh("umask 077; echo s3cret > /nodus/outputs/secret; mkdir -p /private; "
                                         "echo mine > /private/file"),

@@ -308,6 +308,11 @@ class Pod:
         self.cgroup_parent = cgroup_parent.strip("/")
         """Containers' cgroups nest under the attempt's, so its freezer and memory limit hold them too."""
         self.ids = IdRange.for_slot(slots.claim(self.pod_id))
+        # Only host root and the pod's root may enter: runc resolves the rootfs as the pod's root, and the
+        # layers hold files a host user must not run (a setuid file of the pod's root is the pod's uid).
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chown(directory, self.ids.host(0), self.ids.host(0))
+        directory.chmod(0o700)
         self.namespaces = create_namespaces(directory / "ns", self.ids)
         self.started: list[str] = []
         """Container names in start order."""
