@@ -188,6 +188,46 @@ def test_the_handshake_deadline_passes_on_the_agents_clock(tmp_path: Path) -> No
         proc.wait()
 
 
+class FreezingV1(Cgroup):
+    """A cgroup v1 freezer as the kernel shows it: FREEZING after the write, until every task stops
+    (here: until `stuck` of the hold's pauses have passed; -1 never)."""
+
+    def __init__(self, root: Path, clock: SteppedClock, stuck: int) -> None:
+        super().__init__(1, {"freezer": root})
+        root.mkdir(parents=True, exist_ok=True)
+        self.state, self.pauses = root / "freezer.state", 0
+        self.state.write_text("THAWED\n")
+
+        def kernel() -> None:
+            self.pauses += 1
+            if stuck < 0 or self.pauses < stuck:
+                self.state.write_text("FREEZING\n")
+        clock.on_sleep.append(kernel)
+
+    def freeze(self, frozen: bool = True) -> bool:
+        self.state.write_text("FREEZING\n" if frozen else "THAWED\n")
+        return True
+
+
+def test_a_v1_freeze_is_waited_for_until_the_kernel_says_frozen(tmp_path: Path) -> None:
+    clock = SteppedClock()
+    cgroup = FreezingV1(tmp_path / "freezer", clock, stuck=5)
+    hold = Hold(attempt(tmp_path), 1, opted_in=False, main_pid=None, cgroup=cgroup, clock=clock, sleep=clock.sleep)
+    hold.acquire()
+    assert hold.method == "freeze" and cgroup.state.read_text().strip() == "FROZEN"
+    assert cgroup.pauses >= 5, "the copy must not start while the cgroup still reads FREEZING"
+
+
+def test_a_freeze_that_never_completes_thaws_and_fails_the_checkpoint(tmp_path: Path) -> None:
+    clock = SteppedClock()
+    cgroup = FreezingV1(tmp_path / "freezer", clock, stuck=-1)
+    hold = Hold(attempt(tmp_path), 1, opted_in=False, main_pid=None, cgroup=cgroup, clock=clock, sleep=clock.sleep)
+    with pytest.raises(CheckpointFailed, match="did not freeze"):
+        hold.acquire()
+    assert cgroup.state.read_text().strip() == "THAWED", "a failed hold leaves the program running"
+    assert hold.method == "none"
+
+
 def test_an_answer_within_the_deadline_ends_the_handshake_at_the_agents_time(tmp_path: Path) -> None:
     layout = attempt(tmp_path)
     clock = SteppedClock()

@@ -173,19 +173,34 @@ class Hold:
         return False
 
     def _wait_frozen(self, timeout: float = 5.0) -> None:
-        """cgroup v2 freezes asynchronously: wait until cgroup.events says frozen."""
+        """Freezing is asynchronous on both cgroup versions: v2 says so in cgroup.events ("frozen 1"),
+        v1 reads FREEZING in freezer.state until every task has stopped (a write of FROZEN again
+        retries, as the kernel's freezer documentation says). A hold that never completes is thawed and
+        the checkpoint fails: copying a program that still runs could archive a torn state."""
         assert self.cgroup is not None
-        events = self.cgroup.paths.get("unified")
-        if events is None:
-            return
         deadline = self.clock.monotonic() + timeout
-        while self.clock.monotonic() < deadline:
-            try:
-                if "frozen 1" in (events / "cgroup.events").read_text():
-                    return
-            except OSError:
+        while True:
+            if self._frozen():
                 return
+            if self.clock.monotonic() >= deadline:
+                self.cgroup.freeze(False)
+                self.method = "none"
+                raise CheckpointFailed(f"the attempt's cgroup did not freeze within {timeout:g} s "
+                                       "(a task that cannot be stopped, such as one in uninterruptible I/O)")
             self.sleep(0.002)
+
+    def _frozen(self) -> bool:
+        assert self.cgroup is not None
+        paths = self.cgroup.paths
+        try:
+            if "unified" in paths:
+                return "frozen 1" in (paths["unified"] / "cgroup.events").read_text()
+            state = (paths["freezer"] / "freezer.state").read_text().strip()
+            if state == "FREEZING":
+                (paths["freezer"] / "freezer.state").write_text("FROZEN")
+            return state == "FROZEN"
+        except (OSError, KeyError):
+            return True  # the cgroup went away with its tasks: nothing is left running to hold
 
 
 def _killpg(pid: int, sig: int) -> bool:
