@@ -15,8 +15,8 @@ from nodus.coordinator.controllers.views import AttemptView
 from nodus.coordinator.money.estimate import Tariff, cost_band, expected_charge, restarts_at
 from nodus.coordinator.money.policy import Interruptible, Policy, Profile, outlook
 from nodus.coordinator.money.pricebook import PriceBook, parse
-from nodus.coordinator.scheduler import (PROCESS, Amount, Candidate, Gpu, NodeView, Request, Reservation, fit, place,
-                                         place_all, place_gang)
+from nodus.coordinator.scheduler import (POOL_LABEL, PROCESS, Amount, Candidate, Gpu, NodeView, Request, Reservation,
+                                         fit, place, place_all, place_gang)
 
 GI = 1 << 30
 
@@ -288,3 +288,21 @@ def test_warm_holds_come_from_ended_attempts_within_their_window() -> None:
     assert warm_holds(attempts, window, t0 + 90) == [
         Reservation("n1", Amount(), warm_for="p1", until=t0 + 180)], "the newest ended attempt of a node counts"
     assert warm_holds(attempts, window, t0 + 180) == [], "released when the window has passed"
+
+
+def test_a_pool_is_dedicated_to_its_project() -> None:
+    pooled = NodeView("n-pool", True, False, frozenset({PROCESS}), Amount(8000, 32 * GI, 100 * GI, 1),
+                      (Gpu(0, "A100", 80 * GI),), {POOL_LABEL: "p1/own"}, "us", "")
+    plain = node("n-plain", "a100-x1-us")
+
+    def of(project: str, **placement: Any) -> Request:
+        return replace(req(**placement), project=project)
+
+    assert fit(of("p2"), pooled, []) == "dedicated to pool own of project p1"
+    assert fit(of("p2", pool="own"), pooled, []) == "dedicated to pool own of project p1", "a pool of p1, not p2's"
+    assert isinstance(fit(of("p1"), pooled, []), Candidate), "its project may use it without naming it"
+    assert place(of("p1", pool="own"), [plain, pooled], []).node == "n-pool"
+    assert fit(of("p1", pool="other"), pooled, []) == "in pool own, and placement.pool is other"
+    assert fit(of("p1", pool="own"), plain, []) == "in no pool, and placement.pool is own"
+    priced = place(of("p2", profile="Cost"), [plain, pooled], [], book=BOOK)
+    assert priced.node == "n-plain" and "n-pool: dedicated to pool own of project p1" in priced.explain

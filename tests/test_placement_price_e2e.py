@@ -4,7 +4,8 @@ cheap interruptible, one pricier on-demand, one fast. Cost picks the cheapest el
 the fastest, Never never lands on the interruptible node, maxRateUSDPerHour filters, and the Job's
 status.placement (read over REST, as kubectl does) shows the offering and its frozen rate. A node
 kept warm after a Job with scaledownWindow is reused by its project and refused to another project
-until the window has passed."""
+until the window has passed. A node joined with --pool PROJECT/NAME takes only that project's Jobs, and a
+Job naming the pool goes there."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -127,7 +128,8 @@ def test_a_warm_node_is_reused_by_its_project_and_released_after_the_window(tmp_
             assert second["phase"] == "Succeeded" and second["placement"]["warmReuse"] is True
             assert second["placement"]["offering"] == ON_DEMAND
             (attempt,) = attempts_of(c, "second")
-            assert "reuses the node its project kept warm (scaledownWindow)" in attempt["status"]["placement"]["explain"]
+            explain = attempt["status"]["placement"]["explain"]
+            assert "reuses the node its project kept warm (scaledownWindow)" in explain
 
             def elsewhere() -> dict[str, Any]:
                 got = other.get(f"{other_jobs}/elsewhere")
@@ -141,3 +143,46 @@ def test_a_warm_node_is_reused_by_its_project_and_released_after_the_window(tmp_
                             what="the other project's Job to run once the window has passed")
             assert done["placement"] == {"offering": ON_DEMAND, "rateUSDPerHour": "2.20", "regionClass": "us",
                                          "interruptible": False, "warmReuse": False}
+
+
+def test_a_pool_node_takes_only_its_projects_jobs(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    hold = ["python3", "-c", f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"]
+    one_gpu = {"gpu": {"count": 1}}
+    with Coordinator(tmp_path / "data").start() as c:
+        pool = AgentProcess(tmp_path / "n-pool", c.grpc, c.join_token, node="n-pool", env=AGENT_ENV,
+                            extra_args=("--pool", "default/own", "--simulate-gpus", "A100:1")).start()
+        plain = AgentProcess(tmp_path / "n-plain", c.grpc, c.join_token, node="n-plain", env=AGENT_ENV,
+                             extra_args=("--simulate-gpus", "A100:1")).start()
+        with joined([pool, plain], c):
+            c.run("nodus", "project", "create", "other")
+            other = c.session(c.grpc_token("other", "editor"))
+            other_jobs = c.url(NS.replace("/default", "/other") + "/jobs")
+
+            def theirs() -> dict[str, Any]:
+                got = other.get(f"{other_jobs}/theirs")
+                assert got.status_code == 200, got.text
+                return dict(got.json().get("status") or {})
+
+            create(c, "busy", command=hold, resources=one_gpu)
+            wait_status(c, "busy", lambda s: s.get("phase") == "Running", what="the busy Job to run")
+            (busy,) = attempts_of(c, "busy")
+            assert busy["spec"]["node"] == "n-plain", "equal nodes: the first by name"
+            r = other.post(other_jobs, json=job("theirs", resources=one_gpu))
+            assert r.status_code == 201, r.text
+            waiting = wait_for(lambda: "dedicated to pool own of project default" in (theirs().get("message") or "")
+                               and theirs(), 60, interval=0.1, what="the other project's Job to say why it waits")
+            assert waiting["phase"] == "Queued"
+
+            create(c, "mine", resources=one_gpu, placement={"pool": "own"})
+            assert settled(c, "mine")["phase"] == "Succeeded"
+            (mine,) = attempts_of(c, "mine")
+            assert mine["spec"]["node"] == "n-pool"
+
+            gate.touch()
+            done = wait_for(lambda: (s := theirs()).get("phase") == "Succeeded" and s, 60, interval=0.2,
+                            what="the other project's Job to run on the freed node")
+            assert done["phase"] == "Succeeded"
+            listed = other.get(c.url(NS.replace("/default", "/other") + "/attempts"),
+                               params={"labelSelector": "nodus.dev/job=theirs"}).json()["items"]
+            assert [a["spec"]["node"] for a in listed] == ["n-plain"]

@@ -1,7 +1,8 @@
 """`nodus-agent`: the node daemon's entry point (one per host, under systemd).
 
     nodus-agent --coordinator HOST:PORT --node NAME --work-dir DIR --join-token-file FILE
-                [--runtime process] [--region CLASS] [--offering ID] [--labels k=v,…] [--config FILE]
+                [--runtime process] [--region CLASS] [--offering ID] [--pool PROJECT/NAME] [--labels k=v,…]
+                [--config FILE]
 
 Every flag is also a config-file key and a NODUS_* environment variable (nodus.config). SIGTERM
 stops the agent and leaves every workload running; a restarted agent re-adopts them.
@@ -29,6 +30,7 @@ DEFAULTS = {
     "region": "",
     "offering": "",
     "labels": "",
+    "pool": "",
     "advertise_address": "",
     "interruptible": False,
     "cgroup_root": "nodus",
@@ -68,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--region", help="region class of this host (us, eu, …)")
     p.add_argument("--offering", help="offering id this host is sold as")
     p.add_argument("--labels", help="k=v,k2=v2 labels placement can select on")
+    p.add_argument("--pool", metavar="PROJECT/NAME", help="dedicate this host to pool NAME of PROJECT: only that "
+                   "project places here (the label nodus.dev/pool)")
     p.add_argument("--advertise-address", help="address other hosts reach this one at (default: the primary IP)")
     p.add_argument("--interruptible", type=_bool, help="the capacity can be reclaimed (spot): true or false")
     p.add_argument("--cgroup-root", help="cgroup directory attempts go under (default nodus)")
@@ -104,6 +108,11 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         labels = parse_labels(args.labels)
     except ValueError as e:
         raise SystemExit(f"nodus-agent: --labels: {e}") from e
+    if args.pool:
+        project, _, name = str(args.pool).partition("/")
+        if not project or not name or "/" in name:
+            raise SystemExit(f"nodus-agent: --pool: {args.pool!r} is not PROJECT/NAME, such as team-a/a100s")
+        labels["nodus.dev/pool"] = f"{project}/{name}"
     try:
         simulated = SimulatedGpus.parse(args.simulate_gpus) if args.simulate_gpus else None
     except ValueError as e:

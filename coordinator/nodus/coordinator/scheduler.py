@@ -24,6 +24,10 @@ Job with `scaledownWindow` ended within that window is kept for that Job's proje
 with `warm_for`, derived from the store by the placement controller); other projects' attempts are
 refused there, and the project's next fitting attempt takes it before any other node. Without a book
 nothing of this applies: placement is as before.
+
+Pools, with or without a book: a node joined with `nodus-agent --pool PROJECT/NAME` (the label
+POOL_LABEL) is dedicated to that project; no other project places there. A Job's `placement.pool`
+NAME places only on the nodes of pool NAME of its own project.
 """
 from __future__ import annotations
 
@@ -35,8 +39,11 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 from .api import units
 from .clock import rfc3339
 from .money import policy as money
+from .money.accelerators import gpu_family as gpu_family, gpu_matches as gpu_matches, gpu_variant as gpu_variant
 from .money.pricebook import Interconnect, Offering, PriceBook
 
+POOL_LABEL = "nodus.dev/pool"
+"""A node's pool, PROJECT/NAME: the project it is dedicated to, and the pool's name in it."""
 PROCESS, OCI = "process", "oci"
 """Runtime words: a Job without an image needs `process`; one with an image needs `oci`."""
 
@@ -103,7 +110,9 @@ class Request:
     offerings: tuple[str, ...] = ()
     """Offering ids the node must be sold as; empty: any."""
     project: str = ""
-    """The project the attempt runs for: only it may take a node kept warm for it."""
+    """The project the attempt runs for: only it may take a node kept warm for it or in its pools."""
+    pool: str = ""
+    """placement.pool: a pool of the project the node must be in; empty: any node the project may use."""
     prefer_node: str = ""
     """A gang rank's node of the previous epoch: taken when it still fits."""
     avoid_nodes: tuple[str, ...] = ()
@@ -131,7 +140,7 @@ class Request:
                    gpu_types=tuple(gpu.get("type") or ()), gpu_exact=bool(gpu.get("exact")),
                    gpu_min_memory=_bytes(gpu.get("minMemory")), nvlink=gpu.get("interconnect") == "NVLink",
                    regions=tuple(placement.get("regions") or ()), offerings=tuple(placement.get("offerings") or ()),
-                   prefer_node=str(placement.get("preferNode") or ""),
+                   pool=str(placement.get("pool") or ""), prefer_node=str(placement.get("preferNode") or ""),
                    avoid_nodes=tuple(placement.get("avoidNodes") or ()),
                    policy=money.Policy.of(placement, expected_duration, complete_within_s))
 
@@ -199,41 +208,6 @@ def _bytes(value: Any) -> int:
         return 0
 
 
-# -- GPU names (the catalog of the pricing issue will replace these rules) -------------------------
-
-_BRANDS = {"nvidia", "tesla", "geforce", "quadro"}
-_JOINED = {"rtx", "gtx", "titan"}
-
-
-def _words(name: str) -> list[str]:
-    return [w for w in name.lower().replace("_", " ").replace("-", " ").split() if w not in _BRANDS]
-
-
-def gpu_family(name: str) -> str:
-    """`NVIDIA H100 80GB HBM3` → `H100`; `A100-SXM4-80GB` → `A100`; `NVIDIA GeForce RTX 4090` → `RTX-4090`."""
-    words = _words(name)
-    if not words:
-        return ""
-    if words[0] in _JOINED and len(words) > 1:
-        return f"{words[0]}-{words[1]}".upper()
-    return words[0].upper()
-
-
-def gpu_variant(name: str) -> str:
-    """The whole product name, normalized: `NVIDIA H100 80GB HBM3` → `h100-80gb-hbm3`."""
-    return "-".join(_words(name))
-
-
-def gpu_matches(gpu_name: str, wanted: Iterable[str], exact: bool) -> bool:
-    """A GPU matches when any wanted type names its family (or, with `exact`, its variant)."""
-    for want in wanted:
-        if exact and gpu_variant(want) == gpu_variant(gpu_name):
-            return True
-        if not exact and gpu_family(want) == gpu_family(gpu_name):
-            return True
-    return False
-
-
 def _quantity(n: int) -> str:
     for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
         if (n >= size and n % size == 0) or n >= 10 * size:
@@ -242,6 +216,17 @@ def _quantity(n: int) -> str:
 
 
 # -- fitting ------------------------------------------------------------------------------------------
+
+def _pool_refusal(request: Request, pool: str) -> str:
+    """Why a node in `pool` (PROJECT/NAME, or "") is not for the request; "" when it may be."""
+    owner, _, name = pool.partition("/")
+    if pool and owner != request.project:
+        return f"dedicated to pool {name} of project {owner}"
+    if request.pool and (not pool or name != request.pool):
+        where = f"in pool {name}" if pool else "in no pool"
+        return f"{where}, and placement.pool is {request.pool}"
+    return ""
+
 
 def free_on(node: NodeView, reservations: Iterable[Reservation]) -> tuple[Amount, frozenset[int]]:
     """What is left on `node` after its reservations: an amount and the free GPU indexes."""
@@ -266,6 +251,8 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
         return f"region {node.region or 'unset'} is not in {', '.join(request.regions)}"
     if request.offerings and node.offering not in request.offerings:
         return f"offering {node.offering or 'unset'} is not in {', '.join(request.offerings)}"
+    if (pooled := _pool_refusal(request, node.labels.get(POOL_LABEL, ""))):
+        return pooled
     offering = book.offering(node.offering) if book is not None and node.offering else None
     if book is not None and (refused := money.refusal(request.policy, offering, node.offering)):
         return refused

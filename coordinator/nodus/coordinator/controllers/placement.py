@@ -54,7 +54,7 @@ def _holding(obj: dict[str, Any] | None) -> bool:
 
 RECHECK_SECONDS = 1.0
 """How long a pass waits at most while a warm hold is pending."""
-POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile")
+POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile", "pool")
 """What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
 
 
