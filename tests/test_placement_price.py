@@ -306,3 +306,11 @@ def test_a_pool_is_dedicated_to_its_project() -> None:
     assert fit(of("p1", pool="own"), plain, []) == "in no pool, and placement.pool is own"
     priced = place(of("p2", profile="Cost"), [plain, pooled], [], book=BOOK)
     assert priced.node == "n-plain" and "n-pool: dedicated to pool own of project p1" in priced.explain
+
+
+def test_offerings_of_the_same_outlook_are_explained_as_a_tie() -> None:
+    twins = parse({"pricebookVersion": "twins", "storageUSDPerGiBMonth": "0", "offerings": [
+        offering("a100-x1-us", "A100", "2.00"), offering("a100-x1-us-b", "A100", "2.00")]})
+    chosen = place(req(profile="Cost"), [node("n-b", "a100-x1-us-b"), node("n-a", "a100-x1-us")], [], book=twins)
+    assert chosen.node == "n-a" and "n-b: offering a100-x1-us-b ($2.00/h): expected $2.00 and 1.00h per hour of " \
+        "work; the same outlook, and the chosen node has more room free or comes first by name" in chosen.explain

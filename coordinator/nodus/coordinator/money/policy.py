@@ -218,4 +218,4 @@ def lost(policy: Policy, best: Outlook, other: Outlook) -> str:
         return f"{describe(other)}; cost × time {times}the chosen"
     if other.cost_usd != best.cost_usd:
         return f"{describe(other)}; {_usd(cents(other.cost_usd - best.cost_usd))} more"
-    return f"{describe(other)}; the same, and the chosen node comes first by name"
+    return f"{describe(other)}; the same outlook, and the chosen node has more room free or comes first by name"
