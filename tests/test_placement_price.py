@@ -314,3 +314,12 @@ def test_offerings_of_the_same_outlook_are_explained_as_a_tie() -> None:
     chosen = place(req(profile="Cost"), [node("n-b", "a100-x1-us-b"), node("n-a", "a100-x1-us")], [], book=twins)
     assert chosen.node == "n-a" and "n-b: offering a100-x1-us-b ($2.00/h): expected $2.00 and 1.00h per hour of " \
         "work; the same outlook, and the chosen node has more room free or comes first by name" in chosen.explain
+
+
+def test_a_job_placed_again_on_an_unpriced_node_names_no_earlier_offering() -> None:
+    unpriced = place(req(), [node("n-unpriced", "")], [], book=BOOK)
+    assert job_placement(unpriced, None) is None
+    job = {"metadata": {"name": "j"}, "status": {"phase": "Running", "placement": {"offering": "a100-x1-us"}}}
+    written = placed_on(unpriced, None)(job)
+    assert written is not None and "placement" not in written["status"] and written["status"]["phase"] == "Running"
+    assert placed_on(unpriced, None)({"metadata": {"name": "j"}, "status": {}}) is None

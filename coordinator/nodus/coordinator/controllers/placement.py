@@ -92,24 +92,30 @@ def warm_holds(attempts: Iterable[AttemptView], window: Callable[[str, str], flo
     return holds
 
 
-def job_placement(placement: Placement, node: NodeView | None) -> dict[str, Any]:
-    """status.placement of a Job whose attempt was placed on a priced offering, in customer terms."""
+def job_placement(placement: Placement, node: NodeView | None) -> dict[str, Any] | None:
+    """status.placement of a Job whose attempt was placed on a priced offering, in customer terms; None
+    on a node the book does not price."""
     offering = placement.offering
-    assert offering is not None
+    if offering is None:
+        return None
     return {"offering": offering.id, "rateUSDPerHour": units.format_money(offering.rate_usd_per_hour),
             "regionClass": offering.region_class or (node.region if node is not None else ""),
             "interruptible": offering.interruptible, "warmReuse": placement.warm_reuse}
 
 
 def placed_on(placement: Placement, node: NodeView | None) -> Any:
-    """The mutation of the Job: its status.placement says where its newest attempt went."""
+    """The mutation of the Job: its status.placement says where its newest attempt went (and goes
+    away when that is a node the book does not price, rather than name an earlier offering)."""
     want = job_placement(placement, node)
 
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
         status = dict(obj.get("status") or {})
         if status.get("placement") == want:
             return None
-        status["placement"] = want
+        if want is None:
+            status.pop("placement", None)
+        else:
+            status["placement"] = want
         obj["status"] = status
         return obj
     return mutate
@@ -258,5 +264,5 @@ class PlacementController:
         views = dict(waiting)
         jobs = {job_key(views[key].project, views[key].job): (p, by_name.get(p.node or ""))
                 for (key, p), written in zip(decisions.items(), bound)
-                if written is not None and p.node and p.offering is not None}
+                if written is not None and p.node and book is not None}
         await asyncio.gather(*(self.objects.mutate(k, placed_on(p, n)) for k, (p, n) in jobs.items()))
