@@ -62,6 +62,8 @@ from agent_double import AgentProcess, FakeCoordinator, free_port, wait_for  # n
 
 import record  # noqa: E402
 from daemons import stop_all  # noqa: E402
+from test_checkpoint_stores import SAVER  # noqa: E402  (the test's kill -9 program, timed here)
+from test_recovery_agent import HANDSHAKE  # noqa: E402  (the test's opted-in program, timed here)
 
 PY = sys.executable
 POLITE = ("import signal, sys, time\n"
@@ -74,23 +76,6 @@ PROGRESS = ("import time\nfrom nodus import progress\n"
             "    progress.report(stage='train', completed=i, total=150)\n"
             "    time.sleep(0.01)\n"
             "progress.report(step=7, totalSteps=10)\n")
-SAVER = r"""
-import hashlib, os, random, sys
-from nodus.checkpoint import LocalStore
-from nodus.checkpoint.localcopy import copy_tree
-store, state, seed = LocalStore(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-rng = random.Random(seed)
-while True:
-    latest = store.latest()
-    seq = (latest.seq if latest else 0) + 1
-    blob = rng.randbytes(rng.randint(1, 2 << 20)) + bytes(rng.randint(0, 1 << 20))
-    with open(os.path.join(state, "blob"), "wb") as f:
-        f.write(blob)
-    with open(os.path.join(state, "seq"), "w") as f:
-        f.write(f"{seq} {hashlib.sha256(blob).hexdigest()}")
-    store.save([state], seq=seq, level=1)
-    print(seq, flush=True)
-"""
 CANCEL_GRACE_POLITE = 30
 CANCEL_GRACE_STUBBORN = 1
 INIT_TIMEOUT_MS = 500
@@ -334,20 +319,6 @@ def probe_figures(args: argparse.Namespace, tmp: Path) -> None:
 
 
 # -- the checkpoint handshake ------------------------------------------------------------------------
-HANDSHAKE = r"""
-import json, os, signal, sys, time
-state = sys.argv[1]
-def on_request(*_):
-    seq = json.load(open(os.environ["NODUS_CHECKPOINT_REQUEST"]))["seq"]
-    with open(os.path.join(state, "model.bin"), "w") as f:
-        f.write(f"consistent at {seq}")
-    with open(os.environ["NODUS_CHECKPOINT_DONE"], "w") as f:
-        f.write(str(seq))
-signal.signal(signal.SIGUSR1, on_request)
-print("ready", flush=True)
-while True:
-    time.sleep(0.01)
-"""
 
 
 def handshake_pauses(runs: int, tmp: Path) -> tuple[list[float], list[float]]:
