@@ -33,6 +33,7 @@ from .inputs import InputError, Materializer
 from .inventory import default_address, disk_free, node_inventory
 from .link import Link, open_channel
 from .notices import SupervisorNotices, notify_address
+from .supervisor.phase import Gate
 from .reasons import Reason
 from .nvml import Nvml
 from .progress_tail import ProgressTail
@@ -407,7 +408,7 @@ class Agent:
             v.proc = None  # reaped
         alive = self.runtime.supervisor_alive(layout)
         status = self.runtime.read_status(layout)
-        if att.gang and not att.gang.get("done") and (status or {}).get("gate") == "waiting":
+        if att.gang and not att.gang.get("done") and (status or {}).get("gate") == Gate.WAITING:
             self.gangs.at_gate(att)
         seen = observe(status, alive, self.clock.now())
         if seen is None:

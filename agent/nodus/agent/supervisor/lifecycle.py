@@ -24,7 +24,7 @@ from ..outputs import collect_outputs
 from ..reasons import Reason
 from ..statefile import read_json, write_json
 from .member import GATE_POLL, await_head, write_launch_files
-from .phase import SupervisorPhase as P
+from .phase import Gate, SupervisorPhase as P
 from .processes import MESSAGE_LINES, LINE_LIMIT, Processes
 from .sidecars import Sidecars, Teardown
 
@@ -281,7 +281,7 @@ class Supervisor:
     def _await_launch(self) -> GangLaunch:
         """Waits at the gate (interruptibly, pumping sidecar output) until the agent writes launch.json."""
         gang = self.spec["gang"]
-        self.set(gate="waiting")
+        self.set(gate=Gate.WAITING)
         self.note(f"gang member rank {gang.get('rank')} (epoch {gang.get('epoch')}): waiting at the gate")
         while (raw := read_json(self.layout.launch)) is None:
             self.procs.wait(GATE_POLL)
@@ -289,7 +289,7 @@ class Supervisor:
         launch = GangLaunch.parse(raw)  # a bad launch.json is the agent's fault: run() ends LOST AgentFault
         if launch.launch.rank != gang.get("rank"):
             raise ValueError(f"launch.json is for rank {launch.launch.rank}, this member is rank {gang.get('rank')}")
-        self.set(gate="open")
+        self.set(gate=Gate.OPEN)
         self.note(f"the gate is open: {launch.launch.launcher} {launch.launch.role}")
         return launch
 

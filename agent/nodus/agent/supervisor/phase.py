@@ -47,3 +47,12 @@ def terminal_phases() -> frozenset[SupervisorPhase]:
 
 _TERMINAL = frozenset({SupervisorPhase.SUCCEEDED, SupervisorPhase.FAILED, SupervisorPhase.CANCELLED,
                        SupervisorPhase.LOST})
+
+
+class Gate(enum.StrEnum):
+    """A gang member's gate, as the supervisor writes it in status.json's `gate` (absent outside a gang)."""
+
+    WAITING = "waiting"
+    """Its sidecars are ready and it runs nothing more until the agent writes run/launch.json."""
+    OPEN = "open"
+    """launch.json arrived: the launcher's command runs (or is about to)."""
