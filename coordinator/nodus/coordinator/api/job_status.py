@@ -61,6 +61,11 @@ def _band(description: str, what: str) -> Obj:
     return _o(description, p50=_s(f"P50 is the median {what}."), p90=_s(f"P90 is the 90th-percentile {what}."))
 
 
+def _startup_band() -> Obj:
+    return _o(_DURATION_BAND, p50=_s("P50 is the median duration."), p90=_s("P90 is the 90th-percentile duration."),
+              message=_s("Message says why there is no band, for example no measurements."))
+
+
 _USD_BAND = "USDBand is a median and a 90th-percentile amount in USD."
 _DURATION_BAND = "DurationBand is a median and a 90th-percentile duration, as Go duration strings."
 
@@ -88,8 +93,13 @@ ESTIMATE = _o(
                         warmReuse=_b("WarmReuse reports whether warm capacity would be reused.")),
     pricebookVersion=_s("PricebookVersion is the price book the estimate used."),
     rateUSDPerHour=_s("RateUSDPerHour is the hourly rate of the chosen capacity."),
-    startup=_o("StartupEstimate is the expected time to start.",
-               cold=_band(_DURATION_BAND, "duration"), warm=_band(_DURATION_BAND, "duration")),
+    binding=_o("EstimateBinding is the dry-run estimate a create sent with If-Match was bound to.",
+               etag=_s("ETag is the dry run's ETag the create sent."),
+               maxRateUSDPerHour=_s("MaxRateUSDPerHour is the bound: no attempt is placed above it."),
+               pricebookVersion=_s("PricebookVersion is the price book that estimate used."),
+               rateUSDPerHour=_s("RateUSDPerHour is the rate that estimate quoted.")),
+    startup=_o("StartupEstimate is the expected time to start, from this fleet's measured start times of the "
+               "offering.", cold=_startup_band(), warm=_startup_band()),
     topology=_s("Topology is the resolved multi-node topology of a gang Job."),
     validUntil=_s("ValidUntil is when the prices this estimate used stop being current. A create bound by If-Match "
                   "is admitted after it too, and never placed above rateUSDPerHour plus 10 %."),

@@ -1,0 +1,278 @@
+"""status.estimate, pure: what a create would cost, computed from the Job's shape, the active price
+book, a placement preview and this fleet's own measurements (issue 12, part 3).
+
+Duration, first found wins: `spec.expectedDuration` (on the reference accelerator, as placement reads
+it), else the median of comparable finished Jobs of this fleet (same project and command or image
+digest), else none: a NoDuration warning and costUSD per hour of running. Without a price book the
+estimate says so (pricebookVersion empty, an Unpriced warning) and refuses nothing.
+
+Every amount is a Decimal, shown as a decimal string; one index of a gang of `members` nodes costs
+`members` allocations of the offering. The ETag of a dry run names this estimate: the spec's hash,
+the book's version and the rate, and a create with `If-Match` is bound to it (`binding`).
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from decimal import Decimal
+from statistics import median_low
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+from ..api import units
+from ..clock import rfc3339
+from .estimate import Band, Tariff, cents, cost_band
+from .policy import RESTART_OVERHEAD_S
+from .pricebook import Offering, PriceBook
+
+VALID_FOR_S = 900
+"""validUntil is this long after the estimate: prices and free capacity are read again after it."""
+HOLD_WINDOW_S = 3600
+"""A first hold covers at most this much billing; holds are renewed as they are used."""
+BOUND_MARGIN = Decimal("1.10")
+"""A create bound to an estimate is never placed above its rate plus 10 %."""
+DEFAULT_STARTUP_TIMEOUT_S = 900
+DEFAULT_ASSEMBLY_RETRIES = 2
+ETAG_PREFIX = "e1"
+
+
+class DurationSource(enum.Enum):
+    """Where the estimate's run time came from."""
+
+    DECLARED = "expectedDuration"
+    """spec.expectedDuration."""
+    HISTORY = "history"
+    """The median of comparable finished Jobs of this fleet."""
+    NONE = "none"
+    """Neither: costUSD is per hour of running."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What of a Job's spec the estimate reads."""
+
+    completions: int = 1
+    slots: int = 1
+    """Indexes that start at once (parallelism)."""
+    members: int = 1
+    """Nodes per index: a gang's size, 1 otherwise."""
+    startup_timeout_s: int = DEFAULT_STARTUP_TIMEOUT_S
+    assembly_retries: int = DEFAULT_ASSEMBLY_RETRIES
+    duration_s: Decimal | None = None
+    source: DurationSource = DurationSource.NONE
+    max_cost_usd: Decimal | None = None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = ()) -> Shape:
+        """The shape of an admitted Job spec; `history` is the run seconds of comparable finished Jobs."""
+        completions = int(spec.get("completions") or 1)
+        slots = max(1, min(int(spec.get("parallelism") or 1), completions))
+        dist = spec.get("distributed") or {}
+        members = int(dist.get("nodes") or 1) if dist else 1
+        timeout = DEFAULT_STARTUP_TIMEOUT_S
+        if dist.get("startupTimeout"):
+            timeout = int(units.duration_seconds(str(dist["startupTimeout"])))
+        retries = int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES)) if dist else 0
+        duration, source = None, DurationSource.NONE
+        if spec.get("expectedDuration"):
+            duration, source = units.duration_seconds(str(spec["expectedDuration"])), DurationSource.DECLARED
+        elif history:
+            duration, source = median_low(sorted(history)), DurationSource.HISTORY
+        cap = units.parse_money(spec["maxCostUSD"]) if spec.get("maxCostUSD") else None
+        return cls(completions, slots, members, timeout, retries, duration, source, cap)
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """The placement a create would get now (the scheduler's answer, in customer words)."""
+
+    offering: Offering | None
+    explain: str
+    warm_reuse: bool = False
+    region_class: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Startup:
+    """Measured provisioning→start seconds of this fleet's attempts on the chosen offering."""
+
+    cold: tuple[Decimal, ...] = ()
+    warm: tuple[Decimal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Notes:
+    """Warnings and blocking reasons; other parts (credits) add theirs to `blocking`."""
+
+    warnings: list[dict[str, str]] = field(default_factory=list)
+    blocking: list[dict[str, str]] = field(default_factory=list)
+
+    def warn(self, code: str, message: str) -> None:
+        self.warnings.append({"code": code, "message": message})
+
+
+def _usd(amount: Decimal) -> str:
+    return units.format_money(cents(amount))
+
+
+def _band(b: Band) -> dict[str, str]:
+    return {"p50": _usd(b.p50), "p90": _usd(b.p90)}
+
+
+def _quantile(values: Sequence[Decimal], q: Decimal) -> Decimal:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _durations(values: Sequence[Decimal]) -> dict[str, str] | None:
+    if not values:
+        return None
+    return {"p50": units.format_duration(_quantile(values, Decimal("0.5"))),
+            "p90": units.format_duration(_quantile(values, Decimal("0.9")))}
+
+
+def _startup(startup: Startup) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, values in (("cold", startup.cold), ("warm", startup.warm)):
+        band = _durations(values)
+        out[name] = band if band is not None else {"p50": "", "p90": "", "message": "no measurements"}
+    return out
+
+
+def quote(book: PriceBook | None, shape: Shape, preview: Preview | None, startup: Startup, now: float,
+          interruptible_allowed: bool = False) -> dict[str, Any]:
+    """status.estimate for a Job of `shape` placed as `preview` under `book` (None: no price book)."""
+    notes = Notes()
+    zero = "0.00"
+    estimate: dict[str, Any] = {"pricebookVersion": book.version if book is not None else "",
+                                "validUntil": rfc3339(float(int(now + VALID_FOR_S)))}
+    if preview is not None:
+        offering = preview.offering
+        estimate["placementPreview"] = {
+            "offering": offering.id if offering else "", "regionClass": offering.region_class if offering
+            else preview.region_class, "interruptible": bool(offering and offering.interruptible),
+            "warmReuse": preview.warm_reuse, "explain": preview.explain}
+    if shape.members > 1:
+        estimate["topology"] = f"{shape.members} nodes"
+    estimate["startup"] = _startup(startup)
+    offering = preview.offering if preview is not None else None
+    if book is None or offering is None:
+        if book is None:
+            notes.warn("Unpriced", "no price book is active: this coordinator charges nothing and refuses nothing "
+                                   "for money")
+        else:
+            notes.warn("Unpriced", "no offering of the price book fits now" + (
+                f": {preview.explain}" if preview is not None and preview.explain else ""))
+        estimate.update(costUSD={"p50": zero, "p90": zero}, overheadUSD={"p50": zero, "p90": zero},
+                        rateUSDPerHour="", holdUSD=zero, concurrentHoldUSD=zero, gangHoldUSD=zero,
+                        assemblyBoundUSD=zero, minimumChargeUSD=zero)
+        if shape.duration_s is None:
+            notes.warn("NoDuration", "no spec.expectedDuration and no comparable finished Job of this fleet")
+        estimate.update(warnings=notes.warnings, blockingReasons=notes.blocking)
+        return estimate
+    estimate.update(_priced(shape, offering, startup, notes))
+    if offering.interruptible:
+        notes.warn("InterruptibleSelected", f"offering {offering.id} is interruptible: expect about "
+                   f"{offering.interruptions_per_hour} reclaims per hour, each costing a restore; the p90 counts them")
+    if not startup.cold and not (preview is not None and preview.warm_reuse):
+        notes.warn("ColdStart", f"no warm node of offering {offering.id} is kept for this project: the attempt "
+                                "boots a node first (no measurements of its start time yet)")
+    estimate.update(warnings=notes.warnings, blockingReasons=notes.blocking)
+    return estimate
+
+
+def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) -> dict[str, Any]:
+    tariff = Tariff.of(offering)
+    allocations = shape.completions * shape.members
+    boot_s = _quantile(startup.cold, Decimal("0.5")) if startup.cold else Decimal(0)
+    rate = offering.rate_usd_per_hour
+    if shape.duration_s is None:
+        notes.warn("NoDuration", "no spec.expectedDuration and no comparable finished Job of this fleet: costUSD is "
+                                 f"per hour of running ({shape.slots * shape.members} node(s) at "
+                                 f"${units.format_money(rate)}/h); set expectedDuration for a total")
+        hour = cents(rate * shape.slots * shape.members)
+        cost = Band(hour, hour)
+        overhead = Band(Decimal(0), Decimal(0))
+        first_s = Decimal(HOLD_WINDOW_S)
+    else:
+        run_s = shape.duration_s / offering.relative_speed
+        full = cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=offering.interruptions_per_hour,
+                         restart_overhead_s=RESTART_OVERHEAD_S)
+        bare = cost_band(tariff, run_s)
+        cost = Band(full.p50 * allocations, full.p90 * allocations)
+        overhead = Band(max(full.p50 - bare.p50, Decimal(0)) * allocations,
+                        max(full.p90 - bare.p90, Decimal(0)) * allocations)
+        first_s = min(boot_s + run_s, Decimal(HOLD_WINDOW_S))
+    hold = tariff.charge(first_s)
+    if shape.max_cost_usd is not None:
+        hold = min(hold, shape.max_cost_usd)
+    gang = hold * shape.members if shape.members > 1 else Decimal(0)
+    assembly = (cents(shape.members * rate * shape.startup_timeout_s * (shape.assembly_retries + 1) / 3600)
+                if shape.members > 1 else Decimal(0))
+    return {"costUSD": _band(cost), "overheadUSD": _band(overhead), "rateUSDPerHour": units.format_money(rate),
+            "holdUSD": _usd(hold), "concurrentHoldUSD": _usd(hold * shape.members * shape.slots),
+            "gangHoldUSD": _usd(gang), "assemblyBoundUSD": _usd(assembly),
+            "minimumChargeUSD": _usd(tariff.minimum_charge_usd)}
+
+
+# -- the ETag that names an estimate -------------------------------------------------------------------
+
+def spec_hash(spec: Any) -> str:
+    return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _digest(spec: Any, version: str, rate: str) -> str:
+    return hashlib.sha256(f"{spec_hash(spec)}\n{version}\n{rate}".encode()).hexdigest()[:32]
+
+
+def etag(spec: Any, estimate: Mapping[str, Any]) -> str:
+    """The dry run's ETag: the book's version and the rate it quoted, and a digest of them with the spec,
+    so a later create can tell whether it is this exact spec's estimate without storing anything."""
+    version, rate = str(estimate.get("pricebookVersion") or ""), str(estimate.get("rateUSDPerHour") or "")
+    return f'"{ETAG_PREFIX}.{version}.{rate}.{_digest(spec, version, rate)}"'
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What a create with If-Match is bound to."""
+
+    etag: str
+    pricebook_version: str
+    rate_usd_per_hour: Decimal | None
+    """None when the estimate was unpriced: nothing to bound."""
+
+    @property
+    def max_rate_usd_per_hour(self) -> Decimal | None:
+        return None if self.rate_usd_per_hour is None else cents(self.rate_usd_per_hour * BOUND_MARGIN)
+
+    def as_status(self) -> dict[str, str]:
+        out = {"etag": self.etag, "pricebookVersion": self.pricebook_version}
+        if self.rate_usd_per_hour is not None:
+            out.update(rateUSDPerHour=units.format_money(self.rate_usd_per_hour),
+                       maxRateUSDPerHour=units.format_money(self.max_rate_usd_per_hour or Decimal(0)))
+        return out
+
+
+def binding(if_match: str, spec: Any) -> Binding | None:
+    """The estimate `if_match` names when it is an estimate of exactly `spec`; None otherwise. The
+    version may be older than the active book's: binding is what keeps a quote after validUntil."""
+    text = if_match.strip()
+    if text.startswith("W/"):
+        text = text[2:]
+    text = text.strip('"')
+    parts = text.split(".")
+    if len(parts) < 4 or parts[0] != ETAG_PREFIX:
+        return None
+    digest = parts[-1]
+    # The version may itself hold dots; the rate (a decimal) holds one at most.
+    for split in (len(parts) - 3, len(parts) - 2):
+        version, rate = ".".join(parts[1:split]), ".".join(parts[split:-1])
+        if _digest(spec, version, rate) == digest:
+            try:
+                parsed = units.parse_money(rate) if rate else None
+            except ValueError:
+                return None
+            return Binding(f'"{text}"', version, parsed)
+    return None

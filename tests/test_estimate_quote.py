@@ -1,0 +1,99 @@
+"""status.estimate, pure (money/quote.py): every field from a Job's shape, the price book and a
+placement preview; the NoDuration, Unpriced, ColdStart and InterruptibleSelected warnings; and the
+dry run's ETag, which binds a create to exactly this spec's estimate."""
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import yaml
+
+from nodus.coordinator.money.pricebook import parse
+from nodus.coordinator.money.quote import Binding, DurationSource, Preview, Shape, Startup, binding, etag, quote
+
+BOOK = parse(yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml").read_text()))
+H100 = BOOK.offering("h100-sxm-80g-x1-us")
+SPOT = BOOK.offering("a100-sxm-80g-x8-eu-spot")
+NOW = 1_796_000_000.0
+FIELDS = {"costUSD", "overheadUSD", "rateUSDPerHour", "holdUSD", "concurrentHoldUSD", "gangHoldUSD",
+          "assemblyBoundUSD", "minimumChargeUSD", "placementPreview", "pricebookVersion", "validUntil", "warnings",
+          "blockingReasons", "startup"}
+
+
+def codes(estimate: dict) -> list[str]:
+    return [w["code"] for w in estimate["warnings"]]
+
+
+def test_a_declared_duration_prices_every_field() -> None:
+    shape = Shape.of({"expectedDuration": "1h", "completions": 4, "parallelism": 2})
+    assert shape.source is DurationSource.DECLARED and shape.duration_s == 3600
+    e = quote(BOOK, shape, Preview(H100, "n1: offering h100-sxm-80g-x1-us"), Startup(), NOW)
+    assert FIELDS <= set(e)
+    # One hour at $2.99 per index, four indexes; no boot measured and never reclaimed: p50 = p90.
+    assert e["costUSD"] == {"p50": "11.96", "p90": "11.96"} and e["overheadUSD"] == {"p50": "0.00", "p90": "0.00"}
+    assert e["rateUSDPerHour"] == "2.99" and e["pricebookVersion"] == "2026-12-01"
+    assert e["holdUSD"] == "2.99" and e["concurrentHoldUSD"] == "5.98"  # two slots start at once
+    assert e["gangHoldUSD"] == "0.00" and e["assemblyBoundUSD"] == "0.00"
+    assert e["minimumChargeUSD"] == "0.25"  # 5 minutes at $2.99/h
+    assert e["placementPreview"]["offering"] == "h100-sxm-80g-x1-us" and e["placementPreview"]["explain"]
+    assert e["validUntil"] == "2026-11-30T01:08:20Z" and e["blockingReasons"] == []
+    assert codes(e) == ["ColdStart"] and e["startup"]["cold"]["message"] == "no measurements"
+
+
+def test_a_gang_counts_every_member_and_bounds_a_failed_assembly() -> None:
+    spec = {"expectedDuration": "30m", "distributed": {"nodes": 4, "startupTimeout": "10m", "maxAssemblyRetries": 1}}
+    e = quote(BOOK, Shape.of(spec), Preview(H100, "x"), Startup(), NOW)
+    # 4 nodes × 30 min × $2.99/h, each allocation rounded to the cent once ($1.495 → $1.50).
+    assert e["costUSD"]["p50"] == "6.00"
+    assert e["gangHoldUSD"] == "6.00" and e["concurrentHoldUSD"] == "6.00"
+    # members × rate × startupTimeout × (maxAssemblyRetries + 1) = 4 × 2.99 × 1/6 h × 2
+    assert e["assemblyBoundUSD"] == "3.99" and e["topology"] == "4 nodes"
+
+
+def test_interruptible_capacity_widens_the_band_and_says_so() -> None:
+    e = quote(BOOK, Shape.of({"expectedDuration": "20h"}), Preview(SPOT, "x"), Startup(), NOW)
+    p50, p90 = Decimal(e["costUSD"]["p50"]), Decimal(e["costUSD"]["p90"])
+    assert p90 > p50 and Decimal(e["overheadUSD"]["p90"]) > 0
+    assert "InterruptibleSelected" in codes(e) and e["placementPreview"]["interruptible"] is True
+
+
+def test_measured_starts_give_a_band_and_are_billed_as_overhead() -> None:
+    starts = tuple(Decimal(s) for s in (60, 90, 120, 600))
+    e = quote(BOOK, Shape.of({"expectedDuration": "1h"}), Preview(H100, "x"), Startup(cold=starts), NOW)
+    assert e["startup"]["cold"] == {"p50": "2m0s", "p90": "10m0s"}
+    assert e["startup"]["warm"]["message"] == "no measurements" and "ColdStart" not in codes(e)
+    assert Decimal(e["overheadUSD"]["p50"]) == Decimal("0.10")  # two minutes of boot at $2.99/h
+
+
+def test_history_stands_in_for_a_missing_duration_and_nothing_gives_a_rate_per_hour() -> None:
+    shape = Shape.of({}, history=[Decimal(1800), Decimal(3600), Decimal(7200)])
+    assert shape.source is DurationSource.HISTORY and shape.duration_s == 3600
+    bare = quote(BOOK, Shape.of({"parallelism": 3, "completions": 3}), Preview(H100, "x"), Startup(), NOW)
+    assert "NoDuration" in codes(bare) and bare["costUSD"] == {"p50": "8.97", "p90": "8.97"}  # 3 × $2.99 per hour
+    assert "per hour" in next(w["message"] for w in bare["warnings"] if w["code"] == "NoDuration")
+
+
+def test_the_hold_never_exceeds_the_jobs_own_cap() -> None:
+    e = quote(BOOK, Shape.of({"expectedDuration": "10h", "maxCostUSD": "1.50"}), Preview(H100, "x"), Startup(), NOW)
+    assert e["holdUSD"] == "1.50"
+
+
+def test_without_a_price_book_nothing_is_priced_and_it_says_so() -> None:
+    e = quote(None, Shape.of({"expectedDuration": "1h"}), Preview(None, "n1: the only fitting node"), Startup(), NOW)
+    assert e["pricebookVersion"] == "" and e["rateUSDPerHour"] == "" and codes(e) == ["Unpriced"]
+    assert e["blockingReasons"] == [] and e["costUSD"] == {"p50": "0.00", "p90": "0.00"}
+
+
+def test_the_etag_binds_only_this_exact_spec() -> None:
+    spec = {"command": ["train"], "expectedDuration": "1h"}
+    e = quote(BOOK, Shape.of(spec), Preview(H100, "x"), Startup(), NOW)
+    tag = etag(spec, e)
+    bound = binding(tag, spec)
+    assert bound == Binding(tag, "2026-12-01", Decimal("2.99")) and bound.max_rate_usd_per_hour == Decimal("3.29")
+    assert binding(tag, {**spec, "expectedDuration": "2h"}) is None, "another spec"
+    assert binding(tag.replace("2.99", "9.99"), spec) is None, "a rate the estimate did not quote"
+    assert binding('"0123456789abcdef"', spec) is None and binding("", spec) is None
+    unpriced = binding(etag(spec, quote(None, Shape.of(spec), None, Startup(), NOW)), spec)
+    assert unpriced is not None and unpriced.max_rate_usd_per_hour is None
+    dotted = {"pricebookVersion": "v1.2.3", "rateUSDPerHour": "0.085"}
+    assert binding(etag(spec, dotted), spec) == Binding(etag(spec, dotted), "v1.2.3", Decimal("0.085"))
