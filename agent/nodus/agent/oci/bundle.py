@@ -130,6 +130,20 @@ class Device:
     major: int
     minor: int
     file_mode: int = 0o666
+    host_path: str = ""
+    """The host node when it lives elsewhere than `path` (a CDI hostPath): bound in, not made by runc."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """A program runc runs at one of the runtime spec's hook points (a CDI spec's hooks)."""
+
+    hook_name: str
+    """prestart, createRuntime, createContainer, startContainer, poststart or poststop."""
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,13 +227,15 @@ def attempt_mounts(state: str, inputs: str, outputs: str, progress: str,
 
 def runtime_spec(process: Process, rootfs: str, *, hostname: str, ids: IdRange, namespaces: PodNamespaces,
                  cgroups_path: str, mounts: Sequence[Mount] = (), limits: Limits = Limits(),
-                 devices: Sequence[Device] = ()) -> dict[str, Any]:
+                 devices: Sequence[Device] = (), hooks: Sequence[Hook] = ()) -> dict[str, Any]:
     """config.json for one container of the pod.
 
     `rootfs` is the container's merged root (the image's read-only tree under the container's own
     writable layer), so the root is writable to the container while the image stays shared.
+    A device with a `host_path` is bound from there (runc in a user namespace binds every device
+    from its own path, which a CDI hostPath may not be); the device cgroup allows it either way.
     """
-    destinations = [m.destination for m in mounts]
+    destinations = [m.destination for m in mounts] + [d.path for d in devices if d.host_path]
     for m in mounts:
         if not posixpath.isabs(m.destination) or ".." in m.destination.split("/"):
             raise BundleError("mountPath", f"{m.destination!r} must be an absolute path without '..'")
@@ -229,7 +245,7 @@ def runtime_spec(process: Process, rootfs: str, *, hostname: str, ids: IdRange, 
     for what, value in (("uid", process.uid), ("gid", process.gid)):
         if not 0 <= value < ids.size:
             raise BundleError("user", f"{what} {value} is outside the pod's 0..{ids.size - 1}")
-    return {
+    spec: dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
@@ -244,7 +260,8 @@ def runtime_spec(process: Process, rootfs: str, *, hostname: str, ids: IdRange, 
         },
         "root": {"path": rootfs, "readonly": False},
         "hostname": hostname,
-        "mounts": [*_system_mounts(), *(_bind(m) for m in mounts)],
+        "mounts": [*_system_mounts(), *(_bind(m) for m in mounts),
+                   *(_device_bind(d) for d in devices if d.host_path)],
         "linux": {
             "uidMappings": idmap,
             "gidMappings": idmap,
@@ -255,11 +272,31 @@ def runtime_spec(process: Process, rootfs: str, *, hostname: str, ids: IdRange, 
             "cgroupsPath": cgroups_path,
             "resources": _resources(limits, devices),
             "devices": [{"path": d.path, "type": d.kind, "major": d.major, "minor": d.minor,
-                         "fileMode": d.file_mode, "uid": 0, "gid": 0} for d in devices],
+                         "fileMode": d.file_mode, "uid": 0, "gid": 0} for d in devices if not d.host_path],
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
         },
     }
+    if hooks:
+        spec["hooks"] = _hooks(hooks)
+    return spec
+
+
+def _hooks(hooks: Sequence[Hook]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for h in hooks:
+        entry: dict[str, Any] = {"path": h.path, "args": list(h.args) or [h.path]}
+        if h.env:
+            entry["env"] = list(h.env)
+        if h.timeout is not None:
+            entry["timeout"] = h.timeout
+        out.setdefault(h.hook_name, []).append(entry)
+    return out
+
+
+def _device_bind(d: Device) -> dict[str, Any]:
+    # No nodev here: the node must stay openable; nosuid still holds.
+    return {"destination": d.path, "type": "bind", "source": d.host_path, "options": ["bind", "rprivate", "nosuid"]}
 
 
 def _resources(limits: Limits, devices: Sequence[Device]) -> dict[str, Any]:
