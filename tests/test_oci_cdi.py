@@ -214,3 +214,20 @@ def test_a_container_sees_and_opens_only_its_assigned_test_devices(node: Node, h
     assert proc.wait(30) == 0, node.text()
     assert node.text().split("\n")[:6] == ["wrote0", " 00 00 00 00", "no2", "ctl", "not really libcuda",
                                           "GPU-aaaa,GPU-bbbb GPU-aaaa,GPU-bbbb"]
+
+
+# -- placement ----------------------------------------------------------------------------------------
+
+def test_placement_skips_unhealthy_gpus_and_says_why_when_nothing_else_fits() -> None:
+    from nodus.coordinator.scheduler import Amount, Gpu, NodeView, Request, place
+
+    why = f"{STALE_REASON}: device node /dev/nvidia1 does not exist"
+    stale_node = NodeView("a-stale", True, False, frozenset({"oci"}), Amount(8000, 1 << 34, 1 << 36, 2),
+                          (Gpu(0, "NVIDIA H100", 80 << 30, unhealthy=why), Gpu(1, "NVIDIA H100", 80 << 30, unhealthy=why)))
+    good_node = NodeView("b-good", True, False, frozenset({"oci"}), Amount(8000, 1 << 34, 1 << 36, 1),
+                         (Gpu(0, "NVIDIA H100", 80 << 30),))
+    request = Request.of({"gpu": {"count": 1}}, "registry.local/train@sha256:" + "0" * 64)
+    assert place(request, [stale_node, good_node], []).node == "b-good"
+    refused = place(request, [stale_node], [])
+    assert refused.node is None
+    assert refused.explain == f"no node fits: a-stale: gpu: wants 1 × any, 0 free (2 unhealthy: {why})"

@@ -5,7 +5,8 @@ An attempt fits a node when the node is Ready (its lease holds) and not cordoned
 the Job needs (`process` for a Job without an image, `oci` for one with an image), and its free
 capacity (inventory minus what live attempts reserve) covers the request: cpu, memory, disk, and
 `gpu.count` GPUs of the right type (a family such as H100 matches any H100 variant and never another
-family; `exact` pins the variant), each with at least `minMemory`, linked by NVLink when asked.
+family; `exact` pins the variant), each with at least `minMemory`, linked by NVLink when asked, and
+healthy (a GPU its agent reports unhealthy, for example through a stale CDI spec, is never chosen).
 Nothing fits: the attempt waits (the Job controller fails it after `placement.queueTimeout`).
 
 Free capacity is derived from the Attempt objects in the store (their `spec.node`, `spec.resources`
@@ -74,6 +75,8 @@ class Gpu:
     name: str
     memory_bytes: int = 0
     nvlink_links: int = 0
+    unhealthy: str = ""
+    """Why placement must not use it ("StaleCdiSpec: ..." from its agent's check); empty while healthy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +278,7 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
         sold = (not request.gpu_types or acc is None or gpu_matches(acc.id, request.gpu_types, request.gpu_exact)
                 or (not request.gpu_exact and gpu_matches(acc.family, request.gpu_types, False)))
         nvlink_sold = acc is not None and acc.interconnect is Interconnect.NVLINK
-        usable = [g for g in node.gpus if g.index in free_gpus
+        usable = [g for g in node.gpus if g.index in free_gpus and not g.unhealthy
                   and (not request.gpu_types or gpu_matches(g.name, request.gpu_types, request.gpu_exact)
                        or (acc is not None and sold))
                   and g.memory_bytes >= request.gpu_min_memory
@@ -284,7 +287,9 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
             kind = "/".join(request.gpu_types) or "any"
             extra = (f" with ≥{_quantity(request.gpu_min_memory)}" if request.gpu_min_memory else "") + \
                 (" on NVLink" if request.nvlink else "")
-            return f"gpu: wants {request.gpu_count} × {kind}{extra}, {len(usable)} free"
+            sick = [g for g in node.gpus if g.index in free_gpus and g.unhealthy]
+            why = f" ({len(sick)} unhealthy: {sick[0].unhealthy})" if sick else ""
+            return f"gpu: wants {request.gpu_count} × {kind}{extra}, {len(usable)} free{why}"
         chosen = tuple(sorted(g.index for g in usable)[:request.gpu_count])
     return Candidate(node, free - request.amount, chosen, offering, bool(warm))
 
