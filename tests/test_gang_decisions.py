@@ -1,5 +1,5 @@
 """The gang's pure parts: decide_gang (epochs, restarts, assembly timeouts, what counts against what),
-plan_for (the step each member is told) and place_gang (all or nothing, one member per node, locality)."""
+plan (the step each member is told) and place_gang (all or nothing, one member per node, locality)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +10,7 @@ from nodus.coordinator.clock import rfc3339
 from nodus.coordinator.controllers.attempts import fold_gang
 from nodus.coordinator.controllers.gang import (ASSEMBLE, MESH, START, CreateMember, GangConfig, decide_gang, topology,
                                                 weakest)
-from nodus.coordinator.controllers.gang_plan import plan, plan_for
+from nodus.coordinator.controllers.gang_plan import plan
 from nodus.coordinator.controllers.job import AttemptView, Decision, JobView, StopAttempt
 from nodus.coordinator.scheduler import Amount, NodeView, Request, place_gang
 
@@ -181,8 +181,9 @@ def test_the_plan_moves_assemble_mesh_start_and_names_rank_0s_rendezvous() -> No
     views = [member(1, 0, done="Mesh"), member(1, 1, done="Assemble")]
     assert plan(views[0], views, job, GangConfig()).step == MESH  # rank 1 still probes
     objs = [member_obj(1, 0, done="Mesh"), member_obj(1, 1, done="Mesh")]
-    # The stream's entry takes the stored objects and says the same.
-    assert plan_for(objs[0], objs, gang_job(), GangConfig()).step == START
+    # The stored objects, decoded as the cache decodes them, say the same.
+    assert plan(AttemptView.from_object(objs[0]), [AttemptView.from_object(o) for o in objs],
+                JobView.from_object(gang_job()), GangConfig()).step == START
     assert plan(member(1, 0, done="Mesh"), [member(1, 0, done="Mesh"), member(1, 1, done="Mesh")], job,
                 GangConfig()).step == START
 

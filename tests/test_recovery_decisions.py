@@ -149,7 +149,7 @@ def test_an_auto_cadence_follows_the_offering_it_runs_on() -> None:
             return [*history, *w.attempts.values()]
 
     interruptions = Interruptions(Attempts(), w.clock)  # type: ignore[arg-type]
-    mtbi = interruptions.of(w.attempts[name])
+    mtbi = interruptions.of_offering(AttemptView.from_object(w.attempts[name]).offering)
     assert mtbi is not None and mtbi < 3 * 3600
     views = [AttemptView.from_object(a) for a in w.attempts.values()]
     every = rules.young_daly(8.0, mtbi)
@@ -158,7 +158,7 @@ def test_an_auto_cadence_follows_the_offering_it_runs_on() -> None:
         duration(rules.young_daly(8.0, rules.DEFAULT_MTBI))  # type: ignore[index, arg-type]
     cache, asked = FakeCache(w), {}
     w.clock.advance(every + 2)  # the running attempt's own hours count too, so the figure creeps up a little
-    assert [r.seq for r in store.due_requests(cache, "n1", w.clock.now(), asked, interruptions.of)] == [2]  # type: ignore[arg-type]
+    assert [r.seq for r in store.due_requests(cache, "n1", w.clock.now(), asked, interruptions.of_offering)] == [2]  # type: ignore[arg-type]
     assert store.due_requests(cache, "n1", w.clock.now(), {}) == [], "on the default MTBI it is not due yet"  # type: ignore[arg-type]
 
 
@@ -323,6 +323,10 @@ class FakeCache:
 
     def attempts_of(self, project: str, name: str) -> list[dict[str, Any]]:
         return list(self.w.attempts.values())
+
+    def attempt_view(self, key: str) -> AttemptView | None:
+        obj = self.w.attempts.get(key.rsplit("/", 1)[-1])
+        return None if obj is None else AttemptView.from_object(obj)
 
 
 def test_the_stream_asks_for_periodic_checkpoints_as_they_fall_due() -> None:

@@ -19,6 +19,7 @@ from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
 from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report, phase_of
 from .controllers.cache import Cache, attempt_key
 from .controllers.desired import ASSIGNED, CANCELLED, Said, Told
+from .controllers.views import AttemptView
 from .controllers.reasons import AttemptReason
 from .errors import NodusError
 
@@ -206,7 +207,7 @@ class Session:
         kind = message.WhichOneof("message")
         if kind == "heartbeat":
             await self.service.registry.renew(self.node, self.session_id, self.epoch,
-                                              message.heartbeat.disk_free_bytes)
+                                              message.heartbeat.disk_free_bytes, message.heartbeat.gpus)
             self.send(lease_renewal=self._lease())
         elif kind == "attempt_update":
             await self._update(message.attempt_update)
@@ -323,7 +324,7 @@ class Session:
             await asyncio.sleep(checkpoints.CADENCE_TICK)
             try:
                 for request in checkpoints.due_requests(self.cache, self.node, self.service.clock.now(), asked,
-                                                          self.service.interruptions.of):
+                                                          self.service.interruptions.of_offering):
                     await self._with_store(request)
                     self.send(checkpoint_request=request)
             except Exception:  # noqa: BLE001 - the next tick tries again
@@ -407,17 +408,21 @@ class Session:
         agent keeps the keys it has: `_current_store`)."""
         project = attempt["metadata"]["namespace"]
         job = self.cache.job(project, attempt["spec"]["job"])
-        if job is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
+        job_view = self.cache.job_view(project, attempt["spec"]["job"])  # the same revision as `job`: no await between
+        if job is None or job_view is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
             return None  # its Job is gone: the Job controller stops and deletes it
 
         try:
+            view = self._view(attempt)
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
                                                              self.service.vault, job))
-            checkpoints.prepare(built, attempt, job, siblings, store, self.service.interruptions.of(attempt))
-            plan = gang_plan.plan_for(attempt, siblings, job, self.service.gang_config)
+            checkpoints.prepare(built, attempt, job, siblings, store,
+                                self.service.interruptions.of_offering(view.offering))
+            plan = gang_plan.plan(view, self.cache.attempt_views_of(project, attempt["spec"]["job"]), job_view,
+                                  self.service.gang_config)
             if plan is not None:
                 built.gang.CopyFrom(plan_message(plan, self.service.gang_config))
                 self._plans[attempt["spec"]["id"]] = (plan.epoch, plan.step)
@@ -433,15 +438,23 @@ class Session:
     def _send_plan(self, attempt: dict[str, Any]) -> None:
         """Tells a gang member its next step when it changed (every member's report can change it)."""
         project = attempt["metadata"]["namespace"]
-        job = self.cache.job(project, attempt["spec"]["job"])
+        job = self.cache.job_view(project, attempt["spec"]["job"])
         if job is None:
             return
-        plan = gang_plan.plan_for(attempt, self.cache.attempts_of(project, attempt["spec"]["job"]), job,
+        plan = gang_plan.plan(self._view(attempt), self.cache.attempt_views_of(project, attempt["spec"]["job"]), job,
                               self.service.gang_config)
         if plan is None or self._plans.get(plan.attempt_id) == (plan.epoch, plan.step):
             return
         self._plans[plan.attempt_id] = (plan.epoch, plan.step)
         self.send(gang_plan=plan_message(plan, self.service.gang_config))
+
+    def _view(self, attempt: dict[str, Any]) -> AttemptView:
+        """`attempt` as a view: the cache's (decoded once per revision) while the cache still holds this very
+        dict; once the cache moved on (an earlier message awaited), the dict itself, decoded, so what is sent
+        agrees with the copy the diff decided on."""
+        key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
+        view = self.cache.attempt_view(key) if self.cache.get(key) is attempt else None
+        return view if view is not None else AttemptView.from_object(attempt)
 
     def _output_of(self, project: str) -> Any:
         def find(job: str, output: str, index: int) -> dict[str, Any] | None:

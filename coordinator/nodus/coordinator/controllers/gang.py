@@ -19,7 +19,7 @@ turns its actions back into member actions. What only a gang has lives here:
 - ranks keep their node across epochs unless that node is the one that was lost, or its member
   never assembled;
 - the gang's steps: every member assembles (prepares and reserves ports), then meshes (the probe),
-  then starts through the launcher; `gang_plan.plan_for` is the step each member is told, derived from what
+  then starts through the launcher; `gang_plan.plan` is the step each member is told, derived from what
   the members reported, so a resent report or a reconnect changes nothing;
 - status.gang and status.topology.
 """

@@ -3,7 +3,7 @@ so a resent report or a reconnect changes nothing (the gang's decisions are `gan
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from .gang import ASSEMBLE, DEFAULT_STARTUP_TIMEOUT, MESH, START, GangConfig, done_step
 from .views import AttemptView, JobView
@@ -52,10 +52,3 @@ def plan(attempt: AttemptView, siblings: Sequence[AttemptView], job: JobView, co
     step = MESH if config.probe and any(s == ASSEMBLE for s in steps) else START
     return replace(base, step=step, rendezvous_address=rank0[1], rendezvous_port=rank0[2], peers=tuple(peers))
 
-
-def plan_for(attempt: Mapping[str, Any], siblings: Sequence[Mapping[str, Any]], job: Mapping[str, Any],
-             config: GangConfig) -> Plan | None:
-    """`plan` for callers that hold stored objects (the agent stream's assignment path): decoded here,
-    once per call, until they read the cache's views."""
-    return plan(AttemptView.from_object(attempt), [AttemptView.from_object(s) for s in siblings],
-                JobView.from_object(job), config)

@@ -6,12 +6,9 @@ offering's figure is kept for a minute, which is nothing next to a cadence of 1m
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from ..clock import Clock
 from .cache import Cache
 from .checkpoints import offering_mtbi
-from .views import AttemptView
 
 TTL = 60.0
 
@@ -20,11 +17,6 @@ class Interruptions:
     def __init__(self, cache: Cache, clock: Clock, ttl: float = TTL) -> None:
         self.cache, self.clock, self.ttl = cache, clock, ttl
         self._memo: dict[str, tuple[float, float]] = {}
-
-    def of(self, attempt: Mapping[str, Any] | None) -> float | None:
-        """The MTBI of the offering a stored Attempt was placed on (the agent stream and the cadence
-        sweep hold stored objects); None before it is placed."""
-        return self.of_offering(AttemptView.from_object(attempt).offering if attempt else "")
 
     def of_offering(self, offering: str) -> float | None:
         """The MTBI of `offering` (an AttemptView's); None for "" (not placed yet)."""
