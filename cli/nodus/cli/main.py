@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, checkpoint, data, pricebook, up
+from . import attempts, checkpoint, credits, data, estimate, pricebook, up
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -82,7 +82,8 @@ def cmd_apply(client: Client, args: argparse.Namespace) -> int:
         except CliError as e:
             if "not found" not in e.message:
                 raise
-            client.request("POST", client.collection(r, namespace), body=applied,
+            bound = {"If-Match": args.if_match} if getattr(args, "if_match", None) else None
+            client.request("POST", client.collection(r, namespace), body=applied, headers=bound,
                            params={"fieldManager": "nodus-apply", "fieldValidation": "Strict"})
             print(f"{r.singular}.{r.api_version.split('/')[0]}/{name} created")
             continue
@@ -216,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("apply", help="create or update objects from a file")
     a.add_argument("-f", "--filename", required=True, help="YAML or JSON file, or - for stdin")
+    a.add_argument("--if-match", help="the ETag of `nodus estimate`: the create is bound to that estimate")
     a.set_defaults(func=cmd_apply)
 
     g = sub.add_parser("get", help="list objects or show one")
@@ -243,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_parser(sub)  # save, restore, verify, ls
     up.add_parser(sub)  # coordinator + local agent
     pricebook.add_parser(sub)  # operator: apply, get, versions
+    credits.add_parser(sub)  # balance, held, spent; operators grant
+    estimate.add_parser(sub)  # a Job's estimate and its ETag
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)

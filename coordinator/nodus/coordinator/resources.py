@@ -129,7 +129,7 @@ class ResourceService:
         self.vault = vault
         self._now = now
         self._lookup = _Lookup(self)
-        self._strategies = strategies(vault, images, self._lookup)  # images: Jobs' digests pinned on create
+        self._strategies = strategies(vault, images, self._lookup, store)  # Jobs: digests, estimates
         self.bookmark_seconds = bookmark_seconds
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""
@@ -264,7 +264,7 @@ class ResourceService:
                              fix="drop metadata.namespace from the object or send it to that project")
         return copy.deepcopy(obj)
 
-    async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *,
+    async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
                      dry_run: bool = False, field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
         await self._authorize(caller, info, project, "create", Role.EDITOR)
         self._refuse_read_only(caller, info, "create")
@@ -286,7 +286,7 @@ class ResourceService:
         meta.update(namespace=project, uid=str(uuid.uuid4()), generation=1, creationTimestamp=self._now())
         strategy = self._strategy(info)
         values = strategy.on_create(new, self._now())
-        await strategy.prepare(project, new)
+        await strategy.prepare(project, new, if_match)  # if_match: the estimate a create is bound to
         if dry_run:
             new["metadata"]["resourceVersion"] = ""
             return new, admitted.warnings

@@ -1,13 +1,18 @@
 """Per-kind behaviour of the resource service on create, update and delete, as Kubernetes' registry
 has a strategy per kind: the service does what every kind shares (identity, admission, the store's
 compare-and-swap) and calls these hooks where a kind differs. A Secret's values live in the vault,
-versioned, and never in the stored object; a Job's images are resolved to digests on create.
+versioned, and never in the stored object; a Job's images are resolved to digests on create, and
+its status.estimate is computed (money/quote.py) from the active price book, a placement preview on
+the fleet as the store holds it, and this fleet's own history.
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import time
 import uuid
+from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -15,7 +20,14 @@ import orjson
 from . import errors
 from .api.admission import Lookup
 from .api.references import not_found, secret_version
+from .clock import parse
+from .controllers.attempt_machine import phase_of
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
+from .money import quote
+from .money.books import PriceBooks
+from .money.pricebook import PriceBook
+from .scheduler import Amount, Gpu, NodeView, Request, Reservation, place
+from .store.base import Store
 from .vault import Vault
 
 Values = dict[str, str]
@@ -29,8 +41,9 @@ class KindStrategy:
         """Shapes an admitted new object; returns values the store must not hold (None: none)."""
         return None
 
-    async def prepare(self, project: str, obj: dict[str, Any]) -> None:
-        """After `on_create`, before anything is written (a dry run too): what needs I/O to admit."""
+    async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
+        """After `on_create`, before anything is written (a dry run too): what needs I/O to admit.
+        `if_match` is the create's If-Match header: the ETag of the estimate it is bound to."""
 
     async def readable(self, project: str, name: str, old: dict[str, Any], base: dict[str, Any]) -> None:
         """Adds to `base` (a copy of the stored object) what a patch applies to but the store lacks."""
@@ -91,12 +104,37 @@ class JobStrategy(KindStrategy):
     imagePullSecrets, to the digests every attempt runs: `status.image` {reference, digest, user} and
     `status.sidecarImages[]` (the same and the sidecar's name). The pull secrets are pinned in
     status.secretVersions as mounted Secrets are, so every attempt pulls with the same credentials.
-    spec.image is immutable (JobSpec), so an update never needs resolving again."""
+    spec.image is immutable (JobSpec), so an update never needs resolving again. Without a resolver
+    (a service built without one) images are admitted as written.
 
-    def __init__(self, vault: Vault, images: ImageResolver, lookup: Lookup) -> None:
-        self.vault, self.images, self.lookup = vault, images, lookup
+    Then `status.estimate` (`Estimates`), dry runs too; a create sent with If-Match is bound to the
+    estimate its ETag names (status.estimate.binding, which placement holds to) or refused with
+    EstimateExpired when the ETag is no estimate of this exact spec."""
 
-    async def prepare(self, project: str, obj: dict[str, Any]) -> None:
+    def __init__(self, vault: Vault, images: ImageResolver | None, lookup: Lookup,
+                 estimates: Estimates | None = None) -> None:
+        self.vault, self.images, self.lookup, self.estimates = vault, images, lookup, estimates
+
+    async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
+        if self.images is not None:
+            await self._pin_images(project, obj)
+        if self.estimates is None:
+            return
+        estimate = await self.estimates.estimate(project, obj)
+        if if_match:
+            bound = quote.binding(if_match, obj.get("spec"))
+            if bound is None:
+                raise errors.NodusError(
+                    "EstimateExpired", f"If-Match {if_match} is not an estimate of this exact spec: the spec changed "
+                    "since the dry run, or the ETag came from another object", name=obj["metadata"]["name"],
+                    kind="jobs", group="nodus.dev",
+                    fix="run the dry run again (?dryRun=All, or `nodus estimate -f FILE`) and create with its ETag")
+            estimate["binding"] = bound.as_status()
+        obj.setdefault("status", {})["estimate"] = estimate
+
+    async def _pin_images(self, project: str, obj: dict[str, Any]) -> None:
+        assert self.images is not None
+        images = self.images
         spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
         sidecars = [(i, s) for i, s in enumerate(spec.get("sidecars") or []) if s.get("image")]
         if not spec.get("image") and not sidecars:
@@ -108,7 +146,7 @@ class JobStrategy(KindStrategy):
         async def resolve(image: str, path: str) -> ResolvedImage:
             if image not in resolved:
                 try:
-                    resolved[image] = await self.images.resolve(image, _login_for(image, credentials))
+                    resolved[image] = await images.resolve(image, _login_for(image, credentials))
                 except ImageRefused as e:
                     raise refusal(e, "Job", name, path) from None
             return resolved[image]
@@ -166,13 +204,104 @@ def _raw(value: str) -> bytes:
 
 
 def strategies(vault: Vault, images: ImageResolver | None = None,
-               lookup: Lookup | None = None) -> dict[str, KindStrategy]:
+               lookup: Lookup | None = None, store: Store | None = None) -> dict[str, KindStrategy]:
     """The strategy of each kind that has its own (by kind name); every other kind takes the default.
-    Without `images` (a resource service built without a resolver) a Job is admitted as written."""
+    Without `images` (a resource service built without a resolver) a Job's images are admitted as
+    written; without `store` it gets no estimate."""
     own: dict[str, KindStrategy] = {"Secret": SecretStrategy(vault)}
-    if images is not None and lookup is not None:
-        own["Job"] = JobStrategy(vault, images, lookup)
+    if lookup is not None and (images is not None or store is not None):
+        own["Job"] = JobStrategy(vault, images, lookup, Estimates(store) if store is not None else None)
     return own
+
+
+class Estimates:
+    """What a Job's estimate reads of the fleet, straight from the store (the resource service has no
+    cache): the active price book, the nodes and their leases, the live attempts' reservations, the
+    measured start times per offering, and the project's finished Jobs for a duration."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.books = PriceBooks(store)
+
+    async def estimate(self, project: str, obj: dict[str, Any]) -> dict[str, Any]:
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        now = time.time()
+        book = await self.books.active()
+        attempts = [orjson.loads(r.value) for r in (await self.store.list("attempts/")).records]
+        history = await self._history(project, spec, status)
+        preview = self._preview(project, spec, book, await self._nodes(now), attempts, now)
+        offering = preview.offering.id if preview.offering is not None else ""
+        return quote.quote(book, quote.Shape.of(spec, history), preview, _startup(attempts, offering), now)
+
+    async def _nodes(self, now: float) -> list[NodeView]:
+        leases = {r.key.removeprefix("_leases/"): orjson.loads(r.value)
+                  for r in (await self.store.list("_leases/")).records}
+        out = []
+        for rec in (await self.store.list("_nodes/")).records:
+            doc = orjson.loads(rec.value)
+            lease = leases.get(doc["name"]) or {}
+            ready = not lease.get("expired") and now < (parse(lease.get("expireTime")) or 0.0)
+            cap = doc.get("capacity") or {}
+            out.append(NodeView(doc["name"], ready, bool(doc.get("cordoned")), frozenset(doc.get("runtimes") or ()),
+                                Amount(int(cap.get("cpuMillis", 0)), int(cap.get("memoryBytes", 0)),
+                                       int(cap.get("diskBytes", 0)), int(cap.get("gpus", 0))),
+                                tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
+                                          int(g.get("nvlinkLinks", 0))) for g in doc.get("gpus") or []),
+                                doc.get("labels") or {}, doc.get("region", ""), doc.get("offering", "")))
+        return out
+
+    @staticmethod
+    def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],
+                 attempts: list[dict[str, Any]], now: float) -> quote.Preview:
+        """Where one attempt of the Job would be placed now (a gang's first member, for its offering)."""
+        deadline = parse(spec.get("completeByTime"))
+        within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
+        request = Request.of(spec.get("resources"), spec.get("image"), spec.get("placement"),
+                             spec.get("expectedDuration"), within)
+        request = replace(request, project=project)
+        held = [r for a in attempts if (r := _reservation(a)) is not None]
+        chosen = place(request, nodes, held, book=book)
+        region = next((n.region for n in nodes if n.name == chosen.node), "")
+        return quote.Preview(chosen.offering, chosen.explain, chosen.warm_reuse, region)
+
+    async def _history(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> list[Decimal]:
+        """Run seconds of the project's Jobs that succeeded with the same command or image digest."""
+        digest = (status.get("image") or {}).get("digest")
+        out = []
+        for rec in (await self.store.list(f"jobs/{project}/")).records:
+            job = orjson.loads(rec.value)
+            other, seen = job.get("spec") or {}, job.get("status") or {}
+            same = (digest and (seen.get("image") or {}).get("digest") == digest) or (
+                spec.get("command") and other.get("command") == spec.get("command"))
+            started, ended = parse(seen.get("startTime")), parse(seen.get("completionTime"))
+            if same and seen.get("phase") == "Succeeded" and started is not None and ended is not None:
+                out.append(Decimal(str(round(max(ended - started, 0.0), 3))))
+        return out
+
+
+def _reservation(attempt: dict[str, Any]) -> Reservation | None:
+    spec = attempt.get("spec") or {}
+    if not spec.get("node") or phase_of(attempt).terminal:
+        return None
+    amount = Request.of(spec.get("resources"), spec.get("image")).amount
+    indexes = tuple(spec.get("gpuIndexes") or ())
+    if indexes:
+        amount = Amount(amount.cpu_millis, amount.memory_bytes, amount.disk_bytes, len(indexes))
+    return Reservation(spec["node"], amount, indexes)
+
+
+def _startup(attempts: list[dict[str, Any]], offering: str) -> quote.Startup:
+    """Provisioning→start seconds of the attempts that ran on `offering` (all cold: warm reuse is not
+    recorded on the Attempt yet)."""
+    if not offering:
+        return quote.Startup()
+    cold = []
+    for a in attempts:
+        seen = a.get("status") or {}
+        provisioned, started = parse(seen.get("provisioningTime")), parse(seen.get("startTime"))
+        if (a.get("spec") or {}).get("offering") == offering and provisioned is not None and started is not None:
+            cold.append(Decimal(str(round(max(started - provisioned, 0.0), 3))))
+    return quote.Startup(cold=tuple(cold))
 
 
 def _secret_status(old: dict[str, Any] | None, version: int, values: Values, now: str) -> dict[str, Any]:

@@ -65,6 +65,11 @@ def _request(attempt: AttemptView, job: dict[str, Any] | None = None, now: float
     within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
     request = Request.of(attempt.resources, attempt.image or None, {**policy, **attempt.constraints},
                          spec.get("expectedDuration"), within)
+    # A Job created with If-Match is never placed above the bound of the estimate it was bound to.
+    bound = (((job or {}).get("status") or {}).get("estimate") or {}).get("binding") or {}
+    if bound.get("maxRateUSDPerHour"):
+        request = replace(request, policy=replace(request.policy,
+                                                  bound_usd_per_hour=Decimal(bound["maxRateUSDPerHour"])))
     return replace(request, project=attempt.project)
 
 

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..api.kinds import KindInfo, resolve
 from ..errors import NodusError, new_request_id
 from ..identity import Caller
+from ..money import quote
 from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
 from ..resources import ResourceService
 from ..watches import WatchEvent
@@ -128,6 +129,15 @@ class Gateway:
         return bool(values)
 
     @staticmethod
+    def _etag(obj: dict[str, Any]) -> str:
+        """A dry run's ETag: with an estimate (a Job), the estimate of this exact spec that a create
+        sent with If-Match is bound to (money/quote.py); otherwise the spec's hash."""
+        estimate = (obj.get("status") or {}).get("estimate")
+        if estimate is not None:
+            return quote.etag(obj.get("spec"), estimate)
+        return '"' + hashlib.sha256(orjson.dumps(obj.get("spec"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32] + '"'
+
+    @staticmethod
     def _field_validation(request: web.Request) -> str:
         value = request.query.get("fieldValidation", "Strict") or "Strict"
         if value not in _FIELD_VALIDATION:
@@ -232,11 +242,11 @@ class Gateway:
             body = await self._body(request)
             dry_run = self._dry_run(request)
             obj, warnings = await self.service.create(caller, info, project, body, dry_run=dry_run,
-                                                      field_validation=self._field_validation(request))
+                                                      field_validation=self._field_validation(request),
+                                                      if_match=request.headers.get("If-Match", ""))
             response = self._respond(request, info, obj, 201, warnings)
             if dry_run:
-                response.headers["ETag"] = '"' + hashlib.sha256(orjson.dumps(obj.get("spec"),
-                                                   option=orjson.OPT_SORT_KEYS)).hexdigest()[:32] + '"'
+                response.headers["ETag"] = self._etag(obj)
             return response
         labels = parse_label_selector(q.get("labelSelector"))
         fields = parse_field_selector(q.get("fieldSelector"))

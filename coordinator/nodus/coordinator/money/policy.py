@@ -85,6 +85,8 @@ class Policy:
     """spec.expectedDuration, on the reference accelerator; None when the Job declares none."""
     complete_within_s: Decimal | None = None
     """Seconds from the placement until spec.completeByTime; None when the Job sets none."""
+    bound_usd_per_hour: Decimal | None = None
+    """The rate bound of the estimate a create with If-Match was bound to (its rate plus 10 %)."""
 
     @classmethod
     def of(cls, placement: Mapping[str, Any] | None, expected_duration: str | None = None,
@@ -119,7 +121,7 @@ def refusal(policy: Policy, offering: Offering | None, offering_id: str) -> str 
     limit = policy.max_rate_usd_per_hour
     if offering is None:
         if limit is None:
-            return None
+            return None  # a bound estimate was quoted on a priced offering; an unpriced node charges nothing
         sold = f"offering {offering_id} is not in the active price book" if offering_id else "it is sold as no offering"
         return f"{sold}, so it has no rate to hold to placement.maxRateUSDPerHour {_usd(limit)}"
     if offering.interruptible and policy.interruptible is Interruptible.NEVER:
@@ -127,6 +129,10 @@ def refusal(policy: Policy, offering: Offering | None, offering_id: str) -> str 
     if limit is not None and offering.rate_usd_per_hour > limit:
         return (f"offering {offering.id} costs {_usd(offering.rate_usd_per_hour)}/h, above "
                 f"placement.maxRateUSDPerHour {_usd(limit)}")
+    bound = policy.bound_usd_per_hour
+    if bound is not None and offering.rate_usd_per_hour > bound:
+        return (f"offering {offering.id} costs {_usd(offering.rate_usd_per_hour)}/h, above {_usd(bound)}, the "
+                "estimate this Job was created with (If-Match) plus 10 %")
     return None
 
 
