@@ -231,3 +231,57 @@ def test_placement_skips_unhealthy_gpus_and_says_why_when_nothing_else_fits() ->
     refused = place(request, [stale_node], [])
     assert refused.node is None
     assert refused.explain == f"no node fits: a-stale: gpu: wants 1 × any, 0 free (2 unhealthy: {why})"
+
+
+def heartbeat(agent: Any, nvml: Any) -> None:
+    """One heartbeat with the agent's GPU readings, waited for until the coordinator renewed the lease."""
+    from nodus.v1 import agent_pb2
+
+    agent.send(heartbeat=agent_pb2.Heartbeat(gpus=nvml.read()))
+    agent.expect("lease_renewal")
+
+
+def test_a_stale_spec_marks_the_nodes_gpus_unhealthy_and_the_job_goes_to_the_other_node(
+        coordinator: Any, host: Path) -> None:
+    """Real coordinator, two agents' streams (test_agent_service.FakeAgent) carrying the readings of the
+    agent's own SimulatedNvml after its check against a spec that names a device the host lacks."""
+    from e2e import create
+    from test_agent_service import FakeAgent
+
+    from nodus.agent.nvml import SimulatedNvml
+    from nodus.agent.oci.cdi import check_gpus
+    from nodus.agent.settings import SimulatedGpus
+
+    sim = (AssignedGpu(0, "GPU-simulated-0"),)
+    write_spec(host, spec_doc(host / "gone", gpus=sim))
+    nvmls = {name: SimulatedNvml(SimulatedGpus("H100", 1, 80 << 30)) for name in ("node-a", "node-b")}
+    message = check_gpus(nvmls["node-a"], [host / "cdi"])
+    assert f"device node {host}/gone/dev/nvidia0 does not exist" in message
+    [gpu] = nvmls["node-a"].read()
+    assert (gpu.unhealthy_reason, gpu.unhealthy_message) == (STALE_REASON, message)
+    assert check_gpus(nvmls["node-b"], [host / "empty"]) == "" and not nvmls["node-b"].read()[0].unhealthy_reason
+
+    agents = {}
+    for name, nvml in nvmls.items():
+        agent = FakeAgent(coordinator, name)
+        agent.inventory.gpus.extend(SimulatedNvml(SimulatedGpus("H100", 1, 80 << 30)).read())  # healthy at join
+        agent.register()
+        agent.connect()
+        agent.expect("full_state")
+        heartbeat(agent, nvml)  # the check before attempts found the spec stale after the node joined
+        agents[name] = agent
+    try:
+        create(coordinator, "on-b", resources={"gpu": {"count": 1}})
+        assert agents["node-b"].expect("assignment").gpu_indexes == [0]
+        assert not agents["node-a"].pending("assignment")
+
+        # The operator regenerates the spec; the next check and heartbeat make node-a's GPU usable again.
+        write_spec(host, spec_doc(host, gpus=sim))
+        if os.geteuid() == 0:  # the fixture's device nodes exist only where it could mknod
+            assert check_gpus(nvmls["node-a"], [host / "cdi"]) == ""
+            heartbeat(agents["node-a"], nvmls["node-a"])
+            create(coordinator, "on-a", resources={"gpu": {"count": 1}})
+            assert agents["node-a"].expect("assignment").gpu_indexes == [0]
+    finally:
+        for agent in agents.values():
+            agent.close()

@@ -39,6 +39,8 @@ class Nvml:
         self.driver_version = ""
         self.cuda_version = ""
         self.xids: dict[int, collections.deque[common_pb2.XidEvent]] = {}
+        self.unhealthy = ("", "")
+        """(reason, message) every reading carries while the host's GPUs must not be used (`mark_unhealthy`)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,6 +69,21 @@ class Nvml:
     def available(self) -> bool:
         return self.nv is not None
 
+    def mark_unhealthy(self, reason: str, message: str) -> None:
+        """Every GPU of the host reads unhealthy (a stale CDI spec fails them all), or healthy with ("", "")."""
+        if (reason, message) != self.unhealthy:
+            if reason:
+                log.warning("GPUs unhealthy (%s): %s", reason, message)
+            elif self.unhealthy[0]:
+                log.info("GPUs healthy again (was %s)", self.unhealthy[0])
+        self.unhealthy = (reason, message)
+
+    def _stamp(self, gpus: list[common_pb2.Gpu]) -> list[common_pb2.Gpu]:
+        reason, message = self.unhealthy
+        for gpu in gpus:
+            gpu.unhealthy_reason, gpu.unhealthy_message = reason, message
+        return gpus
+
     def _try(self, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
         try:
             return fn(*args)
@@ -77,7 +94,7 @@ class Nvml:
         """Every GPU's identity and current health readings, ordered by index."""
         if self.nv is None:
             return []
-        return [self._gpu(i, h) for i, h in enumerate(self.handles)]
+        return self._stamp([self._gpu(i, h) for i, h in enumerate(self.handles)])
 
     def _gpu(self, index: int, h: Any) -> common_pb2.Gpu:
         nv, t = self.nv, self._try
@@ -194,6 +211,7 @@ class SimulatedNvml(Nvml):
         self.driver_version = ""
         self.cuda_version = ""
         self.xids = {}
+        self.unhealthy = ("", "")
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -201,5 +219,6 @@ class SimulatedNvml(Nvml):
                     spec.memory_bytes)
 
     def read(self) -> list[common_pb2.Gpu]:
-        return [common_pb2.Gpu(index=i, name=self.spec.model, uuid=f"GPU-simulated-{i}",
-                               memory_bytes=self.spec.memory_bytes, simulated=True) for i in range(self.spec.count)]
+        return self._stamp([common_pb2.Gpu(index=i, name=self.spec.model, uuid=f"GPU-simulated-{i}",
+                                           memory_bytes=self.spec.memory_bytes, simulated=True)
+                            for i in range(self.spec.count)])

@@ -14,7 +14,7 @@ go only to nodes whose lease a heartbeat renewed (`Leases.fresh`).
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Sequence
 
 from google.protobuf import json_format
 
@@ -67,6 +67,11 @@ def capacity_of(inventory: common_pb2.NodeInventory) -> dict[str, int]:
             "gpus": len(inventory.gpus)}
 
 
+def unhealthy(gpu: common_pb2.Gpu) -> str:
+    """Why placement must not use the GPU, as its agent said ("Reason: message"); "" when healthy."""
+    return f"{gpu.unhealthy_reason}: {gpu.unhealthy_message}" if gpu.unhealthy_reason else ""
+
+
 def amount_of(doc: dict[str, Any] | None) -> Amount:
     doc = doc or {}
     return Amount(int(doc.get("cpuMillis", 0)), int(doc.get("memoryBytes", 0)), int(doc.get("diskBytes", 0)),
@@ -115,9 +120,14 @@ class NodeRegistry:
         now = self.clock.now()
         out = []
         for _, doc in self.cache.under(NODES):
+            lease = self.lease(doc["name"])
+            # The newest heartbeat's health wins over the registration's (a spec can go stale in between).
+            health = (lease or {}).get("gpuUnhealthy")
             gpus = tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
-                             int(g.get("nvlinkLinks", 0))) for g in doc.get("gpus") or [])
-            out.append(NodeView(doc["name"], self.leases.fresh(self.lease(doc["name"]), now),
+                             int(g.get("nvlinkLinks", 0)),
+                             str(health.get(str(g.get("index", 0)), "")) if isinstance(health, dict)
+                             else str(g.get("unhealthy", ""))) for g in doc.get("gpus") or [])
+            out.append(NodeView(doc["name"], self.leases.fresh(lease, now),
                                 bool(doc.get("cordoned")), frozenset(doc.get("runtimes") or ()),
                                 amount_of(doc.get("capacity")), gpus, doc.get("labels") or {}, doc.get("region", ""),
                                 doc.get("offering", "")))
@@ -142,7 +152,8 @@ class NodeRegistry:
                        inventory=json_format.MessageToDict(inventory, preserving_proto_field_name=True),
                        capacity=capacity_of(inventory),
                        gpus=[{"index": g.index, "name": g.name, "memoryBytes": g.memory_bytes,
-                              "nvlinkLinks": g.nvlink_active_links, "simulated": g.simulated} for g in inventory.gpus],
+                              "nvlinkLinks": g.nvlink_active_links, "simulated": g.simulated,
+                              "unhealthy": unhealthy(g)} for g in inventory.gpus],
                        runtimes=sorted({_RUNTIMES[r] for r in inventory.runtimes if r in _RUNTIMES}),
                        labels=dict(inventory.labels), region=inventory.region_class, offering=inventory.offering)
             return doc
@@ -155,8 +166,10 @@ class NodeRegistry:
         return {"node": node["name"], "epoch": node["epoch"], "sessionId": node["sessionId"], "renewTime": rfc3339(now),
                 "expireTime": rfc3339(now + self.leases.duration), "expired": False}
 
-    async def renew(self, name: str, session_id: str, epoch: int, disk_free_bytes: int = 0) -> dict[str, Any]:
-        """A heartbeat of the current session renews the lease (and revives an expired one)."""
+    async def renew(self, name: str, session_id: str, epoch: int, disk_free_bytes: int = 0,
+                    gpus: Sequence[common_pb2.Gpu] = ()) -> dict[str, Any]:
+        """A heartbeat of the current session renews the lease (and revives an expired one), with the
+        GPUs' health it carries (index -> why unhealthy, "" when healthy) for placement."""
         node = self.node(name)
         if node is None or node.get("sessionId") != session_id or int(node.get("epoch", 0)) != epoch:
             raise NodusError("StaleSession", f'session {epoch} of node "{name}" was superseded or is unknown')
@@ -164,6 +177,8 @@ class NodeRegistry:
         lease = self._lease(node, now)
         if disk_free_bytes:
             lease["diskFreeBytes"] = disk_free_bytes
+        if gpus:
+            lease["gpuUnhealthy"] = {str(g.index): unhealthy(g) for g in gpus}
         return await self.objects.upsert(LEASES + name, lambda _: lease)
 
     # -- operators --------------------------------------------------------------------------------

@@ -227,7 +227,7 @@ class HostInventory(_message.Message):
     def __init__(self, cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "name", "uuid", "memory_bytes", "ecc", "remapped_rows", "temperature_c", "power_w", "pcie", "nvlink_active_links", "xid_events", "simulated")
+    __slots__ = ("index", "name", "uuid", "memory_bytes", "ecc", "remapped_rows", "temperature_c", "power_w", "pcie", "nvlink_active_links", "xid_events", "simulated", "unhealthy_reason", "unhealthy_message")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,8 @@ class Gpu(_message.Message):
     NVLINK_ACTIVE_LINKS_FIELD_NUMBER: _ClassVar[int]
     XID_EVENTS_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_REASON_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     uuid: str
@@ -252,7 +254,9 @@ class Gpu(_message.Message):
     nvlink_active_links: int
     xid_events: _containers.RepeatedCompositeFieldContainer[XidEvent]
     simulated: bool
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., uuid: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., ecc: _Optional[_Union[GpuEccCounters, _Mapping]] = ..., remapped_rows: _Optional[_Union[GpuRemappedRows, _Mapping]] = ..., temperature_c: _Optional[int] = ..., power_w: _Optional[str] = ..., pcie: _Optional[_Union[PcieLink, _Mapping]] = ..., nvlink_active_links: _Optional[int] = ..., xid_events: _Optional[_Iterable[_Union[XidEvent, _Mapping]]] = ..., simulated: _Optional[bool] = ...) -> None: ...
+    unhealthy_reason: str
+    unhealthy_message: str
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., uuid: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., ecc: _Optional[_Union[GpuEccCounters, _Mapping]] = ..., remapped_rows: _Optional[_Union[GpuRemappedRows, _Mapping]] = ..., temperature_c: _Optional[int] = ..., power_w: _Optional[str] = ..., pcie: _Optional[_Union[PcieLink, _Mapping]] = ..., nvlink_active_links: _Optional[int] = ..., xid_events: _Optional[_Iterable[_Union[XidEvent, _Mapping]]] = ..., simulated: _Optional[bool] = ..., unhealthy_reason: _Optional[str] = ..., unhealthy_message: _Optional[str] = ...) -> None: ...
 
 class GpuEccCounters(_message.Message):
     __slots__ = ("volatile_corrected", "volatile_uncorrected", "aggregate_corrected", "aggregate_uncorrected")

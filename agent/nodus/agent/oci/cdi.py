@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from ..nvml import Nvml
 from .bundle import Device, Hook, Mount
 
 GPU_KIND = "nvidia.com/gpu"
@@ -354,3 +355,13 @@ def check_host(driver_version: str, dirs: Sequence[Path] = SPEC_DIRS, stat: Stat
     shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
     sources = ", ".join(s.source for s in specs)
     return f"the CDI spec ({sources}) is stale: {shown}; regenerate it (nvidia-ctk cdi generate) for this driver"
+
+
+def check_gpus(nvml: Nvml, dirs: Sequence[Path] = SPEC_DIRS, stat: Stat = os.stat) -> str:
+    """The check before an attempt (and at start): the host's GPUs read unhealthy with StaleCdiSpec while
+    its spec is stale, healthy again once it matches, so every heartbeat tells placement. Returns the message."""
+    if not nvml.handles:
+        return ""
+    message = check_host(nvml.driver_version, dirs, stat)
+    nvml.mark_unhealthy(STALE_REASON if message else "", message)
+    return message
