@@ -41,6 +41,8 @@ SERVICES = {
         "CreateToken": (False, False),
         "ListTokens": (False, False),
         "RevokeToken": (False, False),
+        "GrantCredits": (False, False),
+        "GetCredits": (False, False),
     },
     (agent_pb2, agent_pb2_grpc, "AgentService"): {
         "Register": (False, False),

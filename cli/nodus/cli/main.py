@@ -246,7 +246,6 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_parser(sub)  # coordinator + local agent
     pricebook.add_parser(sub)  # operator: apply, get, versions
     credits.add_parser(sub)  # balance, held, spent; operators grant
-    credits.add_parser(sub)  # balance, held, spent; operators grant
     estimate.add_parser(sub)  # a Job's estimate and its ETag
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):

@@ -26,11 +26,13 @@ from nodus.v1 import (agent_pb2, blob_pb2, blob_pb2_grpc, gang_pb2, node_pb2, pr
 
 from .api.kinds import resolve
 from .blobs import BlobStore
-from .clock import Clock, SystemClock
+from .clock import Clock, SystemClock, rfc3339
 from .errors import NodusError, new_request_id
-from .identity import ALL_PROJECTS, Caller, Identity, Role
+from .identity import ALL_PROJECTS, Caller, Identity, Role, require_operator
 from .metrics import LATENCY, REQUESTS, WATCHERS
 from .money.books import PriceBooks
+from .money.credits import Balance, Credits
+from .money.ledger_store import Ledger
 from .resources import ResourceService
 from .selectors import parse_field_selector, parse_label_selector
 
@@ -248,9 +250,15 @@ def _project(doc: dict[str, Any]) -> Any:
                                create_time=_timestamp(doc["createTime"]))
 
 
+def _credits(balance: Balance) -> Any:
+    return project_pb2.Credits(project=balance.project, available_usd=str(balance.available),
+                               held_usd=str(balance.held), spent_this_month_usd=str(balance.spent_this_month),
+                               month=balance.month, granted_usd=str(balance.granted))
+
+
 class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
-    def __init__(self, identity: Identity) -> None:
-        self.identity = identity
+    def __init__(self, identity: Identity, credits: Credits, clock: Clock) -> None:
+        self.identity, self.credits, self.clock = identity, credits, clock
 
     @staticmethod
     def _require(caller: Caller, project: str, what: str) -> None:
@@ -295,6 +303,29 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
         self._require(caller, record["project"], "revoke tokens")
         return _token(await self.identity.revoke_token(request.id))
 
+    @rpc("grantcredits")
+    async def GrantCredits(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)  # credits are money: a project's own admin cannot mint them
+        if not request.project:
+            raise NodusError("BadRequest", "project is required", fix='set "project" to the project to credit')
+        await self.identity.require_project(request.project)
+        now = rfc3339(self.clock.now())
+        posting, granted = await self.credits.grant(request.project, request.amount_usd, request.request_id, now,
+                                                    note=request.note)
+        log.info("credits %s: %s USD to project %s (request %s, by %s)", "granted" if granted else "already granted",
+                 posting.amount, request.project, request.request_id, caller.subject)
+        return project_pb2.GrantCreditsResponse(credits=_credits(await self.credits.balance(request.project, now)),
+                                                granted=granted, seq=posting.seq, book_time=_timestamp(posting.time))
+
+    @rpc("getcredits")
+    async def GetCredits(self, caller: Caller, request: Any, context: Any) -> Any:
+        project = request.project or caller.project
+        if project == ALL_PROJECTS or not caller.can(project, Role.VIEWER):
+            raise NodusError("Forbidden", f'User "{caller.subject}" cannot read the credits of project "{project}"',
+                             fix="name a project your token belongs to (GetCreditsRequest.project)")
+        await self.identity.require_project(project)
+        return _credits(await self.credits.balance(project, rfc3339(self.clock.now())))
+
 
 AGENT_SERVICE, NODE_SERVICE, GANG_SERVICE = SERVICE_NAMES[2], SERVICE_NAMES[3], SERVICE_NAMES[4]
 
@@ -324,7 +355,8 @@ async def start(service: ResourceService, listen: str, blobs: BlobStore | None =
     outside this module (AgentService, NodeService)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
     resource_pb2_grpc.add_ResourceServiceServicer_to_server(ResourceServicer(service), server)
-    project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(service.identity), server)
+    project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(
+        service.identity, Credits(Ledger(service.store)), clock), server)
     for _, add in servicers:
         add(server)
     if blobs is not None:

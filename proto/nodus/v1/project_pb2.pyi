@@ -84,3 +84,49 @@ class RevokeTokenRequest(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class Credits(_message.Message):
+    __slots__ = ("project", "available_usd", "held_usd", "spent_this_month_usd", "month", "granted_usd")
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_USD_FIELD_NUMBER: _ClassVar[int]
+    HELD_USD_FIELD_NUMBER: _ClassVar[int]
+    SPENT_THIS_MONTH_USD_FIELD_NUMBER: _ClassVar[int]
+    MONTH_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_USD_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    available_usd: str
+    held_usd: str
+    spent_this_month_usd: str
+    month: str
+    granted_usd: str
+    def __init__(self, project: _Optional[str] = ..., available_usd: _Optional[str] = ..., held_usd: _Optional[str] = ..., spent_this_month_usd: _Optional[str] = ..., month: _Optional[str] = ..., granted_usd: _Optional[str] = ...) -> None: ...
+
+class GrantCreditsRequest(_message.Message):
+    __slots__ = ("project", "amount_usd", "request_id", "note")
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_USD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    amount_usd: str
+    request_id: str
+    note: str
+    def __init__(self, project: _Optional[str] = ..., amount_usd: _Optional[str] = ..., request_id: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class GrantCreditsResponse(_message.Message):
+    __slots__ = ("credits", "granted", "seq", "book_time")
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BOOK_TIME_FIELD_NUMBER: _ClassVar[int]
+    credits: Credits
+    granted: bool
+    seq: int
+    book_time: _timestamp_pb2.Timestamp
+    def __init__(self, credits: _Optional[_Union[Credits, _Mapping]] = ..., granted: _Optional[bool] = ..., seq: _Optional[int] = ..., book_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetCreditsRequest(_message.Message):
+    __slots__ = ("project",)
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    def __init__(self, project: _Optional[str] = ...) -> None: ...

@@ -60,6 +60,16 @@ class ProjectServiceStub:
                 request_serializer=nodus_dot_v1_dot_project__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=nodus_dot_v1_dot_project__pb2.Token.FromString,
                 _registered_method=True)
+        self.GrantCredits = channel.unary_unary(
+                '/nodus.v1.ProjectService/GrantCredits',
+                request_serializer=nodus_dot_v1_dot_project__pb2.GrantCreditsRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_project__pb2.GrantCreditsResponse.FromString,
+                _registered_method=True)
+        self.GetCredits = channel.unary_unary(
+                '/nodus.v1.ProjectService/GetCredits',
+                request_serializer=nodus_dot_v1_dot_project__pb2.GetCreditsRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_project__pb2.Credits.FromString,
+                _registered_method=True)
 
 
 class ProjectServiceServicer:
@@ -102,6 +112,23 @@ class ProjectServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantCredits(self, request, context):
+        """GrantCredits adds prepaid credits to a project (operator token). The request id makes it happen
+        once: a retry with the same id and amount answers the first grant, with another amount it is
+        refused (ALREADY_EXISTS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCredits(self, request, context):
+        """GetCredits reads a project's credits: available, held by running work, spent this month. Any
+        valid token of the project may read them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProjectServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +156,16 @@ def add_ProjectServiceServicer_to_server(servicer, server):
                     servicer.RevokeToken,
                     request_deserializer=nodus_dot_v1_dot_project__pb2.RevokeTokenRequest.FromString,
                     response_serializer=nodus_dot_v1_dot_project__pb2.Token.SerializeToString,
+            ),
+            'GrantCredits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantCredits,
+                    request_deserializer=nodus_dot_v1_dot_project__pb2.GrantCreditsRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_project__pb2.GrantCreditsResponse.SerializeToString,
+            ),
+            'GetCredits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCredits,
+                    request_deserializer=nodus_dot_v1_dot_project__pb2.GetCreditsRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_project__pb2.Credits.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +304,60 @@ class ProjectService:
             '/nodus.v1.ProjectService/RevokeToken',
             nodus_dot_v1_dot_project__pb2.RevokeTokenRequest.SerializeToString,
             nodus_dot_v1_dot_project__pb2.Token.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantCredits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.ProjectService/GrantCredits',
+            nodus_dot_v1_dot_project__pb2.GrantCreditsRequest.SerializeToString,
+            nodus_dot_v1_dot_project__pb2.GrantCreditsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCredits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.ProjectService/GetCredits',
+            nodus_dot_v1_dot_project__pb2.GetCreditsRequest.SerializeToString,
+            nodus_dot_v1_dot_project__pb2.Credits.FromString,
             options,
             channel_credentials,
             insecure,
