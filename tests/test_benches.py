@@ -129,3 +129,12 @@ def test_placement_bench_reports_a_priced_pass_beside_one_without_a_book() -> No
         "priced beside unpriced": rf"^priced pass ms\s+({NUM})\s+without a book\s+({NUM}) ms$",
         "per node per attempt": rf"^pricing adds\s+({NUM}) µs per node per attempt$",
     })
+
+
+def test_estimate_bench_reports_a_priced_dry_run_beside_one_without_a_book() -> None:
+    figures(run_tiny("estimate"), {
+        "priced beside unpriced": rf"^priced p50 / p99\s+({NUM}) ms /\s+({NUM}) ms\s+without a book\s+({NUM}) ms /"
+                                  rf"\s+({NUM}) ms$",
+        "what pricing adds": rf"^pricing adds at p99\s+({NUM}) ms\s+target <= 5 ms$",
+        "accuracy not yet": r"^accuracy \(actual <= p90, <= p50\)\s+not measurable yet: .+ledger",
+    })
