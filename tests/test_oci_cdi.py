@@ -144,7 +144,8 @@ def test_a_yaml_spec_loads_and_bad_fields_are_named(host: Path) -> None:
 
 def test_hooks_go_to_runc_under_their_hook_point_and_hostpath_devices_are_bound() -> None:
     process = resolve_process(ContainerRequest("main", command=("true",)), ImageConfig())
-    devices = [Device("/dev/nvidia0", "c", 195, 0, host_path="/host/dev/nvidia0"), Device("/dev/nvidiactl", "c", 195, 255)]
+    devices = [Device("/dev/nvidia0", "c", 195, 0, host_path="/host/dev/nvidia0"),
+               Device("/dev/nvidiactl", "c", 195, 255)]
     spec = runtime_spec(process, "/rootfs", hostname="h", ids=IdRange.for_slot(0),
                         namespaces=PodNamespaces("/u", "/n", "/i"), cgroups_path="/c",
                         devices=devices, hooks=[Hook("createContainer", "/usr/bin/nvidia-cdi-hook",
@@ -231,7 +232,8 @@ def test_placement_skips_unhealthy_gpus_and_says_why_when_nothing_else_fits() ->
 
     why = f"{STALE_REASON}: device node /dev/nvidia1 does not exist"
     stale_node = NodeView("a-stale", True, False, frozenset({"oci"}), Amount(8000, 1 << 34, 1 << 36, 2),
-                          (Gpu(0, "NVIDIA H100", 80 << 30, unhealthy=why), Gpu(1, "NVIDIA H100", 80 << 30, unhealthy=why)))
+                          (Gpu(0, "NVIDIA H100", 80 << 30, unhealthy=why),
+                           Gpu(1, "NVIDIA H100", 80 << 30, unhealthy=why)))
     good_node = NodeView("b-good", True, False, frozenset({"oci"}), Amount(8000, 1 << 34, 1 << 36, 1),
                          (Gpu(0, "NVIDIA H100", 80 << 30),))
     request = Request.of({"gpu": {"count": 1}}, "registry.local/train@sha256:" + "0" * 64)
