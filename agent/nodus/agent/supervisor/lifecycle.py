@@ -12,12 +12,12 @@ import shutil
 import signal
 import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from ..cgroups import Cgroup
+from ..clock import Clock
 from ..launch import GangLaunch
 from ..layout import AttemptLayout
 from ..outputs import collect_outputs
@@ -44,8 +44,10 @@ class Stop(Exception):
 
 class Supervisor:
     def __init__(self, layout: AttemptLayout, spec: dict[str, Any], secrets: dict[str, Any],
-                 notify_path: str | None) -> None:
+                 notify_path: str | None, clock: Clock) -> None:
         self.layout = layout
+        self.clock = clock
+        """Its deadlines (grace, init and sidecar timeouts, the gate's polls) and status.json's times."""
         self.spec = spec
         self.secret_env: dict[str, str] = dict(secrets.get("env") or {})
         self.sidecar_secret_env: dict[str, dict[str, str]] = dict(secrets.get("sidecars") or {})
@@ -58,11 +60,11 @@ class Supervisor:
                                        "oom_killed": False, "start_time": None, "finish_time": None,
                                        "outputs": [], "process_groups": [], "cgroup": []}
         self.log_fd = os.open(layout.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self.procs = Processes(self.log_fd, self.cwd, spec.get("user"), self.check_stop)
+        self.procs = Processes(self.log_fd, self.cwd, spec.get("user"), self.check_stop, clock)
         if spec.get("oci"):  # an image: the steps are runc containers of the attempt's pod
             from .containers import containers_for
             self.procs.runtime = containers_for(layout, spec) or self.procs.runtime
-        self.sidecars = Sidecars(self.procs, self.note, float(spec.get("stop_grace", 10)))
+        self.sidecars = Sidecars(self.procs, self.note, float(spec.get("stop_grace", 10)), clock)
         self.teardown = Teardown(self.procs, self.note)
 
     @property
@@ -73,7 +75,7 @@ class Supervisor:
     def set(self, durable: bool = False, **changes: Any) -> None:
         self.status.update(changes)
         self.status["process_groups"] = list(self.procs.process_groups)
-        self.status["time"] = time.time()
+        self.status["time"] = self.clock.now()
         write_json(self.layout.status, self.status, mode=0o644, durable=durable)
         self._notify()
 
@@ -98,7 +100,7 @@ class Supervisor:
 
     def finish(self, phase: P, reason: str, message: str, **extra: Any) -> None:
         assert phase.terminal
-        self.set(durable=True, phase=phase, reason=reason, message=self.scrub(message), finish_time=time.time(),
+        self.set(durable=True, phase=phase, reason=reason, message=self.scrub(message), finish_time=self.clock.now(),
                  **extra)
 
     # -- stops -------------------------------------------------------------------------------------
@@ -242,7 +244,7 @@ class Supervisor:
             self.finish(P.FAILED, Reason.ERROR,
                         f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}", exit_code=code)
             return
-        self.set(phase=P.RUNNING, start_time=time.time(), main_pid=main.proc.pid)
+        self.set(phase=P.RUNNING, start_time=self.clock.now(), main_pid=main.proc.pid)
         try:
             while main.exit_code is None:
                 self.procs.wait(3600, [main])
@@ -299,7 +301,7 @@ class Supervisor:
         env = self.env({"NODUS_READY_FILE": str(self.layout.ready / "main")}, base=launch.env)
         write_launch_files(launch.files, self.spec.get("user"))
         if launch.waits_for_head:
-            problem = await_head(gl.head, gl.head_timeout_s, self.procs.wait, self.note)
+            problem = await_head(gl.head, gl.head_timeout_s, self.procs.wait, self.note, self.clock)
             if problem is not None:
                 self._fail(P.LOST, Reason.RENDEZVOUS_TIMEOUT, problem)
                 return

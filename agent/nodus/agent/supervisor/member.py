@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..clock import Clock
 from ..launch import split_endpoint
 
 GATE_POLL = 0.02
@@ -37,18 +37,19 @@ def write_launch_files(files: dict[str, str], user: dict[str, Any] | None) -> No
                 os.chown(d, user["uid"], user["gid"])
 
 
-def await_head(head: str, timeout: float, wait: Callable[[float], None], note: Callable[[str], None]) -> str | None:
+def await_head(head: str, timeout: float, wait: Callable[[float], None], note: Callable[[str], None],
+               clock: Clock) -> str | None:
     """Polls rank 0's endpoint until it accepts a TCP connection (`wait` pumps the supervisor's
-    children and raises its Stop); returns why not after `timeout` (None: it accepts)."""
+    children and raises its Stop); returns why not after `timeout` on `clock` (None: it accepts)."""
     host, port = split_endpoint(head)
     note(f"waiting up to {timeout:g}s for the gang's head at {head}")
-    deadline = time.monotonic() + timeout
+    deadline = clock.monotonic() + timeout
     while True:
-        left = deadline - time.monotonic()
+        left = deadline - clock.monotonic()
         if _accepts(host, port, max(0.05, min(1.0, left))):
             note(f"the gang's head at {head} accepts connections")
             return None
-        left = deadline - time.monotonic()
+        left = deadline - clock.monotonic()
         if left <= 0:
             return f"rank 0's rendezvous endpoint {head} did not accept connections within {timeout:g}s"
         wait(min(HEAD_POLL, left))

@@ -15,11 +15,11 @@ import os
 import selectors
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from ..cgroups import Cgroup
+from ..clock import Clock
 
 MESSAGE_LINES = 3
 """Lines of a child's output kept for the attempt's message."""
@@ -77,13 +77,16 @@ class Child:
 class Processes:
     """Every child of one supervisor, the attempt log they write to, and the wait that pumps them."""
 
-    def __init__(self, log_fd: int, cwd: str, user: dict[str, Any] | None, check_stop: Callable[[], None]) -> None:
+    def __init__(self, log_fd: int, cwd: str, user: dict[str, Any] | None, check_stop: Callable[[], None],
+                 clock: Clock) -> None:
         self.log_fd = log_fd
         self.cwd = cwd
         self.user = user
         """{"uid", "gid", "groups"} or None: children run as the supervisor's user."""
         self.check_stop = check_stop
         """Raises the supervisor's Stop when a stop was asked for; called by interruptible waits."""
+        self.clock = clock
+        """Every wait's deadline is on it (the supervisor's one clock, from __main__)."""
         self.cgroup = Cgroup(0)
         """Where children go; the supervisor replaces it once it created the attempt's cgroup."""
         self.runtime: StepRuntime = ForkExec(self)
@@ -106,19 +109,19 @@ class Processes:
 
     def wait(self, timeout: float, children: Sequence[Child] = (), interruptible: bool = True) -> None:
         """Waits up to `timeout` for one of `children` to exit, pumping output meanwhile."""
-        deadline = time.monotonic() + timeout
-        checked = 0.0
+        deadline = self.clock.monotonic() + timeout
+        checked = float("-inf")  # look for a stop before the first select
         watched = {c.pidfd: c for c in children if c.pidfd >= 0}
         for fd in watched:
             self.selector.register(fd, selectors.EVENT_READ, "exit")
         try:
             while True:
-                if interruptible and (self.stop_signalled or time.monotonic() - checked >= STOP_CHECK_INTERVAL):
-                    checked = time.monotonic()
+                if interruptible and (self.stop_signalled or self.clock.monotonic() - checked >= STOP_CHECK_INTERVAL):
+                    checked = self.clock.monotonic()
                     self.check_stop()
                 if any(c.exit_code is not None for c in children):
                     return
-                left = deadline - time.monotonic()
+                left = deadline - self.clock.monotonic()
                 if left <= 0:
                     return
                 for key, _ in self.selector.select(min(left, 1.0)):
@@ -177,9 +180,9 @@ class Processes:
 
     def drain(self, child: Child, timeout: float = 1.0) -> None:
         """Reads what an exited child left in its pipe (its own children may hold it open)."""
-        deadline = time.monotonic() + timeout
-        while child.pipe is not None and time.monotonic() < deadline:
-            ready = self.selector.select(max(0.0, deadline - time.monotonic()))
+        deadline = self.clock.monotonic() + timeout
+        while child.pipe is not None and self.clock.monotonic() < deadline:
+            ready = self.selector.select(max(0.0, deadline - self.clock.monotonic()))
             for key, _ in ready:
                 if isinstance(key.data, Child):
                     self._pump(key.data)

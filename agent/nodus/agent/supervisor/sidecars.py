@@ -4,10 +4,10 @@ once, each bounded; their failures are logged, never the attempt's result)."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..clock import Clock
 from .processes import Child, Processes
 
 PREFIX_TEARDOWN = b"[teardown] "
@@ -18,8 +18,9 @@ READY_POLL = 0.05
 
 
 class Sidecars:
-    def __init__(self, procs: Processes, note: Callable[[str], None], stop_grace: float) -> None:
+    def __init__(self, procs: Processes, note: Callable[[str], None], stop_grace: float, clock: Clock) -> None:
         self.procs = procs
+        self.clock = clock
         self.note = note
         self.stop_grace = stop_grace
         self.started: list[Child] = []
@@ -33,7 +34,7 @@ class Sidecars:
         except OSError as e:
             return f"sidecar {name} could not start: {e.strerror or e}"
         self.started.append(child)
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         while True:
             if ready_file.exists() or _listening(child.proc.pid):
                 self.note(f"sidecar {name} is ready")
@@ -42,7 +43,7 @@ class Sidecars:
                 self.procs.drain(child)
                 lines = list(child.tail)[-2:]
                 return "\n".join([f"sidecar {name} exited with code {child.exit_code} before it was ready", *lines])
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 return (f"sidecar {name} was not ready within {timeout:g}s (no listening TCP port and no "
                         "$NODUS_READY_FILE)")
             self.procs.wait(READY_POLL, [child])
