@@ -18,7 +18,7 @@ from nodus.agent.oci.bundle import Device, IdRange, Mount, PodNamespaces, resolv
 from nodus.agent.oci.bundle import ContainerRequest, Hook, ImageConfig
 from nodus.agent.oci.cdi import (STALE_REASON, AssignedGpu, CdiError, ContainerEdits, DeviceNode, all_edits,
                                  check_host, driver_edits, gpu_injection, inject, load_specs, parse_spec, resolve,
-                                 stale)
+                                 stale, with_gpus)
 
 DRIVER = "535.104.05"
 GPUS = (AssignedGpu(0, "GPU-aaaa"), AssignedGpu(1, "GPU-bbbb"), AssignedGpu(2, "GPU-cccc"))
@@ -211,7 +211,8 @@ def test_a_container_sees_and_opens_only_its_assigned_test_devices(node: Node, h
     script = ("exec 3<>/dev/nvidia0 && echo opened0; exec 3<&-; head -c 4 /dev/nvidia1 | od -An -tx1; "
               "test -e /dev/nvidia2 || echo no2; test -e /dev/nvidiactl && echo ctl; "
               "cat /usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05; echo $NVIDIA_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES")
-    request = sh(script, env=dict(out.env))
+    request = with_gpus(sh(script, env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}), out)
+    assert request.env["NVIDIA_DRIVER_CAPABILITIES"] == "all"  # the Job's own env wins over the spec's
     proc = pod.start("main", request, ImageConfig(cmd=("sh",), env=("PATH=/bin",)), node.rootfs, log := node.log(),
                      (*out.mounts,), devices=out.devices)
     os.close(log)

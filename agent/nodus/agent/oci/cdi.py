@@ -22,14 +22,14 @@ from __future__ import annotations
 import os
 import re
 import stat as stat_mod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
 from ..nvml import Nvml
-from .bundle import Device, Hook, Mount
+from .bundle import ContainerRequest, Device, Hook, Mount
 
 GPU_KIND = "nvidia.com/gpu"
 SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -278,6 +278,18 @@ def inject(edits: ContainerEdits, gpus: Sequence[AssignedGpu], source: str, stat
     # UUIDs, not indexes: inside the container only the assigned GPUs exist, so host indexes would mislead.
     env.update(NVIDIA_VISIBLE_DEVICES=visible or "void", CUDA_VISIBLE_DEVICES=visible)
     return GpuInjection(tuple(devices), edits.mounts, env, edits.hooks, source)
+
+
+VISIBLE_DEVICES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def with_gpus(request: ContainerRequest, injection: GpuInjection) -> ContainerRequest:
+    """The step's request with the GPUs' env: the spec's under the Job's own, the visible devices over it
+    (a Job's NVIDIA_VISIBLE_DEVICES=all must not name GPUs another attempt holds)."""
+    env = {k: v for k, v in injection.env.items() if k not in VISIBLE_DEVICES}
+    env.update(request.env)
+    env.update({k: injection.env[k] for k in VISIBLE_DEVICES if k in injection.env})
+    return replace(request, env=env)
 
 
 def gpu_injection(gpus: Sequence[AssignedGpu], driver_version: str, dirs: Sequence[Path] = SPEC_DIRS,
