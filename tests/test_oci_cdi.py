@@ -96,6 +96,7 @@ def test_assigned_gpus_resolve_by_uuid_with_the_specs_common_edits_and_visible_d
     assert out.env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert {(d.path, d.major, d.minor) for d in out.devices} == {
         (p, os.major(NULL), os.minor(NULL)) for p in ("/dev/nvidiactl", "/dev/nvidia2", "/dev/nvidia0")}
+    assert type(out).from_json(json.loads(json.dumps(out.to_json()))) == out  # as spec.json carries it
 
 
 def test_a_gpu_only_named_by_index_resolves_and_an_unknown_one_is_refused_naming_it(host: Path) -> None:

@@ -113,6 +113,27 @@ class GpuInjection:
     source: str
     """The spec file used, or "driver" when none was."""
 
+    def to_json(self) -> dict[str, Any]:
+        """For spec.json's "oci" section: the agent resolves, the supervisor's containers apply."""
+        return {"source": self.source, "env": dict(self.env),
+                "devices": [{"path": d.path, "type": d.kind, "major": d.major, "minor": d.minor,
+                             "fileMode": d.file_mode, "hostPath": d.host_path} for d in self.devices],
+                "mounts": [{"containerPath": m.destination, "hostPath": m.source, "readOnly": m.read_only}
+                           for m in self.mounts],
+                "hooks": [{"hookName": h.hook_name, "path": h.path, "args": list(h.args), "env": list(h.env),
+                           "timeout": h.timeout} for h in self.hooks]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> GpuInjection:
+        return cls(tuple(Device(d["path"], d["type"], int(d["major"]), int(d["minor"]), int(d["fileMode"]),
+                                d.get("hostPath") or "") for d in doc.get("devices") or ()),
+                   tuple(Mount(m["containerPath"], m["hostPath"], bool(m.get("readOnly")))
+                         for m in doc.get("mounts") or ()),
+                   dict(doc.get("env") or {}),
+                   tuple(Hook(h["hookName"], h["path"], tuple(h.get("args") or ()), tuple(h.get("env") or ()),
+                              h.get("timeout")) for h in doc.get("hooks") or ()),
+                   str(doc.get("source") or ""))
+
 
 # -- loading ------------------------------------------------------------------------------------------
 
