@@ -1,11 +1,12 @@
 """Estimates through the real coordinator (--price-book: the example book plus the placement tests'
 x1 offerings) and a real agent joined with --simulate-gpus and --offering: a dry run over REST shows
-every status.estimate field with an ETag; a create sent with If-Match is bound to that estimate, still
+every status.estimate field with an ETag (a Sweep's sums its cells); a create sent with If-Match is bound to that estimate, still
 admitted once the book it priced is no longer current (a new version raised the rate) and never placed
 above its rate plus 10 %; an ETag of another spec answers 412 EstimateExpired with the fix, over REST and
 through `nodus estimate` / `nodus apply --if-match`. Without a price book the estimate says Unpriced."""
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ FIELDS = ("costUSD", "overheadUSD", "rateUSDPerHour", "holdUSD", "concurrentHold
           "assemblyBoundUSD", "minimumChargeUSD", "placementPreview", "pricebookVersion", "validUntil", "warnings",
           "blockingReasons", "startup")
 ONE_GPU = {"gpu": {"count": 1}}
+SWEEPS = JOBS.replace("/jobs", "/sweeps")
 
 
 def _dry_run(c: Coordinator, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -85,6 +87,22 @@ def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
             assert waiting["phase"] == "Queued"
             assert f"offering {ON_DEMAND} costs $3.00/h, above $2.42" in waiting["message"]
             assert c.session().delete(c.url(f"{JOBS}/later")).status_code == 200
+
+            # A Sweep: its cells summed (three params × two repetitions of one A100 cell at the new rate).
+            sweep = {"apiVersion": "nodus.dev/v1", "kind": "Sweep", "metadata": {"name": "grid"}, "spec": {
+                "template": {"kind": "Job", "spec": {"command": ["python3", "-c", "pass"], "resources": ONE_GPU,
+                                                     "expectedDuration": "1h", "placement": {"profile": "Cost"}}},
+                "matrix": {"params": {"LR": ["0.1", "0.01", "0.001"]}}, "repetitions": 2, "maxParallel": 2}}
+            r = c.session().post(c.url(SWEEPS), json=sweep, params={"dryRun": "All"})
+            assert r.status_code == 201, r.text
+            grid = r.json()["status"]["estimate"]
+            # "bound" ran on this offering, so its measured start is billed as overhead in every cell.
+            assert grid["startup"]["cold"]["p50"] and "message" not in grid["startup"]["cold"]
+            assert Decimal(grid["costUSD"]["p50"]) == 6 * Decimal("3.00") + Decimal(grid["overheadUSD"]["p50"])
+            assert Decimal(grid["concurrentHoldUSD"]) == 2 * Decimal(grid["holdUSD"])  # maxParallel 2
+            assert grid["rateUSDPerHour"] == "3.00" and r.headers["ETag"].startswith('"e1.')
+            r = c.session().post(c.url(SWEEPS), json=sweep, headers={"If-Match": old_etag})
+            assert r.status_code == 412 and r.json()["reason"] == "EstimateExpired", r.text
 
             # The CLI: the table with its ETag, and apply bound by it (or refused with the fix).
             path = tmp_path / "cli.yaml"

@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from nodus.coordinator.money.pricebook import parse
-from nodus.coordinator.money.quote import Binding, DurationSource, Preview, Shape, Startup, binding, etag, quote
+from nodus.coordinator.money.quote import (Binding, DurationSource, Preview, Shape, Startup, binding, combine, etag,
+                                          quote)
 
 BOOK = parse(yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml").read_text()))
 H100 = BOOK.offering("h100-sxm-80g-x1-us")
@@ -97,3 +98,14 @@ def test_the_etag_binds_only_this_exact_spec() -> None:
     assert unpriced is not None and unpriced.max_rate_usd_per_hour is None
     dotted = {"pricebookVersion": "v1.2.3", "rateUSDPerHour": "0.085"}
     assert binding(etag(spec, dotted), spec) == Binding(etag(spec, dotted), "v1.2.3", Decimal("0.085"))
+
+
+def test_a_sweep_sums_its_cells_and_holds_the_costliest_at_once() -> None:
+    shape = Shape.of({"expectedDuration": "1h"})
+    h100 = quote(BOOK, shape, Preview(H100, "n1"), Startup(), NOW)
+    cpu = quote(BOOK, shape, Preview(BOOK.offering("cpu-2-8g-us"), "n2"), Startup(), NOW)
+    e = combine([(h100, 3), (cpu, 3)], max_parallel=4)
+    assert e["costUSD"] == {"p50": "9.24", "p90": "9.24"}  # 3 × $2.99 + 3 × $0.09 (an hour at $0.085, rounded)
+    assert e["rateUSDPerHour"] == "2.99" and e["holdUSD"] == "2.99"
+    assert e["concurrentHoldUSD"] == "9.06"  # three H100 cells and one CPU cell start at once
+    assert e["placementPreview"]["explain"] == "first cell: n1" and codes(e) == ["ColdStart"] * 2

@@ -120,17 +120,8 @@ class JobStrategy(KindStrategy):
             await self._pin_images(project, obj)
         if self.estimates is None:
             return
-        estimate = await self.estimates.estimate(project, obj)
-        if if_match:
-            bound = quote.binding(if_match, obj.get("spec"))
-            if bound is None:
-                raise errors.NodusError(
-                    "EstimateExpired", f"If-Match {if_match} is not an estimate of this exact spec: the spec changed "
-                    "since the dry run, or the ETag came from another object", name=obj["metadata"]["name"],
-                    kind="jobs", group="nodus.dev",
-                    fix="run the dry run again (?dryRun=All, or `nodus estimate -f FILE`) and create with its ETag")
-            estimate["binding"] = bound.as_status()
-        obj.setdefault("status", {})["estimate"] = estimate
+        estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {})
+        obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "jobs")
 
     async def _pin_images(self, project: str, obj: dict[str, Any]) -> None:
         assert self.images is not None
@@ -184,6 +175,50 @@ class JobStrategy(KindStrategy):
         return out
 
 
+def bind(estimate: dict[str, Any], obj: dict[str, Any], if_match: str, plural: str) -> dict[str, Any]:
+    """`estimate`, bound to the dry run's estimate `if_match` names (its `binding`); EstimateExpired
+    when that is no estimate of this exact spec."""
+    if not if_match:
+        return estimate
+    bound = quote.binding(if_match, obj.get("spec"))
+    if bound is None:
+        raise errors.NodusError(
+            "EstimateExpired", f"If-Match {if_match} is not an estimate of this exact spec: the spec changed since "
+            "the dry run, or the ETag came from another object", name=obj["metadata"]["name"], kind=plural,
+            group="nodus.dev",
+            fix="run the dry run again (?dryRun=All, or `nodus estimate -f FILE`) and create with its ETag")
+    return {**estimate, "binding": bound.as_status()}
+
+
+class SweepStrategy(KindStrategy):
+    """A Sweep's status.estimate: its cells' estimates summed (`quote.combine`). Cells that differ only in
+    params or repetition price the same, so each GPU × region combination is estimated once. A create
+    with If-Match is bound as a Job's is (status.estimate.binding); no cells run yet, so nothing places
+    under the bound until a Sweep controller creates them with it."""
+
+    def __init__(self, estimates: Estimates) -> None:
+        self.estimates = estimates
+
+    async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
+        spec = obj.get("spec") or {}
+        template = dict((spec.get("template") or {}).get("spec") or {})
+        matrix = spec.get("matrix") or {}
+        same = int(spec.get("repetitions") or 1)
+        for values in (matrix.get("params") or {}).values():
+            same *= max(len(values or []), 1)
+        cells = []
+        for gpu in matrix.get("gpu") or [None]:
+            for region in matrix.get("regions") or [None]:
+                cell = dict(template)
+                if gpu is not None:
+                    cell["resources"] = {**(cell.get("resources") or {}), "gpu": gpu}
+                if region is not None:
+                    cell["placement"] = {**(cell.get("placement") or {}), "regions": [region]}
+                cells.append((await self.estimates.estimate(project, cell, {}), same))
+        estimate = quote.combine(cells, int(spec.get("maxParallel") or 4))
+        obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "sweeps")
+
+
 def _login_for(image: str, credentials: list[RegistryCredentials]) -> RegistryCredentials | None:
     """The first pull secret that logs in to the image's registry (a username/password pair logs in to
     any), as one username/password pair."""
@@ -209,8 +244,11 @@ def strategies(vault: Vault, images: ImageResolver | None = None,
     Without `images` (a resource service built without a resolver) a Job's images are admitted as
     written; without `store` it gets no estimate."""
     own: dict[str, KindStrategy] = {"Secret": SecretStrategy(vault)}
-    if lookup is not None and (images is not None or store is not None):
-        own["Job"] = JobStrategy(vault, images, lookup, Estimates(store) if store is not None else None)
+    estimates = Estimates(store) if store is not None else None
+    if lookup is not None and (images is not None or estimates is not None):
+        own["Job"] = JobStrategy(vault, images, lookup, estimates)
+    if estimates is not None:
+        own["Sweep"] = SweepStrategy(estimates)
     return own
 
 
@@ -223,8 +261,8 @@ class Estimates:
         self.store = store
         self.books = PriceBooks(store)
 
-    async def estimate(self, project: str, obj: dict[str, Any]) -> dict[str, Any]:
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """The estimate of a Job of `spec` (`status`: what admission pinned, such as its image digest)."""
         now = time.time()
         book = await self.books.active()
         attempts = [orjson.loads(r.value) for r in (await self.store.list("attempts/")).records]

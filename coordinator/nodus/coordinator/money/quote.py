@@ -276,3 +276,45 @@ def binding(if_match: str, spec: Any) -> Binding | None:
                 return None
             return Binding(f'"{text}"', version, parsed)
     return None
+
+
+# -- a Sweep: its cells' estimates, summed -------------------------------------------------------------
+
+def _sum(cells: Sequence[tuple[Mapping[str, Any], int]], key: str, part: str | None = None) -> str:
+    total = Decimal(0)
+    for estimate, weight in cells:
+        value: Any = estimate.get(key) or {}
+        amount = value.get(part) if part else value
+        total += Decimal(str(amount or 0)) * weight
+    return _usd(total)
+
+
+def _most(cells: Sequence[tuple[Mapping[str, Any], int]], key: str) -> str:
+    values = [Decimal(e[key]) for e, _ in cells if e.get(key)]
+    return units.format_money(max(values)) if values else ""
+
+
+def combine(cells: Sequence[tuple[Mapping[str, Any], int]], max_parallel: int) -> dict[str, Any]:
+    """A Sweep's estimate from (a cell's estimate, how many cells price the same) pairs, the first cell
+    first. Totals add up (the p90 of the sum is at most the sum of the p90s, so it errs high); the rate
+    and single holds are the highest cell's (the If-Match bound holds every cell's attempts to it); the
+    holds at once are those of the `max_parallel` costliest cells."""
+    first = cells[0][0]
+    holds = sorted((Decimal(e.get("concurrentHoldUSD") or 0) for e, w in cells for _ in range(w)), reverse=True)
+    warnings: list[dict[str, str]] = []
+    for e, _ in cells:
+        warnings += [w for w in e.get("warnings") or [] if w not in warnings]
+    out: dict[str, Any] = {
+        "costUSD": {"p50": _sum(cells, "costUSD", "p50"), "p90": _sum(cells, "costUSD", "p90")},
+        "overheadUSD": {"p50": _sum(cells, "overheadUSD", "p50"), "p90": _sum(cells, "overheadUSD", "p90")},
+        "rateUSDPerHour": _most(cells, "rateUSDPerHour"), "holdUSD": _most(cells, "holdUSD") or "0.00",
+        "concurrentHoldUSD": _usd(sum(holds[:max_parallel], Decimal(0))),
+        "gangHoldUSD": _most(cells, "gangHoldUSD") or "0.00", "assemblyBoundUSD": _sum(cells, "assemblyBoundUSD"),
+        "minimumChargeUSD": _most(cells, "minimumChargeUSD") or "0.00",
+        "pricebookVersion": first.get("pricebookVersion", ""),
+        "validUntil": min(e.get("validUntil", "") for e, _ in cells), "startup": first.get("startup", {}),
+        "warnings": warnings, "blockingReasons": [b for e, _ in cells for b in e.get("blockingReasons") or []]}
+    if "placementPreview" in first:
+        out["placementPreview"] = {**first["placementPreview"],
+                                   "explain": "first cell: " + first["placementPreview"].get("explain", "")}
+    return out
