@@ -12,8 +12,8 @@ coordinator on the bridge's address. Figures, each beside its yardstick from the
   2  the probe's `busGbps` unlimited, and with a 200 Mbit/s tbf limit on one member's link, each beside
      a plain torch.distributed (gloo) all-reduce loop of the probe's largest size between the same two
      namespaces; probe ÷ plain.
-The test keeps the functional half (a figure per gang, the limited link's no higher than tbf lets
-through); the agreement, and how far below the unlimited link the limited one reads, are read
+The test keeps the functional half (a figure per gang, the limited gang's all-reduce carried over
+the shaped link); the rates against the tbf ceiling, the agreement, and how far below the unlimited link the limited one reads, are read
 here: on a shared 2-core machine a ~30 µs RTT moves by ±20-30 % from one burst to the next. A benchmark, not a test: it asserts nothing.
 """
 from __future__ import annotations

@@ -347,6 +347,11 @@ class Lab:
         _tc("qdisc", "replace", "dev", host.host_veth, *spec)
         _tc("qdisc", "replace", "dev", host.ifname, *spec, netns=host.netns)
 
+    def link_bytes(self, i: int) -> int:
+        """Bytes host i's link has carried both ways (its host-side veth's counters, root namespace)."""
+        stats = Path("/sys/class/net") / self.hosts[i].host_veth / "statistics"
+        return int((stats / "tx_bytes").read_text()) + int((stats / "rx_bytes").read_text())
+
     def unlimit(self, i: int) -> None:
         """Remove `limit`'s shaping from host i's link (a no-op when there is none)."""
         host = self.hosts[i]
