@@ -13,8 +13,9 @@ coordinator on the bridge's address. Figures, each beside its yardstick from the
      a plain torch.distributed (gloo) all-reduce loop of the probe's largest size between the same two
      namespaces; probe ÷ plain.
 The test keeps the functional half (a figure per gang, the limited gang's all-reduce carried over
-the shaped link); the rates against the tbf ceiling, the agreement, and how far below the unlimited link the limited one reads, are read
-here: on a shared 2-core machine a ~30 µs RTT moves by ±20-30 % from one burst to the next. A benchmark, not a test: it asserts nothing.
+the shaped link); the rates against the tbf ceiling, the agreement, and how far below the unlimited
+link the limited one reads are read here: on a shared 2-core machine a ~30 µs RTT moves by ±20-30 %
+from one burst to the next. A benchmark, not a test: it asserts nothing.
 """
 from __future__ import annotations
 
