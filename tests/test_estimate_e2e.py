@@ -109,6 +109,9 @@ def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
             path.write_text(yaml.safe_dump(job("cli", resources=ONE_GPU, expectedDuration="30m")))
             shown = c.run("nodus", "estimate", "-f", str(path)).stdout
             assert "rate per hour" in shown and "$3.00" in shown and f"offering {ON_DEMAND}" in shown
+            by_kubectl = c.run("kubectl", "create", "--dry-run=server", "-f", str(path), "-o",
+                               "jsonpath={.status.estimate.rateUSDPerHour} {.status.estimate.placementPreview.offering}")
+            assert by_kubectl.stdout == f"3.00 {ON_DEMAND}"
             cli_etag = next(line.split()[-1] for line in shown.splitlines() if line.strip().startswith("etag "))
             refused = c.run("nodus", "apply", "-f", str(path), "--if-match", old_etag, check=False)
             assert refused.returncode == 1 and "not an estimate of this exact spec" in refused.stderr
