@@ -334,7 +334,7 @@ class AgentProcess:
         return [str(Path(sys.executable).parent / "nodus-agent"), "--coordinator", self.coordinator,
                 "--node", self.node, "--work-dir", str(self.work_dir), "--join-token-file", str(self.token_file),
                 "--reconnect-base", "0.05", "--reconnect-max", "0.5", "--poll-interval", "0.1",
-                "--stop-grace", "3", *self.extra_args]
+                "--stop-grace", "3", "--runtime", "process", *self.extra_args]  # as before auto; --runtime oci overrides
 
     def start(self) -> "AgentProcess":
         import os
@@ -384,7 +384,52 @@ class AgentProcess:
     def leftovers(self) -> list[str]:
         """What a test must not leave behind it, as dask's gen_cluster checks at teardown: a process
         working in an attempt's directory once that attempt has ended (the agent forgets an ended,
-        acknowledged attempt's directory, so the processes are found by their working directory)."""
+        acknowledged attempt's directory, so the processes are found by their working directory), and
+        an ended or forgotten attempt's cgroup that still exists, with processes in it or empty."""
+        return self._process_leftovers() + self._cgroup_leftovers()
+
+    def _cgroup_root(self) -> str:
+        args = list(self.extra_args)
+        return args[args.index("--cgroup-root") + 1] if "--cgroup-root" in args else "nodus"
+
+    def _cgroup_leftovers(self) -> list[str]:
+        """The supervisor removes its attempt's cgroup on the way out and the agent never does later, so
+        one still there once the attempt ended is a leak. An attempt with a directory names its cgroup in
+        spec.json; a forgotten one (directory removed) is found by the name the process runtime gives its
+        cgroups (runtime/process.py `cgroup_name`: the work dir's digest, then the directory's name)."""
+        from nodus.agent.cgroups import Cgroup
+        from nodus.agent.layout import AttemptLayout
+        from nodus.agent.statefile import read_json
+
+        attempts = self.work_dir.resolve() / "attempts"
+        scope = hashlib.sha256(str(self.work_dir.resolve()).encode()).hexdigest()[:8] + "-"
+        ended: dict[tuple[str, str], str] = {}
+        """(cgroup root, cgroup name) → the ended attempt it belongs to, as the message says it."""
+        if attempts.is_dir():
+            for d in attempts.iterdir():
+                layout = AttemptLayout(d)
+                status, spec = read_json(layout.status) or {}, read_json(layout.spec) or {}
+                if spec.get("cgroups", True) and status.get("phase") in TERMINAL:
+                    where = (spec.get("cgroup_root", "nodus"), spec.get("cgroup_name") or d.name)
+                    ended[where] = f"ended attempt {d.name} ({status['phase']})"
+        root = self._cgroup_root()
+        for name in Cgroup.names(root):
+            if name.startswith(scope) and not (attempts / name[len(scope):]).exists():
+                ended[(root, name)] = f"forgotten attempt {name[len(scope):]}"
+        found: list[str] = []
+        for (root, name), attempt in sorted(ended.items()):
+            cgroup = Cgroup.locate(root, name)
+            if not cgroup.usable:
+                continue
+            pids = sorted(p for p in cgroup.pids() if _alive(p))
+            if pids:
+                found.append(f"pids {pids} still run in the cgroup of {attempt}: {root}/{name}")
+            else:
+                found.append(f"the cgroup of {attempt} was left behind, empty: "
+                             f"{', '.join(str(p) for p in cgroup.paths.values())}")
+        return found
+
+    def _process_leftovers(self) -> list[str]:
         import os
 
         from nodus.agent.layout import AttemptLayout

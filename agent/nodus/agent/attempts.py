@@ -124,6 +124,8 @@ class Attempt:
     gang: dict[str, Any] | None = None
     """A gang member's facts (gang.py): epoch, rank, size, launcher, the step done, the reserved ports,
     the latest plan."""
+    image_pull: list[int] | None = None
+    """[bytes done, bytes total] of the attempt's image pulls; None without an image."""
     # -- not persisted ---------------------------------------------------------------------------
     acked: bool = False
     terminal_seq: tuple[int, int] | None = None
@@ -132,7 +134,8 @@ class Attempt:
     supervisor_ended: bool = False
 
     PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
-                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq", "gang")
+                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq", "gang",
+                 "image_pull")
 
     @classmethod
     def of(cls, a: agent_pb2.Assignment) -> "Attempt":
@@ -162,7 +165,14 @@ class Attempt:
 
     def key(self) -> tuple[Any, ...]:
         return (self.phase, self.reason, self.exit_code, len(self.outputs), self.inputs_ready_time, self.start_time,
-                (self.gang or {}).get("done"))
+                (self.gang or {}).get("done"), tuple(self.image_pull or ()))
+
+    def fold_pull(self, progress: tuple[int, int] | None) -> bool:
+        """Takes the runtime's pull progress; True when it changed (an update is due)."""
+        if progress is None or list(progress) == self.image_pull:
+            return False
+        self.image_pull = list(progress)
+        return True
 
     def update(self, now: float | None = None) -> agent_pb2.AttemptUpdate:
         u = agent_pb2.AttemptUpdate(attempt_id=self.id, phase=PHASES[self.phase], reason=self.reason,
@@ -174,6 +184,8 @@ class Attempt:
                             ("inputs_ready_time", self.inputs_ready_time)):
             if value is not None:
                 getattr(u, name).CopyFrom(timestamp(value))
+        if self.image_pull is not None:
+            u.image_pull.CopyFrom(agent_pb2.ImagePull(bytes_done=self.image_pull[0], bytes_total=self.image_pull[1]))
         if self.restored_from_seq:
             u.restored_from_seq = self.restored_from_seq
         for o in self.outputs:

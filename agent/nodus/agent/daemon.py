@@ -39,7 +39,7 @@ from .nvml import Nvml
 from .progress_tail import ProgressTail
 from .reconcile import Stop
 from .recovery import CheckpointFailed, Checkpoints
-from .runtime import ProcessRuntime, Refused
+from .runtime import Refused, node_runtime
 from .session import Session
 from .settings import AgentConfig
 from .shipping import Shipping
@@ -60,9 +60,7 @@ class Agent:
         self.nvml = nvml if nvml is not None else Nvml()
         self.wake = asyncio.Event()
         self.notices = SupervisorNotices(notify_address(cfg.work_dir), self.wake)
-        self.runtime = ProcessRuntime(cfg.work_dir, notify_address=self.notices.address, cgroup_root=cfg.cgroup_root,
-                                      cgroups=cfg.cgroups, stop_grace=cfg.stop_grace, host_gpus=len(self.nvml.handles),
-                                      workload_user=cfg.workload_user, zygote=cfg.zygote)
+        self.runtime = node_runtime(cfg, self.notices.address, len(self.nvml.handles), self.clock)
         self.table = AttemptTable(cfg.work_dir / "state.json", cfg.node, self.clock)
         channel, metadata = open_channel(cfg.coordinator, cfg.token, cfg.coordinator_ca)
         self.blobs = BlobClient(channel, metadata)
@@ -157,7 +155,7 @@ class Agent:
 
     # -- what the link asks (link.Node) -------------------------------------------------------------
     def inventory(self) -> common_pb2.NodeInventory:
-        return node_inventory(self.work_dir, self.nvml, runtimes=[self.runtime.runtime], region=self.cfg.region,
+        return node_inventory(self.work_dir, self.nvml, runtimes=list(self.runtime.runtimes), region=self.cfg.region,
                               offering=self.cfg.offering, labels=self.cfg.labels,
                               advertise_address=self.cfg.advertise_address or default_address(),
                               interruptible=self.cfg.interruptible)
@@ -273,6 +271,8 @@ class Agent:
                 self._note_in_log(layout, f"restore failed: {e}")
                 self.finish(att, L.FAILED, Reason.RESTORE_FAILED, f"the checkpoint could not be restored: {e}")
                 return
+            await asyncio.to_thread(self.runtime.pull, a, layout)  # the image's (oci): progress folds in tick
+            att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             await asyncio.to_thread(self.runtime.write_spec, a, layout)
             att.stage = Stage.SUPERVISED
             v.spawning = True
@@ -293,10 +293,10 @@ class Agent:
             stop = att.stop or {}
             self.finish(att, stop.get("phase", L.CANCELLED), stop.get("reason", Reason.CANCELLED),
                         f"stopped before it started: {stop.get('reason', 'Cancelled')}")
-        except InputError as e:
+        except (InputError, Refused) as e:
             log.info("attempt %s: %s", att.id, e)
             self._note_in_log(layout, str(e))
-            self.finish(att, L.FAILED, e.reason, str(e))
+            self.finish(att, getattr(e, "phase", L.FAILED), e.reason, str(e))
         except Exception as e:  # noqa: BLE001 - an agent fault: the coordinator replaces the attempt
             log.exception("attempt %s could not start", att.id)
             self.finish(att, L.LOST, Reason.AGENT_FAULT,
@@ -365,6 +365,8 @@ class Agent:
                 continue
             if att.stage == Stage.SUPERVISED and not v.spawning:
                 self._observe(att, v)
+            elif att.stage == Stage.ACCEPTED and att.fold_pull(self.runtime.pull_progress(att.id)):
+                self.report(att)
             if v.progress is not None and att.stage in (Stage.SUPERVISED, Stage.COLLECTING):
                 v.progress.poll()
                 self._send_progress(att, v)

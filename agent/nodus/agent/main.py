@@ -1,7 +1,8 @@
 """`nodus-agent`: the node daemon's entry point (one per host, under systemd).
 
     nodus-agent --coordinator HOST:PORT --node NAME --work-dir DIR --join-token-file FILE
-                [--runtime process] [--region CLASS] [--offering ID] [--pool PROJECT/NAME] [--labels k=v,…]
+                [--runtime process|oci|auto] [--image-cache DIR] [--image-disk-budget SIZE]
+                [--insecure-registry HOST:PORT …] [--region CLASS] [--offering ID] [--pool PROJECT/NAME] [--labels k=v,…]
                 [--config FILE]
 
 Every flag is also a config-file key and a NODUS_* environment variable (nodus.config). SIGTERM
@@ -26,7 +27,10 @@ DEFAULTS = {
     "coordinator": "127.0.0.1:7070",
     "work_dir": "/var/lib/nodus/agent",
     "join_token_file": "/etc/nodus/join-token",
-    "runtime": "process",
+    "runtime": "auto",
+    "image_cache": "",
+    "image_disk_budget": "20Gi",
+    "insecure_registry": [],
     "region": "",
     "offering": "",
     "labels": "",
@@ -66,7 +70,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="node name, unique in the cluster (default: the host name)")
     p.add_argument("--work-dir", help=f"state and attempt directories (default {DEFAULTS['work_dir']})")
     p.add_argument("--join-token-file", help=f"file holding the node join token (default {DEFAULTS['join_token_file']})")
-    p.add_argument("--runtime", choices=["process"], help="how attempts run (default process)")
+    p.add_argument("--runtime", choices=["process", "oci", "auto"],
+                   help="how attempts run: process (no images), oci (runc pods for Jobs with an image, the process "
+                        "runtime for the others; needs runc, skopeo and umoci), auto (oci when those are on the PATH; "
+                        "the default)")
+    p.add_argument("--image-cache", help="the oci runtime's image store (default: images/ in the work dir)")
+    p.add_argument("--image-disk-budget", help="bytes the image store may hold, such as 20Gi (default 20Gi)")
+    p.add_argument("--insecure-registry", action="append", metavar="HOST:PORT",
+                   help="a registry pulled from over plain HTTP or unverified TLS (repeatable)")
     p.add_argument("--region", help="region class of this host (us, eu, …)")
     p.add_argument("--offering", help="offering id this host is sold as")
     p.add_argument("--labels", help="k=v,k2=v2 labels placement can select on")
@@ -94,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> "AgentConfig":
-    from .settings import AgentConfig, SimulatedGpus
+    from .settings import AgentConfig, SimulatedGpus, choose_runtime, parse_size
     from .inventory import parse_labels
 
     token_file = Path(args.join_token_file)
@@ -118,14 +129,27 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
     except ValueError as e:
         raise SystemExit(f"nodus-agent: --simulate-gpus: {e}") from e
     ca = Path(args.coordinator_ca).read_bytes() if args.coordinator_ca else None
+    try:
+        runtime = choose_runtime(str(args.runtime))
+    except ValueError as e:
+        raise SystemExit(f"nodus-agent: --runtime {args.runtime}: {e}") from e
+    try:
+        budget = parse_size(str(args.image_disk_budget))
+    except ValueError as e:
+        raise SystemExit(f"nodus-agent: --image-disk-budget: {e}") from e
+    registries = args.insecure_registry or ()
+    if isinstance(registries, str):  # NODUS_INSECURE_REGISTRY: a comma-separated list
+        registries = [h.strip() for h in registries.split(",") if h.strip()]
     return AgentConfig(
         coordinator=args.coordinator, node=args.node or socket.gethostname(), work_dir=Path(args.work_dir).resolve(),
-        token=token, runtime=args.runtime, region=args.region or "", offering=args.offering or "", labels=labels,
+        token=token, runtime=runtime, region=args.region or "", offering=args.offering or "", labels=labels,
         advertise_address=args.advertise_address or "", interruptible=_bool(args.interruptible),
         cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
         poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
-        workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote), simulate_gpus=simulated)
+        workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote), simulate_gpus=simulated,
+        image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
+        insecure_registries=tuple(str(h) for h in registries))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -101,6 +101,10 @@ class Reason(enum.StrEnum):
     LEASE_EXPIRED = enum.auto()
     """Lost capacity: the lease ran out unrenewed; the agent stops its attempts before a
     replacement runs elsewhere."""
+    IMAGE_PULL_FAILED = enum.auto()
+    """Customer failure: the image or its credentials are wrong (not found, unauthorized, digest mismatch)."""
+    IMAGE_PULL_NODE_FAULT = enum.auto()
+    """Lost capacity: the node could not pull the image (disk full, registry unreachable from it)."""
 
 
 def check_against_proto(proto_names: Iterable[str]) -> None:

@@ -5,12 +5,39 @@ Kept import-light: main.py validates the flags before the daemon (grpc, psutil) 
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _SIZES = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9,
           "T": 10**12}
+
+
+RUNTIME_TOOLS = ("runc", "skopeo", "umoci")
+"""What the node needs on its PATH to run images (Debian packages of the same names)."""
+
+
+def choose_runtime(asked: str) -> str:
+    """`--runtime process|oci|auto` -> the runtime this node runs; oci without its tools is an error."""
+    missing = [tool for tool in RUNTIME_TOOLS if shutil.which(tool) is None]
+    if asked == "auto":
+        return "oci" if not missing else "process"
+    if asked == "oci" and missing:
+        raise ValueError(f"the oci runtime needs {', '.join(RUNTIME_TOOLS)} on the PATH and {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} missing; install the Debian packages "
+                         f"{' '.join(missing)} or run --runtime process")
+    if asked not in ("process", "oci"):
+        raise ValueError(f"{asked!r} is not process, oci or auto")
+    return asked
+
+
+def parse_size(text: str) -> int:
+    """A byte count such as 20Gi, 500M or 1024."""
+    m = _SIZE.match(str(text).strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size such as 20Gi, 500Mi or 10G")
+    return int(m.group(1)) * _SIZES[m.group(2)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +91,9 @@ class AgentConfig:
     zygote: bool = True
     simulate_gpus: SimulatedGpus | None = None
     """Report these GPUs, marked simulated, instead of what NVML sees."""
+    image_cache: Path | None = None
+    """The oci runtime's image store; None is images/ under the work dir."""
+    image_disk_budget: int = 20 << 30
+    """Bytes the image store may hold before it collects unused images."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registries (host:port) reached over plain HTTP or unverified TLS."""

@@ -168,7 +168,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.Gpu, _Mapping]]] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
 
 class AttemptUpdate(_message.Message):
-    __slots__ = ("attempt_id", "phase", "exit_code", "reason", "message", "start_time", "finish_time", "oom_killed", "time", "inputs_ready_time", "restored_from_seq", "outputs", "gang")
+    __slots__ = ("attempt_id", "phase", "exit_code", "reason", "message", "start_time", "finish_time", "oom_killed", "time", "inputs_ready_time", "restored_from_seq", "outputs", "gang", "image_pull")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class AttemptUpdate(_message.Message):
     RESTORED_FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GANG_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PULL_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     phase: _common_pb2.AttemptPhase
     exit_code: int
@@ -195,7 +196,16 @@ class AttemptUpdate(_message.Message):
     restored_from_seq: int
     outputs: _containers.RepeatedCompositeFieldContainer[OutputCommit]
     gang: GangMemberReport
-    def __init__(self, attempt_id: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.AttemptPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inputs_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored_from_seq: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[OutputCommit, _Mapping]]] = ..., gang: _Optional[_Union[GangMemberReport, _Mapping]] = ...) -> None: ...
+    image_pull: ImagePull
+    def __init__(self, attempt_id: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.AttemptPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inputs_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored_from_seq: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[OutputCommit, _Mapping]]] = ..., gang: _Optional[_Union[GangMemberReport, _Mapping]] = ..., image_pull: _Optional[_Union[ImagePull, _Mapping]] = ...) -> None: ...
+
+class ImagePull(_message.Message):
+    __slots__ = ("bytes_done", "bytes_total")
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    bytes_done: int
+    bytes_total: int
+    def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ...) -> None: ...
 
 class OutputCommit(_message.Message):
     __slots__ = ("name", "path", "rank", "uri", "sha256", "size_bytes")

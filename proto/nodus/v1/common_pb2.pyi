@@ -80,6 +80,8 @@ class AttemptReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTEMPT_REASON_OUTPUT_MISSING: _ClassVar[AttemptReason]
     ATTEMPT_REASON_RESTORE_FAILED: _ClassVar[AttemptReason]
     ATTEMPT_REASON_LEASE_EXPIRED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_IMAGE_PULL_FAILED: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_IMAGE_PULL_NODE_FAULT: _ClassVar[AttemptReason]
 
 class Launcher(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -156,6 +158,8 @@ ATTEMPT_REASON_SUSPEND_FAILED: AttemptReason
 ATTEMPT_REASON_OUTPUT_MISSING: AttemptReason
 ATTEMPT_REASON_RESTORE_FAILED: AttemptReason
 ATTEMPT_REASON_LEASE_EXPIRED: AttemptReason
+ATTEMPT_REASON_IMAGE_PULL_FAILED: AttemptReason
+ATTEMPT_REASON_IMAGE_PULL_NODE_FAULT: AttemptReason
 LAUNCHER_UNSPECIFIED: Launcher
 LAUNCHER_PLAIN: Launcher
 LAUNCHER_TORCHRUN: Launcher

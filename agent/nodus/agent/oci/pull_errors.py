@@ -74,7 +74,7 @@ class InvalidReference(ImagePullError):
 # skopeo's (containers/image's) messages, most specific first: a digest mismatch mentions reading,
 # an unauthorized answer may mention the manifest.
 _PATTERNS: tuple[tuple[re.Pattern[str], type[ImagePullError], str], ...] = (
-    (re.compile(r"digest did not match|digest mismatch", re.I), DigestMismatch,
+    (re.compile(r"digest did not match|digest mismatch|digest \S+ does not match expected", re.I), DigestMismatch,
      "the registry served a blob whose sha256 differs from its digest; push the image again"),
     (re.compile(r"no space left on device|disk quota exceeded", re.I), DiskFull,
      "the node's image cache has no room"),

@@ -42,9 +42,11 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 class Refused(Exception):
     """The runtime cannot run this assignment at all (the attempt fails with `reason`)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, phase: str = "FAILED") -> None:
         super().__init__(message)
         self.reason = reason
+        self.phase = phase
+        """FAILED for what any node would refuse; LOST when it is this node's fault (placed elsewhere)."""
 
 
 def cgroups_fs() -> str:
@@ -190,6 +192,8 @@ class ProcessRuntime:
     """Runs attempts without images, each under its own supervisor process."""
 
     runtime = common_pb2.RUNTIME_PROCESS
+    runtimes: tuple[common_pb2.Runtime, ...] = (common_pb2.RUNTIME_PROCESS,)
+    """What the node reports in its inventory."""
 
     def __init__(self, work_dir: Path, *, notify_address: str | None = None, cgroup_root: str = "nodus",
                  cgroups: bool = True, stop_grace: float = 10.0, python: str = sys.executable,
@@ -228,6 +232,12 @@ class ProcessRuntime:
         if not a.command and not a.args:
             raise Refused(Reason.ERROR, "the Job has no command (the process runtime has no image entrypoint to fall "
                                    "back on)")
+
+    def pull(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
+        """Images are the oci runtime's; `check` refused any here."""
+
+    def pull_progress(self, attempt_id: str) -> tuple[int, int] | None:
+        return None
 
     def prepare(self, a: agent_pb2.Assignment) -> AttemptLayout:
         layout = self.layout(a.attempt_id)

@@ -111,6 +111,12 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
     "lostTime": _s("LostTime is when the coordinator recorded the attempt Lost."),
     "reportTime": _s("ReportTime is the agent's clock at its latest report (orders reports)."),
     "restoredFromSeq": _i("RestoredFromSeq is the checkpoint restored before the command; 0 if none."),
+    "imagePull": Obj(description="ImagePull is how far the node has pulled the attempt's images (its own and its "
+                                 "sidecars'); unset for an attempt without an image.", fields={
+        "bytesDone": _i("BytesDone is the bytes of blobs on the node so far, cached ones included."),
+        "bytesTotal": _i("BytesTotal is the bytes of every blob the images need (compressed, as their manifests "
+                         "size them)."),
+    }),
     "checkpoints": List(description="Checkpoints are the checkpoints this attempt committed, newest last (at most "
                                     "8); the coordinator refused any from a superseded attempt or epoch.",
                         items=Obj(description="CommittedCheckpoint is one committed checkpoint's manifest.", fields={

@@ -46,6 +46,8 @@ class Report:
     """{name, path, rank, uri, sha256, size} per committed output."""
     gang: dict[str, Any] | None = None
     """{epoch, done, address, port, probePort}: the gang step a member finished (GangMemberReport)."""
+    image_pull: tuple[int, int] | None = None
+    """(bytes done, bytes total) of the attempt's image pulls; None without an image."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,8 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         merged = {(o.get("name"), o.get("rank", 0)): o for o in status.get("outputs") or []}
         merged.update({(o.get("name"), o.get("rank", 0)): dict(o) for o in report.outputs})
         status["outputs"] = sorted(merged.values(), key=lambda o: (str(o.get("name")), o.get("rank", 0)))
+    if report.image_pull is not None:
+        status["imagePull"] = {"bytesDone": report.image_pull[0], "bytesTotal": report.image_pull[1]}
     if report.gang:
         status["gang"] = fold_gang(status.get("gang") or {}, report.gang)
     if report.time is not None:

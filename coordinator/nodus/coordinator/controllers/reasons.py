@@ -101,6 +101,10 @@ class AttemptReason(enum.StrEnum):
     """Customer failure: the checkpoint to resume from could not be fetched or restored."""
     LEASE_EXPIRED = enum.auto()
     """Lost capacity: the node's lease ran out unrenewed and its agent stopped the attempt."""
+    IMAGE_PULL_FAILED = enum.auto()
+    """Customer failure: the image or its credentials are wrong (not found, unauthorized, digest mismatch)."""
+    IMAGE_PULL_NODE_FAULT = enum.auto()
+    """Lost capacity: the node could not pull the image (disk full, registry unreachable from it)."""
 
     @property
     def proto(self) -> common_pb2.AttemptReason:

@@ -1,0 +1,187 @@
+"""The OCI runtime: attempts with an image run as runc containers of a pod, under the same supervisor.
+
+It is the process runtime plus images (ADR 0018): an image-less attempt runs exactly as there; for one
+with an image the runtime pulls the pinned digests into the node's ImageStore (ADR 0019), then writes the
+"oci" section of run/spec.json (supervisor/containers.py reads it) so the supervisor makes the pod
+(ADR 0020). A pull that fails refuses the attempt: FAILED when the image or its credentials are wrong,
+LOST (lost capacity, placed elsewhere) when it is the node's fault.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Collection
+
+from nodus.v1 import agent_pb2, common_pb2
+
+from .. import layout as L
+from ..clock import Clock
+from ..layout import AttemptLayout
+from ..oci.bundle import ImageConfig
+from ..oci.images import ImageStore, PulledImage, PullProgress
+from ..oci.pod import IdSlots, remove_cgroup_dirs, remove_namespaces, unmount_layer
+from ..oci.pod import _safe_id  # the pod's id as Pod derives it from the attempt directory's name
+from ..oci.pull_errors import ImagePullError
+from ..oci.runc import Runc, RuncError
+from ..oci.skopeo import RegistryCredentials, Skopeo
+from ..reasons import Reason
+from ..settings import AgentConfig, choose_runtime
+from ..statefile import read_json, write_json
+from .process import ProcessRuntime, Refused
+
+log = logging.getLogger("nodus.agent.runtime")
+
+def config_blob(config: ImageConfig) -> dict[str, Any]:
+    """An OCI image config blob holding `config` (what containers.py reads back with ImageConfig.from_oci)."""
+    return {"config": {"Entrypoint": list(config.entrypoint), "Cmd": list(config.cmd), "Env": list(config.env),
+                       "WorkingDir": config.working_dir, "User": config.user}}
+
+
+class OciRuntime(ProcessRuntime):
+    """Runs image-less attempts as the process runtime does and attempts with an image in runc pods."""
+
+    runtime = common_pb2.RUNTIME_OCI
+    runtimes = (common_pb2.RUNTIME_PROCESS, common_pb2.RUNTIME_OCI)
+
+    def __init__(self, work_dir: Path, *, image_cache: Path, disk_budget: int, clock: Clock,
+                 insecure_registries: Collection[str] = (), **process: Any) -> None:
+        super().__init__(work_dir, **process)
+        self.runc_root = work_dir / "runc"
+        self.id_slots = work_dir / "ids"
+        self.store = ImageStore(image_cache, disk_budget, clock, self.images_in_use,
+                                Skopeo(insecure=frozenset(insecure_registries)))
+        self._pull_lock = threading.Lock()
+        self._progress: dict[str, dict[str, PullProgress]] = {}
+        """Attempt id -> image reference -> bytes so far, while its pulls run (written by worker threads)."""
+        self._pulled: dict[str, dict[str, PulledImage]] = {}
+
+    # -- images --------------------------------------------------------------------------------------
+    @staticmethod
+    def references(a: agent_pb2.Assignment) -> list[str]:
+        """The attempt's image and its sidecars' own, each once, in order."""
+        refs = [a.image] if a.image else []
+        for sc in a.sidecars:
+            if sc.image and sc.image not in refs:
+                refs.append(sc.image)
+        return refs
+
+    def images_in_use(self) -> set[str]:
+        """Manifest digests of attempts that have not ended (run/images.json is written before the pull,
+        so an attempt counts from then; the directory holds it across a restart)."""
+        used: set[str] = set()
+        for images in (self.work_dir / "attempts").glob("*/run/images.json"):
+            status = read_json(images.parent / "status.json") or {}
+            if status.get("phase") in L.TERMINAL:
+                continue
+            for ref in (read_json(images) or {}).get("references") or ():
+                used.add(str(ref).rpartition("@")[2])
+        return used
+
+    def check(self, a: agent_pb2.Assignment) -> None:
+        if not a.image:
+            super().check(a)  # a sidecar image without the Job's is refused there too
+
+    def pull(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
+        """Pulls the attempt's images into the store (blocking: call it in a thread); raises Refused."""
+        refs = self.references(a)
+        if not refs:
+            return
+        write_json(layout.run / "images.json", {"references": refs}, mode=0o600)
+        credentials = RegistryCredentials.from_logins((c.registry, c.username, c.password)
+                                                      for c in a.image_pull_credentials)
+        pulled: dict[str, PulledImage] = {}
+        with self._pull_lock:
+            self._progress[a.attempt_id] = {}
+        try:
+            for ref in refs:
+                pulled[ref] = self.store.pull(ref, credentials, functools.partial(self._note, a.attempt_id, ref))
+        except ImagePullError as e:
+            if e.lost_capacity:
+                raise Refused(Reason.IMAGE_PULL_NODE_FAULT, f"{e.reason}: {e.message}", L.LOST) from e
+            raise Refused(Reason.IMAGE_PULL_FAILED, f"{e.reason}: {e.message}") from e
+        self._pulled[a.attempt_id] = pulled
+
+    def _note(self, attempt_id: str, ref: str, progress: PullProgress) -> None:
+        with self._pull_lock:
+            if attempt_id in self._progress:
+                self._progress[attempt_id][ref] = progress
+
+    def pull_progress(self, attempt_id: str) -> tuple[int, int] | None:
+        """(bytes done, bytes total) over the attempt's images so far; None when nothing is pulled."""
+        with self._pull_lock:
+            seen = list((self._progress.get(attempt_id) or {}).values())
+        if not seen:
+            return None
+        return sum(p.done for p in seen), sum(p.total for p in seen)
+
+    # -- the spec ------------------------------------------------------------------------------------
+    def write_spec(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
+        super().write_spec(a, layout)
+        with self._pull_lock:
+            self._progress.pop(a.attempt_id, None)
+        pulled = self._pulled.pop(a.attempt_id, None)
+        if not a.image or pulled is None:
+            return
+        spec = read_json(layout.spec) or {}
+        spec["oci"] = self.oci_section(a, pulled)
+        # the image's entrypoint and cmd apply as Kubernetes does: command replaces the entrypoint, args the cmd
+        spec["command"] = list(a.command)
+        spec["working_dir"] = str(layout.root)
+        write_json(layout.spec, spec, mode=0o600, durable=False)
+
+    def oci_section(self, a: agent_pb2.Assignment, pulled: dict[str, PulledImage]) -> dict[str, Any]:
+        main = pulled[a.image]
+        sidecars = {sc.name: {"rootfs": str(pulled[sc.image].rootfs), "image_config": config_blob(pulled[sc.image].config)}
+                    for sc in a.sidecars if sc.image and sc.image != a.image}
+        return {"rootfs": str(main.rootfs), "image_config": config_blob(main.config), "digest": main.digest,
+                "runc_root": str(self.runc_root), "id_slots": str(self.id_slots),
+                "args": list(a.args) if a.args else None, "working_dir": a.working_dir, "user": "",
+                "sidecars": sidecars}
+
+    # -- after a supervisor -------------------------------------------------------------------------
+    def kill_leftovers(self, layout: AttemptLayout) -> None:
+        super().kill_leftovers(layout)
+        self.close_pod(layout)
+
+    def close_pod(self, layout: AttemptLayout) -> None:
+        """What a dead supervisor's pod left: its containers, writable layers, namespaces, cgroups and id
+        slot (Pod.close's steps, from disk alone: the pod object died with its supervisor)."""
+        spec = read_json(layout.spec) or {}
+        oci = spec.get("oci")
+        pod_dir = layout.run / "pod"
+        if not oci and not pod_dir.exists():
+            return
+        pod_id = _safe_id(layout.root.name)
+        runc = Runc(Path(oci["runc_root"]) if oci else self.runc_root)
+        try:
+            for state in runc.list():
+                if state.id.startswith(pod_id + "-"):
+                    runc.delete(state.id, force=True)
+        except RuncError as e:
+            log.warning("attempt %s: its containers could not be listed or deleted: %s", layout.root.name, e)
+        containers = pod_dir / "containers"
+        if containers.is_dir():
+            for directory in containers.iterdir():
+                unmount_layer(directory)
+        remove_namespaces(pod_dir / "ns")
+        remove_cgroup_dirs(f"{spec.get('cgroup_root', self.cgroup_root)}/{spec.get('cgroup_name') or layout.root.name}")
+        IdSlots(Path(oci["id_slots"]) if oci else self.id_slots).release(pod_id)
+
+    def remove(self, layout: AttemptLayout) -> None:  # type: ignore[override]
+        if (layout.run / "pod").exists():
+            self.close_pod(layout)  # never remove a tree through a layer still mounted
+        ProcessRuntime.remove(layout)
+
+
+def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock) -> ProcessRuntime:
+    """The runtime `cfg.runtime` names (main.py resolved auto already; oci without its tools fails here too)."""
+    process: dict[str, Any] = {"notify_address": notify_address, "cgroup_root": cfg.cgroup_root, "cgroups": cfg.cgroups,
+                               "stop_grace": cfg.stop_grace, "host_gpus": host_gpus,
+                               "workload_user": cfg.workload_user, "zygote": cfg.zygote}
+    if choose_runtime(cfg.runtime) != "oci":
+        return ProcessRuntime(cfg.work_dir, **process)
+    return OciRuntime(cfg.work_dir, image_cache=cfg.image_cache or cfg.work_dir / "images",
+                      disk_budget=cfg.image_disk_budget, clock=clock, insecure_registries=cfg.insecure_registries,
+                      **process)

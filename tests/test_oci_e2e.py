@@ -1,0 +1,244 @@
+"""Issue 11's image Jobs end to end: a real coordinator, a real `nodus-agent --runtime oci` and a real registry
+on loopback (tests/registry.py builds the images offline). A Job with an image runs as runc containers
+through the agent and is driven with kubectl and the `nodus` CLI as a customer drives it.
+
+The agent's work dir is traversable by the pods' uids (pytest's own tmp dirs are 0700 at the top, and runc
+resolves the rootfs and bind sources as the pod's root), and whatever a failed test left of a pod (containers,
+layers, namespaces) is removed after it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import pytest
+
+from agent_double import AgentProcess, wait_for
+from conftest import Coordinator
+from e2e import AGENT_ENV, attempts_of, create, joined, settled, wait_status
+from nodus.agent.clock import SystemClock
+from nodus.agent.runtime import OciRuntime, Refused
+from nodus.v1 import agent_pb2
+from nodus.agent.oci.pod import remove_namespaces, unmount_layer
+from nodus.agent.oci.runc import Runc
+from nodus.agent.statefile import read_json
+from registry import Registry, build_busybox_layout, build_python_layout, push
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(any(shutil.which(t) is None for t in ("runc", "skopeo", "umoci", "docker-registry"))
+                       or os.geteuid() != 0, reason="needs runc, skopeo, umoci, docker-registry and root"),
+]
+
+PROGRAM = r"""
+import json, os, time
+out = os.environ["NODUS_OUTPUTS_DIR"]
+with open(os.path.join(out, "result.txt"), "w") as f:
+    f.write("made inside the image\n")
+with open(os.path.join(os.environ["NODUS_STATE_DIR"], "model.bin"), "wb") as f:
+    f.write(b"weights" * 1000)
+for k in range(1, 6):
+    with open(os.environ["NODUS_PROGRESS"], "a") as f:
+        f.write(json.dumps({"stage": "train", "units": {"completed": k, "total": 5}}) + "\n")
+    print("step", k, "uid", os.getuid(), flush=True)
+    time.sleep(0.2)
+"""
+
+
+def traversable_dir(prefix: str) -> Path:
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    d.chmod(0o711)
+    return d
+
+
+def clean_pods(work: Path) -> None:
+    """Whatever of the agent's pods still exists: containers, writable layers, namespace mounts."""
+    runc = Runc(work / "runc")
+    if (work / "runc").exists():
+        for state in runc.list():
+            runc.delete(state.id, force=True)
+    for pod_dir in work.glob("attempts/*/run/pod"):
+        for layer in pod_dir.glob("containers/*"):
+            unmount_layer(layer)
+        remove_namespaces(pod_dir / "ns")
+
+
+def state_dir(work: Path, job: str) -> Path:
+    """The state directory of the Job's attempt on the agent (found by its spec.json's NODUS_JOB)."""
+    def find() -> Path | None:
+        for spec in work.glob("attempts/*/run/spec.json"):
+            if ((read_json(spec) or {}).get("env") or {}).get("NODUS_JOB") == job:
+                return spec.parent.parent / "state"
+        return None
+    return wait_for(find, 60, what=f"the attempt of {job} on the agent")
+
+
+@pytest.fixture(scope="module")
+def images(oci_registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The Python and busybox images pushed to the registry: name -> pinned reference."""
+    root = tmp_path_factory.mktemp("images")
+    python = push(build_python_layout(root / "python"), oci_registry, "e2e/python", "v1")
+    busybox = push(build_busybox_layout(root / "busybox"), oci_registry, "e2e/busybox", "v1")
+    return {"python": f"{oci_registry.host}/e2e/python:v1", "python_digest": python,
+            "busybox": f"{oci_registry.host}/e2e/busybox:v1", "busybox_digest": busybox}
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry) -> Iterator[Coordinator]:
+    with Coordinator(tmp_path_factory.mktemp("oci-e2e") / "data").start(
+            extra_args=("--insecure-registry", oci_registry.host)) as coordinator:
+        yield coordinator
+
+
+def oci_agent(c: Coordinator, work: Path, registry: Registry, node: str = "oci-n0") -> AgentProcess:
+    return AgentProcess(work, c.grpc, c.join_token, node=node, env=AGENT_ENV,
+                        extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci",
+                                    "--insecure-registry", registry.host))
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    top = traversable_dir("nodus-oci-e2e-")
+    try:
+        yield top / "agent"
+    finally:
+        clean_pods(top / "agent")
+        with open("/proc/self/mountinfo") as f:
+            mounted = any(str(top) in line for line in f)
+        if not mounted:
+            shutil.rmtree(top, ignore_errors=True)  # never through a mount that is still there
+
+
+def test_an_image_job_runs_to_completion_with_outputs_logs_and_progress(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path, tmp_path: Path) -> None:
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-python", backoffLimit=0, image=images["python"], command=["python3", "-c", PROGRAM],
+               outputs=[{"name": "model", "path": "/nodus/state/model.bin"}])
+        st = settled(c, "oci-python", 180)
+        assert st["phase"] == "Succeeded", st
+        assert st["image"]["digest"] == images["python_digest"]
+        shown = c.run("kubectl", "get", "job", "oci-python", "-o", "jsonpath={.status.image.digest}").stdout
+        assert shown == images["python_digest"]
+        assert st["progress"]["units"] == {"completed": 5, "total": 5} and st["progress"]["stage"] == "train"
+        log = c.run("nodus", "logs", "oci-python").stdout
+        assert "step 5 uid 0" in log  # root inside the image (a uid of the pod's slot on the host)
+        committed = {o["name"]: o for o in st["outputs"] if o["index"] == 0}
+        assert set(committed) == {"model", "outputs"}
+        for name, entry in committed.items():
+            dest = tmp_path / f"{name}.download"
+            c.run("nodus", "outputs", "get", "oci-python", name, "-o", str(dest))
+            data = dest.read_bytes()
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"] and len(data) == entry["size"], name
+        assert (tmp_path / "model.download").read_bytes() == b"weights" * 1000
+        [attempt] = attempts_of(c, "oci-python")
+        pull = attempt["status"]["imagePull"]
+        assert pull["bytesDone"] == pull["bytesTotal"] > 0
+        assert Runc(work / "runc").list() == []  # the pod's containers are deleted with the attempt
+
+
+def test_kill_9_of_the_agent_during_a_container_re_adopts_it_and_it_runs_once(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    script = ("echo started >> /nodus/state/runs; while [ ! -e /nodus/state/go ]; do sleep 0.1; done; "
+              "cat /nodus/state/runs; echo finished")
+    with joined([oci_agent(c, work, oci_registry).start()], c) as [agent]:
+        create(c, "oci-readopt", backoffLimit=0, image=images["busybox"], command=["sh", "-c", script])
+        wait_status(c, "oci-readopt", lambda s: s.get("phase") == "Running", 120, "the container to run")
+        state = state_dir(work, "oci-readopt")
+        wait_for(lambda: (state / "runs").exists(), 60, what="the container to start")
+        assert agent.signal(signal.SIGKILL) == -signal.SIGKILL
+        assert [s.status for s in Runc(work / "runc").list()] == ["running"]  # the container outlives the agent
+        agent.start()
+        wait_for(lambda: "re-adopted attempt" in agent.log(), 60, what="the restarted agent to re-adopt")
+        (state / "go").touch()
+        st = settled(c, "oci-readopt", 120)
+        assert st["phase"] == "Succeeded", st
+        assert len(attempts_of(c, "oci-readopt")) == 1
+        log = c.run("nodus", "logs", "oci-readopt").stdout
+        assert log.count("started") == 1 and "finished" in log
+        assert Runc(work / "runc").list() == []
+
+
+def test_a_memory_limit_below_use_reports_oomkilled(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-oom", backoffLimit=0, image=images["busybox"], resources={"memory": "32Mi"},
+               command=["sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"])
+        st = settled(c, "oci-oom", 120)
+        assert st["phase"] == "Failed", st
+        [attempt] = attempts_of(c, "oci-oom")
+        assert attempt["status"]["reason"] == "OOMKilled", attempt["status"]
+
+
+def read_as(uid: int, path: Path) -> str:
+    """What a process of host uid `uid` (a pod's root) gets reading `path`: its text or the error's name."""
+    code = ("import os, sys\nos.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n"
+            "try:\n    print(open(sys.argv[2]).read(), end='')\nexcept OSError as e:\n    print(type(e).__name__, end='')")
+    return subprocess.run([sys.executable, "-c", code, str(uid), str(path)], capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+
+
+def test_a_second_attempt_on_the_node_cannot_read_the_first_ones_files(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    hold = ("echo private > /nodus/state/secret.txt; chmod 600 /nodus/state/secret.txt; "
+            "while [ ! -e /nodus/state/go ]; do sleep 0.1; done")
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        states = []
+        for name in ("oci-first", "oci-second"):
+            create(c, name, backoffLimit=0, image=images["busybox"], command=["sh", "-c", hold])
+            wait_status(c, name, lambda s: s.get("phase") == "Running", 120, f"{name} to run")
+            states.append(state_dir(work, name))
+            wait_for(lambda: (states[-1] / "secret.txt").exists(), 60, what=f"{name}'s file")
+        first, second = (os.stat(s / "secret.txt") for s in states)
+        # each pod's root is a host uid of its own slot, never host root
+        assert first.st_uid != second.st_uid and min(first.st_uid, second.st_uid) >= 1 << 20
+        assert read_as(second.st_uid, states[0] / "secret.txt") == "PermissionError"
+        assert read_as(first.st_uid, states[0] / "secret.txt") == "private\n"  # the check can tell
+        for s in states:
+            (s / "go").touch()
+        for name in ("oci-first", "oci-second"):
+            assert settled(c, name, 120)["phase"] == "Succeeded"
+
+
+def config_digest(layout: Path) -> str:
+    index = orjson.loads((layout / "index.json").read_bytes())
+    manifest = layout / "blobs" / "sha256" / index["manifests"][0]["digest"].removeprefix("sha256:")
+    return str(orjson.loads(manifest.read_bytes())["config"]["digest"])
+
+
+def test_a_blob_served_corrupted_fails_the_attempt_as_the_images_fault_and_nothing_runs(
+        c: Coordinator, oci_registry: Registry, work: Path, tmp_path: Path) -> None:
+    layout = build_busybox_layout(tmp_path / "bad", {"Env": ["PATH=/bin", "NODUS_TEST=corrupted"]})
+    push(layout, oci_registry, "e2e/corrupted", "v1")
+    create(c, "oci-corrupted", backoffLimit=0, image=f"{oci_registry.host}/e2e/corrupted:v1",
+           command=["sh", "-c", "echo must not run"])  # admitted (pinned) while no node runs images
+    oci_registry.corrupt_blob(config_digest(layout))
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        st = settled(c, "oci-corrupted", 120)
+        assert st["phase"] == "Failed", st
+        [attempt] = attempts_of(c, "oci-corrupted")
+        assert attempt["status"]["reason"] == "ImagePullFailed", attempt["status"]
+        assert "ImageDigestMismatch" in attempt["status"]["message"] and "e2e/corrupted" in attempt["status"]["message"]
+        assert "must not run" not in c.run("nodus", "logs", "oci-corrupted", check=False).stdout
+
+
+def test_a_pull_the_node_has_no_room_for_is_lost_capacity(images: dict[str, str], oci_registry: Registry,
+                                                          work: Path) -> None:
+    runtime = OciRuntime(work, image_cache=work / "images", disk_budget=1024, clock=SystemClock(), zygote=False,
+                         insecure_registries=[oci_registry.host])
+    a = agent_pb2.Assignment(attempt_id="no-room", image=images["busybox"].replace(":v1", "@" + images["busybox_digest"]),
+                             command=["true"])
+    layout = runtime.layout(a.attempt_id)
+    layout.make()
+    with pytest.raises(Refused) as refused:
+        runtime.pull(a, layout)
+    assert (refused.value.phase, refused.value.reason) == ("LOST", "ImagePullNodeFault")
+    assert "ImageDiskFull" in str(refused.value)
+    assert runtime.images_in_use() == {images["busybox_digest"]}  # it counted from before its pull
