@@ -62,7 +62,8 @@ def test_measured_starts_give_a_band_and_are_billed_as_overhead() -> None:
     starts = tuple(Decimal(s) for s in (60, 90, 120, 600))
     e = quote(BOOK, Shape.of({"expectedDuration": "1h"}), Preview(H100, "x"), Startup(cold=starts), NOW)
     assert e["startup"]["cold"] == {"p50": "2m0s", "p90": "10m0s"}
-    assert e["startup"]["warm"]["message"] == "no measurements" and "ColdStart" not in codes(e)
+    assert e["startup"]["warm"]["message"] == "no measurements"
+    assert "measured starts: 2m0s at p50, 10m0s at p90" in next(w["message"] for w in e["warnings"])
     assert Decimal(e["overheadUSD"]["p50"]) == Decimal("0.10")  # two minutes of boot at $2.99/h
 
 
@@ -109,3 +110,8 @@ def test_a_sweep_sums_its_cells_and_holds_the_costliest_at_once() -> None:
     assert e["rateUSDPerHour"] == "2.99" and e["holdUSD"] == "2.99"
     assert e["concurrentHoldUSD"] == "9.06"  # three H100 cells and one CPU cell start at once
     assert e["placementPreview"]["explain"] == "first cell: n1" and codes(e) == ["ColdStart"] * 2
+
+
+def test_a_warm_node_is_no_cold_start() -> None:
+    e = quote(BOOK, Shape.of({"expectedDuration": "1h"}), Preview(H100, "x", warm_reuse=True), Startup(), NOW)
+    assert codes(e) == [] and e["placementPreview"]["warmReuse"] is True

@@ -176,9 +176,12 @@ def quote(book: PriceBook | None, shape: Shape, preview: Preview | None, startup
     if offering.interruptible:
         notes.warn("InterruptibleSelected", f"offering {offering.id} is interruptible: expect about "
                    f"{offering.interruptions_per_hour} reclaims per hour, each costing a restore; the p90 counts them")
-    if not startup.cold and not (preview is not None and preview.warm_reuse):
+    if not (preview is not None and preview.warm_reuse):
+        cold = estimate["startup"]["cold"]
+        measured = (f"this fleet's measured starts: {cold['p50']} at p50, {cold['p90']} at p90" if cold["p50"]
+                    else "no measurements of its start time yet")
         notes.warn("ColdStart", f"no warm node of offering {offering.id} is kept for this project: the attempt "
-                                "boots a node first (no measurements of its start time yet)")
+                                f"boots a node first ({measured})")
     estimate.update(warnings=notes.warnings, blockingReasons=notes.blocking)
     return estimate
 
