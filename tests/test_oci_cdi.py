@@ -257,8 +257,11 @@ def test_a_stale_spec_marks_the_nodes_gpus_unhealthy_and_the_job_goes_to_the_oth
         coordinator: Any, host: Path) -> None:
     """Real coordinator, two agents' streams (test_agent_service.FakeAgent) carrying the readings of the
     agent's own SimulatedNvml after its check against a spec that names a device the host lacks."""
+    import grpc
     from e2e import create
     from test_agent_service import FakeAgent
+
+    from nodus.v1 import node_pb2, node_pb2_grpc
 
     from nodus.agent.nvml import SimulatedNvml
     from nodus.agent.oci.cdi import check_gpus
@@ -283,6 +286,13 @@ def test_a_stale_spec_marks_the_nodes_gpus_unhealthy_and_the_job_goes_to_the_oth
         heartbeat(agent, nvml)  # the check before attempts found the spec stale after the node joined
         agents[name] = agent
     try:
+        # Operators see it as NodeService shows the node (grpcurl, nodus): the GPU's reason and message.
+        with grpc.insecure_channel(coordinator.grpc) as channel:
+            listed = node_pb2_grpc.NodeServiceStub(channel).GetNode(
+                node_pb2.GetNodeRequest(name="node-a"), metadata=(("authorization", f"Bearer {coordinator.token}"),),
+                timeout=10)
+        [shown] = listed.inventory.gpus
+        assert (shown.unhealthy_reason, shown.unhealthy_message) == (STALE_REASON, message)
         create(coordinator, "on-b", resources={"gpu": {"count": 1}})
         assert agents["node-b"].expect("assignment").gpu_indexes == [0]
         assert not agents["node-a"].pending("assignment")

@@ -15,7 +15,7 @@ from .controllers.attempts import PHASE_NUMBERS, phase_of
 from .errors import NodusError
 from .grpc_api import rpc
 from .identity import Caller, Identity, require_operator
-from .nodes import NodeRegistry, amount_of, no_node, reservation_of
+from .nodes import NodeRegistry, amount_of, gpu_health, no_node, reservation_of
 from .scheduler import Amount
 from .selectors import parse_label_selector
 
@@ -53,6 +53,9 @@ def node_proto(registry: NodeRegistry, doc: dict[str, Any]) -> node_pb2.Node:
         phase = node_pb2.NODE_PHASE_READY
     inventory = json_format.ParseDict(doc.get("inventory") or {}, common_pb2.NodeInventory(),
                                       ignore_unknown_fields=True)
+    health = gpu_health(doc, lease)
+    for gpu in inventory.gpus:  # the newest heartbeat's health, as placement reads it
+        gpu.unhealthy_reason, _, gpu.unhealthy_message = health.get(gpu.index, "").partition(": ")
     expire = registry.leases.expiry(lease) if lease else None
     return node_pb2.Node(
         name=name, id=doc.get("id", ""), phase=phase, inventory=inventory, capacity=_resources(capacity),

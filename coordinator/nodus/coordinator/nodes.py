@@ -72,6 +72,15 @@ def unhealthy(gpu: common_pb2.Gpu) -> str:
     return f"{gpu.unhealthy_reason}: {gpu.unhealthy_message}" if gpu.unhealthy_reason else ""
 
 
+def gpu_health(node: dict[str, Any], lease: dict[str, Any] | None) -> dict[int, str]:
+    """Each GPU index's `unhealthy` ("" when healthy): the newest heartbeat's, else the registration's
+    (a CDI spec can go stale after the node joined, and be regenerated)."""
+    beat = (lease or {}).get("gpuUnhealthy")
+    if isinstance(beat, dict):
+        return {int(k): str(v) for k, v in beat.items()}
+    return {int(g.get("index", 0)): str(g.get("unhealthy", "")) for g in node.get("gpus") or []}
+
+
 def amount_of(doc: dict[str, Any] | None) -> Amount:
     doc = doc or {}
     return Amount(int(doc.get("cpuMillis", 0)), int(doc.get("memoryBytes", 0)), int(doc.get("diskBytes", 0)),
@@ -121,12 +130,10 @@ class NodeRegistry:
         out = []
         for _, doc in self.cache.under(NODES):
             lease = self.lease(doc["name"])
-            # The newest heartbeat's health wins over the registration's (a spec can go stale in between).
-            health = (lease or {}).get("gpuUnhealthy")
+            health = gpu_health(doc, lease)
             gpus = tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
-                             int(g.get("nvlinkLinks", 0)),
-                             str(health.get(str(g.get("index", 0)), "")) if isinstance(health, dict)
-                             else str(g.get("unhealthy", ""))) for g in doc.get("gpus") or [])
+                             int(g.get("nvlinkLinks", 0)), health.get(int(g.get("index", 0)), ""))
+                         for g in doc.get("gpus") or [])
             out.append(NodeView(doc["name"], self.leases.fresh(lease, now),
                                 bool(doc.get("cordoned")), frozenset(doc.get("runtimes") or ()),
                                 amount_of(doc.get("capacity")), gpus, doc.get("labels") or {}, doc.get("region", ""),
