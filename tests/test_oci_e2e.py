@@ -242,3 +242,39 @@ def test_a_pull_the_node_has_no_room_for_is_lost_capacity(images: dict[str, str]
     assert (refused.value.phase, refused.value.reason) == ("LOST", "ImagePullNodeFault")
     assert "ImageDiskFull" in str(refused.value)
     assert runtime.images_in_use() == {images["busybox_digest"]}  # it counted from before its pull
+
+
+def test_a_pod_whose_supervisor_died_is_cleaned_up_and_the_attempt_replaced(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    script = 'echo "run $NODUS_ATTEMPT_NUMBER"; [ "$NODUS_ATTEMPT_NUMBER" = 1 ] && sleep 600; echo done'
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-orphan", backoffLimit=0, image=images["busybox"], command=["sh", "-c", script])
+        wait_status(c, "oci-orphan", lambda s: s.get("phase") == "Running", 120, "the container to run")
+        state = state_dir(work, "oci-orphan")
+        run = state.parent / "run"
+        wait_for(lambda: [s for s in Runc(work / "runc").list() if s.status == "running"], 60,
+                 what="the container to run")
+        pod_id = state.parent.name
+        assert [p.name for p in (work / "ids").iterdir() if p.read_text() == pod_id]  # its id slot is held
+        os.kill(int((read_json(run / "status.json") or {})["supervisor_pid"]), signal.SIGKILL)
+        st = settled(c, "oci-orphan", 120)
+        assert st["phase"] == "Succeeded", st  # the replacement (attempt 2) ran to its end
+        first = attempts_of(c, "oci-orphan")[0]
+        assert (first["status"]["phase"], first["status"]["reason"]) == ("Lost", "AgentFault"), first["status"]
+        assert not [s.id for s in Runc(work / "runc").list() if s.id.startswith(pod_id)]
+        assert not [p for p in (work / "ids").iterdir() if p.read_text() == pod_id]  # the slot is free again
+        with open("/proc/self/mountinfo") as f:
+            assert not [line for line in f if str(run / "pod") in line], "a mount of the dead pod was left"
+
+
+def test_asking_for_the_oci_runtime_without_runc_fails_at_start_naming_it(c: Coordinator, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("skopeo", "umoci"):
+        (bin_dir / tool).symlink_to(str(shutil.which(tool)))
+    agent = AgentProcess(tmp_path / "work", c.grpc, c.join_token, node="no-runc", env={"PATH": str(bin_dir)},
+                         extra_args=("--runtime", "oci"))
+    agent.start()
+    assert agent.proc.wait(60) != 0
+    assert "--runtime oci" in agent.log() and "runc is missing" in agent.log() and "install" in agent.log()
+    agent.proc = None
