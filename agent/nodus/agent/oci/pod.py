@@ -28,6 +28,7 @@ from typing import Sequence
 from ..cgroups import DEFAULT_FS
 from .bundle import (ID_SLOTS, ContainerRequest, Device, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
                      resolve_process, runtime_spec)
+from .egress import Egress, NodeNetwork
 from .runc import ContainerState, ContainerStatus, Runc, RuncError
 
 CLONE_NEWUSER = 0x10000000
@@ -300,20 +301,31 @@ def _safe_id(text: str) -> str:
 class Pod:
     """The containers of one attempt, in `directory` (under the attempt's run dir)."""
 
-    def __init__(self, pod_id: str, directory: Path, runc: Runc, slots: IdSlots, cgroup_parent: str) -> None:
+    def __init__(self, pod_id: str, directory: Path, runc: Runc, slots: IdSlots, cgroup_parent: str,
+                 egress: Egress = Egress(), network: NodeNetwork = NodeNetwork()) -> None:
         self.pod_id = _safe_id(pod_id)
         self.directory = directory
         self.runc = runc
         self.slots = slots
         self.cgroup_parent = cgroup_parent.strip("/")
         """Containers' cgroups nest under the attempt's, so its freezer and memory limit hold them too."""
-        self.ids = IdRange.for_slot(slots.claim(self.pod_id))
+        slot = slots.claim(self.pod_id)
+        self.ids = IdRange.for_slot(slot)
         # Only host root and the pod's root may enter: runc resolves the rootfs as the pod's root, and the
         # layers hold files a host user must not run (a setuid file of the pod's root is the pod's uid).
         directory.mkdir(parents=True, exist_ok=True)
         os.chown(directory, self.ids.host(0), self.ids.host(0))
         directory.chmod(0o700)
         self.namespaces = create_namespaces(directory / "ns", self.ids)
+        self.egress = network.for_pod(egress, self.namespaces.network, slot)
+        """The pod's way out (Deny: loopback only); the supervisor calls `egress.refresh` and reads `egress.denied`."""
+        try:
+            self.egress.attach()
+        except BaseException:
+            self.egress.detach()
+            remove_namespaces(directory / "ns")
+            slots.release(self.pod_id)
+            raise
         self.started: list[str] = []
         """Container names in start order."""
 
@@ -384,6 +396,7 @@ class Pod:
         if containers.is_dir():
             for directory in containers.iterdir():
                 unmount_layer(directory)
+        self.egress.detach()
         remove_namespaces(self.directory / "ns")
         remove_cgroup_dirs(self.cgroup_parent)
         self.slots.release(self.pod_id)
