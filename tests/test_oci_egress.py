@@ -276,3 +276,16 @@ def test_the_pod_cannot_flush_or_change_its_rules(node: Node, lab: Lab) -> None:
     assert out.count("Operation not permitted") >= 3, out  # refused for want of CAP_NET_ADMIN, not by accident
     assert "can't connect" in out and pod.egress.denied() >= 1
     assert pod.egress.pinned == {lab.hosts[0].address}
+
+
+@needs_root
+def test_a_restarted_supervisor_reattaches_without_resetting_the_count(node: Node, lab: Lab) -> None:
+    egress = Egress(Policy.ALLOW_LIST, ("allowed.test",))
+    pod = node.pod("again", egress)
+    code, out = node.sh(pod, "first", fetch(lab.hosts[1]))
+    assert "Connection refused" in out and pod.egress.denied() == 1, out
+    again = Pod(pod.pod_id, pod.directory, node.runc, node.slots, pod.cgroup_parent, egress, node.network)
+    assert again.egress.link == pod.egress.link and again.egress.pinned == {lab.hosts[0].address}
+    assert again.egress.denied() == 1
+    code, out = node.sh(again, "second", f"{fetch(lab.hosts[0])}; {fetch(lab.hosts[1])}")
+    assert out.split()[:2] == ["zero", "rc=0"] and again.egress.denied() == 2, out
