@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_oci_runc import BUSYBOX, Node, node, rootfs, run, sh, traversable_dir  # noqa: F401 - fixtures
+from test_oci_runc import Node, node, rootfs, sh, traversable_dir  # noqa: F401 - node and rootfs are fixtures
 
-from nodus.agent.oci.bundle import Device, IdRange, Mount, PodNamespaces, resolve_process, runtime_spec
-from nodus.agent.oci.bundle import ContainerRequest, Hook, ImageConfig
+from nodus.agent.oci.bundle import (ContainerRequest, Device, Hook, IdRange, ImageConfig, PodNamespaces, resolve_process,
+                                    runtime_spec)
 from nodus.agent.oci.cdi import (STALE_REASON, AssignedGpu, CdiError, ContainerEdits, DeviceNode, all_edits,
                                  check_host, driver_edits, gpu_injection, inject, load_specs, parse_spec, resolve,
                                  stale, with_gpus)
@@ -307,3 +307,29 @@ def test_a_stale_spec_marks_the_nodes_gpus_unhealthy_and_the_job_goes_to_the_oth
     finally:
         for agent in agents.values():
             agent.close()
+
+
+@needs_root
+def test_a_spec_left_from_the_previous_driver_marks_the_probed_gpus_unhealthy(host: Path) -> None:
+    """A driver update: NVML (the fake binding of test_agent_inventory) reports 550.54.15, the spec still mounts
+    535's libcuda. The GPUs are real NVML ones here, with their UUIDs resolving the devices."""
+    from test_agent_inventory import A10, H100, fake_pynvml
+
+    from nodus.agent.nvml import Nvml
+    from nodus.agent.oci.cdi import check_gpus
+
+    nvml = Nvml(fake_pynvml([H100, A10]))
+    probed = tuple(AssignedGpu(g.index, g.uuid) for g in nvml.read())
+    write_spec(host, spec_doc(host, gpus=probed))
+    message = check_gpus(nvml, [host / "cdi"])
+    assert f"libcuda.so.{DRIVER} is driver {DRIVER}, the host runs 550.54.15" in message
+    assert {(g.unhealthy_reason, g.unhealthy_message) for g in nvml.read()} == {(STALE_REASON, message)}
+
+    (host / "lib" / "libcuda.so.550.54.15").write_text("the new driver's libcuda\n")
+    write_spec(host, spec_doc(host, version="550.54.15", gpus=probed))  # nvidia-ctk cdi generate, again
+    assert check_gpus(nvml, [host / "cdi"]) == ""
+    assert {g.unhealthy_reason for g in nvml.read()} == {""}
+    out = gpu_injection(probed[1:], nvml.driver_version, dirs=[host / "cdi"])
+    assert out.env["CUDA_VISIBLE_DEVICES"] == probed[1].uuid == "GPU-a10" and [d.path for d in out.devices] == [
+        "/dev/nvidiactl", "/dev/nvidia1"]
+    nvml.close()
