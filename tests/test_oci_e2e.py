@@ -278,3 +278,23 @@ def test_asking_for_the_oci_runtime_without_runc_fails_at_start_naming_it(c: Coo
     assert agent.proc.wait(60) != 0
     assert "--runtime oci" in agent.log() and "runc is missing" in agent.log() and "install" in agent.log()
     agent.proc = None
+
+
+FETCH = r"""
+import urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:8080/etc/motd", timeout=10).read().decode(), end="")
+"""
+
+
+def test_a_sidecar_with_its_own_image_serves_the_main_container_on_localhost(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-sidecar", backoffLimit=0, image=images["python"], command=["python3", "-c", FETCH],
+               sidecars=[{"name": "web", "image": images["busybox"], "startupTimeout": "30s",
+                          "command": ["sh", "-c", "mkdir -p /srv/etc && { [ -e /usr/bin/python3 ] && echo python image || "
+                                      "echo busybox image; } > /srv/etc/motd && exec httpd -f -p 127.0.0.1:8080 -h /srv"]}])
+        st = settled(c, "oci-sidecar", 180)
+        assert st["phase"] == "Succeeded", st
+        assert st["sidecarImages"][0]["digest"] == images["busybox_digest"]
+        log = c.run("nodus", "logs", "oci-sidecar").stdout
+        assert "busybox image" in log and "python image" not in log, log  # the sidecar ran its own image
