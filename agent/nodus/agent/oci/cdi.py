@@ -148,9 +148,8 @@ def load_specs(dirs: Sequence[Path] = SPEC_DIRS, kind: str = GPU_KIND) -> list[S
                 doc = yaml.safe_load(path.read_text())  # JSON is YAML
             except (OSError, yaml.YAMLError) as e:
                 raise CdiError(f"{path}: not a readable CDI spec ({e}); fix or remove the file") from None
-            spec = parse_spec(doc, str(path))
-            if spec is not None and _kind(doc) == kind:
-                specs.append(spec)
+            if _kind(doc) == kind:  # another vendor's spec is not ours to judge
+                specs.append(parse_spec(doc, str(path)))
     return specs
 
 
@@ -158,8 +157,8 @@ def _kind(doc: Any) -> str:
     return str(doc.get("kind") or "") if isinstance(doc, dict) else ""
 
 
-def parse_spec(doc: Any, source: str) -> Spec | None:
-    """A spec from its parsed document; None for a document of another kind is not ours to judge."""
+def parse_spec(doc: Any, source: str) -> Spec:
+    """A spec from its parsed document, every field checked (the error names the file and the field)."""
     if not isinstance(doc, dict):
         raise CdiError(f"{source}: a CDI spec is a mapping with cdiVersion, kind and devices")
     if not doc.get("cdiVersion"):
@@ -288,7 +287,10 @@ def inject(edits: ContainerEdits, gpus: Sequence[AssignedGpu], source: str, stat
     for node in edits.device_nodes:
         kind, major, minor = node.kind, node.major, node.minor
         if not kind or major is None or minor is None:
-            st = stat(node.source)
+            try:
+                st = stat(node.source)
+            except OSError as e:
+                raise CdiError(f"device node {node.source}: {e.strerror}; regenerate the CDI spec") from None
             kind = kind or ("b" if stat_mod.S_ISBLK(st.st_mode) else "c")
             major = os.major(st.st_rdev) if major is None else major
             minor = os.minor(st.st_rdev) if minor is None else minor
