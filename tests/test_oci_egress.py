@@ -11,18 +11,25 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
 import pytest
 
 import netns
 from netns import Lab
 from nodus.agent.cgroups import DEFAULT_FS
-from nodus.agent.oci.bundle import ContainerRequest, ImageConfig
+from nodus.agent.oci.bundle import ContainerRequest, ImageConfig, Mount
+from nodus.agent.oci.dns_gate import DnsGate
 from nodus.agent.oci.egress import (PRESETS, Egress, EgressError, NodeNetwork, Policy, PodLink, matches,
                                     preset_table)
 from nodus.agent.oci.pod import IdSlots, Pod, remove_cgroup_dirs
@@ -30,7 +37,7 @@ from nodus.agent.oci.runc import Runc, become_subreaper
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 NFT = shutil.which("nft") or "/usr/sbin/nft"
-APPLETS = ("sh", "echo", "cat", "wget", "ls", "ip", "true")
+APPLETS = ("sh", "echo", "cat", "wget", "ls", "ip", "true", "nslookup")
 IMAGE = ImageConfig(cmd=("sh",), env=("PATH=/bin:/usr/sbin",))
 PORT = 8000
 
@@ -102,12 +109,13 @@ class Node:
         self.pods.append(pod)
         return pod
 
-    def sh(self, pod: Pod, name: str, script: str) -> tuple[int | None, str]:
+    def sh(self, pod: Pod, name: str, script: str, mounts: tuple[Mount, ...] = ()) -> tuple[int | None, str]:
         """Runs `script` in a new container of the pod; its exit code and output."""
         log_path = self.root / f"{pod.pod_id}-{name}.log"
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            proc = pod.start(name, ContainerRequest(name, command=("sh", "-c", script)), IMAGE, self.rootfs, log)
+            proc = pod.start(name, ContainerRequest(name, command=("sh", "-c", script)), IMAGE, self.rootfs, log,
+                             mounts)
         finally:
             os.close(log)
         code = proc.wait(60)
@@ -289,3 +297,43 @@ def test_a_restarted_supervisor_reattaches_without_resetting_the_count(node: Nod
     assert again.egress.denied() == 1
     code, out = node.sh(again, "second", f"{fetch(lab.hosts[0])}; {fetch(lab.hosts[1])}")
     assert out.split()[:2] == ["zero", "rc=0"] and again.egress.denied() == 2, out
+
+
+def table_upstream(names: dict[str, list[str]]) -> Callable[[dns.message.Message], dns.message.Message]:
+    """The node's resolver as the gate sees it, answering from the test's table (A records, TTL 30)."""
+    def ask(query: dns.message.Message) -> dns.message.Message:
+        response = dns.message.make_response(query)
+        q = query.question[0]
+        name = q.name.to_text(omit_final_dot=True)
+        if name not in names:
+            response.set_rcode(dns.rcode.NXDOMAIN)
+        elif q.rdtype == dns.rdatatype.A:
+            response.answer.append(dns.rrset.from_text(q.name, 30, "IN", "A", *names[name]))
+        return response
+    return ask
+
+
+@needs_root
+def test_a_suffix_pattern_opens_what_the_pods_dns_gate_answered(node: Node, lab: Lab) -> None:
+    pod = node.pod("gate", Egress(Policy.ALLOW_LIST, ("*.lab.test",)))
+    assert pod.egress.link is not None and pod.egress.pinned == frozenset()  # a pattern pins nothing ahead
+    names = {"zero.lab.test": [lab.hosts[0].address], "one.elsewhere.test": [lab.hosts[1].address]}
+    gate = DnsGate(pod.egress, table_upstream(names))
+    resolv = node.root / "resolv.conf"
+    resolv.write_text(pod.egress.link.resolv_conf())
+    resolv.chmod(0o644)
+    stop = threading.Event()
+    serving = threading.Thread(target=lambda: [gate.serve(0.05) for _ in iter(stop.is_set, True)], daemon=True)
+    serving.start()
+    try:
+        script = (f"wget -q -O - http://zero.lab.test:{PORT}/; echo rc=$?; "
+                  "nslookup one.elsewhere.test; echo ns=$?; "
+                  f"{fetch(lab.hosts[1])}")
+        code, out = node.sh(pod, "main", script, (Mount("/etc/resolv.conf", str(resolv), read_only=True),))
+    finally:
+        stop.set()
+        serving.join(5)
+        gate.close()
+    assert out.split()[:2] == ["zero", "rc=0"], out
+    assert "ns=0" not in out and gate.refused >= 1, out  # a name outside the pattern is refused, not resolved
+    assert "Connection refused" in out and pod.egress.denied() == 1, out

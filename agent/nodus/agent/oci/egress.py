@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 MAX_ALLOW = 128
 """spec/job.md: `allow` holds at most 128 entries."""
 POD_IF = "eth0"
+DNS_PORT = 53
+"""Where the pod's DNS gate (oci/dns_gate.py) listens, on the host end of the pod's link."""
 TABLE = "nodus"
 """The pod's own nftables table (inet family): the `allowed` set, the `denied` counter, the output chain."""
 DEFAULT_RANGE = "10.213.0.0/16"
@@ -149,6 +151,10 @@ class PodLink:
             raise EgressError("egress-interface-prefix", f"{host_if!r} is longer than 15 characters; shorten it")
         return cls(host_if, str(ipaddress.IPv4Address(first + 1)), str(ipaddress.IPv4Address(first + 2)))
 
+    def resolv_conf(self) -> str:
+        """The pod's /etc/resolv.conf: its DNS gate, at the host end of its link."""
+        return f"nameserver {self.host_address}\noptions timeout:2 attempts:2\n"
+
     @property
     def nat_table(self) -> str:
         """The node-side nftables table (ip family) that masquerades this pod; one per link, so removal is one step."""
@@ -170,7 +176,7 @@ def _in(netns: str, *argv: str) -> list[str]:
     return ["nsenter", f"--net={netns}", *argv]
 
 
-def pod_ruleset(policy: Policy) -> str:
+def pod_ruleset(policy: Policy, link: PodLink | None = None) -> str:
     """The pod namespace's table: loopback and replies pass; AllowList passes `allowed`, rejects and counts the rest.
 
     Reject, not drop: the program fails at once instead of waiting out its timeout. TCP gets a reset, not an
@@ -184,11 +190,14 @@ def pod_ruleset(policy: Policy) -> str:
     return (f"table inet {TABLE} {{\n"
             "  counter denied { }\n"
             "  set allowed { type ipv4_addr; }\n"
+            "  set learned { type ipv4_addr; flags timeout; }\n"
             "  chain output {\n"
             "    type filter hook output priority filter; policy drop;\n"
             '    oifname "lo" accept\n'
             "    ct state established,related accept\n"
+            + (f"    ip daddr {link.host_address} udp dport {DNS_PORT} accept\n" if link else "") +
             "    ip daddr @allowed accept\n"
+            "    ip daddr @learned accept\n"
             # Late segments of an allowed connection that conntrack already closed are invalid, not new.
             '    ct state new meta l4proto tcp counter name "denied" reject with tcp reset\n'
             '    ct state new meta l4proto udp counter name "denied" reject with icmpx type admin-prohibited\n'
@@ -242,7 +251,7 @@ class PodEgress:
         if _run(_in(self.netns, "nft", "list", "table", "inet", TABLE), check=False).returncode == 0:
             self.pinned = self._set_elements()  # made before a restart: keep its rules and its count
         else:
-            _run(_in(self.netns, "nft", "-f", "-"), stdin=pod_ruleset(self.egress.policy))
+            _run(_in(self.netns, "nft", "-f", "-"), stdin=pod_ruleset(self.egress.policy, self.link))
             self.pinned = frozenset()
         self.next_refresh = float("-inf")
         self.refresh()
@@ -268,6 +277,20 @@ class PodEgress:
     def denied(self) -> int:
         """Connections the pod tried and AllowList refused (packets through the `denied` counter); 0 for Deny/Open."""
         return denied_count(self.netns) if self.link is not None else 0
+
+    def learn(self, addresses: Mapping[str, int]) -> None:
+        """Lets the pod reach `addresses` (an address to seconds) until they expire: what the DNS gate answered
+        for a name a `*.suffix` pattern allows. A second answer renews an address's time."""
+        found = {a: t for a, t in addresses.items() if ipaddress.ip_address(a).version == 4}
+        if self.egress.policy != Policy.ALLOW_LIST or not found:
+            return
+        plain = ", ".join(sorted(found))
+        timed = ", ".join(f"{a} timeout {max(1, int(t))}s" for a, t in sorted(found.items()))
+        # add, delete, add in one transaction: the element exists either way, with the new timeout.
+        script = (f"add element inet {TABLE} learned {{ {plain} }}\n"
+                  f"delete element inet {TABLE} learned {{ {plain} }}\n"
+                  f"add element inet {TABLE} learned {{ {timed} }}\n")
+        _run(_in(self.netns, "nft", "-f", "-"), stdin=script)
 
     def _set_elements(self) -> frozenset[str]:
         if self.egress.policy != Policy.ALLOW_LIST:
