@@ -40,6 +40,7 @@ pytestmark = [
 
 PROGRAM = r"""
 import json, os, time
+print("path", os.environ["PATH"], "ld", os.environ.get("LD_LIBRARY_PATH"), flush=True)
 out = os.environ["NODUS_OUTPUTS_DIR"]
 with open(os.path.join(out, "result.txt"), "w") as f:
     f.write("made inside the image\n")
@@ -99,7 +100,8 @@ def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry) -> Itera
 
 
 def oci_agent(c: Coordinator, work: Path, registry: Registry, node: str = "oci-n0") -> AgentProcess:
-    return AgentProcess(work, c.grpc, c.join_token, node=node, env=AGENT_ENV,
+    env = {**AGENT_ENV, "LD_LIBRARY_PATH": "/opt/node-only/lib"}  # the node's, never the image's
+    return AgentProcess(work, c.grpc, c.join_token, node=node, env=env,
                         extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci",
                                     "--insecure-registry", registry.host))
 
@@ -130,6 +132,7 @@ def test_an_image_job_runs_to_completion_with_outputs_logs_and_progress(
         assert st["progress"]["units"] == {"completed": 5, "total": 5} and st["progress"]["stage"] == "train"
         log = c.run("nodus", "logs", "oci-python").stdout
         assert "step 5 uid 0" in log  # root inside the image (a uid of the pod's slot on the host)
+        assert "path /usr/bin:/bin ld None\n" in log  # the image's environment, not the agent's
         committed = {o["name"]: o for o in st["outputs"] if o["index"] == 0}
         assert set(committed) == {"model", "outputs"}
         for name, entry in committed.items():

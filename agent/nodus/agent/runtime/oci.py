@@ -29,7 +29,7 @@ from ..oci.skopeo import RegistryCredentials, Skopeo
 from ..reasons import Reason
 from ..settings import AgentConfig, choose_runtime
 from ..statefile import read_json, write_json
-from .process import ProcessRuntime, Refused
+from .process import PASSED_ENV, ProcessRuntime, Refused
 
 log = logging.getLogger("nodus.agent.runtime")
 
@@ -98,6 +98,8 @@ class OciRuntime(ProcessRuntime):
             for ref in refs:
                 pulled[ref] = self.store.pull(ref, credentials, functools.partial(self._note, a.attempt_id, ref))
         except ImagePullError as e:
+            with self._pull_lock:
+                self._progress.pop(a.attempt_id, None)  # the attempt ends here: nothing more to report
             if e.lost_capacity:
                 raise Refused(Reason.IMAGE_PULL_NODE_FAULT, f"{e.reason}: {e.message}", L.LOST) from e
             raise Refused(Reason.IMAGE_PULL_FAILED, f"{e.reason}: {e.message}") from e
@@ -129,6 +131,8 @@ class OciRuntime(ProcessRuntime):
         # the image's entrypoint and cmd apply as Kubernetes does: command replaces the entrypoint, args the cmd
         spec["command"] = list(a.command)
         spec["working_dir"] = str(layout.root)
+        # the image's environment, not the node's: PATH, LD_LIBRARY_PATH, … pass only where the Job sets them
+        spec["env"] = {k: v for k, v in spec["env"].items() if k not in PASSED_ENV or k in a.env}
         write_json(layout.spec, spec, mode=0o600, durable=False)
 
     def oci_section(self, a: agent_pb2.Assignment, pulled: dict[str, PulledImage]) -> dict[str, Any]:
