@@ -117,15 +117,13 @@ class JobStrategy(KindStrategy):
 
     async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
         if self.images is not None:
-            await self._pin_images(project, obj)
+            await self._pin_images(self.images, project, obj)
         if self.estimates is None:
             return
         estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {})
         obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "jobs")
 
-    async def _pin_images(self, project: str, obj: dict[str, Any]) -> None:
-        assert self.images is not None
-        images = self.images
+    async def _pin_images(self, images: ImageResolver, project: str, obj: dict[str, Any]) -> None:
         spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
         sidecars = [(i, s) for i, s in enumerate(spec.get("sidecars") or []) if s.get("image")]
         if not spec.get("image") and not sidecars:
