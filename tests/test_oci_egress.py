@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -189,8 +190,16 @@ def _nft_tables() -> str:
     return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
 
 
+def _sweep_stale_nat_tables() -> None:
+    """NAT tables a killed run of this module left (named after its links, which carry its pid)."""
+    for family, name, pid in re.findall(r"^table (\w+) (nodus_nx(\d+)_p\d+)$", _nft_tables(), re.M):
+        if not os.path.exists(f"/proc/{pid}"):
+            subprocess.run(["nft", "delete", "table", family, name], capture_output=True)
+
+
 @pytest.fixture
 def node(rootfs: Path, lab: Lab) -> Iterator[Node]:
+    _sweep_stale_nat_tables()  # the lab sweeps stale links and namespaces; these are ours to sweep
     become_subreaper()
     top = Path(tempfile.mkdtemp(prefix="nodus-egress-node-"))
     top.chmod(0o711)
@@ -337,3 +346,22 @@ def test_a_suffix_pattern_opens_what_the_pods_dns_gate_answered(node: Node, lab:
     assert out.split()[:2] == ["zero", "rc=0"], out
     assert "ns=0" not in out and gate.refused >= 1, out  # a name outside the pattern is refused, not resolved
     assert "Connection refused" in out and pod.egress.denied() == 1, out
+
+
+def test_the_gate_refuses_names_outside_the_list_and_fails_closed_without_the_nodes_resolver() -> None:
+    link = PodLink("unused", "127.0.0.1", "127.0.0.2")  # answer() alone: nothing is pinned on these paths
+    egress = NodeNetwork(resolve=lambda name: []).for_pod(Egress(Policy.ALLOW_LIST, ("*.lab.test",)), "/none", 0)
+    egress.link = link
+
+    def down(query: dns.message.Message) -> dns.message.Message:
+        raise OSError("no route to the node's nameserver")
+
+    gate = DnsGate(egress, down, port=0)
+    try:
+        outside = dns.message.from_wire(gate.answer(dns.message.make_query("one.elsewhere.test", "A").to_wire()) or b"")
+        assert outside.rcode() == dns.rcode.REFUSED and not outside.answer and gate.refused == 1
+        inside = dns.message.from_wire(gate.answer(dns.message.make_query("zero.lab.test", "A").to_wire()) or b"")
+        assert inside.rcode() == dns.rcode.SERVFAIL and not inside.answer
+        assert gate.answer(b"not dns") is None
+    finally:
+        gate.close()
