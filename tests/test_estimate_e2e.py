@@ -42,7 +42,8 @@ def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
     book = _book(tmp_path / "pricebook.yaml")
     with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
         with joined([_agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND)], c):
-            body = job("bound", resources=ONE_GPU, expectedDuration="1h", placement={"profile": "Cost"})
+            body = job("bound", resources=ONE_GPU, expectedDuration="1h", placement={"profile": "Cost"},
+                       scaledownWindow="20m")
             estimate, etag = _dry_run(c, body)
             assert set(FIELDS) <= set(estimate), estimate
             assert estimate["rateUSDPerHour"] == "2.20" and estimate["costUSD"] == {"p50": "2.20", "p90": "2.20"}
@@ -75,7 +76,11 @@ def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
             # The quoted prices stop being current (a new book raises the rate): the bound create is still
             # admitted, and its attempt is not placed above $2.20 + 10 %.
             later = job("later", resources=ONE_GPU, expectedDuration="1h", placement={"profile": "Cost"})
-            _, old_etag = _dry_run(c, later)
+            warm, old_etag = _dry_run(c, later)
+            # "bound" ended with scaledownWindow: its node is kept for the project, so no cold start.
+            assert warm["placementPreview"]["warmReuse"] is True and "ColdStart" not in [
+                w["code"] for w in warm["warnings"]], warm
+            assert "kept warm" in warm["placementPreview"]["explain"]
             c.run("nodus", "pricebook", "apply", "-f", str(_raised(book, tmp_path / "raised.yaml")))
             fresh, fresh_etag = _dry_run(c, later)
             assert fresh["rateUSDPerHour"] == "3.00" and fresh_etag != old_etag

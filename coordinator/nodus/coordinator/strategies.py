@@ -20,8 +20,10 @@ import orjson
 from . import errors
 from .api.admission import Lookup
 from .api.references import not_found, secret_version
-from .clock import parse
+from .clock import parse, seconds
 from .controllers.attempt_machine import phase_of
+from .controllers.placement import warm_holds
+from .controllers.views import AttemptView
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
 from .money.books import PriceBooks
@@ -250,10 +252,15 @@ def strategies(vault: Vault, images: ImageResolver | None = None,
     return own
 
 
+MAX_WARM_S = 20 * 60
+"""The longest spec.scaledownWindow admission allows: an attempt that ended before it keeps no node warm."""
+
+
 class Estimates:
     """What a Job's estimate reads of the fleet, straight from the store (the resource service has no
-    cache): the active price book, the nodes and their leases, the live attempts' reservations, the
-    measured start times per offering, and the project's finished Jobs for a duration."""
+    cache): the active price book, the nodes and their leases, the live attempts' reservations and the
+    nodes kept warm, the measured start times per offering, and the project's finished Jobs for a
+    duration."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -265,7 +272,10 @@ class Estimates:
         book = await self.books.active()
         attempts = [orjson.loads(r.value) for r in (await self.store.list("attempts/")).records]
         history = await self._history(project, spec, status)
-        preview = self._preview(project, spec, book, await self._nodes(now), attempts, now)
+        held = [r for a in attempts if (r := _reservation(a)) is not None]
+        if book is not None:
+            held += await self._warm(attempts, now)
+        preview = self._preview(project, spec, book, await self._nodes(now), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
         return quote.quote(book, quote.Shape.of(spec, history), preview, _startup(attempts, offering), now)
 
@@ -286,16 +296,27 @@ class Estimates:
                                 doc.get("labels") or {}, doc.get("region", ""), doc.get("offering", "")))
         return out
 
+    async def _warm(self, attempts: list[dict[str, Any]], now: float) -> list[Reservation]:
+        """The nodes kept warm now, as the placement controller derives them (`warm_holds`); only the Jobs
+        of attempts that ended within the longest scaledownWindow are read."""
+        views = [AttemptView.from_object(a) for a in attempts]
+        recent = {(v.project, v.job) for v in views if v.finished is not None and v.finished > now - MAX_WARM_S}
+        windows: dict[tuple[str, str], float | None] = {}
+        for project, job in recent:
+            rec = await self.store.get(f"jobs/{project}/{job}")
+            windows[(project, job)] = (seconds((orjson.loads(rec.value).get("spec") or {}).get("scaledownWindow"))
+                                       if rec is not None else None)
+        return warm_holds(views, lambda project, job: windows.get((project, job)), now)
+
     @staticmethod
     def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],
-                 attempts: list[dict[str, Any]], now: float) -> quote.Preview:
+                 held: list[Reservation], now: float) -> quote.Preview:
         """Where one attempt of the Job would be placed now (a gang's first member, for its offering)."""
         deadline = parse(spec.get("completeByTime"))
         within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
         request = Request.of(spec.get("resources"), spec.get("image"), spec.get("placement"),
                              spec.get("expectedDuration"), within)
         request = replace(request, project=project)
-        held = [r for a in attempts if (r := _reservation(a)) is not None]
         chosen = place(request, nodes, held, book=book)
         region = next((n.region for n in nodes if n.name == chosen.node), "")
         return quote.Preview(chosen.offering, chosen.explain, chosen.warm_reuse, region)
