@@ -278,6 +278,9 @@ def test_pinned_answers_follow_the_resolver_after_the_period(node: Node, lab: La
     assert not pod.egress.refresh() and pod.egress.pinned == {lab.hosts[0].address}
     node.clock[0] = 30.0
     assert pod.egress.refresh() and pod.egress.pinned == {lab.hosts[1].address}
+    node.names["allowed.test"] = []  # the resolver fails: the last answer stands
+    node.clock[0] = 60.0
+    assert not pod.egress.refresh() and pod.egress.pinned == {lab.hosts[1].address}
     code, out = node.sh(pod, "main", f"{fetch(lab.hosts[1])}; {fetch(lab.hosts[0])}")
     assert out.split()[:2] == ["one", "rc=0"] and "can't connect" in out, out
     assert pod.egress.denied() >= 1

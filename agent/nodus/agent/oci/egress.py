@@ -181,9 +181,8 @@ def pod_ruleset(policy: Policy, link: PodLink | None = None) -> str:
 
     Reject, not drop: the program fails at once instead of waiting out its timeout. TCP gets a reset, not an
     ICMP error: an ICMP error that lands while connect() holds the socket is only a soft error, so the SYN
-    is retransmitted and one connect would count twice. Only TCP and UDP count (a
-    denied datagram counts each time); other protocols, and packets conntrack finds invalid, are dropped
-    uncounted.
+    is retransmitted and one connect would count twice. Only TCP and UDP count (a denied datagram counts
+    each time); other protocols, and packets conntrack finds invalid, are dropped uncounted.
     """
     if policy != Policy.ALLOW_LIST:
         return f"table inet {TABLE} {{\n  counter denied {{ }}\n}}\n"
@@ -241,6 +240,8 @@ class PodEgress:
     node: NodeNetwork
     pinned: frozenset[str] = frozenset()
     """The addresses in the `allowed` set now."""
+    answers: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Each name's last non-empty answer."""
     next_refresh: float = float("-inf")
 
     def attach(self) -> None:
@@ -263,7 +264,10 @@ class PodEgress:
             return False
         found: set[str] = set()
         for name in self.egress.names(self.node.presets):
-            found.update(a for a in self.node.resolve(name) if ipaddress.ip_address(a).version == 4)
+            answer = frozenset(a for a in self.node.resolve(name) if ipaddress.ip_address(a).version == 4)
+            # A lookup that fails keeps the name's last answer: a resolver outage must not cut running work.
+            self.answers[name] = answer or self.answers.get(name, frozenset())
+            found |= self.answers[name]
         self.next_refresh = now + self.node.refresh_period
         if frozenset(found) == self.pinned:
             return False
