@@ -23,7 +23,7 @@ import pytest
 
 from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
-from e2e import AGENT_ENV, attempts_of, create, joined, settled, wait_status
+from e2e import AGENT_ENV, NS, attempts_of, create, joined, settled, wait_status
 from nodus.agent.clock import SystemClock
 from nodus.agent.runtime import OciRuntime, Refused
 from nodus.v1 import agent_pb2
@@ -93,17 +93,18 @@ def images(oci_registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry) -> Iterator[Coordinator]:
-    with Coordinator(tmp_path_factory.mktemp("oci-e2e") / "data").start(
-            extra_args=("--insecure-registry", oci_registry.host)) as coordinator:
+def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry,
+      private_oci_registry: Registry) -> Iterator[Coordinator]:
+    with Coordinator(tmp_path_factory.mktemp("oci-e2e") / "data").start(extra_args=(
+            "--insecure-registry", oci_registry.host, "--insecure-registry", private_oci_registry.host)) as coordinator:
         yield coordinator
 
 
-def oci_agent(c: Coordinator, work: Path, registry: Registry, node: str = "oci-n0") -> AgentProcess:
+def oci_agent(c: Coordinator, work: Path, *registries: Registry, node: str = "oci-n0") -> AgentProcess:
     env = {**AGENT_ENV, "LD_LIBRARY_PATH": "/opt/node-only/lib"}  # the node's, never the image's
+    insecure = [arg for r in registries for arg in ("--insecure-registry", r.host)]
     return AgentProcess(work, c.grpc, c.join_token, node=node, env=env,
-                        extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci",
-                                    "--insecure-registry", registry.host))
+                        extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci", *insecure))
 
 
 @pytest.fixture
@@ -301,3 +302,18 @@ def test_a_sidecar_with_its_own_image_serves_the_main_container_on_localhost(
         assert st["sidecarImages"][0]["digest"] == images["busybox_digest"]
         log = c.run("nodus", "logs", "oci-sidecar").stdout
         assert "busybox image" in log and "python image" not in log, log  # the sidecar ran its own image
+
+
+def test_a_private_image_is_pulled_with_the_jobs_pull_secret(
+        c: Coordinator, private_oci_registry: Registry, work: Path, tmp_path: Path) -> None:
+    reg = private_oci_registry
+    push(build_busybox_layout(tmp_path / "private", {"Env": ["PATH=/bin", "WHO=private"]}), reg, "e2e/private", "v1")
+    secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "e2e-regcred"},
+              "stringData": {"username": reg.username, "password": reg.password}}
+    assert c.session().post(c.url(f"{NS}/secrets"), json=secret).status_code == 201
+    with joined([oci_agent(c, work, reg).start()], c):
+        create(c, "oci-private", backoffLimit=0, image=f"{reg.host}/e2e/private:v1", imagePullSecrets=["e2e-regcred"],
+               command=["sh", "-c", "echo image of $WHO"])
+        st = settled(c, "oci-private", 120)
+        assert st["phase"] == "Succeeded", st
+        assert "image of private" in c.run("nodus", "logs", "oci-private").stdout
