@@ -5,6 +5,7 @@ flush its own rules. Names resolve through an in-test table handed to the agent 
 when a test fails (the fixtures check)."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -104,9 +105,9 @@ class Node:
     clock: list[float] = field(default_factory=lambda: [0.0])
     pods: list[Pod] = field(default_factory=list)
 
-    def pod(self, name: str, egress: Egress) -> Pod:
+    def pod(self, name: str, egress: Egress, network: NodeNetwork | None = None) -> Pod:
         pod = Pod(f"{name}-{uuid.uuid4().hex[:6]}", self.root / "pods" / name, self.runc, self.slots,
-                  f"{self.cgroup_parent}/{name}", egress, self.network)
+                  f"{self.cgroup_parent}/{name}", egress, network or self.network)
         self.pods.append(pod)
         return pod
 
@@ -256,6 +257,16 @@ def test_open_reaches_the_server_and_close_removes_the_link(node: Node, lab: Lab
     assert host_if in netns.residue(host_if) and nat in _nft_tables()
     pod.close()
     assert host_if not in netns.residue(host_if) and nat not in _nft_tables()
+
+
+@needs_root
+def test_open_still_refuses_and_counts_the_nodes_blocked_networks(node: Node, lab: Lab) -> None:
+    assert "169.254.0.0/16" in node.network.blocked  # cloud metadata, by default
+    network = dataclasses.replace(node.network, blocked=(*node.network.blocked, f"{lab.hosts[1].address}/32"))
+    pod = node.pod("blocked", Egress(Policy.OPEN), network)
+    code, out = node.sh(pod, "main", f"{fetch(lab.hosts[0])}; {fetch(lab.hosts[1])}")
+    assert out.split()[:2] == ["zero", "rc=0"] and "Connection refused" in out, out
+    assert pod.egress.denied() == 1
 
 
 @needs_root

@@ -38,6 +38,8 @@ PRESETS: Mapping[str, tuple[str, ...]] = {
 """Curated host lists a Job names in `presets`; the operator's table (`preset_table`) overrides these."""
 _LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
 _NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
+BLOCKED = ("169.254.0.0/16",)
+"""Link-local, where clouds serve instance metadata (and the node's credentials): closed to every pod."""
 Resolve = Callable[[str], Iterable[str]]
 """A name to its IPv4 addresses (empty when it does not resolve)."""
 
@@ -176,30 +178,36 @@ def _in(netns: str, *argv: str) -> list[str]:
     return ["nsenter", f"--net={netns}", *argv]
 
 
-def pod_ruleset(policy: Policy, link: PodLink | None = None) -> str:
-    """The pod namespace's table: loopback and replies pass; AllowList passes `allowed`, rejects and counts the rest.
+def pod_ruleset(policy: Policy, link: PodLink | None = None, blocked: Sequence[str] = ()) -> str:
+    """The pod namespace's table. Loopback and replies pass; a new connection to a `blocked` network is refused
+    and counted under every policy; Open passes the rest; AllowList passes its gate's port, `allowed` and
+    `learned`, and refuses and counts the rest.
 
     Reject, not drop: the program fails at once instead of waiting out its timeout. TCP gets a reset, not an
     ICMP error: an ICMP error that lands while connect() holds the socket is only a soft error, so the SYN
     is retransmitted and one connect would count twice. Only TCP and UDP count (a denied datagram counts
     each time); other protocols, and packets conntrack finds invalid, are dropped uncounted.
     """
-    if policy != Policy.ALLOW_LIST:
-        return f"table inet {TABLE} {{\n  counter denied {{ }}\n}}\n"
+    # Only `ct state new` counts: late segments of a connection conntrack already closed are invalid, not new.
+    refuse = ['ct state new meta l4proto tcp counter name "denied" reject with tcp reset',
+              'ct state new meta l4proto udp counter name "denied" reject with icmpx type admin-prohibited']
+    lines = ['oifname "lo" accept', "ct state established,related accept"]
+    if blocked:
+        nets = "ip daddr { " + ", ".join(blocked) + " }"
+        lines += [f"{nets} {refuse[0]}", f"{nets} {refuse[1]}", f"{nets} drop"]
+    if policy == Policy.ALLOW_LIST:
+        if link is not None:
+            lines.append(f"ip daddr {link.host_address} udp dport {DNS_PORT} accept")
+        lines += ["ip daddr @allowed accept", "ip daddr @learned accept", *refuse]
+    chain = "".join(f"    {line}\n" for line in lines)
+    verdict = "drop" if policy == Policy.ALLOW_LIST else "accept"
     return (f"table inet {TABLE} {{\n"
             "  counter denied { }\n"
             "  set allowed { type ipv4_addr; }\n"
             "  set learned { type ipv4_addr; flags timeout; }\n"
             "  chain output {\n"
-            "    type filter hook output priority filter; policy drop;\n"
-            '    oifname "lo" accept\n'
-            "    ct state established,related accept\n"
-            + (f"    ip daddr {link.host_address} udp dport {DNS_PORT} accept\n" if link else "") +
-            "    ip daddr @allowed accept\n"
-            "    ip daddr @learned accept\n"
-            # Late segments of an allowed connection that conntrack already closed are invalid, not new.
-            '    ct state new meta l4proto tcp counter name "denied" reject with tcp reset\n'
-            '    ct state new meta l4proto udp counter name "denied" reject with icmpx type admin-prohibited\n'
+            f"    type filter hook output priority filter; policy {verdict};\n"
+            f"{chain}"
             "  }\n"
             "}\n")
 
@@ -218,6 +226,8 @@ class NodeNetwork:
     resolve: Resolve = system_resolve
     clock: Callable[[], float] = time.monotonic
     refresh_period: float = REFRESH_PERIOD
+    blocked: tuple[str, ...] = BLOCKED
+    """Networks no pod reaches under any policy (a listed name resolving there included)."""
 
     def for_pod(self, egress: Egress, netns: str, slot: int) -> PodEgress:
         """Not applied yet (`attach` does); a Deny pod takes no address from the range."""
@@ -252,7 +262,7 @@ class PodEgress:
         if _run(_in(self.netns, "nft", "list", "table", "inet", TABLE), check=False).returncode == 0:
             self.pinned = self._set_elements()  # made before a restart: keep its rules and its count
         else:
-            _run(_in(self.netns, "nft", "-f", "-"), stdin=pod_ruleset(self.egress.policy, self.link))
+            _run(_in(self.netns, "nft", "-f", "-"), stdin=pod_ruleset(self.egress.policy, self.link, self.node.blocked))
             self.pinned = frozenset()
         self.next_refresh = float("-inf")
         self.refresh()
@@ -279,7 +289,7 @@ class PodEgress:
         return True
 
     def denied(self) -> int:
-        """Connections the pod tried and AllowList refused (packets through the `denied` counter); 0 for Deny/Open."""
+        """Connections the pod tried and its rules refused (the `denied` counter); 0 for Deny, which has no link."""
         return denied_count(self.netns) if self.link is not None else 0
 
     def learn(self, addresses: Mapping[str, int]) -> None:
