@@ -60,6 +60,19 @@ class Cgroup:
                     cg.paths[c] = p
         return cg
 
+    @staticmethod
+    def names(root: str, fs: Path = DEFAULT_FS) -> set[str]:
+        """The cgroups directly under `root` (in any controller's directory on v1); never creates anything."""
+        v = version(fs)
+        parents = [fs / root] if v == 2 else [fs / c / root for c in V1_CONTROLLERS] if v == 1 else []
+        found: set[str] = set()
+        for parent in parents:
+            try:
+                found.update(p.name for p in parent.iterdir() if p.is_dir())
+            except OSError:
+                continue  # that controller has no such root
+        return found
+
     @classmethod
     def create(cls, root: str, name: str, memory_bytes: int = 0, cpu_millis: int = 0,
                fs: Path = DEFAULT_FS) -> "Cgroup":
@@ -184,9 +197,12 @@ class Cgroup:
             if frozen:
                 self.freeze(False)
 
-    def remove(self) -> None:
+    def remove(self, tries: int = 50) -> list[Path]:
+        """Removes the directories once their last tasks left; returns those still there after `tries`
+        looks 10 ms apart per directory."""
+        left = []
         for p in self.paths.values():
-            for _ in range(50):
+            for _ in range(tries):
                 try:
                     p.rmdir()
                     break
@@ -194,6 +210,9 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.01)  # the last tasks are still leaving
+            else:
+                left.append(p)
+        return left
 
 
 def _keyed(path: Path) -> dict[str, int]:

@@ -152,7 +152,12 @@ class Supervisor:
             except Exception:  # noqa: BLE001 - what is left must not keep the status from being final
                 traceback.print_exc()
             shutil.rmtree(self.layout.secrets, ignore_errors=True)
-            self.cgroup.remove()
+            # Every way out sweeps the cgroup (a failed init command may have left a process that quit
+            # its session) and removes it, waiting up to 3 s per directory for killed tasks to leave a
+            # loaded host: nobody comes back for a directory left now.
+            self.cgroup.kill_all()
+            for left in self.cgroup.remove(tries=300):
+                print(f"cgroups: {left} still has tasks; left behind", file=sys.stderr, flush=True)
 
     def _prepare(self) -> None:
         limits = self.spec.get("resources") or {}
