@@ -115,3 +115,11 @@ def test_a_sweep_sums_its_cells_and_holds_the_costliest_at_once() -> None:
 def test_a_warm_node_is_no_cold_start() -> None:
     e = quote(BOOK, Shape.of({"expectedDuration": "1h"}), Preview(H100, "x", warm_reuse=True), Startup(), NOW)
     assert codes(e) == [] and e["placementPreview"]["warmReuse"] is True
+
+
+def test_a_gang_of_total_gpus_counts_its_resolved_nodes() -> None:
+    spec = {"expectedDuration": "1h", "distributed": {"totalGPUs": 16, "gpusPerNode": 8}}
+    shape = Shape.of(spec, topology={"nodes": 2, "gpusPerNode": 8, "network": "Colocated"})
+    assert shape.members == 2 and shape.topology == "2 nodes × 8 GPUs (Colocated)"
+    e = quote(BOOK, shape, Preview(BOOK.offering("h100-sxm-80g-x8-us"), "x"), Startup(), NOW)
+    assert e["costUSD"]["p50"] == "47.84" and e["topology"] == "2 nodes × 8 GPUs (Colocated)"  # 2 × $23.92

@@ -23,7 +23,7 @@ from .api.references import not_found, secret_version
 from .clock import parse, seconds
 from .controllers.attempt_machine import phase_of
 from .controllers.placement import warm_holds
-from .controllers.views import AttemptView
+from .controllers.views import AttemptView, topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
 from .money.books import PriceBooks
@@ -277,7 +277,8 @@ class Estimates:
             held += await self._warm(attempts, now)
         preview = self._preview(project, spec, book, await self._nodes(now), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
-        return quote.quote(book, quote.Shape.of(spec, history), preview, _startup(attempts, offering), now)
+        shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None)
+        return quote.quote(book, shape, preview, _startup(attempts, offering), now)
 
     async def _nodes(self, now: float) -> list[NodeView]:
         leases = {r.key.removeprefix("_leases/"): orjson.loads(r.value)

@@ -63,14 +63,22 @@ class Shape:
     duration_s: Decimal | None = None
     source: DurationSource = DurationSource.NONE
     max_cost_usd: Decimal | None = None
+    topology: str = ""
+    """A gang's resolved topology, in words."""
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = ()) -> Shape:
-        """The shape of an admitted Job spec; `history` is the run seconds of comparable finished Jobs."""
+    def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = (),
+           topology: Mapping[str, Any] | None = None) -> Shape:
+        """The shape of an admitted Job spec; `history` is the run seconds of comparable finished Jobs,
+        `topology` a gang's status.topology (nodes from spec.distributed.nodes or totalGPUs)."""
         completions = int(spec.get("completions") or 1)
         slots = max(1, min(int(spec.get("parallelism") or 1), completions))
         dist = spec.get("distributed") or {}
-        members = int(dist.get("nodes") or 1) if dist else 1
+        members = int((topology or {}).get("nodes") or dist.get("nodes") or 1) if dist else 1
+        words = ""
+        if dist and topology:
+            words = (f'{topology.get("nodes")} nodes × {topology.get("gpusPerNode")} GPUs '
+                     f'({topology.get("network", "Regional")})')
         timeout = DEFAULT_STARTUP_TIMEOUT_S
         if dist.get("startupTimeout"):
             timeout = int(units.duration_seconds(str(dist["startupTimeout"])))
@@ -81,7 +89,8 @@ class Shape:
         elif history:
             duration, source = median_low(sorted(history)), DurationSource.HISTORY
         cap = units.parse_money(spec["maxCostUSD"]) if spec.get("maxCostUSD") else None
-        return cls(completions, slots, members, timeout, retries, duration, source, cap)
+        return cls(completions, slots, members, timeout, retries, duration, source, cap, words or (
+            f"{members} nodes" if members > 1 else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +163,8 @@ def quote(book: PriceBook | None, shape: Shape, preview: Preview | None, startup
             "offering": offering.id if offering else "", "regionClass": offering.region_class if offering
             else preview.region_class, "interruptible": bool(offering and offering.interruptible),
             "warmReuse": preview.warm_reuse, "explain": preview.explain}
-    if shape.members > 1:
-        estimate["topology"] = f"{shape.members} nodes"
+    if shape.topology:
+        estimate["topology"] = shape.topology
     estimate["startup"] = _startup(startup)
     offering = preview.offering if preview is not None else None
     if book is None or offering is None:
