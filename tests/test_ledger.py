@@ -96,7 +96,7 @@ def requests(ops: list[tuple[Kind, int, str, Segment, Decimal | None]]) -> list[
     out = []
     for kind, n, obj, segment, amount in ops:
         key = f"grant/r{n}" if kind is Kind.GRANT else (
-            f"{obj}/{segment.value}/{n}" if kind is Kind.CHARGE else f"{obj}/{kind.value.lower()}/{n}")
+            f"{obj}/charge/{n}" if kind is Kind.CHARGE else f"{obj}/{kind.value.lower()}/{n}")
         out.append(first.setdefault(key, Request(key, kind, obj, amount, segment)))
     return out
 

@@ -4,15 +4,17 @@ as one posting; ledger_store.py keeps them).
 
 The idempotency keys are chosen here, from what names the request uniquely and survives a retry:
 a grant by the request id its caller chose (a client that retries after a timeout sends the same
-one), a charge by `<object>/<segment>/<increment n>`, a hold by `<object>/hold/<n>`.
+one), a charge by `<object>/charge/<increment n>` (ledger_charges.py says why without the segment), a hold by `<object>/hold/<n>`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
 
+from ..clock import rfc3339
 from ..errors import NodusError, required
-from .ledger import Accounts, Kind, Posting, Request, Segment, amount_of
+from .ledger import Accounts, Kind, Posting, Request, Segment, amount_of, spent
+from .ledger_charges import Allocation, increments_due
 from .ledger_store import Ledger
 
 MAX_REQUEST_ID = 128
@@ -78,6 +80,14 @@ class Credits:
 
     async def charge(self, project: str, obj: str, segment: Segment, increment: int, amount: Decimal,
                      now: str) -> Posting:
-        """Charges `amount` for increment `increment` of `segment`: from the hold, the rest from credits."""
-        key = f"{obj}/{segment.value}/{increment}"
-        return (await self.ledger.post(project, Request(key, Kind.CHARGE, obj, amount, segment), now))[0]
+        """Charges `amount` for increment `increment` of `obj`: from its hold, the rest from credits."""
+        request = Request(f"{obj}/charge/{increment}", Kind.CHARGE, obj, amount, segment)
+        return (await self.ledger.post(project, request, now))[0]
+
+    async def settle(self, project: str, allocation: Allocation, now: float) -> Decimal:
+        """Posts every increment `allocation` owes by `now` (those posted before are not posted again)
+        and returns what it has been charged; InsufficientCredits when the credits cannot cover one."""
+        for increment in increments_due(allocation, now):
+            await self.charge(project, allocation.uid, increment.segment, increment.n, increment.amount,
+                              rfc3339(now))
+        return (await self.ledger.accounts(project)).balance(spent(allocation.uid))

@@ -9,7 +9,7 @@ Accounts of a project (amounts are Decimal USD, never negative except `funding`)
 
 Every posting is a list of legs, each moving an amount from one account to another, so the sum over
 all accounts is zero after every posting. Every posting carries an idempotency key
-(`grant/<request id>`, `<attempt uid>/<segment>/<increment n>`): a posting whose key was used
+(`grant/<request id>`, `<attempt uid>/charge/<increment n>`): a posting whose key was used
 before is never applied again, whoever retries it and however often.
 
 This module is the pure core: `decide` turns a `Request` and the current `Accounts` into a `Posting`
@@ -117,9 +117,10 @@ class Request:
     """Who granted and why; shown in the posting list."""
 
     def same_as(self, posting: Posting) -> bool:
-        """Whether `posting` was made for this request (a replay), not for another under the same key."""
-        return (posting.kind, posting.obj, posting.requested, posting.segment) == (
-            self.kind, self.obj, self.amount, self.segment)
+        """Whether `posting` was made for this request (a replay), not for another under the same key.
+        A charge's segment may be named differently on a replay (a late report of the program's start),
+        and the first naming stands (ledger_charges.py)."""
+        return (posting.kind, posting.obj, posting.requested) == (self.kind, self.obj, self.amount)
 
 
 @dataclass(frozen=True, slots=True)
