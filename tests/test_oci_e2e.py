@@ -184,7 +184,8 @@ def test_a_memory_limit_below_use_reports_oomkilled(
 def read_as(uid: int, path: Path) -> str:
     """What a process of host uid `uid` (a pod's root) gets reading `path`: its text or the error's name."""
     code = ("import os, sys\nos.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n"
-            "try:\n    print(open(sys.argv[2]).read(), end='')\nexcept OSError as e:\n    print(type(e).__name__, end='')")
+            "try:\n    print(open(sys.argv[2]).read(), end='')\n"
+            "except OSError as e:\n    print(type(e).__name__, end='')")
     return subprocess.run([sys.executable, "-c", code, str(uid), str(path)], capture_output=True, text=True,
                           check=True, timeout=30).stdout
 
@@ -237,8 +238,8 @@ def test_a_pull_the_node_has_no_room_for_is_lost_capacity(images: dict[str, str]
                                                           work: Path) -> None:
     runtime = OciRuntime(work, image_cache=work / "images", disk_budget=1024, clock=SystemClock(), zygote=False,
                          insecure_registries=[oci_registry.host])
-    a = agent_pb2.Assignment(attempt_id="no-room", image=images["busybox"].replace(":v1", "@" + images["busybox_digest"]),
-                             command=["true"])
+    pinned = images["busybox"].replace(":v1", "@" + images["busybox_digest"])
+    a = agent_pb2.Assignment(attempt_id="no-room", image=pinned, command=["true"])
     layout = runtime.layout(a.attempt_id)
     layout.make()
     with pytest.raises(Refused) as refused:
@@ -295,8 +296,9 @@ def test_a_sidecar_with_its_own_image_serves_the_main_container_on_localhost(
     with joined([oci_agent(c, work, oci_registry).start()], c):
         create(c, "oci-sidecar", backoffLimit=0, image=images["python"], command=["python3", "-c", FETCH],
                sidecars=[{"name": "web", "image": images["busybox"], "startupTimeout": "30s",
-                          "command": ["sh", "-c", "mkdir -p /srv/etc && { [ -e /usr/bin/python3 ] && echo python image || "
-                                      "echo busybox image; } > /srv/etc/motd && exec httpd -f -p 127.0.0.1:8080 -h /srv"]}])
+                          "command": ["sh", "-c", "mkdir -p /srv/etc && { [ -e /usr/bin/python3 ] && echo python "
+                                      "image || echo busybox image; } > /srv/etc/motd && "
+                                      "exec httpd -f -p 127.0.0.1:8080 -h /srv"]}])
         st = settled(c, "oci-sidecar", 180)
         assert st["phase"] == "Succeeded", st
         assert st["sidecarImages"][0]["digest"] == images["busybox_digest"]
@@ -317,3 +319,37 @@ def test_a_private_image_is_pulled_with_the_jobs_pull_secret(
         st = settled(c, "oci-private", 120)
         assert st["phase"] == "Succeeded", st
         assert "image of private" in c.run("nodus", "logs", "oci-private").stdout
+
+
+class DefaultAgent(AgentProcess):
+    """An agent started with no --runtime at all, as an operator's unit file would."""
+
+    def argv(self) -> list[str]:
+        argv = super().argv()
+        at = argv.index("--runtime")
+        return argv[:at] + argv[at + 2:]
+
+
+def test_by_default_a_node_with_runc_runs_image_jobs_and_image_less_ones(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    agent = DefaultAgent(work, c.grpc, c.join_token, node="auto-n0", env=AGENT_ENV,
+                         extra_args=("--advertise-address", "127.0.0.1", "--insecure-registry", oci_registry.host))
+    assert "--runtime" not in agent.argv()
+    with joined([agent.start()], c):
+        create(c, "auto-image", backoffLimit=0, image=images["busybox"], command=["sh", "-c", "echo in the image"])
+        create(c, "auto-plain", backoffLimit=0, command=[sys.executable, "-c", "import sys; print('on the host', "
+                                                          "sys.executable)"])
+        for name, said in (("auto-image", "in the image"), ("auto-plain", f"on the host {sys.executable}")):
+            st = settled(c, name, 120)
+            assert st["phase"] == "Succeeded", st
+            assert said in c.run("nodus", "logs", name).stdout
+        assert [a["spec"]["node"] for a in attempts_of(c, "auto-image")] == ["auto-n0"]
+
+
+def test_a_bad_image_disk_budget_is_refused_naming_the_flag(c: Coordinator, tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path / "work", c.grpc, c.join_token, node="bad-budget",
+                         extra_args=("--image-disk-budget", "lots"))
+    agent.start()
+    assert agent.proc.wait(60) != 0
+    assert "--image-disk-budget" in agent.log() and "20Gi" in agent.log()
+    agent.proc = None

@@ -134,8 +134,8 @@ class Attempt:
     supervisor_ended: bool = False
 
     PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
-                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq", "gang",
-                 "image_pull")
+                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq",
+                 "gang", "image_pull")
 
     @classmethod
     def of(cls, a: agent_pb2.Assignment) -> "Attempt":

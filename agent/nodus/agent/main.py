@@ -2,7 +2,8 @@
 
     nodus-agent --coordinator HOST:PORT --node NAME --work-dir DIR --join-token-file FILE
                 [--runtime process|oci|auto] [--image-cache DIR] [--image-disk-budget SIZE]
-                [--insecure-registry HOST:PORT …] [--region CLASS] [--offering ID] [--pool PROJECT/NAME] [--labels k=v,…]
+                [--insecure-registry HOST:PORT …] [--region CLASS] [--offering ID] [--pool PROJECT/NAME]
+                [--labels k=v,…]
                 [--config FILE]
 
 Every flag is also a config-file key and a NODUS_* environment variable (nodus.config). SIGTERM

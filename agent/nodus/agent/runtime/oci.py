@@ -137,7 +137,8 @@ class OciRuntime(ProcessRuntime):
 
     def oci_section(self, a: agent_pb2.Assignment, pulled: dict[str, PulledImage]) -> dict[str, Any]:
         main = pulled[a.image]
-        sidecars = {sc.name: {"rootfs": str(pulled[sc.image].rootfs), "image_config": config_blob(pulled[sc.image].config)}
+        sidecars = {sc.name: {"rootfs": str(pulled[sc.image].rootfs),
+                              "image_config": config_blob(pulled[sc.image].config)}
                     for sc in a.sidecars if sc.image and sc.image != a.image}
         return {"rootfs": str(main.rootfs), "image_config": config_blob(main.config), "digest": main.digest,
                 "runc_root": str(self.runc_root), "id_slots": str(self.id_slots),
