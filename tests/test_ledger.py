@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.money.credits import Credits
+from nodus.coordinator.money.credits import Credits, first_hold_refusal
 from nodus.coordinator.money.ledger import (AVAILABLE, FUNDING, Accounts, Kind, Request, Segment, decide, fold,
                                             held, spent)
 from nodus.coordinator.money.ledger_store import Ledger
@@ -241,3 +241,13 @@ def test_the_same_grant_sent_by_many_coordinators_at_once_books_once(tmp_path: P
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_first_hold_the_credits_cannot_take_is_a_blocking_reason_with_the_amounts() -> None:
+    accounts = fold("acme", [decide(Accounts("acme"), Request("grant/1", Kind.GRANT, amount=Decimal("3.00")), NOW)])
+    assert first_hold_refusal(accounts, Decimal("3.00"), "Job train") is None
+    reason = first_hold_refusal(accounts, Decimal("23.92"), "Job train")
+    assert reason is not None and reason["code"] == "InsufficientCredits"
+    assert reason["message"] == ('project "acme" has 3.00 USD of credits available; the first hold of Job train '
+                                 "needs 23.92 USD (20.92 USD more)")
+    assert reason["fix"].startswith("ask an operator to grant at least 20.92 USD")

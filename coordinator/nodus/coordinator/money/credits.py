@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from ..clock import rfc3339
 from ..errors import NodusError, required
-from .ledger import Accounts, Kind, Posting, Request, Segment, amount_of, spent
+from .ledger import Accounts, Kind, Posting, Request, Segment, amount_of, insufficient, spent
 from .ledger_charges import Allocation, increments_due
 from .ledger_store import Ledger
 
@@ -39,6 +39,16 @@ class Balance:
     def of(cls, accounts: Accounts, month: str) -> Balance:
         return cls(accounts.project, accounts.available, accounts.held, accounts.spent_in(month), month,
                    accounts.granted)
+
+
+def first_hold_refusal(accounts: Accounts, hold: Decimal, what: str) -> dict[str, str] | None:
+    """The InsufficientCredits entry of status.estimate.blockingReasons when the project's available
+    credits cannot take `hold`, the first hold of `what` (None when they can): admission shows it on
+    a dry run and refuses a real create with the same words."""
+    if hold <= accounts.available:
+        return None
+    refusal = insufficient(accounts.project, hold, accounts.available, f"the first hold of {what}")
+    return {"code": refusal.reason, "message": refusal.message, "fix": refusal.effective_fix}
 
 
 def _request_id(request_id: str) -> str:
