@@ -19,8 +19,8 @@ from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
 from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report, phase_of
 from .controllers.cache import Cache, attempt_key
 from .controllers.desired import ASSIGNED, CANCELLED, Said, Told
-from .controllers.views import AttemptView
 from .controllers.reasons import AttemptReason
+from .controllers.views import AttemptView
 from .errors import NodusError
 
 if TYPE_CHECKING:
