@@ -19,6 +19,7 @@ from nodus.coordinator.errors import NodusError
 from nodus.coordinator.money.credits import Credits, first_hold_refusal
 from nodus.coordinator.money.ledger import (AVAILABLE, FUNDING, Accounts, Kind, Request, Segment, decide, fold,
                                             held, spent)
+from nodus.coordinator.money.ledger_cost import Cost
 from nodus.coordinator.money.ledger_store import Ledger
 from nodus.coordinator.store import SqliteStore
 from nodus.coordinator.store.base import Event, ListResult, Record, Store
@@ -79,7 +80,7 @@ class Dying(Store):
 
 
 cents = st.integers(min_value=1, max_value=5000).map(lambda n: Decimal(n) / 100)
-objects = st.sampled_from(["att-a", "att-b", "att-c"])
+objects = st.sampled_from(["att-a", "att-b", "job-1"])
 operation = st.one_of(
     st.tuples(st.just(Kind.GRANT), st.integers(0, 4), st.just(""), st.just(Segment.NONE), cents.map(lambda c: c * 4)),
     st.tuples(st.just(Kind.HOLD), st.integers(0, 2), objects, st.just(Segment.NONE), cents),
@@ -87,6 +88,9 @@ operation = st.one_of(
     st.tuples(st.just(Kind.RELEASE), st.integers(0, 2), objects, st.just(Segment.NONE), st.none()),
     st.tuples(st.just(Kind.CHARGE), st.integers(0, 5), objects,
               st.sampled_from([Segment.BOOT, Segment.RUNNING, Segment.RESTORE, Segment.TEARDOWN]), cents),
+    # an attempt's charge paid from its Job's hold
+    st.tuples(st.just(Kind.CHARGE), st.integers(6, 9), st.sampled_from(["att-a", "att-b"]),
+              st.sampled_from([Segment.BOOT, Segment.RUNNING]), cents),
 )
 
 
@@ -97,7 +101,8 @@ def requests(ops: list[tuple[Kind, int, str, Segment, Decimal | None]]) -> list[
     for kind, n, obj, segment, amount in ops:
         key = f"grant/r{n}" if kind is Kind.GRANT else (
             f"{obj}/charge/{n}" if kind is Kind.CHARGE else f"{obj}/{kind.value.lower()}/{n}")
-        out.append(first.setdefault(key, Request(key, kind, obj, amount, segment)))
+        payer = "job-1" if kind is Kind.CHARGE and n >= 6 else ""
+        out.append(first.setdefault(key, Request(key, kind, obj, amount, segment, payer=payer)))
     return out
 
 
@@ -131,6 +136,13 @@ async def check(ledger: Ledger, history: list[Request]) -> None:
         assert accounts.balance(spent(obj)) == sum((wanted[p.key].amount or 0 for p in charges), Decimal(0))
         assert all(p.amount == wanted[p.key].amount for p in charges)  # charged to the cent, no more, no less
     assert accounts.spent_in(NOW[:7]) == accounts.spent
+    for owner in ("att-a", "att-b", "job-1"):  # status.cost reads an object's own list: complete and exact
+        listed = await ledger.postings("p", owner)
+        assert listed == [p for p in postings if p.owner == owner]
+        cost = Cost.of(accounts, owner, listed)
+        assert cost.total == sum((p.amount for p in postings if p.kind is Kind.CHARGE and p.owner == owner),
+                                 Decimal(0))
+        assert cost.total == sum(cost.by_segment.values(), Decimal(0)) and cost.held == accounts.balance(held(owner))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -251,3 +263,30 @@ def test_a_first_hold_the_credits_cannot_take_is_a_blocking_reason_with_the_amou
     assert reason["message"] == ('project "acme" has 3.00 USD of credits available; the first hold of Job train '
                                  "needs 23.92 USD (20.92 USD more)")
     assert reason["fix"].startswith("ask an operator to grant at least 20.92 USD")
+
+
+def test_status_cost_shows_a_jobs_charges_by_segment_and_what_its_hold_still_pays_for(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            ledger = Ledger(store)
+            for request in (Request("grant/1", Kind.GRANT, amount=Decimal("50.00")),
+                            Request("job/hold/0", Kind.HOLD, "job", Decimal("12.00")),
+                            Request("a1/charge/1", Kind.CHARGE, "a1", Decimal("1.20"), Segment.BOOT, payer="job"),
+                            Request("a1/charge/2", Kind.CHARGE, "a1", Decimal("0.40"), Segment.RUNNING, payer="job"),
+                            Request("a2/charge/1", Kind.CHARGE, "a2", Decimal("1.20"), Segment.RESTORE, payer="job"),
+                            Request("other/hold/0", Kind.HOLD, "other", Decimal("5.00"))):
+                await ledger.post("p", request, NOW)
+            accounts = await ledger.accounts("p")
+            cost = Cost.of(accounts, "job", await ledger.postings("p", "job"), limit=Decimal("30"),
+                           rate=Decimal("24.00"))
+            assert cost.to_status(1_796_000_000.0) == {
+                "totalUSD": "2.80", "heldUSD": "9.20", "final": False, "limitUSD": "30.00", "rateUSDPerHour": "24.00",
+                "bySegment": {"bootUSD": "1.20", "runningUSD": "0.40", "restoreUSD": "1.20", "teardownUSD": "0.00"},
+                "fundedUntilTime": "2026-11-30T01:16:20Z"}  # 9.20 USD at 24.00 USD/h is 23 minutes
+            assert (accounts.available, accounts.held, accounts.spent) == (Decimal("33.00"), Decimal("14.20"),
+                                                                           Decimal("2.80"))
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

@@ -89,15 +89,16 @@ class Credits:
         return (await self.ledger.post(project, Request(f"{obj}/release/{n}", Kind.RELEASE, obj), now))[0]
 
     async def charge(self, project: str, obj: str, segment: Segment, increment: int, amount: Decimal,
-                     now: str) -> Posting:
-        """Charges `amount` for increment `increment` of `obj`: from its hold, the rest from credits."""
-        request = Request(f"{obj}/charge/{increment}", Kind.CHARGE, obj, amount, segment)
+                     now: str, payer: str = "") -> Posting:
+        """Charges `amount` for increment `increment` of `obj`: from the hold of `payer` (its own when
+        empty; a Job's for its attempts), the rest from credits."""
+        request = Request(f"{obj}/charge/{increment}", Kind.CHARGE, obj, amount, segment, payer=payer)
         return (await self.ledger.post(project, request, now))[0]
 
-    async def settle(self, project: str, allocation: Allocation, now: float) -> Decimal:
+    async def settle(self, project: str, allocation: Allocation, now: float, payer: str = "") -> Decimal:
         """Posts every increment `allocation` owes by `now` (those posted before are not posted again)
         and returns what it has been charged; InsufficientCredits when the credits cannot cover one."""
         for increment in increments_due(allocation, now):
             await self.charge(project, allocation.uid, increment.segment, increment.n, increment.amount,
-                              rfc3339(now))
+                              rfc3339(now), payer)
         return (await self.ledger.accounts(project)).balance(spent(allocation.uid))

@@ -52,7 +52,8 @@ class Kind(enum.Enum):
     RELEASE = "Release"
     """What a hold still reserves goes back: held/<object> → available (all of it unless an amount is given)."""
     CHARGE = "Charge"
-    """Time used is charged: held/<object> → spent/<object>, and from available what the hold does not cover."""
+    """Time used is charged: held/<payer> → spent/<object>, and from available what the hold does not
+    cover (the payer is the object itself unless named: a Job's hold pays for its attempts)."""
 
 
 class Segment(enum.Enum):
@@ -115,12 +116,15 @@ class Request:
     segment: Segment = Segment.NONE
     note: str = ""
     """Who granted and why; shown in the posting list."""
+    payer: str = ""
+    """The object whose hold a charge draws on (a Job's hold pays for its attempts); empty: its own."""
 
     def same_as(self, posting: Posting) -> bool:
         """Whether `posting` was made for this request (a replay), not for another under the same key.
         A charge's segment may be named differently on a replay (a late report of the program's start),
         and the first naming stands (ledger_charges.py)."""
-        return (posting.kind, posting.obj, posting.requested) == (self.kind, self.obj, self.amount)
+        return (posting.kind, posting.obj, posting.requested, posting.payer) == (
+            self.kind, self.obj, self.amount, self.payer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,13 @@ class Posting:
     note: str = ""
     seq: int = 0
     """Position in the project's ledger, from 1."""
+    payer: str = ""
+    """As in Request: whose hold a charge drew on, when not the object's own."""
+
+    @property
+    def owner(self) -> str:
+        """The object this posting is listed under: the payer of a charge, else its object."""
+        return self.payer or self.obj
 
     @property
     def amount(self) -> Decimal:
@@ -147,7 +158,7 @@ class Posting:
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "kind": self.kind.value, "object": self.obj, "seq": self.seq, "time": self.time,
                 "requestedUSD": None if self.requested is None else str(self.requested),
-                "segment": self.segment.value, "note": self.note,
+                "segment": self.segment.value, "note": self.note, "payer": self.payer,
                 "legs": [{"from": leg.source, "to": leg.target, "amountUSD": str(leg.amount)} for leg in self.legs]}
 
     @classmethod
@@ -155,7 +166,8 @@ class Posting:
         requested = doc.get("requestedUSD")
         return cls(doc["key"], Kind(doc["kind"]), doc["object"], None if requested is None else Decimal(requested),
                    tuple(Leg(leg["from"], leg["to"], Decimal(leg["amountUSD"])) for leg in doc["legs"]),
-                   doc["time"], Segment(doc["segment"]), doc.get("note", ""), int(doc["seq"]))
+                   doc["time"], Segment(doc["segment"]), doc.get("note", ""), int(doc["seq"]),
+                   doc.get("payer", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +266,15 @@ def decide(accounts: Accounts, request: Request, now: str) -> Posting:
         legs = (Leg(held(obj), AVAILABLE, back),) if back > 0 else ()
     else:
         assert amount is not None
-        from_hold = min(amount, accounts.balance(held(obj)))
+        hold = held(request.payer or obj)
+        from_hold = min(amount, accounts.balance(hold))
         rest = amount - from_hold
         if rest > accounts.available:
             raise insufficient(project, rest, accounts.available, f"a charge of {amount} USD to {obj} beyond its hold")
-        legs = tuple(leg for leg in (Leg(held(obj), spent(obj), from_hold), Leg(AVAILABLE, spent(obj), rest))
+        legs = tuple(leg for leg in (Leg(hold, spent(obj), from_hold), Leg(AVAILABLE, spent(obj), rest))
                      if leg.amount > 0)
-    return Posting(request.key, request.kind, obj, amount, legs, now, request.segment, request.note, accounts.seq + 1)
+    return Posting(request.key, request.kind, obj, amount, legs, now, request.segment, request.note, accounts.seq + 1,
+                   request.payer)
 
 
 def fold(project: str, postings: list[Posting]) -> Accounts:

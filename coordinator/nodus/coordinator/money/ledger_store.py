@@ -3,6 +3,8 @@
     _ledger/<project>/accounts          balances after `seq` postings, and the posting not yet appended
     _ledger/<project>/postings/<seq>    each posting, written once, never changed (seq zero-padded)
     _ledger/<project>/keys/<key>        which seq an idempotency key was booked as
+    _ledger/<project>/objects/<owner>/<seq>   a copy of each posting of one object (a Job: its holds
+                                        and the charges of its attempts), for its status.cost
 
 The store changes one key atomically (create, or update compare-and-swapped on the revision), and a
 posting touches three keys. So the commit point is one write: the CAS of the accounts record that
@@ -40,6 +42,10 @@ def _idempotency_key(project: str, key: str) -> str:
     return f"{PREFIX}{project}/keys/{key}"
 
 
+def _owner_prefix(project: str, owner: str) -> str:
+    return f"{PREFIX}{project}/objects/{owner}/"
+
+
 class Ledger:
     """Postings of every project in `store`; safe to use from several coordinators at once."""
 
@@ -56,8 +62,11 @@ class Ledger:
 
     async def _append(self, project: str, posting: Posting) -> None:
         """Writes the booked `posting` and its key (each a create, so finishing twice changes nothing)."""
-        for key, value in ((_posting_key(project, posting.seq), posting.to_json()),
-                           (_idempotency_key(project, posting.key), {"seq": posting.seq})):
+        writes = [(_posting_key(project, posting.seq), posting.to_json())]
+        if posting.owner:
+            writes.append((f"{_owner_prefix(project, posting.owner)}{posting.seq:012d}", posting.to_json()))
+        writes.append((_idempotency_key(project, posting.key), {"seq": posting.seq}))  # last: it marks the append done
+        for key, value in writes:
             try:
                 await self.store.create(key, orjson.dumps(value))
             except NodusError as e:
@@ -91,14 +100,15 @@ class Ledger:
         assert posting is not None  # a key is appended after its posting
         return Posting.from_json(orjson.loads(posting.value))
 
-    async def postings(self, project: str) -> list[Posting]:
-        """Every posting of the project, in the order booked."""
+    async def postings(self, project: str, owner: str = "") -> list[Posting]:
+        """Every posting of the project (or only those listed under `owner`), in the order booked."""
         rec, accounts, pending = await self._head(project)
         if rec is not None and pending is not None:
             await self._finish(project, rec, accounts, pending)
+        prefix = _owner_prefix(project, owner) if owner else f"{PREFIX}{project}/postings/"
         out, after = [], None
         while True:
-            page = await self.store.list(f"{PREFIX}{project}/postings/", limit=500, start_after=after)
+            page = await self.store.list(prefix, limit=500, start_after=after)
             out += [Posting.from_json(orjson.loads(r.value)) for r in page.records]
             if not page.more:
                 return out
