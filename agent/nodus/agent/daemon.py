@@ -260,6 +260,9 @@ class Agent:
                 await asyncio.to_thread(self._remove_dir, layout)
             await asyncio.to_thread(self.runtime.prepare, a)
             v.progress = ProgressTail(layout.progress)
+            # the image first (oci; progress folds in tick): a pull that fails wastes no input download
+            await asyncio.to_thread(self.runtime.pull, a, layout)
+            att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             att.phase = "MATERIALIZING"
             self.report(att)
             await self.materializer.materialize(a, layout)
@@ -271,8 +274,6 @@ class Agent:
                 self._note_in_log(layout, f"restore failed: {e}")
                 self.finish(att, L.FAILED, Reason.RESTORE_FAILED, f"the checkpoint could not be restored: {e}")
                 return
-            await asyncio.to_thread(self.runtime.pull, a, layout)  # the image's (oci): progress folds in tick
-            att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             await asyncio.to_thread(self.runtime.write_spec, a, layout)
             att.stage = Stage.SUPERVISED
             v.spawning = True
