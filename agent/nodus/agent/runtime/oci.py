@@ -56,6 +56,7 @@ class OciRuntime(ProcessRuntime):
         self._progress: dict[str, dict[str, PullProgress]] = {}
         """Attempt id -> image reference -> bytes so far, while its pulls run (written by worker threads)."""
         self._pulled: dict[str, dict[str, PulledImage]] = {}
+        """Attempt id -> its images, from the pull until write_spec puts them in spec.json."""
 
     # -- images --------------------------------------------------------------------------------------
     @staticmethod
@@ -103,7 +104,8 @@ class OciRuntime(ProcessRuntime):
             if e.lost_capacity:
                 raise Refused(Reason.IMAGE_PULL_NODE_FAULT, f"{e.reason}: {e.message}", L.LOST) from e
             raise Refused(Reason.IMAGE_PULL_FAILED, f"{e.reason}: {e.message}") from e
-        self._pulled[a.attempt_id] = pulled
+        with self._pull_lock:
+            self._pulled[a.attempt_id] = pulled
 
     def _note(self, attempt_id: str, ref: str, progress: PullProgress) -> None:
         with self._pull_lock:
@@ -123,7 +125,7 @@ class OciRuntime(ProcessRuntime):
         super().write_spec(a, layout)
         with self._pull_lock:
             self._progress.pop(a.attempt_id, None)
-        pulled = self._pulled.pop(a.attempt_id, None)
+            pulled = self._pulled.pop(a.attempt_id, None)
         if not a.image or pulled is None:
             return
         spec = read_json(layout.spec) or {}
@@ -175,6 +177,9 @@ class OciRuntime(ProcessRuntime):
         IdSlots(Path(oci["id_slots"]) if oci else self.id_slots).release(pod_id)
 
     def remove(self, layout: AttemptLayout) -> None:  # type: ignore[override]
+        with self._pull_lock:  # one stopped between its pull and its spec
+            for attempt_id in [k for k in self._pulled if self.layout(k).root == layout.root]:
+                self._pulled.pop(attempt_id, None)
         if (layout.run / "pod").exists():
             self.close_pod(layout)  # never remove a tree through a layer still mounted
         ProcessRuntime.remove(layout)
