@@ -1,14 +1,23 @@
 """Prepaid credits through the real coordinator: an operator grants with `nodus credits grant` and
 grpcurl, a customer reads them with `nodus credits` and grpcurl, only operators grant, a bad amount
 names the field, and a grant retried after a kill -9 of the coordinator with the same request id is
-booked once."""
+booked once, also when the kill lands in the middle of a burst of grants."""
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from agent_double import wait_for
 from conftest import Coordinator
+from nodus.coordinator.money.ledger import fold
+from nodus.coordinator.money.ledger_store import Ledger
+from nodus.coordinator.store import SqliteStore
+from nodus.v1 import project_pb2, project_pb2_grpc
 from test_grpcurl import grpcurl
 
 PS = "nodus.v1.ProjectService"
@@ -77,3 +86,51 @@ def test_a_grant_retried_after_a_kill_9_is_booked_once(tmp_path: Path) -> None:
         assert json.loads(c.run("nodus", "credits", "-o", "json").stdout)["available_usd"] == "40.00"
     finally:
         c.stop()
+
+
+def test_a_kill_9_in_the_middle_of_granting_books_each_request_once(tmp_path: Path) -> None:
+    """Grants stream in from several clients while the coordinator is killed; every request is sent
+    again to the restarted one. The store then holds each request once, and the balance is their sum."""
+    c = Coordinator(tmp_path / "data").start()
+    ids = [f"burst-{n}" for n in range(200)]
+    acknowledged: set[str] = set()
+
+    def grant(request_id: str) -> None:
+        with grpc.insecure_channel(c.grpc) as channel:
+            try:
+                project_pb2_grpc.ProjectServiceStub(channel).GrantCredits(
+                    project_pb2.GrantCreditsRequest(project="default", amount_usd="0.10", request_id=request_id),
+                    metadata=(("authorization", f"Bearer {c.token}"),), timeout=10)
+                acknowledged.add(request_id)
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED), e
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(grant, i) for i in ids]
+            wait_for(lambda: len(acknowledged) >= 10, timeout=30)
+            c.kill()  # mid-burst: some grants are booked, some half-appended, some never arrived
+            for f in futures:
+                f.result()
+        assert 10 <= len(acknowledged) < len(ids)
+        c.start()
+        for request_id in ids:
+            grant(request_id)
+        assert acknowledged == set(ids)
+        credits = ok(c, "GetCredits", {"project": "default"})
+        assert (credits["available_usd"], credits["granted_usd"]) == ("20.00", "20.00")
+    finally:
+        c.stop()
+
+    async def stored() -> None:
+        store = await SqliteStore.open(tmp_path / "data" / "store.db")
+        try:
+            ledger = Ledger(store)
+            postings = await ledger.postings("default")
+            assert sorted(p.key for p in postings) == sorted(f"grant/{i}" for i in ids)  # each once
+            assert fold("default", postings) == await ledger.accounts("default")
+        finally:
+            await store.close()
+
+    asyncio.run(stored())
