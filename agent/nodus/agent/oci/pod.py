@@ -100,25 +100,31 @@ def create_namespaces(directory: Path, ids: IdRange) -> PodNamespaces:
         return paths  # made before a restart
     unshared_r, unshared_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls into it
     pid = os.fork()
     if pid == 0:  # the child: unshare, wait until mapped and bound, bring loopback up, exit
         code = 1
         try:
             os.close(unshared_r)
             os.close(go_w)
-            libc = ctypes.CDLL(None, use_errno=True)
             if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC) == 0:
                 os.write(unshared_w, b"u")
                 if os.read(go_r, 1) == b"g":
                     _loopback_up()
                     code = 0
+            else:
+                os.write(unshared_w, os.strerror(ctypes.get_errno()).encode())
+        except BaseException as e:  # noqa: BLE001 - the child reports why to the parent, then exits
+            os.write(unshared_w, repr(e).encode()[:200])
         finally:
             os._exit(code)
     os.close(unshared_w)
     os.close(go_r)
     try:
-        if os.read(unshared_r, 1) != b"u":
-            raise PodError("could not create the pod's user, network and IPC namespaces (unshare failed)")
+        said = os.read(unshared_r, 256)
+        if said != b"u":
+            why = said.decode(errors="replace") or "the child exited first"
+            raise PodError(f"could not create the pod's user, network and IPC namespaces: unshare: {why}")
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{pid}/{name}", "w") as f:
                 f.write(f"0 {ids.host_start} {ids.size}\n")
