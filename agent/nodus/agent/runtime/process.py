@@ -404,6 +404,9 @@ class ProcessRuntime:
 
     @staticmethod
     def remove(layout: AttemptLayout) -> None:
+        """Forgets an ended attempt: what still runs in its cgroup, the cgroup, then its directory."""
+        sweep_cgroup(layout)
+
         def onerror(func: Any, path: str, exc: Any) -> None:
             try:
                 os.chmod(os.path.dirname(path), 0o700)
@@ -417,3 +420,17 @@ class ProcessRuntime:
             except OSError:
                 pass
         shutil.rmtree(layout.root, onerror=onerror)
+
+
+def sweep_cgroup(layout: AttemptLayout) -> None:
+    """The supervisor removes its cgroup after writing its final status; one killed in between leaves
+    it (with whatever it had not killed yet). spec.json names the cgroup it was given (cgroup_name)."""
+    spec = read_json(layout.spec) or {}
+    if not spec.get("cgroups", False):
+        return
+    cg = Cgroup.locate(str(spec.get("cgroup_root") or "nodus"), str(spec.get("cgroup_name") or layout.root.name))
+    if not cg.usable:
+        return
+    cg.kill_all()
+    for left in cg.remove():
+        log.warning("attempt %s: its cgroup %s could not be removed", layout.root.name, left)
