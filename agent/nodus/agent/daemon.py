@@ -60,7 +60,7 @@ class Agent:
         self.nvml = nvml if nvml is not None else Nvml()
         self.wake = asyncio.Event()
         self.notices = SupervisorNotices(notify_address(cfg.work_dir), self.wake)
-        self.runtime = node_runtime(cfg, self.notices.address, len(self.nvml.handles), self.clock)
+        self.runtime = node_runtime(cfg, self.notices.address, len(self.nvml.handles), self.clock, self.nvml)
         self.table = AttemptTable(cfg.work_dir / "state.json", cfg.node, self.clock)
         channel, metadata = open_channel(cfg.coordinator, cfg.token, cfg.coordinator_ca)
         self.blobs = BlobClient(channel, metadata)

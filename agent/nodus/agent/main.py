@@ -2,7 +2,8 @@
 
     nodus-agent --coordinator HOST:PORT --node NAME --work-dir DIR --join-token-file FILE
                 [--runtime process|oci|auto] [--image-cache DIR] [--image-disk-budget SIZE]
-                [--insecure-registry HOST:PORT …] [--region CLASS] [--offering ID] [--pool PROJECT/NAME]
+                [--insecure-registry HOST:PORT …] [--cdi-dir DIR …]
+                [--region CLASS] [--offering ID] [--pool PROJECT/NAME]
                 [--labels k=v,…]
                 [--config FILE]
 
@@ -32,6 +33,7 @@ DEFAULTS = {
     "image_cache": "",
     "image_disk_budget": "20Gi",
     "insecure_registry": [],
+    "cdi_dir": [],
     "region": "",
     "offering": "",
     "labels": "",
@@ -79,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-disk-budget", help="bytes the image store may hold, such as 20Gi (default 20Gi)")
     p.add_argument("--insecure-registry", action="append", metavar="HOST:PORT",
                    help="a registry pulled from over plain HTTP or unverified TLS (repeatable)")
+    p.add_argument("--cdi-dir", action="append", metavar="DIR",
+                   help="a directory of CDI specs for GPU injection (repeatable, lowest priority first; default "
+                        "/etc/cdi and /var/run/cdi)")
     p.add_argument("--region", help="region class of this host (us, eu, …)")
     p.add_argument("--offering", help="offering id this host is sold as")
     p.add_argument("--labels", help="k=v,k2=v2 labels placement can select on")
@@ -106,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> "AgentConfig":
-    from .settings import AgentConfig, SimulatedGpus, choose_runtime, parse_size
+    from .settings import CDI_DIRS, AgentConfig, SimulatedGpus, choose_runtime, parse_size
     from .inventory import parse_labels
 
     token_file = Path(args.join_token_file)
@@ -141,6 +146,11 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
     registries = args.insecure_registry or ()
     if isinstance(registries, str):  # NODUS_INSECURE_REGISTRY: a comma-separated list
         registries = [h.strip() for h in registries.split(",") if h.strip()]
+    cdi_dirs = args.cdi_dir or ()
+    if isinstance(cdi_dirs, str):  # NODUS_CDI_DIR: a comma-separated list
+        cdi_dirs = [d.strip() for d in cdi_dirs.split(",") if d.strip()]
+    if bad := [d for d in cdi_dirs if not Path(d).is_absolute()]:
+        raise SystemExit(f"nodus-agent: --cdi-dir {bad[0]!r} must be an absolute path, such as /etc/cdi")
     return AgentConfig(
         coordinator=args.coordinator, node=args.node or socket.gethostname(), work_dir=Path(args.work_dir).resolve(),
         token=token, runtime=runtime, region=args.region or "", offering=args.offering or "", labels=labels,
@@ -150,7 +160,8 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
         workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote), simulate_gpus=simulated,
         image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
-        insecure_registries=tuple(str(h) for h in registries))
+        insecure_registries=tuple(str(h) for h in registries),
+        cdi_dirs=tuple(Path(d) for d in cdi_dirs) or CDI_DIRS)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,9 @@ _SIZES = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "
           "T": 10**12}
 
 
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+"""The CDI spec directories a host's toolkit writes to (oci/cdi.py's SPEC_DIRS; here so main.py stays light)."""
+
 RUNTIME_TOOLS = ("runc", "skopeo", "umoci")
 """What the node needs on its PATH to run images (Debian packages of the same names)."""
 
@@ -97,3 +100,5 @@ class AgentConfig:
     """Bytes the image store may hold before it collects unused images."""
     insecure_registries: tuple[str, ...] = ()
     """Registries (host:port) reached over plain HTTP or unverified TLS."""
+    cdi_dirs: tuple[Path, ...] = CDI_DIRS
+    """Where the host's CDI specs are, lowest priority first (tests point it at a test spec)."""

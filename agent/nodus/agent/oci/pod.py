@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..cgroups import DEFAULT_FS
-from .bundle import (ID_SLOTS, ContainerRequest, Device, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
+from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
                      resolve_process, runtime_spec)
 from .egress import Egress, NodeNetwork
 from .runc import ContainerState, ContainerStatus, Runc, RuncError
@@ -343,14 +343,16 @@ class Pod:
         os.chown(path, self.ids.host(uid), self.ids.host(gid))
 
     def start(self, name: str, request: ContainerRequest, image: ImageConfig, image_rootfs: Path, stdout: int,
-              mounts: Sequence[Mount] = (), limits: Limits = Limits(), devices: Sequence[Device] = ()) -> ContainerProcess:
-        """Creates and starts one container; its stdout and stderr go to `stdout`."""
+              mounts: Sequence[Mount] = (), limits: Limits = Limits(), devices: Sequence[Device] = (),
+              hooks: Sequence[Hook] = ()) -> ContainerProcess:
+        """Creates and starts one container; its stdout and stderr go to `stdout`; runc runs `hooks` (a CDI
+        spec's) at their points."""
         directory = self.directory / "containers" / _safe_id(name)
         rootfs = mount_layer(image_rootfs, directory, self.ids.host(0), self.namespaces.user)
         process = resolve_process(request, image, _read(image_rootfs / "etc/passwd"), _read(image_rootfs / "etc/group"))
         spec = runtime_spec(process, str(rootfs), hostname=self.pod_id[:63], ids=self.ids, namespaces=self.namespaces,
                             cgroups_path=f"/{self.cgroup_parent}/{_safe_id(name)}", mounts=mounts, limits=limits,
-                            devices=devices)
+                            devices=devices, hooks=hooks)
         (directory / "config.json").write_text(json.dumps(spec))
         container_id = self.container_id(name)
         pid = self.runc.create(container_id, directory, stdout)

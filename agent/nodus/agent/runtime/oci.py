@@ -12,13 +12,15 @@ import functools
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Sequence
 
 from nodus.v1 import agent_pb2, common_pb2
 
 from .. import layout as L
 from ..clock import Clock
 from ..layout import AttemptLayout
+from ..nvml import Nvml, SimulatedNvml
+from ..oci import cdi
 from ..oci.bundle import ImageConfig
 from ..oci.images import ImageStore, PulledImage, PullProgress
 from ..oci.pod import IdSlots, remove_cgroup_dirs, remove_namespaces, unmount_layer
@@ -46,8 +48,13 @@ class OciRuntime(ProcessRuntime):
     runtimes = (common_pb2.RUNTIME_PROCESS, common_pb2.RUNTIME_OCI)
 
     def __init__(self, work_dir: Path, *, image_cache: Path, disk_budget: int, clock: Clock,
-                 insecure_registries: Collection[str] = (), **process: Any) -> None:
+                 insecure_registries: Collection[str] = (), nvml: Nvml | None = None,
+                 cdi_dirs: Sequence[Path] = cdi.SPEC_DIRS, **process: Any) -> None:
         super().__init__(work_dir, **process)
+        self.nvml = nvml
+        self.cdi_dirs = tuple(cdi_dirs)
+        if nvml is not None:
+            cdi.check_gpus(nvml, self.cdi_dirs)  # before the agent registers: a stale spec is seen at once
         self.runc_root = work_dir / "runc"
         self.id_slots = work_dir / "ids"
         self.store = ImageStore(image_cache, disk_budget, clock, self.images_in_use,
@@ -83,6 +90,26 @@ class OciRuntime(ProcessRuntime):
     def check(self, a: agent_pb2.Assignment) -> None:
         if not a.image:
             super().check(a)  # a sidecar image without the Job's is refused there too
+        elif a.gpu_indexes and self.nvml is not None:
+            # the host's CDI spec may have gone stale since the last look (a driver update): refuse here,
+            # with the GPUs marked unhealthy for placement, rather than fail inside runc
+            message = cdi.check_gpus(self.nvml, self.cdi_dirs)
+            if message:
+                raise Refused(Reason.AGENT_FAULT, f"{cdi.STALE_REASON}: {message}", L.LOST)
+
+    def gpu_injection(self, a: agent_pb2.Assignment) -> cdi.GpuInjection:
+        """The assigned GPUs' devices, mounts, hooks and env (through the host's CDI spec, else the driver's
+        files); raises Refused (LOST: the node's fault) when the spec cannot supply them."""
+        if not a.gpu_indexes or self.nvml is None:
+            return cdi.inject(cdi.ContainerEdits(), (), "none")
+        uuids = {g.index: g.uuid for g in self.nvml.read()}
+        gpus = [cdi.AssignedGpu(i, uuids.get(i, "")) for i in a.gpu_indexes]
+        try:
+            if isinstance(self.nvml, SimulatedNvml) and not cdi.load_specs(self.cdi_dirs):
+                return cdi.inject(cdi.ContainerEdits(), gpus, "simulated")  # no driver files to bind
+            return cdi.gpu_injection(gpus, self.nvml.driver_version, self.cdi_dirs)
+        except cdi.CdiError as e:
+            raise Refused(Reason.AGENT_FAULT, f"the GPUs could not be injected: {e}", L.LOST) from e
 
     def pull(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
         """Pulls the attempt's images into the store (blocking: call it in a thread); raises Refused."""
@@ -130,6 +157,7 @@ class OciRuntime(ProcessRuntime):
             return
         spec = read_json(layout.spec) or {}
         spec["oci"] = self.oci_section(a, pulled)
+        spec["oci"]["gpus"] = self.gpu_injection(a).to_json()
         # the image's entrypoint and cmd apply as Kubernetes does: command replaces the entrypoint, args the cmd
         spec["command"] = list(a.command)
         spec["working_dir"] = str(layout.root)
@@ -185,7 +213,8 @@ class OciRuntime(ProcessRuntime):
         ProcessRuntime.remove(layout)
 
 
-def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock) -> ProcessRuntime:
+def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock,
+                 nvml: Nvml | None = None) -> ProcessRuntime:
     """The runtime `cfg.runtime` names (main.py resolved auto already; oci without its tools fails here too)."""
     process: dict[str, Any] = {"notify_address": notify_address, "cgroup_root": cfg.cgroup_root, "cgroups": cfg.cgroups,
                                "stop_grace": cfg.stop_grace, "host_gpus": host_gpus,
@@ -194,4 +223,4 @@ def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, c
         return ProcessRuntime(cfg.work_dir, **process)
     return OciRuntime(cfg.work_dir, image_cache=cfg.image_cache or cfg.work_dir / "images",
                       disk_budget=cfg.image_disk_budget, clock=clock, insecure_registries=cfg.insecure_registries,
-                      **process)
+                      nvml=nvml, cdi_dirs=cfg.cdi_dirs, **process)

@@ -5,12 +5,14 @@ What the agent writes in spec.json for an attempt with an image (`"oci"`):
 
     {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR,
      "args": [...] | null, "working_dir": "", "user": "",
-     "sidecars": {NAME: {"rootfs": DIR, "image_config": {...}}}}
+     "sidecars": {NAME: {"rootfs": DIR, "image_config": {...}}},
+     "gpus": {"devices": [...], "mounts": [...], "env": {...}, "hooks": [...], "source": SPEC}}
 
 `rootfs` is the image's unpacked read-only tree, `image_config` its OCI config blob, `args` the Job's
 `args` (the main step's argv is the Job's `command`, empty to keep the image's entrypoint). The
 attempt's directories are bound at the literal /nodus paths (its tmp at /tmp), and host paths in a
-step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md).
+step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md). `gpus` is the assigned
+GPUs as oci/cdi.py resolved them (GpuInjection.to_json), given to every container (ADR 0024).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
 from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
+from ..oci.cdi import GpuInjection, with_gpus
 from ..oci.pod import ContainerProcess, IdSlots, Pod
 from ..oci.runc import Runc, RuncError, become_subreaper
 from .processes import StepProcess
@@ -36,6 +39,8 @@ class Containers:
         self.pod: Pod | None = None
         self.count = 0
         self.mounts: tuple[Mount, ...] = ()
+        self.gpus = GpuInjection.from_json(oci.get("gpus") or {})
+        """The assigned GPUs (the agent resolved them through CDI): every container of the attempt gets them."""
 
     def _open(self) -> Pod:
         if self.pod is not None:
@@ -84,7 +89,8 @@ class Containers:
             request = ContainerRequest(name, command=tuple(argv), env=self._inside(env), user=self.oci.get("user") or "")
         step = f"{self.count}-{name.replace(' ', '-')}"  # steps repeat names (setup, teardown): each its own container
         try:
-            return pod.start(step, request, config, Path(image["rootfs"]), stdout, self.mounts)
+            return pod.start(step, with_gpus(request, self.gpus), config, Path(image["rootfs"]), stdout,
+                             (*self.mounts, *self.gpus.mounts), devices=self.gpus.devices, hooks=self.gpus.hooks)
         except (RuncError, ValueError) as e:
             raise OSError(f"{name}: {e}") from e
 
