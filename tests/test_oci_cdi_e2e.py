@@ -130,3 +130,11 @@ def test_a_node_whose_spec_names_a_missing_device_is_unhealthy_and_the_job_lands
         st = settled(c, "cdi-elsewhere", 180)
         assert st["phase"] == "Succeeded", st
         assert [a["spec"]["node"] for a in attempts_of(c, "cdi-elsewhere")] == ["cdi-good"]
+
+
+def test_a_relative_cdi_dir_is_refused_naming_the_flag(c: Coordinator, tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path / "work", c.grpc, c.join_token, node="bad-cdi-dir", extra_args=("--cdi-dir", "cdi"))
+    agent.start()
+    assert agent.proc is not None and agent.proc.wait(60) != 0
+    assert "--cdi-dir 'cdi' must be an absolute path, such as /etc/cdi" in agent.log()
+    agent.proc = None
