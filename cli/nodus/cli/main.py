@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, checkpoint, credits, data, estimate, pricebook, up
+from . import attempts, cancel, checkpoint, credits, data, estimate, pricebook, up
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -247,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     pricebook.add_parser(sub)  # operator: apply, get, versions
     credits.add_parser(sub)  # balance, held, spent; operators grant
     estimate.add_parser(sub)  # a Job's estimate and its ETag
+    cancel.add_parser(sub)  # a Job stopped for good
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)
