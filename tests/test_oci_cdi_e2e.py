@@ -93,11 +93,11 @@ def top() -> Iterator[Path]:
             shutil.rmtree(root, ignore_errors=True)  # never through a mount that is still there
 
 
-def cdi_agent(c: Coordinator, registry: Registry, host: Path, cdi: Path, node: str) -> AgentProcess:
+def cdi_agent(c: Coordinator, registry: Registry, host: Path, cdi: Path, node: str, *extra: str) -> AgentProcess:
     return AgentProcess(host / "agent", c.grpc, c.join_token, node=node, env=dict(AGENT_ENV),
                         extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci",
                                     "--insecure-registry", registry.host, "--simulate-gpus", f"A100:{GPUS}:80Gi",
-                                    "--cdi-dir", str(cdi)))
+                                    "--cdi-dir", str(cdi), *extra))
 
 
 def test_a_gpu_job_sees_only_its_assigned_device_through_the_cdi_spec(
@@ -119,17 +119,20 @@ def test_a_gpu_job_sees_only_its_assigned_device_through_the_cdi_spec(
 def test_a_node_whose_spec_names_a_missing_device_is_unhealthy_and_the_job_lands_elsewhere(
         c: Coordinator, images: dict[str, str], oci_registry: Registry, top: Path) -> None:
     stale_host, good_host = top / "stale", top / "good"
-    stale = cdi_agent(c, oci_registry, stale_host, cdi_spec(stale_host, missing=True), "cdi-stale")
-    good = cdi_agent(c, oci_registry, good_host, cdi_spec(good_host), "cdi-good")
-    with joined([stale.start(), good.start()], c):
+    # both in region eu, the Job too: the first test's node (gone, still known) is never a choice
+    stale = cdi_agent(c, oci_registry, stale_host, cdi_spec(stale_host, missing=True), "cdi-stale", "--region", "eu")
+    good = cdi_agent(c, oci_registry, good_host, cdi_spec(good_host), "cdi-good", "--region", "eu")
+    with joined([stale.start()], c):
         wait_for(lambda: "GPUs unhealthy (StaleCdiSpec)" in stale.log(), 30, what="the stale agent's GPU condition")
         assert "does not exist" in stale.log()
-        # both GPUs: the stale node has two healthy-looking ones by count, so only their condition keeps it out
+        # created while the stale node is the only one: placed there, it would be refused and replaced
         create(c, "cdi-elsewhere", backoffLimit=0, image=images["busybox"], resources={"gpu": {"count": 2}},
+               placement={"regions": ["eu"]},
                command=["sh", "-c", "set -- /dev/nvidia[0-9]*; echo $*; [ $# -eq 2 ]"])
-        st = settled(c, "cdi-elsewhere", 180)
-        assert st["phase"] == "Succeeded", st
-        assert [a["spec"]["node"] for a in attempts_of(c, "cdi-elsewhere")] == ["cdi-good"]
+        with joined([good.start()], c):
+            st = settled(c, "cdi-elsewhere", 180)
+            assert st["phase"] == "Succeeded", st
+            assert [a["spec"]["node"] for a in attempts_of(c, "cdi-elsewhere")] == ["cdi-good"]
 
 
 def test_a_relative_cdi_dir_is_refused_naming_the_flag(c: Coordinator, tmp_path: Path) -> None:
