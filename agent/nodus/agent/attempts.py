@@ -126,6 +126,8 @@ class Attempt:
     the latest plan."""
     image_pull: list[int] | None = None
     """[bytes done, bytes total] of the attempt's image pulls; None without an image."""
+    egress_denied: int = 0
+    """Connections its pod's egress rules refused so far (the supervisor's run/egress.json)."""
     # -- not persisted ---------------------------------------------------------------------------
     acked: bool = False
     terminal_seq: tuple[int, int] | None = None
@@ -135,7 +137,7 @@ class Attempt:
 
     PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
                  "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq",
-                 "gang", "image_pull")
+                 "gang", "image_pull", "egress_denied")
 
     @classmethod
     def of(cls, a: agent_pb2.Assignment) -> "Attempt":
@@ -165,7 +167,7 @@ class Attempt:
 
     def key(self) -> tuple[Any, ...]:
         return (self.phase, self.reason, self.exit_code, len(self.outputs), self.inputs_ready_time, self.start_time,
-                (self.gang or {}).get("done"), tuple(self.image_pull or ()))
+                (self.gang or {}).get("done"), tuple(self.image_pull or ()), self.egress_denied)
 
     def fold_pull(self, progress: tuple[int, int] | None) -> bool:
         """Takes the runtime's pull progress; True when it changed (an update is due)."""
@@ -186,6 +188,8 @@ class Attempt:
                 getattr(u, name).CopyFrom(timestamp(value))
         if self.image_pull is not None:
             u.image_pull.CopyFrom(agent_pb2.ImagePull(bytes_done=self.image_pull[0], bytes_total=self.image_pull[1]))
+        if self.egress_denied:
+            u.egress_denied = self.egress_denied
         if self.restored_from_seq:
             u.restored_from_seq = self.restored_from_seq
         for o in self.outputs:

@@ -411,6 +411,8 @@ class Agent:
             v.proc = None  # reaped
         alive = self.runtime.supervisor_alive(layout)
         status = self.runtime.read_status(layout)
+        # the pod's denied count (network.egress), written by its supervisor; it only grows
+        att.egress_denied = max(att.egress_denied, int((read_json(layout.run / "egress.json") or {}).get("denied") or 0))
         if att.gang and not att.gang.get("done") and (status or {}).get("gate") == Gate.WAITING:
             self.gangs.at_gate(att)
         seen = observe(status, alive, self.clock.now())

@@ -20,7 +20,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from nodus import config as daemon_config
+
+from .oci.egress import EgressError, PodLink, preset_table
 
 if TYPE_CHECKING:  # the daemon (grpc, psutil) is imported only once the flags are good
     from .settings import AgentConfig
@@ -33,6 +37,10 @@ DEFAULTS = {
     "image_cache": "",
     "image_disk_budget": "20Gi",
     "insecure_registry": [],
+    "egress_presets": {},
+    "egress_range": "10.213.0.0/16",
+    "egress_interface_prefix": "nodus",
+    "egress_uplink": [],
     "cdi_dir": [],
     "region": "",
     "offering": "",
@@ -84,6 +92,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cdi-dir", action="append", metavar="DIR",
                    help="a directory of CDI specs for GPU injection (repeatable, lowest priority first; default "
                         "/etc/cdi and /var/run/cdi)")
+    p.add_argument("--egress-presets", metavar="YAML",
+                   help="network.egress presets over the built-in ones, a mapping such as "
+                        "'{pypi-mirror: [pypi.internal, \"*.pypi.internal\"]}' (best in the config file)")
+    p.add_argument("--egress-range", metavar="CIDR",
+                   help="IPv4 range pods' links take a /30 of each, such as 10.213.0.0/16 (the default)")
+    p.add_argument("--egress-interface-prefix", help="host-side pod veth names start with this (default nodus)")
+    p.add_argument("--egress-uplink", action="append", metavar="IFACE",
+                   help="an interface pods' traffic leaves by, whose forwarding is turned on (repeatable; "
+                        "default: net.ipv4.ip_forward for all)")
     p.add_argument("--region", help="region class of this host (us, eu, …)")
     p.add_argument("--offering", help="offering id this host is sold as")
     p.add_argument("--labels", help="k=v,k2=v2 labels placement can select on")
@@ -151,6 +168,16 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         cdi_dirs = [d.strip() for d in cdi_dirs.split(",") if d.strip()]
     if bad := [d for d in cdi_dirs if not Path(d).is_absolute()]:
         raise SystemExit(f"nodus-agent: --cdi-dir {bad[0]!r} must be an absolute path, such as /etc/cdi")
+    presets = egress_presets(args.egress_presets)
+    try:
+        PodLink.for_slot(0, str(args.egress_range), str(args.egress_interface_prefix))
+    except EgressError as e:
+        raise SystemExit(f"nodus-agent: --{e}") from e
+    except ValueError as e:
+        raise SystemExit(f"nodus-agent: --egress-range: {e}; give an IPv4 network such as 10.213.0.0/16") from e
+    uplinks = args.egress_uplink or ()
+    if isinstance(uplinks, str):  # NODUS_EGRESS_UPLINK: a comma-separated list
+        uplinks = [i.strip() for i in uplinks.split(",") if i.strip()]
     return AgentConfig(
         coordinator=args.coordinator, node=args.node or socket.gethostname(), work_dir=Path(args.work_dir).resolve(),
         token=token, runtime=runtime, region=args.region or "", offering=args.offering or "", labels=labels,
@@ -160,8 +187,28 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
         workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote), simulate_gpus=simulated,
         image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
+        egress_presets=presets, egress_range=str(args.egress_range),
+        egress_interface_prefix=str(args.egress_interface_prefix),
+        egress_uplinks=tuple(str(i) for i in uplinks) if uplinks else None,
         insecure_registries=tuple(str(h) for h in registries),
         cdi_dirs=tuple(Path(d) for d in cdi_dirs) or CDI_DIRS)
+
+
+def egress_presets(value: object) -> dict[str, tuple[str, ...]]:
+    """The operator's preset table: a mapping from the config file, or YAML text from the flag or NODUS_EGRESS_PRESETS."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value) if value.strip() else {}
+        except yaml.YAMLError as e:
+            raise SystemExit(f"nodus-agent: --egress-presets: not YAML: {e}") from e
+    if not isinstance(value, dict):
+        raise SystemExit("nodus-agent: --egress-presets: expected a mapping of preset name to a list of names, "
+                         "such as {pypi-mirror: [pypi.internal]}")
+    try:
+        table = preset_table(value)
+    except EgressError as e:
+        raise SystemExit(f"nodus-agent: {e}; for example {{{next(iter(value))}: [pypi.internal]}}") from e
+    return {k: table[k] for k in map(str, value)}
 
 
 def main(argv: list[str] | None = None) -> None:

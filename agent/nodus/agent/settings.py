@@ -102,3 +102,11 @@ class AgentConfig:
     """Registries (host:port) reached over plain HTTP or unverified TLS."""
     cdi_dirs: tuple[Path, ...] = CDI_DIRS
     """Where the host's CDI specs are, lowest priority first (tests point it at a test spec)."""
+    egress_presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The operator's `network.egress` presets (name -> DNS names or *.suffix patterns) over the built-in ones."""
+    egress_range: str = "10.213.0.0/16"
+    """IPv4 range the pods' routed links take a /30 of each (Open and AllowList)."""
+    egress_interface_prefix: str = "nodus"
+    """Host-side veth names: this plus the pod's id slot."""
+    egress_uplinks: tuple[str, ...] | None = None
+    """Interfaces the pods' traffic leaves by, whose forwarding is turned on; None turns on ip_forward."""

@@ -168,7 +168,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.Gpu, _Mapping]]] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
 
 class AttemptUpdate(_message.Message):
-    __slots__ = ("attempt_id", "phase", "exit_code", "reason", "message", "start_time", "finish_time", "oom_killed", "time", "inputs_ready_time", "restored_from_seq", "outputs", "gang", "image_pull")
+    __slots__ = ("attempt_id", "phase", "exit_code", "reason", "message", "start_time", "finish_time", "oom_killed", "time", "inputs_ready_time", "restored_from_seq", "outputs", "gang", "image_pull", "egress_denied")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class AttemptUpdate(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GANG_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PULL_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_DENIED_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     phase: _common_pb2.AttemptPhase
     exit_code: int
@@ -197,7 +198,8 @@ class AttemptUpdate(_message.Message):
     outputs: _containers.RepeatedCompositeFieldContainer[OutputCommit]
     gang: GangMemberReport
     image_pull: ImagePull
-    def __init__(self, attempt_id: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.AttemptPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inputs_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored_from_seq: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[OutputCommit, _Mapping]]] = ..., gang: _Optional[_Union[GangMemberReport, _Mapping]] = ..., image_pull: _Optional[_Union[ImagePull, _Mapping]] = ...) -> None: ...
+    egress_denied: int
+    def __init__(self, attempt_id: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.AttemptPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inputs_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored_from_seq: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[OutputCommit, _Mapping]]] = ..., gang: _Optional[_Union[GangMemberReport, _Mapping]] = ..., image_pull: _Optional[_Union[ImagePull, _Mapping]] = ..., egress_denied: _Optional[int] = ...) -> None: ...
 
 class ImagePull(_message.Message):
     __slots__ = ("bytes_done", "bytes_total")
@@ -575,12 +577,14 @@ class CheckpointRef(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., manifest: _Optional[_Union[Location, _Mapping]] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[_Union[CheckpointFormat, str]] = ..., epoch: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ...) -> None: ...
 
 class Egress(_message.Message):
-    __slots__ = ("policy", "allow")
+    __slots__ = ("policy", "allow", "presets")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FIELD_NUMBER: _ClassVar[int]
+    PRESETS_FIELD_NUMBER: _ClassVar[int]
     policy: EgressPolicy
     allow: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, policy: _Optional[_Union[EgressPolicy, str]] = ..., allow: _Optional[_Iterable[str]] = ...) -> None: ...
+    presets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, policy: _Optional[_Union[EgressPolicy, str]] = ..., allow: _Optional[_Iterable[str]] = ..., presets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GangPlan(_message.Message):
     __slots__ = ("attempt_id", "gang_id", "epoch", "rank", "size", "gpus_per_node", "launcher", "rendezvous_address", "rendezvous_port", "step", "peers", "probe_max_bytes", "probe_budget", "startup_timeout")

@@ -4,7 +4,9 @@ suffix is known before the pod asks for it.
 The gate listens on the host end of the pod's link (the pod's resolv.conf names it; the pod's rules let
 only that port through). A question for a name the allow list matches is asked of the node's resolver, and
 the IPv4 addresses answered are added to the pod's `learned` set for their TTL before the answer goes back,
-so the connection that follows the lookup passes. Any other name is answered REFUSED and pins nothing.
+so the connection that follows the lookup passes. A listed name the agent already resolved is answered with
+its pinned addresses, so the pod sees what the node's resolver (its /etc/hosts too) said. Any other name is
+answered REFUSED and pins nothing.
 Non-blocking and single-threaded: the supervisor's select loop calls `serve` when `fileno` is readable.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dns.query
 import dns.rcode
 import dns.rdatatype
 import dns.resolver
+import dns.rrset
 
 from .egress import DNS_PORT, PodEgress, matches
 
@@ -78,6 +81,9 @@ class DnsGate:
         if not matches(name, self.entries):
             self.refused += 1
             return _reply(query, dns.rcode.REFUSED)
+        pinned = self.egress.answers.get(name.lower())
+        if pinned:
+            return _pinned_reply(query, pinned, int(self.egress.node.refresh_period))
         try:
             upstream = self.upstream(query)
         except (OSError, dns.exception.DNSException):
@@ -108,6 +114,17 @@ class DnsGate:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _pinned_reply(query: dns.message.Message, addresses: frozenset[str], ttl: int) -> bytes:
+    """The agent's own answer for a listed name: the addresses already pinned (resolved as the node resolves, its
+    /etc/hosts included), so the pod connects to what the rules let through; no AAAA, as the link is IPv4."""
+    response = dns.message.make_response(query)
+    question = query.question[0]
+    if question.rdtype == dns.rdatatype.A:
+        response.answer.append(dns.rrset.from_text_list(question.name, max(1, min(ttl, MAX_TTL)), "IN", "A",
+                                                        sorted(addresses)))
+    return bytes(response.to_wire())
 
 
 def _reply(query: dns.message.Message, rcode: int) -> bytes:

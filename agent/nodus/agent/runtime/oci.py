@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from nodus.v1 import agent_pb2, common_pb2
 
@@ -22,6 +22,7 @@ from ..layout import AttemptLayout
 from ..nvml import Nvml, SimulatedNvml
 from ..oci import cdi
 from ..oci.bundle import ImageConfig
+from ..oci.egress import Policy, preset_table
 from ..oci.images import ImageStore, PulledImage, PullProgress
 from ..oci.pod import IdSlots, remove_cgroup_dirs, remove_namespaces, unmount_layer
 from ..oci.pod import _safe_id  # the pod's id as Pod derives it from the attempt directory's name
@@ -34,6 +35,8 @@ from ..statefile import read_json, write_json
 from .process import PASSED_ENV, ProcessRuntime, Refused
 
 log = logging.getLogger("nodus.agent.runtime")
+_POLICIES = {agent_pb2.EGRESS_POLICY_DENY: Policy.DENY, agent_pb2.EGRESS_POLICY_ALLOW_LIST: Policy.ALLOW_LIST,
+             agent_pb2.EGRESS_POLICY_OPEN: Policy.OPEN}
 
 def config_blob(config: ImageConfig) -> dict[str, Any]:
     """An OCI image config blob holding `config` (what containers.py reads back with ImageConfig.from_oci)."""
@@ -48,13 +51,17 @@ class OciRuntime(ProcessRuntime):
     runtimes = (common_pb2.RUNTIME_PROCESS, common_pb2.RUNTIME_OCI)
 
     def __init__(self, work_dir: Path, *, image_cache: Path, disk_budget: int, clock: Clock,
-                 insecure_registries: Collection[str] = (), nvml: Nvml | None = None,
-                 cdi_dirs: Sequence[Path] = cdi.SPEC_DIRS, **process: Any) -> None:
+                 insecure_registries: Collection[str] = (), egress_presets: Mapping[str, Sequence[str]] | None = None,
+                 egress_network: Mapping[str, Any] | None = None, nvml: Nvml | None = None, cdi_dirs: Sequence[Path] = cdi.SPEC_DIRS, **process: Any) -> None:
         super().__init__(work_dir, **process)
         self.nvml = nvml
         self.cdi_dirs = tuple(cdi_dirs)
         if nvml is not None:
             cdi.check_gpus(nvml, self.cdi_dirs)  # before the agent registers: a stale spec is seen at once
+        self.egress_presets = preset_table(egress_presets)
+        """Built-in presets with the operator's over them: the supervisor expands a Job's presets from these."""
+        self.egress_network = dict(egress_network or {})
+        """NodeNetwork's settings (pod_range, if_prefix, uplinks), as the supervisor builds it from spec.json."""
         self.runc_root = work_dir / "runc"
         self.id_slots = work_dir / "ids"
         self.store = ImageStore(image_cache, disk_budget, clock, self.images_in_use,
@@ -173,7 +180,15 @@ class OciRuntime(ProcessRuntime):
         return {"rootfs": str(main.rootfs), "image_config": config_blob(main.config), "digest": main.digest,
                 "runc_root": str(self.runc_root), "id_slots": str(self.id_slots),
                 "args": list(a.args) if a.args else None, "working_dir": a.working_dir, "user": "",
-                "sidecars": sidecars}
+                "sidecars": sidecars, "egress": self.egress_section(a.egress),
+                "egress_presets": {k: list(v) for k, v in self.egress_presets.items()},
+                "egress_network": self.egress_network}
+
+    @staticmethod
+    def egress_section(egress: agent_pb2.Egress) -> dict[str, Any]:
+        """The Assignment's network.egress as the Job spells it (Egress.from_spec reads it); unset is Deny."""
+        policy = _POLICIES.get(egress.policy, Policy.DENY)
+        return {"policy": policy.value, "allow": list(egress.allow), "presets": list(egress.presets)}
 
     # -- after a supervisor -------------------------------------------------------------------------
     def kill_leftovers(self, layout: AttemptLayout) -> None:
@@ -223,4 +238,8 @@ def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, c
         return ProcessRuntime(cfg.work_dir, **process)
     return OciRuntime(cfg.work_dir, image_cache=cfg.image_cache or cfg.work_dir / "images",
                       disk_budget=cfg.image_disk_budget, clock=clock, insecure_registries=cfg.insecure_registries,
-                      nvml=nvml, cdi_dirs=cfg.cdi_dirs, **process)
+                      egress_presets=cfg.egress_presets,
+                      egress_network={"pod_range": cfg.egress_range, "if_prefix": cfg.egress_interface_prefix,
+                                      "uplinks": list(cfg.egress_uplinks) if cfg.egress_uplinks is not None else None},
+                      nvml=nvml, cdi_dirs=cfg.cdi_dirs,
+                      **process)

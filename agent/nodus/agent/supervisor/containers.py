@@ -6,17 +6,24 @@ What the agent writes in spec.json for an attempt with an image (`"oci"`):
     {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR,
      "args": [...] | null, "working_dir": "", "user": "",
      "sidecars": {NAME: {"rootfs": DIR, "image_config": {...}}},
+     "egress": {"policy": "Deny" | "Open" | "AllowList", "allow": [...], "presets": [...]},
+     "egress_presets": {NAME: [...]},
+     "egress_network": {"pod_range": CIDR, "if_prefix": STR, "uplinks": [...] | null},
      "gpus": {"devices": [...], "mounts": [...], "env": {...}, "hooks": [...], "source": SPEC}}
 
 `rootfs` is the image's unpacked read-only tree, `image_config` its OCI config blob, `args` the Job's
 `args` (the main step's argv is the Job's `command`, empty to keep the image's entrypoint). The
 attempt's directories are bound at the literal /nodus paths (its tmp at /tmp), and host paths in a
-step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md). `gpus` is the assigned
-GPUs as oci/cdi.py resolved them (GpuInjection.to_json), given to every container (ADR 0024).
+step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md). `egress` is the Job's
+`network.egress`, `egress_presets` the agent's preset table; an AllowList pod's /etc/resolv.conf names its
+DNS gate, and the pod's denied count is written to run/egress.json (docs/adr/0023-pod-egress.md). `gpus` is
+the assigned GPUs as oci/cdi.py resolved them (GpuInjection.to_json), given to every container (ADR 0024).
 """
 from __future__ import annotations
 
+import logging
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +31,13 @@ from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
 from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
 from ..oci.cdi import GpuInjection, with_gpus
+from ..oci.dns_gate import DnsGate
+from ..oci.egress import DEFAULT_RANGE, PRESETS, Egress, EgressError, NodeNetwork, Policy
 from ..oci.pod import ContainerProcess, IdSlots, Pod
 from ..oci.runc import Runc, RuncError, become_subreaper
+from ..statefile import write_json
+
+log = logging.getLogger("nodus.agent.supervisor")
 from .processes import StepProcess
 
 
@@ -41,15 +53,33 @@ class Containers:
         self.mounts: tuple[Mount, ...] = ()
         self.gpus = GpuInjection.from_json(oci.get("gpus") or {})
         """The assigned GPUs (the agent resolved them through CDI): every container of the attempt gets them."""
+        self.egress_watch: EgressWatch | None = None
 
     def _open(self) -> Pod:
         if self.pod is not None:
             return self.pod
         become_subreaper()  # a detached container's init is then this supervisor's child, waited for as one
+        net = self.oci.get("egress_network") or {}
+        uplinks = net.get("uplinks")
+        network = NodeNetwork(pod_range=net.get("pod_range") or DEFAULT_RANGE, if_prefix=net.get("if_prefix") or "nodus",
+                              uplinks=None if uplinks is None else tuple(uplinks),
+                              presets=self.oci.get("egress_presets") or dict(PRESETS))
+        try:
+            egress = Egress.from_spec(self.oci.get("egress"), network.presets)
+        except EgressError as e:
+            raise OSError(str(e)) from e
         pod = Pod(self.layout.root.name, self.layout.run / "pod", Runc(Path(self.oci["runc_root"])),
-                  IdSlots(Path(self.oci["id_slots"])), self.cgroup_parent)
+                  IdSlots(Path(self.oci["id_slots"])), self.cgroup_parent, egress, network)
         self.pod = pod
         lay = self.layout
+        extra: tuple[Mount, ...] = ()
+        if pod.egress.link is not None:
+            if egress.policy == Policy.ALLOW_LIST:
+                resolv = lay.run / "resolv.conf"
+                resolv.write_text(pod.egress.link.resolv_conf())
+                resolv.chmod(0o644)
+                extra = (Mount("/etc/resolv.conf", str(resolv), read_only=True),)
+            self.egress_watch = EgressWatch(pod, lay.run / "egress.json")
         # runc resolves the rootfs and the bind sources as the pod's root: it must pass through run/
         # (0700 for the process runtime's workload user); 0711 lets it through without listing it.
         lay.run.chmod(0o711)
@@ -70,7 +100,7 @@ class Containers:
                 pod.own(path, uid, gid)  # 0400 files, readable by the workload's user only
         self.mounts = (*attempt_mounts(str(lay.state), str(lay.inputs), str(lay.outputs), str(lay.progress), secrets),
                        Mount("/nodus/ready", str(lay.ready)), Mount("/nodus/checkpoint", str(handshake)),
-                       Mount("/tmp", str(lay.tmp)))
+                       Mount("/tmp", str(lay.tmp)), *extra)
         return pod
 
     def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
@@ -129,8 +159,56 @@ class Containers:
             return 0
 
     def close(self) -> None:
+        if self.egress_watch is not None:
+            self.egress_watch.close()  # the last count is read while the pod's namespace still exists
         if self.pod is not None:
             self.pod.close()
+
+
+class EgressWatch:
+    """Serves an AllowList pod's DNS gate, refreshes its pinned answers and writes its denied count, in a thread
+    of the supervisor (the step loop waits on its children; the gate must answer while they run)."""
+
+    PERIOD = 1.0
+    """Seconds between looks at the count (and the longest a DNS question waits to be read)."""
+
+    def __init__(self, pod: Pod, count_file: Path) -> None:
+        self.pod = pod
+        self.count_file = count_file
+        self.gate = DnsGate(pod.egress) if pod.egress.egress.policy == Policy.ALLOW_LIST else None
+        self.stopped = threading.Event()
+        self.written = -1
+        self.thread = threading.Thread(target=self._run, name="egress", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                if self.gate is not None:
+                    self.gate.serve(self.PERIOD)
+                else:
+                    self.stopped.wait(self.PERIOD)
+                self.pod.egress.refresh()
+                self.write()
+            except Exception as e:  # a failed nft or resolver call must not end the watch: the next period retries
+                log.warning("egress: %s", e)
+                self.stopped.wait(self.PERIOD)
+
+    def write(self) -> None:
+        denied = self.pod.egress.denied()
+        if denied != self.written:
+            write_json(self.count_file, {"denied": denied}, durable=False)
+            self.written = denied
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=self.PERIOD * 5)
+        try:
+            self.write()
+        except Exception:
+            pass  # the count stays what was last written
+        if self.gate is not None:
+            self.gate.close()
 
 
 def _read(path: Path) -> str:

@@ -117,6 +117,10 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
         "bytesTotal": _i("BytesTotal is the bytes of every blob the images need (compressed, as their manifests "
                          "size them)."),
     }),
+    "network": Obj(description="Network is what the attempt's pod did on the network.", fields={
+        "deniedConnections": _i("DeniedConnections counts the connections the pod tried and its network.egress "
+                                "rules refused (unset until one is)."),
+    }),
     "checkpoints": List(description="Checkpoints are the checkpoints this attempt committed, newest last (at most "
                                     "8); the coordinator refused any from a superseded attempt or epoch.",
                         items=Obj(description="CommittedCheckpoint is one committed checkpoint's manifest.", fields={

@@ -219,5 +219,6 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
         out.source.CopyFrom(agent_pb2.Source(blob=agent_pb2.BlobSource(location=_location(sha), sha256=sha)))
     egress = ((spec.get("network") or {}).get("egress")) or {}
     if egress.get("policy"):
-        out.egress.CopyFrom(agent_pb2.Egress(policy=_EGRESS[egress["policy"]], allow=egress.get("allow") or []))
+        out.egress.CopyFrom(agent_pb2.Egress(policy=_EGRESS[egress["policy"]], allow=egress.get("allow") or [],
+                                             presets=egress.get("presets") or []))  # the agent expands presets
     return out

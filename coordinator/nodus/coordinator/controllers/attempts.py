@@ -48,6 +48,8 @@ class Report:
     """{epoch, done, address, port, probePort}: the gang step a member finished (GangMemberReport)."""
     image_pull: tuple[int, int] | None = None
     """(bytes done, bytes total) of the attempt's image pulls; None without an image."""
+    egress_denied: int = 0
+    """Connections the attempt's pod tried and its network.egress rules refused, so far."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +121,10 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         status["outputs"] = sorted(merged.values(), key=lambda o: (str(o.get("name")), o.get("rank", 0)))
     if report.image_pull is not None:
         status["imagePull"] = {"bytesDone": report.image_pull[0], "bytesTotal": report.image_pull[1]}
+    if report.egress_denied:
+        # the count only grows: a report that arrives late never lowers it
+        denied = max(report.egress_denied, int((status.get("network") or {}).get("deniedConnections") or 0))
+        status["network"] = {"deniedConnections": denied}
     if report.gang:
         status["gang"] = fold_gang(status.get("gang") or {}, report.gang)
     if report.time is not None:
