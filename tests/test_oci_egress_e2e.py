@@ -24,7 +24,7 @@ from typing import Iterator
 import pytest
 
 import netns
-from agent_double import AgentProcess
+from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, attempts_of, create, joined, settled
 from netns import Lab
@@ -146,7 +146,11 @@ def test_deny_cannot_reach_the_server_and_open_reaches_it(c: Coordinator, agent:
     assert attempt["status"]["exitCode"] == 3, attempt["status"]
     assert f"cannot reach {server}" in logs(c, "egress-deny")
 
-    st = egress_job(c, "egress-open", busybox, script, {"policy": "Open"})
+    create(c, "egress-open", backoffLimit=0, image=busybox, command=["sh", "-c", f"{script} && sleep 3"],
+           network={"egress": {"policy": "Open"}})
+    # the pod's link is the agent's configured one (its prefix), and the agent fixture sees it removed after
+    wait_for(lambda: netns.residue(f"{netns.PREFIX}{os.getpid()}-e"), 120, what="the Open pod's link on the node")
+    st = settled(c, "egress-open", 180)
     assert st["phase"] == "Succeeded", st
     assert "zero" in logs(c, "egress-open")
 
