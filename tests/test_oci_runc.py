@@ -408,3 +408,31 @@ def test_a_failing_init_container_and_a_command_missing_from_the_image_fail_the_
     assert status["message"].startswith("command could not start: /bin/train: main: runc create"), status
     assert "no such file or directory" in status["message"]
     assert node.runc.list() == []
+
+
+def test_pod_namespaces_are_made_even_from_a_process_running_grpc_threads(tmp_path: Path) -> None:
+    """The agent (and this test process, after the gRPC tests) runs gRPC threads, and gRPC's at-fork
+    handler restarts them in a forked child, which then cannot unshare a user namespace (EINVAL). The
+    namespaces' holder is therefore a fresh program, and this works whatever threads the caller has."""
+    import grpc
+
+    from nodus.agent.oci.bundle import IdRange
+    from nodus.agent.oci.pod import create_namespaces
+
+    channel = grpc.insecure_channel("127.0.0.1:1")
+    try:
+        with pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(channel).result(timeout=0.2)  # gRPC's threads now run here
+        paths = create_namespaces(tmp_path / "ns", IdRange.for_slot(4000))
+        try:
+            assert all(os.path.ismount(p) for p in (paths.user, paths.network, paths.ipc))
+            shown = subprocess.run(["nsenter", f"--net={paths.network}", "--", "ip", "-o", "link", "show", "lo"],
+                                   capture_output=True, text=True, check=True).stdout
+            assert "UP" in shown.split("<", 1)[1].split(">", 1)[0].split(","), shown
+            uid_map = subprocess.run(["nsenter", f"--user={paths.user}", "--", "cat", "/proc/self/uid_map"],
+                                     capture_output=True, text=True)
+            assert uid_map.returncode == 0 and str(IdRange.for_slot(4000).host_start) in uid_map.stdout, uid_map
+        finally:
+            remove_namespaces(tmp_path / "ns")
+    finally:
+        channel.close()

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
 import select
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import time
 from dataclasses import dataclass
@@ -31,12 +28,6 @@ from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageCon
 from .egress import Egress, NodeNetwork
 from .runc import ContainerState, ContainerStatus, Runc, RuncError
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWIPC = 0x08000000
-SIOCGIFFLAGS = 0x8913
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
 NAMESPACES = ("user", "net", "ipc")
 KILL_WAIT = 5.0
 """Seconds to wait for a container's init after SIGKILL before runc delete --force."""
@@ -98,48 +89,37 @@ def create_namespaces(directory: Path, ids: IdRange) -> PodNamespaces:
     paths = PodNamespaces(*(str(directory / ns) for ns in NAMESPACES))
     if all(os.path.ismount(p) for p in (paths.user, paths.network, paths.ipc)):
         return paths  # made before a restart
-    unshared_r, unshared_w = os.pipe2(os.O_CLOEXEC)
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls into it
-    pid = os.fork()
-    if pid == 0:  # the child: unshare, wait until mapped and bound, bring loopback up, exit
-        code = 1
-        try:
-            os.close(unshared_r)
-            os.close(go_w)
-            if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC) == 0:
-                os.write(unshared_w, b"u")
-                if os.read(go_r, 1) == b"g":
-                    _loopback_up()
-                    code = 0
-            else:
-                os.write(unshared_w, os.strerror(ctypes.get_errno()).encode())
-        except BaseException as e:  # noqa: BLE001 - the child reports why to the parent, then exits
-            os.write(unshared_w, repr(e).encode()[:200])
-        finally:
-            os._exit(code)
-    os.close(unshared_w)
-    os.close(go_r)
+    # The holder is a fresh program (unshare(1) exec'ing sh), not a fork of this process: a fork of a
+    # process with gRPC threads gets them restarted by gRPC's at-fork handler, and a multithreaded
+    # process cannot unshare a user namespace (EINVAL). It waits on stdin while the namespaces are
+    # mapped and bound; loopback is brought up from here as host root (ip in the pod's netns).
+    holder = subprocess.Popen(["unshare", "--user", "--net", "--ipc", "--", "sh", "-c", "echo u; read g"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert holder.stdin is not None and holder.stdout is not None
     try:
-        said = os.read(unshared_r, 256)
-        if said != b"u":
-            why = said.decode(errors="replace") or "the child exited first"
-            raise PodError(f"could not create the pod's user, network and IPC namespaces: unshare: {why}")
+        if holder.stdout.readline() != b"u\n":
+            holder.wait(10)
+            why = holder.stderr.read().decode(errors="replace").strip() if holder.stderr else ""
+            raise PodError(f"could not create the pod's user, network and IPC namespaces: {why or 'unshare failed'}")
         for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{pid}/{name}", "w") as f:
+            with open(f"/proc/{holder.pid}/{name}", "w") as f:
                 f.write(f"0 {ids.host_start} {ids.size}\n")
         for ns in NAMESPACES:
             target = directory / ns
             target.touch()
-            _bind(f"/proc/{pid}/ns/{ns}", target)
-        os.write(go_w, b"g")
+            _bind(f"/proc/{holder.pid}/ns/{ns}", target)
+        up = subprocess.run(["nsenter", f"--net={paths.network}", "--", "ip", "link", "set", "lo", "up"],
+                            capture_output=True, text=True)
+        if up.returncode != 0:
+            remove_namespaces(directory)
+            raise PodError(f"could not bring up loopback in the pod's network namespace: {up.stderr.strip()}")
     finally:
-        os.close(unshared_r)
-        os.close(go_w)
-        _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        remove_namespaces(directory)
-        raise PodError("could not bring up loopback in the pod's network namespace")
+        holder.stdin.close()  # the holder's `read` ends: it exits, the bind mounts keep the namespaces
+        try:
+            holder.wait(10)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
     return paths
 
 
@@ -149,13 +129,6 @@ def remove_namespaces(directory: Path) -> None:
         if os.path.ismount(target):
             _unmount(target)
         target.unlink(missing_ok=True)
-
-
-def _loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        ifreq = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
-        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def _bind(source: str, target: Path) -> None:
