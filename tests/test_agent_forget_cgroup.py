@@ -2,7 +2,6 @@
 final status but before its own sweep leaves the cgroup, maybe with processes in it."""
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -11,40 +10,19 @@ import psutil
 import pytest
 
 from agent_double import AgentProcess
-from nodus.agent.cgroups import V1_CONTROLLERS, Cgroup, DEFAULT_FS, version
+from cgroup_root import cgroups_unavailable, own_root
+from nodus.agent.cgroups import Cgroup
 from nodus.agent.runtime.process import ProcessRuntime
 from nodus.agent.statefile import write_json
 
 
-def _cgroups_work() -> str | None:
-    """Why this host cannot run these tests (None: it can)."""
-    if os.geteuid() != 0:
-        return "creating cgroups needs root"
-    probe = Cgroup.create("nodus-tests", f"probe-{os.getpid()}")
-    try:
-        return None if probe.usable and not probe.missing else f"no writable cgroups: {probe.missing}"
-    finally:
-        probe.remove()
-
-
-pytestmark = pytest.mark.skipif(bool(_cgroups_work()), reason=_cgroups_work() or "")
+pytestmark = pytest.mark.skipif(bool(cgroups_unavailable()), reason=cgroups_unavailable() or "")
 
 
 @pytest.fixture
 def root() -> Iterator[str]:
     """A cgroup root of this test's own, removed afterwards (with anything a failing test left in it)."""
-    name = f"nodus-forget-{os.getpid()}"
-    yield name
-    for child in Cgroup.names(name):
-        leftover = Cgroup.locate(name, child)
-        leftover.kill_all()
-        leftover.remove()
-    parents = [DEFAULT_FS / name] if version() == 2 else [DEFAULT_FS / c / name for c in V1_CONTROLLERS]
-    for parent in parents:
-        try:
-            parent.rmdir()
-        except FileNotFoundError:
-            pass
+    yield from own_root("nodus-forget")
 
 
 def test_forgetting_an_ended_attempt_kills_and_removes_the_cgroup_its_dead_supervisor_left(

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from agent_double import AgentProcess
-from nodus.agent.cgroups import V1_CONTROLLERS, Cgroup, DEFAULT_FS, version
+from cgroup_root import cgroups_unavailable, own_root
+from nodus.agent.cgroups import Cgroup
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.reasons import Reason
 from nodus.agent.runtime.process import ProcessRuntime
@@ -26,35 +27,13 @@ from nodus.agent.supervisor.phase import SupervisorPhase as P
 PY = sys.executable
 
 
-def _cgroups_work() -> str | None:
-    """Why this host cannot run these tests (None: it can)."""
-    if os.geteuid() != 0:
-        return "creating cgroups needs root"
-    probe = Cgroup.create("nodus-tests", f"probe-{os.getpid()}")
-    try:
-        return None if probe.usable and not probe.missing else f"no writable cgroups: {probe.missing}"
-    finally:
-        probe.remove()
-
-
-pytestmark = pytest.mark.skipif(bool(_cgroups_work()), reason=_cgroups_work() or "")
+pytestmark = pytest.mark.skipif(bool(cgroups_unavailable()), reason=cgroups_unavailable() or "")
 
 
 @pytest.fixture
 def root() -> Iterator[str]:
     """A cgroup root of this test's own, removed afterwards (with anything a failing test left in it)."""
-    name = f"nodus-test-{os.getpid()}"
-    yield name
-    for child in Cgroup.names(name):
-        leftover = Cgroup.locate(name, child)
-        leftover.kill_all()
-        leftover.remove()
-    parents = [DEFAULT_FS / name] if version() == 2 else [DEFAULT_FS / c / name for c in V1_CONTROLLERS]
-    for parent in parents:
-        try:
-            parent.rmdir()
-        except FileNotFoundError:
-            pass
+    yield from own_root("nodus-test")
 
 
 def _running(pid: int) -> bool:
