@@ -273,7 +273,8 @@ class ContainerProcess:
         return code
 
 
-def _safe_id(text: str) -> str:
+def pod_safe_id(text: str) -> str:
+    """`text` as a runc id and a file name (the pod's id from its attempt directory's name, a step's name)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
 
 
@@ -282,7 +283,7 @@ class Pod:
 
     def __init__(self, pod_id: str, directory: Path, runc: Runc, slots: IdSlots, cgroup_parent: str,
                  egress: Egress = Egress(), network: NodeNetwork = NodeNetwork()) -> None:
-        self.pod_id = _safe_id(pod_id)
+        self.pod_id = pod_safe_id(pod_id)
         self.directory = directory
         self.runc = runc
         self.slots = slots
@@ -309,7 +310,7 @@ class Pod:
         """Container names in start order."""
 
     def container_id(self, name: str) -> str:
-        return f"{self.pod_id}-{_safe_id(name)}"
+        return f"{self.pod_id}-{pod_safe_id(name)}"
 
     def own(self, path: Path, uid: int = 0, gid: int = 0) -> None:
         """Makes a host path (a state or outputs dir to bind) belong to container user uid:gid."""
@@ -320,11 +321,11 @@ class Pod:
               hooks: Sequence[Hook] = ()) -> ContainerProcess:
         """Creates and starts one container; its stdout and stderr go to `stdout`; runc runs `hooks` (a CDI
         spec's) at their points."""
-        directory = self.directory / "containers" / _safe_id(name)
+        directory = self.directory / "containers" / pod_safe_id(name)
         rootfs = mount_layer(image_rootfs, directory, self.ids.host(0), self.namespaces.user)
         process = resolve_process(request, image, _read(image_rootfs / "etc/passwd"), _read(image_rootfs / "etc/group"))
         spec = runtime_spec(process, str(rootfs), hostname=self.pod_id[:63], ids=self.ids, namespaces=self.namespaces,
-                            cgroups_path=f"/{self.cgroup_parent}/{_safe_id(name)}", mounts=mounts, limits=limits,
+                            cgroups_path=f"/{self.cgroup_parent}/{pod_safe_id(name)}", mounts=mounts, limits=limits,
                             devices=devices, hooks=hooks)
         (directory / "config.json").write_text(json.dumps(spec))
         container_id = self.container_id(name)

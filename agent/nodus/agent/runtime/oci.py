@@ -24,8 +24,7 @@ from ..oci import cdi
 from ..oci.bundle import ImageConfig
 from ..oci.egress import Policy, preset_table
 from ..oci.images import ImageStore, PulledImage, PullProgress
-from ..oci.pod import IdSlots, remove_cgroup_dirs, remove_namespaces, unmount_layer
-from ..oci.pod import _safe_id  # the pod's id as Pod derives it from the attempt directory's name
+from ..oci.pod import IdSlots, pod_safe_id, remove_cgroup_dirs, remove_namespaces, unmount_layer
 from ..oci.pull_errors import ImagePullError
 from ..oci.runc import Runc, RuncError
 from ..oci.skopeo import RegistryCredentials, Skopeo
@@ -203,7 +202,7 @@ class OciRuntime(ProcessRuntime):
         pod_dir = layout.run / "pod"
         if not oci and not pod_dir.exists():
             return
-        pod_id = _safe_id(layout.root.name)
+        pod_id = pod_safe_id(layout.root.name)
         runc = Runc(Path(oci["runc_root"]) if oci else self.runc_root)
         try:
             for state in runc.list():
