@@ -109,11 +109,19 @@ def agent(c: Coordinator, oci_registry: Registry, lab: Lab) -> Iterator[AgentPro
                                            "--insecure-registry", oci_registry.host, "--egress-range", free_range(),
                                            "--egress-interface-prefix", prefix, "--egress-uplink", lab.bridge,
                                            "--egress-presets", json.dumps({"lab": [LISTED]}))).start()
+        nat = f"nodus_{prefix.replace('-', '_')}"
+
+        def nat_left() -> bool:
+            return nat in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+
         with joined([started], c):
             yield started
+            # A Job is Succeeded once its main container exits; its supervisor then closes the pod (link,
+            # NAT table). Reaping the agent kills supervisors, so wait for them to finish first.
+            wait_for(lambda: not nat_left() and not netns.residue(prefix), 30,
+                     what="the pods' supervisors to remove their links and NAT tables")
         assert not netns.residue(prefix), "a pod link was left"
-        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-        assert f"nodus_{prefix.replace('-', '_')}" not in tables, "a pod's NAT table was left"
+        assert not nat_left(), "a pod's NAT table was left"
     finally:
         clean_pods(top / "agent")
         with open("/proc/self/mountinfo") as f:
