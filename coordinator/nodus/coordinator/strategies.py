@@ -271,7 +271,9 @@ class Estimates:
         now = time.time()
         book = await self.books.active()
         attempts = [orjson.loads(r.value) for r in (await self.store.list("attempts/")).records]
-        history = await self._history(project, spec, status)
+        # The history scan reads every Job of the project: only a priced estimate uses the durations it
+        # finds, so a coordinator without a price book never pays for it on a create.
+        history = await self._history(project, spec, status) if book is not None else []
         held = [r for a in attempts if (r := _reservation(a)) is not None]
         if book is not None:
             held += await self._warm(attempts, now)
