@@ -19,6 +19,7 @@ from e2e import attempts_of, create
 from nodus.coordinator.clock import ManualClock
 from nodus.coordinator.controllers.attempts import phase_of
 from nodus.coordinator.controllers.cache import Cache, attempt_key
+from nodus.coordinator.controllers.fleet import Fleet
 from nodus.coordinator.controllers.job_controller import new_attempt
 from nodus.coordinator.controllers.lease import LeaseController
 from nodus.coordinator.controllers.objects import Objects
@@ -217,9 +218,10 @@ async def _lease_scenario(path: Path) -> None:
     store = await SqliteStore.open(path / "store.db")
     clock = ManualClock()
     cache = Cache(store)
+    fleet = Fleet(cache, clock)
     await cache.start()
     objects = Objects(store, cache)
-    registry = NodeRegistry(cache, objects, clock, lease_duration=15, heartbeat_interval=3)
+    registry = NodeRegistry(fleet, objects, clock, lease_duration=15, heartbeat_interval=3)
     node = await registry.register("n1", _inventory())
     job = {"metadata": {"name": "j", "namespace": "default", "uid": "u1"}, "spec": {"command": ["true"]}}
     attempt = new_attempt(job, 0, 1, clock.now())

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from nodus.coordinator.nodes import reservation_of
+from nodus.coordinator.controllers.fleet import reservation_of
 from nodus.coordinator.scheduler import (OCI, PROCESS, Amount, Candidate, Gpu, NodeView, Placement, Request,
                                          Reservation, fit, gpu_family, gpu_matches, gpu_variant, place, place_all)
 

@@ -30,6 +30,8 @@ from .clock import OffsetClock, SystemClock
 from .api.limits import AdmissionLimits
 from .controllers.gang import GangConfig
 from .plane import ControlPlane
+from .controllers.cache import Cache
+from .controllers.fleet import Fleet
 from .pricebook_api import apply_file as apply_price_book
 from .gateway import downloads
 from .gateway.app import make_app
@@ -149,14 +151,16 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     store = await SqliteStore.open(data_dir / "store.db")
     identity = Identity(store)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
-    service = ResourceService(store, identity, vault, limits=_admission_limits(args), images=_image_resolver(args))
-    lease, heartbeat = _lease_settings(args)
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
+    fleet = Fleet(Cache(store), clock)  # the watch-fed view the controllers and the estimates read
+    service = ResourceService(store, identity, vault, limits=_admission_limits(args), images=_image_resolver(args),
+                              fleet=fleet)
+    lease, heartbeat = _lease_settings(args)
     if args.price_book:
         await apply_price_book(store, Path(args.price_book), clock)
     blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
     free_storage, retention_interval = _storage_settings(args)
-    plane = ControlPlane(store, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
+    plane = ControlPlane(store, fleet, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
                          free_storage=free_storage)
     await plane.start(controllers=args.controllers != "off")

@@ -15,7 +15,8 @@ from .controllers.attempts import PHASE_NUMBERS, phase_of
 from .errors import NodusError
 from .grpc_api import rpc
 from .identity import Caller, Identity, require_operator
-from .nodes import NodeRegistry, amount_of, gpu_health, no_node, reservation_of
+from .controllers.fleet import amount_of, gpu_health, reservation_of
+from .nodes import NodeRegistry, no_node
 from .scheduler import Amount
 from .selectors import parse_label_selector
 

@@ -22,7 +22,8 @@ from nodus.v1 import common_pb2
 
 from .clock import Clock, parse, rfc3339
 from .controllers.attempts import phase_of
-from .controllers.cache import LEASES, NODES, Cache, attempt_key
+from .controllers.cache import LEASES, NODES, attempt_key
+from .controllers.fleet import Fleet, lease_fresh
 from .controllers.job_controller import stop
 from .controllers.objects import Objects
 from .controllers.reasons import AttemptReason
@@ -30,7 +31,7 @@ from .errors import NodusError
 from .money.books import PriceBooks
 from .money.fit import MeasuredGpu, MeasuredShape, differences
 from .money.pricebook import PriceBook
-from .scheduler import OCI, PROCESS, Amount, Gpu, NodeView, Request, Reservation, gpu_family
+from .scheduler import OCI, PROCESS, NodeView, Reservation, gpu_family
 
 _RUNTIMES = {common_pb2.RUNTIME_PROCESS: PROCESS, common_pb2.RUNTIME_OCI: OCI}
 
@@ -56,9 +57,7 @@ class Leases:
     def fresh(self, lease: dict[str, Any] | None, now: float | None = None) -> bool:
         """The node may take new attempts: a heartbeat renewed its lease and it has not run out. No
         restart grace here: a node that died while the coordinator was down gets nothing new."""
-        if not lease or lease.get("expired"):
-            return False
-        return (self.clock.now() if now is None else now) < (parse(lease.get("expireTime")) or 0.0)
+        return lease_fresh(lease, self.clock.now() if now is None else now)
 
 
 def capacity_of(inventory: common_pb2.NodeInventory) -> dict[str, int]:
@@ -72,38 +71,10 @@ def unhealthy(gpu: common_pb2.Gpu) -> str:
     return f"{gpu.unhealthy_reason}: {gpu.unhealthy_message}" if gpu.unhealthy_reason else ""
 
 
-def gpu_health(node: dict[str, Any], lease: dict[str, Any] | None) -> dict[int, str]:
-    """Each GPU index's `unhealthy` ("" when healthy): the newest heartbeat's, else the registration's
-    (a CDI spec can go stale after the node joined, and be regenerated)."""
-    beat = (lease or {}).get("gpuUnhealthy")
-    if isinstance(beat, dict):
-        return {int(k): str(v) for k, v in beat.items()}
-    return {int(g.get("index", 0)): str(g.get("unhealthy", "")) for g in node.get("gpus") or []}
-
-
-def amount_of(doc: dict[str, Any] | None) -> Amount:
-    doc = doc or {}
-    return Amount(int(doc.get("cpuMillis", 0)), int(doc.get("memoryBytes", 0)), int(doc.get("diskBytes", 0)),
-                  int(doc.get("gpus", 0)))
-
-
-def reservation_of(attempt: dict[str, Any]) -> Reservation | None:
-    """What a live, placed attempt holds on its node (None for an unplaced or finished one)."""
-    spec = attempt.get("spec") or {}
-    if not spec.get("node") or phase_of(attempt).terminal:
-        return None
-    request = Request.of(spec.get("resources"), spec.get("image"))
-    gpu_indexes = tuple(spec.get("gpuIndexes") or ())
-    amount = request.amount
-    if gpu_indexes:
-        amount = Amount(amount.cpu_millis, amount.memory_bytes, amount.disk_bytes, len(gpu_indexes))
-    return Reservation(spec["node"], amount, gpu_indexes)
-
-
 class NodeRegistry:
-    def __init__(self, cache: Cache, objects: Objects, clock: Clock, lease_duration: float,
+    def __init__(self, fleet: Fleet, objects: Objects, clock: Clock, lease_duration: float,
                  heartbeat_interval: float) -> None:
-        self.cache, self.objects, self.clock = cache, objects, clock
+        self.fleet, self.cache, self.objects, self.clock = fleet, fleet.cache, objects, clock
         self.leases = Leases(clock, lease_duration)
         self.heartbeat_interval = heartbeat_interval
         self.price_books = PriceBooks(objects.store)
@@ -126,22 +97,10 @@ class NodeRegistry:
 
     def views(self) -> list[NodeView]:
         """What the scheduler sees of every node."""
-        now = self.clock.now()
-        out = []
-        for _, doc in self.cache.under(NODES):
-            lease = self.lease(doc["name"])
-            health = gpu_health(doc, lease)
-            gpus = tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
-                             int(g.get("nvlinkLinks", 0)), health.get(int(g.get("index", 0)), ""))
-                         for g in doc.get("gpus") or [])
-            out.append(NodeView(doc["name"], self.leases.fresh(lease, now),
-                                bool(doc.get("cordoned")), frozenset(doc.get("runtimes") or ()),
-                                amount_of(doc.get("capacity")), gpus, doc.get("labels") or {}, doc.get("region", ""),
-                                doc.get("offering", "")))
-        return sorted(out, key=lambda v: v.name)
+        return self.fleet.nodes()
 
     def reservations(self) -> list[Reservation]:
-        return [r for a in self.cache.attempts() if (r := reservation_of(a)) is not None]
+        return self.fleet.reservations()
 
     # -- registration and leases --------------------------------------------------------------------
     async def register(self, name: str, inventory: common_pb2.NodeInventory) -> dict[str, Any]:

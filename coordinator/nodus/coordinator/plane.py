@@ -1,5 +1,5 @@
-"""The control plane's moving parts, wired once: the cache, the controllers, AgentService and
-NodeService. `main.py` builds one, registers its gRPC services, starts it and stops it."""
+"""The control plane's moving parts, wired once: the controllers, AgentService and NodeService, on
+the fleet's cache (main.py builds the cache and the fleet first: admission's estimates read them too). `main.py` builds one, registers its gRPC services, starts it and stops it."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +19,7 @@ from .nodes import NodeRegistry
 from .resources import ResourceService
 from .store.base import Store
 from .vault import Vault
-from .controllers.cache import Cache
+from .controllers.fleet import Fleet
 from .controllers.checkpoints import FREE_STORAGE_BYTES
 from .controllers.gang import GangConfig
 from .controllers.interruptions import Interruptions
@@ -32,13 +32,13 @@ log = logging.getLogger("nodus.controllers")
 
 
 class ControlPlane:
-    def __init__(self, store: Store, service: ResourceService, vault: Vault, clock: Clock, *,
+    def __init__(self, store: Store, fleet: Fleet, service: ResourceService, vault: Vault, clock: Clock, *,
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
                  blobs: Any = None, retention_interval: float = RETENTION_TICK,
                  free_storage: int = FREE_STORAGE_BYTES) -> None:
-        self.cache = Cache(store)
+        self.cache = fleet.cache
         self.objects = Objects(store, self.cache)
-        self.registry = NodeRegistry(self.cache, self.objects, clock, lease_duration, heartbeat_interval)
+        self.registry = NodeRegistry(fleet, self.objects, clock, lease_duration, heartbeat_interval)
         interruptions = Interruptions(self.cache, clock)  # one MTBI memo for the streams and the Job controller
         self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions)
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,

@@ -20,6 +20,7 @@ import orjson
 from .api.admission import admit_create, admit_status, admit_update
 from .api.kinds import KindInfo, resolve
 from .api.limits import BETA, AdmissionLimits
+from .controllers.fleet import Fleet
 from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .images import ImageResolver
@@ -123,13 +124,11 @@ class _Lookup:
 class ResourceService:
     def __init__(self, store: Store, identity: Identity, vault: Vault,
                  now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0,
-                 limits: AdmissionLimits = BETA, images: ImageResolver | None = None) -> None:
-        self.store = store
-        self.identity = identity
-        self.vault = vault
-        self._now = now
+                 limits: AdmissionLimits = BETA, images: ImageResolver | None = None,
+                 fleet: Fleet | None = None) -> None:
+        self.store, self.identity, self.vault, self._now = store, identity, vault, now
         self._lookup = _Lookup(self)
-        self._strategies = strategies(vault, images, self._lookup, store)  # Jobs: digests, estimates
+        self._strategies = strategies(vault, images, self._lookup, store, fleet)  # Jobs: digests, estimates
         self.bookmark_seconds = bookmark_seconds
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""

@@ -3,13 +3,12 @@ has a strategy per kind: the service does what every kind shares (identity, admi
 compare-and-swap) and calls these hooks where a kind differs. A Secret's values live in the vault,
 versioned, and never in the stored object; a Job's images are resolved to digests on create, and
 its status.estimate is computed (money/quote.py) from the active price book, a placement preview on
-the fleet as the store holds it, and this fleet's own history.
+the fleet as the controllers' cache holds it (controllers/fleet.py), and this fleet's own history.
 """
 from __future__ import annotations
 
 import base64
 import binascii
-import time
 import uuid
 from dataclasses import replace
 from decimal import Decimal
@@ -20,15 +19,14 @@ import orjson
 from . import errors
 from .api.admission import Lookup
 from .api.references import not_found, secret_version
-from .clock import parse, seconds
-from .controllers.attempt_machine import phase_of
-from .controllers.placement import warm_holds
-from .controllers.views import AttemptView, topology
+from .clock import parse
+from .controllers.fleet import Fleet
+from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
 from .money.books import PriceBooks
 from .money.pricebook import PriceBook
-from .scheduler import Amount, Gpu, NodeView, Request, Reservation, place
+from .scheduler import NodeView, Request, Reservation, place
 from .store.base import Store
 from .vault import Vault
 
@@ -238,13 +236,13 @@ def _raw(value: str) -> bytes:
         return value.encode()
 
 
-def strategies(vault: Vault, images: ImageResolver | None = None,
-               lookup: Lookup | None = None, store: Store | None = None) -> dict[str, KindStrategy]:
+def strategies(vault: Vault, images: ImageResolver | None = None, lookup: Lookup | None = None,
+               store: Store | None = None, fleet: Fleet | None = None) -> dict[str, KindStrategy]:
     """The strategy of each kind that has its own (by kind name); every other kind takes the default.
     Without `images` (a resource service built without a resolver) a Job's images are admitted as
-    written; without `store` it gets no estimate."""
+    written; without `store` and `fleet` it gets no estimate."""
     own: dict[str, KindStrategy] = {"Secret": SecretStrategy(vault)}
-    estimates = Estimates(store) if store is not None else None
+    estimates = Estimates(store, fleet) if store is not None and fleet is not None else None
     if lookup is not None and (images is not None or estimates is not None):
         own["Job"] = JobStrategy(vault, images, lookup, estimates)
     if estimates is not None:
@@ -252,64 +250,30 @@ def strategies(vault: Vault, images: ImageResolver | None = None,
     return own
 
 
-MAX_WARM_S = 20 * 60
-"""The longest spec.scaledownWindow admission allows: an attempt that ended before it keeps no node warm."""
-
-
 class Estimates:
-    """What a Job's estimate reads of the fleet, straight from the store (the resource service has no
-    cache): the active price book, the nodes and their leases, the live attempts' reservations and the
-    nodes kept warm, the measured start times per offering, and the project's finished Jobs for a
-    duration."""
+    """What a Job's estimate reads: the active price book from the store, and the fleet (its nodes and
+    their leases, what live attempts hold, the nodes kept warm, the start times measured per offering,
+    the project's finished Jobs for a duration) from the controllers' watch-fed indexes, so that a
+    create costs the same however many Jobs and Attempts the store holds."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, fleet: Fleet) -> None:
+        self.fleet = fleet
         self.books = PriceBooks(store)
 
     async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """The estimate of a Job of `spec` (`status`: what admission pinned, such as its image digest)."""
-        now = time.time()
+        fleet = self.fleet
+        now = fleet.clock.now()
         book = await self.books.active()
-        attempts = [orjson.loads(r.value) for r in (await self.store.list("attempts/")).records]
-        # The history scan reads every Job of the project: only a priced estimate uses the durations it
-        # finds, so a coordinator without a price book never pays for it on a create.
-        history = await self._history(project, spec, status) if book is not None else []
-        held = [r for a in attempts if (r := _reservation(a)) is not None]
-        if book is not None:
-            held += await self._warm(attempts, now)
-        preview = self._preview(project, spec, book, await self._nodes(now), held, now)
+        held = fleet.reservations()
+        history: list[Decimal] = []
+        if book is not None:  # durations and warm nodes only change a priced estimate
+            held += fleet.warm(now)
+            history = fleet.history(project, (status.get("image") or {}).get("digest"), spec.get("command"))
+        preview = self._preview(project, spec, book, fleet.nodes(), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
         shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None)
-        return quote.quote(book, shape, preview, _startup(attempts, offering), now)
-
-    async def _nodes(self, now: float) -> list[NodeView]:
-        leases = {r.key.removeprefix("_leases/"): orjson.loads(r.value)
-                  for r in (await self.store.list("_leases/")).records}
-        out = []
-        for rec in (await self.store.list("_nodes/")).records:
-            doc = orjson.loads(rec.value)
-            lease = leases.get(doc["name"]) or {}
-            ready = not lease.get("expired") and now < (parse(lease.get("expireTime")) or 0.0)
-            cap = doc.get("capacity") or {}
-            out.append(NodeView(doc["name"], ready, bool(doc.get("cordoned")), frozenset(doc.get("runtimes") or ()),
-                                Amount(int(cap.get("cpuMillis", 0)), int(cap.get("memoryBytes", 0)),
-                                       int(cap.get("diskBytes", 0)), int(cap.get("gpus", 0))),
-                                tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
-                                          int(g.get("nvlinkLinks", 0))) for g in doc.get("gpus") or []),
-                                doc.get("labels") or {}, doc.get("region", ""), doc.get("offering", "")))
-        return out
-
-    async def _warm(self, attempts: list[dict[str, Any]], now: float) -> list[Reservation]:
-        """The nodes kept warm now, as the placement controller derives them (`warm_holds`); only the Jobs
-        of attempts that ended within the longest scaledownWindow are read."""
-        views = [AttemptView.from_object(a) for a in attempts]
-        recent = {(v.project, v.job) for v in views if v.finished is not None and v.finished > now - MAX_WARM_S}
-        windows: dict[tuple[str, str], float | None] = {}
-        for project, job in recent:
-            rec = await self.store.get(f"jobs/{project}/{job}")
-            windows[(project, job)] = (seconds((orjson.loads(rec.value).get("spec") or {}).get("scaledownWindow"))
-                                       if rec is not None else None)
-        return warm_holds(views, lambda project, job: windows.get((project, job)), now)
+        return quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
 
     @staticmethod
     def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],
@@ -323,45 +287,6 @@ class Estimates:
         chosen = place(request, nodes, held, book=book)
         region = next((n.region for n in nodes if n.name == chosen.node), "")
         return quote.Preview(chosen.offering, chosen.explain, chosen.warm_reuse, region)
-
-    async def _history(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> list[Decimal]:
-        """Run seconds of the project's Jobs that succeeded with the same command or image digest."""
-        digest = (status.get("image") or {}).get("digest")
-        out = []
-        for rec in (await self.store.list(f"jobs/{project}/")).records:
-            job = orjson.loads(rec.value)
-            other, seen = job.get("spec") or {}, job.get("status") or {}
-            same = (digest and (seen.get("image") or {}).get("digest") == digest) or (
-                spec.get("command") and other.get("command") == spec.get("command"))
-            started, ended = parse(seen.get("startTime")), parse(seen.get("completionTime"))
-            if same and seen.get("phase") == "Succeeded" and started is not None and ended is not None:
-                out.append(Decimal(str(round(max(ended - started, 0.0), 3))))
-        return out
-
-
-def _reservation(attempt: dict[str, Any]) -> Reservation | None:
-    spec = attempt.get("spec") or {}
-    if not spec.get("node") or phase_of(attempt).terminal:
-        return None
-    amount = Request.of(spec.get("resources"), spec.get("image")).amount
-    indexes = tuple(spec.get("gpuIndexes") or ())
-    if indexes:
-        amount = Amount(amount.cpu_millis, amount.memory_bytes, amount.disk_bytes, len(indexes))
-    return Reservation(spec["node"], amount, indexes)
-
-
-def _startup(attempts: list[dict[str, Any]], offering: str) -> quote.Startup:
-    """Provisioning→start seconds of the attempts that ran on `offering` (all cold: warm reuse is not
-    recorded on the Attempt yet)."""
-    if not offering:
-        return quote.Startup()
-    cold = []
-    for a in attempts:
-        seen = a.get("status") or {}
-        provisioned, started = parse(seen.get("provisioningTime")), parse(seen.get("startTime"))
-        if (a.get("spec") or {}).get("offering") == offering and provisioned is not None and started is not None:
-            cold.append(Decimal(str(round(max(started - provisioned, 0.0), 3))))
-    return quote.Startup(cold=tuple(cold))
 
 
 def _secret_status(old: dict[str, Any] | None, version: int, values: Values, now: str) -> dict[str, Any]:

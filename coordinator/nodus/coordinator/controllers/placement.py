@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any, Callable, Iterable, TypeGuard
 
 from ..api import units
-from ..clock import Clock, parse, seconds
+from ..clock import Clock, parse
 from ..money.pricebook import PriceBook
 from ..scheduler import Amount, NodeView, Placement, Request, Reservation, place_all, place_gang
 from .attempt_machine import AttemptPhase, Placed, Refusal, phase_of, transition
@@ -215,9 +215,6 @@ class PlacementController:
                 await asyncio.sleep(0.5)
                 self._dirty.set()
 
-    def _window(self, project: str, job: str) -> float | None:
-        return seconds(((self.cache.job(project, job) or {}).get("spec") or {}).get("scaledownWindow"))
-
     async def place(self) -> None:
         """One pass over every waiting attempt, oldest first; a gang's members as one unit (all or nothing)."""
         cache: Cache = self.cache
@@ -232,8 +229,7 @@ class PlacementController:
         book: PriceBook | None = await self.registry.price_books.active()
         now = self.clock.now()
         if book is not None:
-            warm = warm_holds(filter(None, (cache.attempt_view(k) for k, _ in cache.under(ATTEMPTS))),
-                              self._window, now)
+            warm = self.registry.fleet.warm(now)
             held.extend(warm)
             self._release = min((h.until for h in warm), default=None)
         decisions: dict[str, Placement] = {}

@@ -1,0 +1,173 @@
+"""What the scheduler and the estimates read of the fleet, kept up to date from the watch-fed cache.
+
+Placement passes and every Job create (its `status.estimate`) ask the same questions: which nodes are
+there and may take work, what the live placed attempts hold, which nodes are kept warm, how long starts
+took per offering, and how long comparable Jobs of a project ran. Answering them by listing the store,
+or by walking every Attempt, made a create cost O(Attempts) and a queue of waiting Jobs quadratic. The
+fleet answers from indexes that cache listeners maintain as objects change (each event costs O(1)):
+
+- reservations: per live placed attempt, what it holds on its node;
+- start samples: per offering, provisioning → start seconds of each attempt that started there;
+- run history: per (project, image digest) and (project, command), the run seconds of each Job that
+  succeeded.
+
+Nodes are few, so `nodes()` builds their views from the cache each call. Everything here is derived
+from the store through the cache; nothing is written.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any, Sequence
+
+import orjson
+
+from ..clock import Clock, parse, seconds
+from ..scheduler import Amount, Gpu, NodeView, Request, Reservation
+from .attempt_machine import phase_of
+from .cache import ATTEMPTS, JOBS, LEASES, NODES, Cache
+from .placement import warm_holds
+
+
+def lease_fresh(lease: dict[str, Any] | None, now: float) -> bool:
+    """The node may take new attempts: a heartbeat renewed its lease and it has not run out."""
+    if not lease or lease.get("expired"):
+        return False
+    return now < (parse(lease.get("expireTime")) or 0.0)
+
+
+def gpu_health(node: dict[str, Any], lease: dict[str, Any] | None) -> dict[int, str]:
+    """Each GPU index's `unhealthy` ("" when healthy): the newest heartbeat's, else the registration's
+    (a CDI spec can go stale after the node joined, and be regenerated)."""
+    beat = (lease or {}).get("gpuUnhealthy")
+    if isinstance(beat, dict):
+        return {int(k): str(v) for k, v in beat.items()}
+    return {int(g.get("index", 0)): str(g.get("unhealthy", "")) for g in node.get("gpus") or []}
+
+
+def amount_of(doc: dict[str, Any] | None) -> Amount:
+    doc = doc or {}
+    return Amount(int(doc.get("cpuMillis", 0)), int(doc.get("memoryBytes", 0)), int(doc.get("diskBytes", 0)),
+                  int(doc.get("gpus", 0)))
+
+
+def reservation_of(attempt: dict[str, Any]) -> Reservation | None:
+    """What a live, placed attempt holds on its node (None for an unplaced or finished one)."""
+    spec = attempt.get("spec") or {}
+    if not spec.get("node") or phase_of(attempt).terminal:
+        return None
+    amount = Request.of(spec.get("resources"), spec.get("image")).amount
+    gpu_indexes = tuple(spec.get("gpuIndexes") or ())
+    if gpu_indexes:
+        amount = Amount(amount.cpu_millis, amount.memory_bytes, amount.disk_bytes, len(gpu_indexes))
+    return Reservation(spec["node"], amount, gpu_indexes)
+
+
+def node_view(doc: dict[str, Any], lease: dict[str, Any] | None, now: float) -> NodeView:
+    health = gpu_health(doc, lease)
+    gpus = tuple(Gpu(int(g.get("index", 0)), g.get("name", ""), int(g.get("memoryBytes", 0)),
+                     int(g.get("nvlinkLinks", 0)), health.get(int(g.get("index", 0)), ""))
+                 for g in doc.get("gpus") or [])
+    return NodeView(doc["name"], lease_fresh(lease, now), bool(doc.get("cordoned")),
+                    frozenset(doc.get("runtimes") or ()), amount_of(doc.get("capacity")), gpus,
+                    doc.get("labels") or {}, doc.get("region", ""), doc.get("offering", ""))
+
+
+def _run_seconds(job: dict[str, Any] | None) -> Decimal | None:
+    """How long a Job that succeeded ran (None for any other Job)."""
+    seen = (job or {}).get("status") or {}
+    started, ended = parse(seen.get("startTime")), parse(seen.get("completionTime"))
+    if seen.get("phase") != "Succeeded" or started is None or ended is None:
+        return None
+    return Decimal(str(round(max(ended - started, 0.0), 3)))
+
+
+def _start_seconds(attempt: dict[str, Any] | None) -> tuple[str, Decimal] | None:
+    """(offering, provisioning → start seconds) of an attempt that started on an offering."""
+    if attempt is None:
+        return None
+    seen, offering = attempt.get("status") or {}, (attempt.get("spec") or {}).get("offering")
+    provisioned, started = parse(seen.get("provisioningTime")), parse(seen.get("startTime"))
+    if not offering or provisioned is None or started is None:
+        return None
+    return offering, Decimal(str(round(max(started - provisioned, 0.0), 3)))
+
+
+def _history_keys(project: str, job: dict[str, Any]) -> list[tuple[str, str, str]]:
+    keys = []
+    digest = (((job.get("status") or {}).get("image")) or {}).get("digest")
+    if digest:
+        keys.append((project, "image", str(digest)))
+    command = (job.get("spec") or {}).get("command")
+    if command:
+        keys.append((project, "command", orjson.dumps(command).decode()))
+    return keys
+
+
+class Fleet:
+    """The fleet as the cache holds it, with the indexes above. Listens from construction, so build it
+    before the cache starts: the initial load runs through the same listeners."""
+
+    def __init__(self, cache: Cache, clock: Clock) -> None:
+        self.cache, self.clock = cache, clock
+        self._held: dict[str, Reservation] = {}
+        self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
+        self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
+        cache.listen(ATTEMPTS, self._on_attempt)
+        cache.listen(JOBS, self._on_job)
+
+    # -- indexes ----------------------------------------------------------------------------------
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        held = reservation_of(new) if new is not None else None
+        if held is None:
+            self._held.pop(key, None)
+        else:
+            self._held[key] = held
+        if (before := _start_seconds(old)) is not None:
+            self._starts[before[0]].pop(key, None)
+        if (after := _start_seconds(new)) is not None:
+            self._starts[after[0]][key] = after[1]
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        project = key.removeprefix(JOBS).split("/", 1)[0]
+        if old is not None and _run_seconds(old) is not None:
+            for group in _history_keys(project, old):
+                self._runs[group].pop(key, None)
+        if new is not None and (ran := _run_seconds(new)) is not None:
+            for group in _history_keys(project, new):
+                self._runs[group][key] = ran
+
+    # -- reads ------------------------------------------------------------------------------------
+    def nodes(self) -> list[NodeView]:
+        """What the scheduler sees of every node, by name."""
+        now = self.clock.now()
+        return sorted((node_view(doc, self.cache.get(LEASES + doc["name"]), now)
+                       for _, doc in self.cache.under(NODES)), key=lambda v: v.name)
+
+    def reservations(self) -> list[Reservation]:
+        """What every live placed attempt holds."""
+        return list(self._held.values())
+
+    def warm(self, now: float) -> list[Reservation]:
+        """The nodes kept warm now (`warm_holds`)."""
+        cache = self.cache
+        views = filter(None, (cache.attempt_view(k) for k, _ in cache.under(ATTEMPTS)))
+        return warm_holds(views, self.window, now)
+
+    def window(self, project: str, job: str) -> float | None:
+        """The Job's scaledownWindow in seconds (None when unset or the Job is gone)."""
+        return seconds(((self.cache.job(project, job) or {}).get("spec") or {}).get("scaledownWindow"))
+
+    def start_seconds(self, offering: str) -> tuple[Decimal, ...]:
+        """Provisioning → start seconds of the attempts that started on `offering`."""
+        return tuple(self._starts.get(offering, {}).values()) if offering else ()
+
+    def history(self, project: str, digest: str | None, command: Sequence[str] | None) -> list[Decimal]:
+        """Run seconds of the project's Jobs that succeeded with the image `digest` or the `command`
+        (a Job matching both counts once)."""
+        runs: dict[str, Decimal] = {}
+        if digest:
+            runs.update(self._runs.get((project, "image", digest), {}))
+        if command:
+            runs.update(self._runs.get((project, "command", orjson.dumps(list(command)).decode()), {}))
+        return list(runs.values())

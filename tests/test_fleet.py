@@ -1,0 +1,91 @@
+"""The fleet's indexes (controllers/fleet.py) follow the store through the cache: what a live placed
+attempt holds, the start times per offering and the run history per project and command or image are
+what a scan of the store would say, after creates, changes and deletes, and after a restart."""
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nodus.coordinator.clock import ManualClock
+from nodus.coordinator.controllers.cache import Cache
+from nodus.coordinator.controllers.fleet import Fleet
+from nodus.coordinator.scheduler import Amount, Reservation
+from nodus.coordinator.store import SqliteStore
+
+
+def _attempt(name: str, node: str, phase: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "p"},
+            "spec": {"job": "j", "node": node, "offering": "cpu-x1", "resources": {"cpu": "2"}},
+            "status": {"phase": phase, **status}}
+
+
+def _job(name: str, command: list[str], phase: str, start: str, end: str, digest: str = "") -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "startTime": start, "completionTime": end}
+    if digest:
+        status["image"] = {"digest": digest}
+    return {"metadata": {"name": name, "namespace": "p"}, "spec": {"command": command}, "status": status}
+
+
+async def _put(store: SqliteStore, key: str, obj: dict[str, Any]) -> None:
+    rec = await store.get(key)
+    if rec is None:
+        await store.create(key, orjson.dumps(obj))
+    else:
+        await store.update(key, orjson.dumps(obj), rec.revision)
+
+
+async def _settle(fleet: Fleet, check: Any) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    assert check()
+
+
+async def _scenario(path: Path) -> None:
+    store = await SqliteStore.open(path / "store.db")
+    cache = Cache(store)
+    fleet = Fleet(cache, ManualClock())
+    await cache.start()
+    await _put(store, "attempts/p/a1", _attempt("a1", "n1", "Running", provisioningTime="2026-01-01T00:00:00Z",
+                                                  startTime="2026-01-01T00:00:04.5Z"))
+    await _put(store, "attempts/p/a2", _attempt("a2", "n1", "Provisioning"))
+    await _put(store, "jobs/p/ok", _job("ok", ["python", "t.py"], "Succeeded", "2026-01-01T00:00:00Z",
+                                        "2026-01-01T00:10:00Z", digest="sha256:aa"))
+    await _put(store, "jobs/p/bad", _job("bad", ["python", "t.py"], "Failed", "2026-01-01T00:00:00Z",
+                                         "2026-01-01T00:01:00Z"))
+    await _settle(fleet, lambda: len(fleet.reservations()) == 2 and fleet.history("p", None, ["python", "t.py"]))
+    assert sorted(fleet.reservations(), key=lambda r: r.amount.cpu_millis) == [
+        Reservation("n1", Amount(2000, 0, 0, 0)), Reservation("n1", Amount(2000, 0, 0, 0))]
+    assert fleet.start_seconds("cpu-x1") == (Decimal("4.5"),), "one attempt started on the offering"
+    assert fleet.history("p", None, ["python", "t.py"]) == [Decimal("600.0")], "only the Job that succeeded"
+    assert fleet.history("p", "sha256:aa", ["python", "t.py"]) == [Decimal("600.0")], "a Job matching twice counts once"
+    assert fleet.history("p", "sha256:aa", None) == [Decimal("600.0")]
+    assert fleet.history("other", None, ["python", "t.py"]) == [], "another project's history is not this one's"
+
+    # A finished attempt frees what it held; a deleted Job leaves the history; a Job that now succeeds joins it.
+    await _put(store, "attempts/p/a2", _attempt("a2", "n1", "Succeeded"))
+    await store.delete("jobs/p/ok")
+    await _put(store, "jobs/p/bad", _job("bad", ["python", "t.py"], "Succeeded", "2026-01-01T00:00:00Z",
+                                         "2026-01-01T00:02:00Z"))
+    await _settle(fleet, lambda: len(fleet.reservations()) == 1
+                  and fleet.history("p", None, ["python", "t.py"]) == [Decimal("120.0")])
+    assert fleet.history("p", "sha256:aa", None) == []
+    await cache.stop()
+
+    # A restart rebuilds the same indexes from the store.
+    again = Fleet(Cache(store), ManualClock())
+    await again.cache.start()
+    assert again.reservations() == fleet.reservations()
+    assert again.history("p", None, ["python", "t.py"]) == [Decimal("120.0")]
+    assert again.start_seconds("cpu-x1") == (Decimal("4.5"),)
+    await again.cache.stop()
+    await store.close()
+
+
+def test_fleet_indexes_follow_the_store(tmp_path: Path) -> None:
+    asyncio.run(_scenario(tmp_path))
