@@ -26,6 +26,12 @@ def create(c: Coordinator, name: str, **spec: Any) -> dict[str, Any]:
     return r.json()
 
 
+def grant(c: Coordinator, amount: str = "100.00", project: str = "default") -> None:
+    """Credits for a project, as an operator grants them (`nodus credits grant`): with a price book
+    active, nothing is placed that no hold covers."""
+    c.run("nodus", "credits", "grant", "--project", project, amount)
+
+
 def get_job(c: Coordinator, name: str) -> dict[str, Any]:
     r = c.session().get(c.url(f"{JOBS}/{name}"))
     assert r.status_code == 200, r.text

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from conftest import Coordinator, job
-from e2e import JOBS, attempts_of, get_job, joined, settled, wait_status
+from e2e import JOBS, attempts_of, get_job, grant, joined, settled, wait_status
 from test_placement_price_e2e import ON_DEMAND, _agent, _book
 
 FIELDS = ("costUSD", "overheadUSD", "rateUSDPerHour", "holdUSD", "concurrentHoldUSD", "gangHoldUSD",
@@ -41,6 +41,7 @@ def _raised(book: Path, out: Path) -> Path:
 def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
     book = _book(tmp_path / "pricebook.yaml")
     with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
+        grant(c)
         with joined([_agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND)], c):
             body = job("bound", resources=ONE_GPU, expectedDuration="1h", placement={"profile": "Cost"},
                        scaledownWindow="20m")

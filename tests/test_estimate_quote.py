@@ -33,7 +33,8 @@ def test_a_declared_duration_prices_every_field() -> None:
     # One hour at $2.99 per index, four indexes; no boot measured and never reclaimed: p50 = p90.
     assert e["costUSD"] == {"p50": "11.96", "p90": "11.96"} and e["overheadUSD"] == {"p50": "0.00", "p90": "0.00"}
     assert e["rateUSDPerHour"] == "2.99" and e["pricebookVersion"] == "2026-12-01"
-    assert e["holdUSD"] == "2.99" and e["concurrentHoldUSD"] == "5.98"  # two slots start at once
+    # A hold covers the next 10 minutes (money/holds.py): $0.4983 → $0.50; two slots start at once.
+    assert e["holdUSD"] == "0.50" and e["concurrentHoldUSD"] == "1.00"
     assert e["gangHoldUSD"] == "0.00" and e["assemblyBoundUSD"] == "0.00"
     assert e["minimumChargeUSD"] == "0.25"  # 5 minutes at $2.99/h
     assert e["placementPreview"]["offering"] == "h100-sxm-80g-x1-us" and e["placementPreview"]["explain"]
@@ -46,7 +47,7 @@ def test_a_gang_counts_every_member_and_bounds_a_failed_assembly() -> None:
     e = quote(BOOK, Shape.of(spec), Preview(H100, "x"), Startup(), NOW)
     # 4 nodes × 30 min × $2.99/h, each allocation rounded to the cent once ($1.495 → $1.50).
     assert e["costUSD"]["p50"] == "6.00"
-    assert e["gangHoldUSD"] == "6.00" and e["concurrentHoldUSD"] == "6.00"
+    assert e["gangHoldUSD"] == "2.00" and e["concurrentHoldUSD"] == "2.00"  # 4 members' 10-minute holds
     # members × rate × startupTimeout × (maxAssemblyRetries + 1) = 4 × 2.99 × 1/6 h × 2
     assert e["assemblyBoundUSD"] == "3.99" and e["topology"] == "4 nodes"
 
@@ -76,8 +77,8 @@ def test_history_stands_in_for_a_missing_duration_and_nothing_gives_a_rate_per_h
 
 
 def test_the_hold_never_exceeds_the_jobs_own_cap() -> None:
-    e = quote(BOOK, Shape.of({"expectedDuration": "10h", "maxCostUSD": "1.50"}), Preview(H100, "x"), Startup(), NOW)
-    assert e["holdUSD"] == "1.50"
+    e = quote(BOOK, Shape.of({"expectedDuration": "10h", "maxCostUSD": "0.30"}), Preview(H100, "x"), Startup(), NOW)
+    assert e["holdUSD"] == "0.30"  # 10 minutes would be $0.50
 
 
 def test_without_a_price_book_nothing_is_priced_and_it_says_so() -> None:
@@ -107,8 +108,8 @@ def test_a_sweep_sums_its_cells_and_holds_the_costliest_at_once() -> None:
     cpu = quote(BOOK, shape, Preview(BOOK.offering("cpu-2-8g-us"), "n2"), Startup(), NOW)
     e = combine([(h100, 3), (cpu, 3)], max_parallel=4)
     assert e["costUSD"] == {"p50": "9.24", "p90": "9.24"}  # 3 × $2.99 + 3 × $0.09 (an hour at $0.085, rounded)
-    assert e["rateUSDPerHour"] == "2.99" and e["holdUSD"] == "2.99"
-    assert e["concurrentHoldUSD"] == "9.06"  # three H100 cells and one CPU cell start at once
+    assert e["rateUSDPerHour"] == "2.99" and e["holdUSD"] == "0.50"
+    assert e["concurrentHoldUSD"] == "1.51"  # three H100 cells ($0.50) and one CPU cell ($0.01) start at once
     assert e["placementPreview"]["explain"] == "first cell: n1" and codes(e) == ["ColdStart"] * 2
 
 

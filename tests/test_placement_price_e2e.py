@@ -16,7 +16,7 @@ import yaml
 from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
 from conftest import job
-from e2e import AGENT_ENV, JOBS, NS, attempts_of, create, get_job, joined, settled, wait_status
+from e2e import AGENT_ENV, JOBS, NS, attempts_of, create, get_job, grant, joined, settled, wait_status
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml"
 SPOT, ON_DEMAND, FAST = "a100-x1-dev-spot", "a100-x1-dev", "h100-x1-dev"
@@ -60,6 +60,7 @@ def _run(c: Coordinator, name: str, **placement: Any) -> tuple[dict[str, Any], d
 def test_offerings_chosen_by_profile_and_policy(tmp_path: Path) -> None:
     book = _book(tmp_path / "pricebook.yaml")
     with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
+        grant(c)
         with joined([_agent(c, tmp_path, "n-spot", "A100", SPOT, spot=True),
                      _agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND),
                      _agent(c, tmp_path, "n-fast", "H100", FAST)], c):
@@ -112,6 +113,8 @@ def test_a_warm_node_is_reused_by_its_project_and_released_after_the_window(tmp_
     with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
         with joined([_agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND)], c):
             c.run("nodus", "project", "create", "other")
+            grant(c)
+            grant(c, project="other")
             other = c.session(c.grpc_token("other", "editor"))
             other_jobs = c.url(NS.replace("/default", "/other") + "/jobs")
             create(c, "first", command=hold, resources=one_gpu, scaledownWindow="6s")

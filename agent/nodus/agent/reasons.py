@@ -105,6 +105,8 @@ class Reason(enum.StrEnum):
     """Customer failure: the image or its credentials are wrong (not found, unauthorized, digest mismatch)."""
     IMAGE_PULL_NODE_FAULT = enum.auto()
     """Lost capacity: the node could not pull the image (disk full, registry unreachable from it)."""
+    INSUFFICIENT_CREDITS = enum.auto()
+    """Cancel: the project's credits cannot renew the Job's hold (a grant resumes it)."""
 
 
 def check_against_proto(proto_names: Iterable[str]) -> None:

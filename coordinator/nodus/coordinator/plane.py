@@ -20,6 +20,7 @@ from .resources import ResourceService
 from .store.base import Store
 from .vault import Vault
 from .controllers.fleet import Fleet
+from .controllers.billing_controller import BillingController
 from .controllers.checkpoints import FREE_STORAGE_BYTES
 from .controllers.gang import GangConfig
 from .controllers.interruptions import Interruptions
@@ -27,6 +28,7 @@ from .controllers.job_controller import JobController
 from .controllers.lease import LeaseController
 from .controllers.objects import Objects
 from .controllers.placement import PlacementController
+from .money.ledger_store import Ledger
 
 log = logging.getLogger("nodus.controllers")
 
@@ -44,6 +46,7 @@ class ControlPlane:
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
                                   free_storage=free_storage)
         self.placement = PlacementController(self.registry, self.objects, clock)
+        self.billing = BillingController(self.cache, Ledger(store), service, clock)
         self.leases = LeaseController(self.registry, self.objects)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
                                    tick=retention_interval) if blobs is not None else None
@@ -61,7 +64,8 @@ class ControlPlane:
         if not controllers:
             log.warning("controllers are off: Jobs are stored but never run")
             return
-        runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run)]
+        runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
+                ("billing", self.billing.run)]
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
         for name, run in runs:

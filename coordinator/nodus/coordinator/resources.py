@@ -289,6 +289,7 @@ class ResourceService:
         if dry_run:
             new["metadata"]["resourceVersion"] = ""
             return new, admitted.warnings
+        strategy.refuse(new)
         key = _key(info, project, meta["name"])
         if values is not None:
             if await self.store.get(key) is not None:

@@ -25,6 +25,8 @@ from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
 from .money.books import PriceBooks
+from .money.credits import first_hold_refusal
+from .money.ledger_store import Ledger
 from .money.pricebook import PriceBook
 from .scheduler import NodeView, Request, Reservation, place
 from .store.base import Store
@@ -57,6 +59,9 @@ class KindStrategy:
 
     async def keep(self, project: str, name: str, obj: dict[str, Any], values: Values) -> None:
         """Stores `values` elsewhere, before the object that names them is written."""
+
+    def refuse(self, obj: dict[str, Any]) -> None:
+        """Raises what a real create refuses that a dry run only reports (in status.estimate)."""
 
     async def on_delete(self, project: str, name: str) -> None:
         """After the object is deleted."""
@@ -122,6 +127,14 @@ class JobStrategy(KindStrategy):
             return
         estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {})
         obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "jobs")
+
+    def refuse(self, obj: dict[str, Any]) -> None:
+        """A create whose first hold the project's credits cannot take is refused with the words its
+        estimate's blockingReasons show (a dry run still answers, with them)."""
+        for blocking in ((obj.get("status") or {}).get("estimate") or {}).get("blockingReasons") or []:
+            if blocking.get("code") == "InsufficientCredits":
+                raise errors.NodusError("InsufficientCredits", blocking["message"], name=obj["metadata"]["name"],
+                                        kind="jobs", group="nodus.dev", fix=blocking.get("fix", ""))
 
     async def _pin_images(self, images: ImageResolver, project: str, obj: dict[str, Any]) -> None:
         spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
@@ -259,6 +272,7 @@ class Estimates:
     def __init__(self, store: Store, fleet: Fleet) -> None:
         self.fleet = fleet
         self.books = PriceBooks(store)
+        self.ledger = Ledger(store)
 
     async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """The estimate of a Job of `spec` (`status`: what admission pinned, such as its image digest)."""
@@ -273,7 +287,13 @@ class Estimates:
         preview = self._preview(project, spec, book, fleet.nodes(), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
         shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None)
-        return quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
+        estimate = quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
+        hold = Decimal(estimate.get("holdUSD") or 0)
+        if book is not None and hold > 0:  # the first hold must fit the project's credits
+            refusal = first_hold_refusal(await self.ledger.accounts(project), hold, "this Job")
+            if refusal is not None:
+                estimate["blockingReasons"] = [*estimate.get("blockingReasons", []), refusal]
+        return estimate
 
     @staticmethod
     def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],

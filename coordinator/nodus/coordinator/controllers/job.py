@@ -214,9 +214,10 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
         else:
             phase, reason = JobPhase.SUSPENDED, AttemptReason.SUSPENDED
             message = "spec.state is Suspended: attempts are stopped and capacity freed; set it to Running to resume"
+            if job.money_stop is not None and job.spec_state is JobState.RUNNING:
+                reason, message = job.money_stop  # money suspends it (the Funded condition)
             if condition(conditions, "Suspended") != "True":
-                conditions = set_condition(conditions, "Suspended", "True", AttemptReason.SUSPENDED, message, now,
-                                           generation)
+                conditions = set_condition(conditions, "Suspended", "True", reason, message, now, generation)
     else:
         live_indexes = {a.index for a in live}
         free = parallelism - len(live_indexes)

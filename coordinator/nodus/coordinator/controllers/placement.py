@@ -29,10 +29,17 @@ from decimal import Decimal
 from typing import Any, Callable, Iterable, TypeGuard
 
 from ..api import units
-from ..clock import Clock, parse
+from ..clock import Clock, parse, rfc3339
 from ..money.pricebook import PriceBook
 from ..scheduler import Amount, NodeView, Placement, Request, Reservation, place_all, place_gang
+from ..errors import NodusError
+from ..money.estimate import Tariff
+from ..money.ledger import Kind
+from ..money.ledger import Request as LedgerRequest
+from ..money.ledger_store import Ledger
 from .attempt_machine import AttemptPhase, Placed, Refusal, phase_of, transition
+from ..money.holds import first_hold
+from .billing import UNFUNDED_RECHECK_S
 from .cache import ATTEMPTS, LEASES, NODES, Cache, job_key
 from .objects import Objects
 from .reasons import AttemptReason
@@ -126,7 +133,7 @@ def placed_on(placement: Placement, node: NodeView | None) -> Any:
     return mutate
 
 
-def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
+def bind(placement: Placement, now: float, node: NodeView | None = None, pricebook_version: str = "") -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
         if not _waiting(obj):
             return None
@@ -143,8 +150,13 @@ def bind(placement: Placement, now: float, node: NodeView | None = None) -> Any:
                 obj["spec"]["regionClass"] = node.region
         if placement.offering is not None:
             # The rate the attempt is charged at, frozen here: a later price book changes only later attempts.
-            obj["spec"]["rateUSDPerHour"] = units.format_money(placement.offering.rate_usd_per_hour)
-            obj["spec"]["interruptible"] = placement.offering.interruptible
+            offering = placement.offering
+            obj["spec"]["rateUSDPerHour"] = units.format_money(offering.rate_usd_per_hour)
+            obj["spec"]["billingIncrementSeconds"] = offering.billing_increment_s
+            obj["spec"]["minimumChargeSeconds"] = offering.minimum_charge_s
+            if pricebook_version:
+                obj["spec"]["pricebookVersion"] = pricebook_version  # the version its charges are explained by
+            obj["spec"]["interruptible"] = offering.interruptible
         if placement.gpu_indexes:
             obj["spec"]["gpuIndexes"] = list(placement.gpu_indexes)
         obj["status"] = status
@@ -167,6 +179,7 @@ def explain(placement: Placement) -> Any:
 class PlacementController:
     def __init__(self, registry: Any, objects: Objects, clock: Clock) -> None:
         self.registry, self.objects, self.clock = registry, objects, clock
+        self.ledger = Ledger(objects.store)
         self.cache = registry.cache
         self._waiting: set[str] = set()
         self._dirty = asyncio.Event()
@@ -258,8 +271,11 @@ class PlacementController:
                         held = [r for r in held if not (r.warm_for and r.node == p.node)]
                     held.append(Reservation(p.node, request.amount, p.gpu_indexes))
         decisions.update(place_all(singles, nodes, held, book=book))
+        if book is not None:
+            decisions = await self._hold(decisions, dict(waiting), now)
         by_name = {n.name: n for n in nodes}
-        writes = [self.objects.mutate(str(key), bind(p, now, by_name.get(p.node)) if p.node else explain(p))
+        version = book.version if book is not None else ""
+        writes = [self.objects.mutate(str(key), bind(p, now, by_name.get(p.node), version) if p.node else explain(p))
                   for key, p in decisions.items()]
         bound = await asyncio.gather(*writes)
         views = dict(waiting)
@@ -267,3 +283,45 @@ class PlacementController:
                 for (key, p), written in zip(decisions.items(), bound)
                 if written is not None and p.node and book is not None}
         await asyncio.gather(*(self.objects.mutate(k, placed_on(p, n)) for k, (p, n) in jobs.items()))
+
+    async def _hold(self, decisions: dict[str, Placement], views: dict[str, AttemptView],
+                    now: float) -> dict[str, Placement]:
+        """Takes the first hold (billing.first_hold) of each binding on priced capacity before it is
+        written, so nothing is spent that no hold covers. A binding its project cannot pay, or whose
+        Job's cap leaves nothing, waits instead with the refusal as its explain (and the pass comes
+        back, since a grant is no event it hears); a gang whose member cannot pay waits whole."""
+        out = dict(decisions)
+        refused: set[tuple[str, str, int]] = set()
+
+        async def take(key: str, p: Placement) -> None:
+            a = views[key]
+            assert p.offering is not None
+            job = self.cache.job_view(a.project, a.job)
+            cost = (((self.cache.job(a.project, a.job) or {}).get("status") or {}).get("cost") or {})
+            amount = first_hold(Tariff.of(p.offering), Decimal(cost.get("totalUSD") or 0),
+                                job.max_cost if job is not None else None)
+            why = ""
+            if amount <= 0:
+                why = (f"{AttemptReason.MAX_COST_REACHED}: the Job's spec.maxCostUSD leaves nothing for a new start "
+                       "on this offering; raise it to resume")
+            else:
+                request = LedgerRequest(f"{a.job_uid}/hold/{a.id or a.name}", Kind.HOLD, a.job_uid, amount)
+                try:
+                    await self.ledger.post(a.project, request, rfc3339(now))
+                except NodusError as e:
+                    if e.reason != "InsufficientCredits":
+                        raise
+                    why = f"{e.reason}: {e.message}; {e.effective_fix}"
+            if why:
+                out[key] = Placement(None, explain=why)
+                if a.in_gang:
+                    refused.add((a.project, a.job_uid, a.epoch))
+
+        await asyncio.gather(*(take(k, p) for k, p in decisions.items() if p.node is not None and p.offering is not None))
+        for key, p in list(out.items()):
+            a = views[key]
+            if a.in_gang and (a.project, a.job_uid, a.epoch) in refused and p.node is not None:
+                out[key] = Placement(None, explain="another member of the gang waits for its hold")
+        if any(p.node is None and decisions[k].node is not None for k, p in out.items()):
+            self._release = min(self._release or float("inf"), now + UNFUNDED_RECHECK_S)
+        return out

@@ -105,6 +105,8 @@ class AttemptReason(enum.StrEnum):
     """Customer failure: the image or its credentials are wrong (not found, unauthorized, digest mismatch)."""
     IMAGE_PULL_NODE_FAULT = enum.auto()
     """Lost capacity: the node could not pull the image (disk full, registry unreachable from it)."""
+    INSUFFICIENT_CREDITS = enum.auto()
+    """Cancel: the project's credits cannot renew the Job's hold (a grant resumes it)."""
 
     @property
     def proto(self) -> common_pb2.AttemptReason:

@@ -8,11 +8,13 @@ or {})`. Views are for reading: writers patch the stored objects, which they are
 from __future__ import annotations
 
 import enum
+from decimal import Decimal
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..clock import parse, seconds
+from ..money.estimate import Tariff
 from .attempt_machine import AttemptPhase
 
 
@@ -22,6 +24,9 @@ def _dict(value: object) -> dict[str, Any]:
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+FUNDED = "Funded"
+"""The Job condition the money controller owns: False while money stops the Job."""
 
 DEFAULT_STARTUP_TIMEOUT = 15 * 60.0
 """spec.distributed.startupTimeout's default (15m)."""
@@ -163,6 +168,8 @@ class AttemptView:
     """spec.image: an OCI image ("" runs a process)."""
     constraints: Mapping[str, Any] = field(default_factory=dict)
     """spec.placement: where it may run (regions, offerings) and the node a gang rank prefers or avoids."""
+    tariff: Tariff | None = None
+    """How its allocation is charged, frozen at placement on a priced offering (None: not charged)."""
 
     @property
     def placed(self) -> bool:
@@ -198,7 +205,16 @@ class AttemptView:
                    suspend_failed=_dict(status.get("suspendFailed")) or None,
                    restored_from_seq=int(status.get("restoredFromSeq") or 0),
                    resources=_dict(spec.get("resources")), image=spec.get("image") or "",
-                   constraints=_dict(spec.get("placement")))
+                   constraints=_dict(spec.get("placement")), tariff=_tariff(spec))
+
+
+def _tariff(spec: Mapping[str, Any]) -> Tariff | None:
+    """The tariff placement froze on the Attempt (spec.rateUSDPerHour, billingIncrementSeconds,
+    minimumChargeSeconds), or None on capacity no price book prices."""
+    rate, increment = spec.get("rateUSDPerHour"), spec.get("billingIncrementSeconds")
+    if not rate or not increment:
+        return None
+    return Tariff(Decimal(str(rate)), int(increment), int(spec.get("minimumChargeSeconds") or 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +242,8 @@ class JobView:
     ttl: int | None
     """spec.ttlSecondsAfterFinished; None keeps the finished Job."""
     state: JobState
-    """spec.state: Running, Suspended or Cancelled."""
+    """spec.state: Running, Suspended or Cancelled; Suspended too while money stops a Running Job
+    (`money_stop`)."""
     queue_timeout: float | None
     checkpoint_interval: str
     """spec.recovery.checkpoint.interval, a duration or "auto" (from the offering's measured MTBI)."""
@@ -270,6 +287,14 @@ class JobView:
     """status.outputs: the outputs committed so far (they only accumulate)."""
     gang_status: Mapping[str, Any]
     """status.gang as last written (its probe is kept while the epoch's members report none)."""
+    max_cost: Decimal | None = None
+    """spec.maxCostUSD (None: no cap)."""
+    spec_state: JobState = JobState.RUNNING
+    """spec.state as written (`state` reads Suspended while money stops the Job)."""
+    money_stop: tuple[str, str] | None = None
+    """(reason, message) of a False Funded condition, which the money controller (billing.py) writes:
+    MaxCostReached or InsufficientCredits. A Running Job is then suspended as if spec.state said so,
+    and resumes once Funded turns True."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> JobView:
@@ -278,6 +303,13 @@ class JobView:
         ttl, dist = spec.get("ttlSecondsAfterFinished"), spec.get("distributed")
         gang, retain = isinstance(dist, dict), seconds(checkpoint.get("retainAfterFinish"))
         dist = _dict(dist)
+        conditions = _dicts(status.get("conditions"))
+        funded = next((c for c in conditions if c.get("type") == FUNDED), None)
+        money_stop = (str(funded.get("reason") or ""), str(funded.get("message") or "")) \
+            if funded is not None and funded.get("status") == "False" else None
+        state = JobState.parse(spec.get("state"))
+        if money_stop is not None and state is JobState.RUNNING:
+            state = JobState.SUSPENDED
         return cls(name=meta.get("name", ""), project=meta.get("namespace", ""), uid=meta.get("uid", ""),
                    generation=int(meta.get("generation") or 1), deleting=bool(meta.get("deletionTimestamp")),
                    completions=int(spec.get("completions") or 1), parallelism=int(spec.get("parallelism") or 1),
@@ -286,7 +318,7 @@ class JobView:
                    fail_on_interruption=recovery.get("onInterruption") == "Fail",
                    timeout=seconds(spec.get("timeout")),
                    ttl=ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
-                   state=JobState.parse(spec.get("state")),
+                   state=state,
                    queue_timeout=seconds(_dict(spec.get("placement")).get("queueTimeout")),
                    checkpoint_interval=checkpoint.get("interval", "auto"),
                    checkpoint_format=checkpoint.get("format", ""),
@@ -299,10 +331,21 @@ class JobView:
                    retain_after_finish=DEFAULT_RETAIN if retain is None else max(0.0, retain),
                    finished=parse(status.get("completionTime")), phase=JobPhase.parse(status.get("phase")),
                    reason=status.get("reason", ""), message=status.get("message", ""),
-                   conditions=_dicts(status.get("conditions")), timeout_start=parse(status.get("timeoutStartTime")),
+                   conditions=conditions, timeout_start=parse(status.get("timeoutStartTime")),
                    suspended_for=seconds(status.get("suspendedDuration")) or 0.0,
                    started=parse(status.get("startTime")), outputs=_dicts(status.get("outputs")),
-                   gang_status=_dict(status.get("gang")))
+                   gang_status=_dict(status.get("gang")), max_cost=_money(spec.get("maxCostUSD")),
+                   spec_state=JobState.parse(spec.get("state")), money_stop=money_stop)
+
+
+def _money(value: object) -> Decimal | None:
+    """A decimal string of USD as admission accepted it (None when unset)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return Decimal(value)
+    except ArithmeticError:
+        return None
 
 
 def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:

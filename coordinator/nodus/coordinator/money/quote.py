@@ -24,13 +24,12 @@ import orjson
 from ..api import units
 from ..clock import rfc3339
 from .estimate import Band, Tariff, cents, cost_band
+from .holds import first_hold
 from .policy import RESTART_OVERHEAD_S
 from .pricebook import Offering, PriceBook
 
 VALID_FOR_S = 900
 """validUntil is this long after the estimate: prices and free capacity are read again after it."""
-HOLD_WINDOW_S = 3600
-"""A first hold covers at most this much billing; holds are renewed as they are used."""
 BOUND_MARGIN = Decimal("1.10")
 """A create bound to an estimate is never placed above its rate plus 10 %."""
 DEFAULT_STARTUP_TIMEOUT_S = 900
@@ -207,7 +206,6 @@ def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) ->
         hour = cents(rate * shape.slots * shape.members)
         cost = Band(hour, hour)
         overhead = Band(Decimal(0), Decimal(0))
-        first_s = Decimal(HOLD_WINDOW_S)
     else:
         run_s = shape.duration_s / offering.relative_speed
         full = cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=offering.interruptions_per_hour,
@@ -216,10 +214,7 @@ def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) ->
         cost = Band(full.p50 * allocations, full.p90 * allocations)
         overhead = Band(max(full.p50 - bare.p50, Decimal(0)) * allocations,
                         max(full.p90 - bare.p90, Decimal(0)) * allocations)
-        first_s = min(boot_s + run_s, Decimal(HOLD_WINDOW_S))
-    hold = tariff.charge(first_s)
-    if shape.max_cost_usd is not None:
-        hold = min(hold, shape.max_cost_usd)
+    hold = first_hold(tariff, Decimal(0), shape.max_cost_usd)
     gang = hold * shape.members if shape.members > 1 else Decimal(0)
     assembly = (cents(shape.members * rate * shape.startup_timeout_s * (shape.assembly_retries + 1) / 3600)
                 if shape.members > 1 else Decimal(0))

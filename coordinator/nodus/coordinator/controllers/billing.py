@@ -1,0 +1,193 @@
+"""The money controller's decision: from (a Job's priced attempts, its ledger, now) to the postings
+that bring the ledger up to date and whether money lets the Job go on running.
+
+Pure and level-triggered, like `job.decide`: it reads the whole picture every time and returns only
+what is missing, so running it again on its own result posts nothing. Every posting it returns is
+keyed (ledger.py), so a replay after a crash, or a second coordinator deciding the same thing, books
+nothing twice. `billing_controller.py` posts what it says and writes the display copy.
+
+A Job's hold (`held/<job uid>`) pays for its attempts' charges:
+
+- the first hold is taken by placement before it binds an attempt to a priced node (`first_hold`),
+  so no money is spent before a hold covers it;
+- charges post per billing increment of each allocation (ledger_charges.py: Boot, Running, Restore,
+  Teardown by the attempt's times, the minimum charge on the first increments);
+- the hold is renewed as it is used: while capacity bills and what is held covers less than half of
+  the next HOLD_AHEAD_S (money/holds.py), it grows back to cover all of it (never beyond what maxCostUSD leaves);
+- once no attempt of the Job is live, what is still held goes back to the project.
+
+Money stops a Job through its `Funded` condition (the Job controller suspends a Running Job whose
+Funded is False, through its checkpoint, and resumes it when Funded turns True):
+
+- MaxCostReached: what it has spent, plus its next increment and one more for a final checkpoint and
+  teardown, would pass maxCostUSD. It stays so until maxCostUSD is raised past what a new start needs.
+- InsufficientCredits: the project's credits cannot renew the hold. `fundedUntil` (and stopByTime)
+  is when what is held runs out at the current rate; a grant that covers a new hold turns it True.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
+from typing import Sequence
+
+from ..clock import parse
+from ..money.estimate import SECONDS_PER_HOUR
+from ..money.holds import ahead, first_hold, restart_need, step
+from ..money.ledger import ZERO, Accounts, Kind, Posting, Request, held
+from ..money.ledger_charges import Allocation, increments_due
+from .reasons import AttemptReason
+from .views import AttemptView
+
+UNFUNDED_RECHECK_S = 5.0
+"""How often an unfunded Job looks at its project's credits again (a grant is not a Job event)."""
+
+
+class Stop(enum.Enum):
+    """Why money stops a Job (the reason of its Funded condition when False)."""
+
+    NONE = ""
+    MAX_COST = AttemptReason.MAX_COST_REACHED.value
+    CREDITS = AttemptReason.INSUFFICIENT_CREDITS.value
+
+
+@dataclass(frozen=True, slots=True)
+class Bill:
+    """What the decision reads of one Job."""
+
+    uid: str
+    project: str
+    max_cost: Decimal | None
+    """spec.maxCostUSD (None: no cap)."""
+    allocations: tuple[Allocation, ...]
+    """Every attempt of the Job that was placed on priced capacity (released ones included)."""
+    active: bool
+    """Some attempt of the Job is not finished (placed or waiting): its hold may still be needed."""
+    stopped: Stop = Stop.NONE
+    """Why money stopped the Job before (its Funded condition), so a stop holds until it is lifted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether money lets the Job run, and in what words."""
+
+    stop: Stop
+    message: str = ""
+    funded_until: float | None = None
+    """While capacity bills: when what is held runs out at the current rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class BillingDecision:
+    posts: tuple[Request, ...]
+    """In order: charges, then a renewal or a release."""
+    verdict: Verdict
+    rate: Decimal | None
+    """USD per hour of the Job's capacity still billing (None: nothing bills)."""
+    final: bool
+    """Every allocation is released and charged: nothing more will post."""
+    wake_at: float | None
+    """When time alone changes the decision: the next increment ends, or an unfunded Job rechecks."""
+
+
+def allocation_of(a: AttemptView) -> Allocation | None:
+    """The allocation of an attempt placed on priced capacity (None for any other). Billing starts at
+    the binding (provisioningTime), the program's start begins Running, a stop asked for begins
+    Teardown, and the attempt's end (finished, or lost) releases the node."""
+    if a.tariff is None or not a.placed or a.provisioned is None:
+        return None
+    stop = parse((a.stop or {}).get("time"))
+    release = a.finished or a.lost_at
+    if release is None and a.phase.terminal:
+        release = stop or a.provisioned
+    return Allocation(a.id or a.name, a.tariff, a.provisioned, a.started, stop if stop is not None else (
+        release if a.started is not None else None), release, restore=a.restored_from_seq > 0)
+
+
+def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], now: float) -> BillingDecision:
+    """`postings` are those listed under the Job (its holds and its attempts' charges)."""
+    uid = bill.uid
+    booked = {p.key for p in postings}
+    posts: list[Request] = []
+    new_charges = ZERO
+    for a in bill.allocations:
+        for inc in increments_due(a, now):
+            key = inc.key(a.uid)
+            if key not in booked:
+                posts.append(Request(key, Kind.CHARGE, a.uid, inc.amount, inc.segment, payer=uid))
+                new_charges += inc.amount
+    spent = sum((p.amount for p in postings if p.kind is Kind.CHARGE), ZERO) + new_charges
+    hold_before = accounts.balance(held(uid))
+    holding = max(hold_before - new_charges, ZERO)  # a charge draws on the hold first
+    available = accounts.available - max(new_charges - hold_before, ZERO)
+    billing = [a for a in bill.allocations if a.release_time is None]
+    rate = sum((a.tariff.rate_usd_per_hour for a in billing), ZERO) if billing else None
+    last = max(bill.allocations, key=lambda a: a.allocate_time).tariff if bill.allocations else None
+
+    verdict = Verdict(Stop.NONE)
+    cap = bill.max_cost
+    if cap is not None and billing and spent + 2 * sum((step(a.tariff) for a in billing), ZERO) > cap:
+        verdict = Verdict(Stop.MAX_COST, _capped(spent, cap))
+    elif cap is not None and not billing and bill.stopped is Stop.MAX_COST and last is not None \
+            and spent + restart_need(last) > cap:
+        verdict = Verdict(Stop.MAX_COST, _capped(spent, cap))
+
+    renewals = sum(1 for p in postings if p.kind is Kind.RENEW)
+    releases = sum(1 for p in postings if p.kind is Kind.RELEASE)
+    if billing and verdict.stop is Stop.NONE:
+        target = sum((ahead(a.tariff) for a in billing), ZERO)
+        if cap is not None:
+            target = min(target, max(cap - spent, ZERO))
+        short = max(target - holding, ZERO)
+        amount = ZERO
+        if holding * 2 < target:
+            amount = min(short, max(available, ZERO))
+            if amount > 0:
+                posts.append(Request(f"{uid}/renew/{renewals + 1}", Kind.RENEW, uid, amount))
+        # Short of credits: the renewal due now cannot be taken whole, or (once stopped for it) the
+        # credits still could not top the hold up while the suspend runs its course.
+        if amount < short and (holding * 2 < target or bill.stopped is Stop.CREDITS):
+            verdict = Verdict(Stop.CREDITS, _short(bill.project, short, max(available, ZERO)),
+                              _funded_until(billing, holding + amount, now))
+        holding += amount
+    elif not billing and bill.stopped is Stop.CREDITS and last is not None:
+        need = first_hold(last, spent, cap)
+        if need > available:
+            verdict = Verdict(Stop.CREDITS, _short(bill.project, need, available))
+    if not bill.active and holding > 0:
+        posts.append(Request(f"{uid}/release/{releases + 1}", Kind.RELEASE, uid))
+    if verdict.stop is Stop.NONE and billing:
+        verdict = Verdict(Stop.NONE, funded_until=_funded_until(billing, holding, now))
+
+    wake: list[float] = [_next_increment(a, now) for a in billing]
+    if verdict.stop is Stop.CREDITS:
+        wake.append(now + UNFUNDED_RECHECK_S)
+    final = not bill.active and not billing and bool(bill.allocations)
+    return BillingDecision(tuple(posts), verdict, rate, final, min(wake) if wake else None)
+
+
+def _funded_until(billing: Sequence[Allocation], holding: Decimal, now: float) -> float | None:
+    """When `holding` runs out: the end of the increments charged so far, plus what it pays for at the
+    rate of the capacity still billing (it moves only when a posting does)."""
+    rate = sum((a.tariff.rate_usd_per_hour for a in billing), ZERO)
+    if rate <= 0:
+        return None
+    charged = max(a.allocate_time + a.billed_increments(now) * a.tariff.billing_increment_s for a in billing)
+    return charged + float(holding / rate * SECONDS_PER_HOUR)
+
+
+def _next_increment(a: Allocation, now: float) -> float:
+    increment = a.tariff.billing_increment_s
+    done = Decimal(str(max(now - a.allocate_time, 0.0))) / increment
+    return a.allocate_time + (int(done.to_integral_value(rounding=ROUND_FLOOR)) + 1) * increment
+
+
+def _capped(spent: Decimal, cap: Decimal) -> str:
+    return (f"the Job has spent {spent} USD of its spec.maxCostUSD {cap}; its next billing increment and a final "
+            f"checkpoint would pass the cap, so it checkpoints and suspends: raise spec.maxCostUSD to resume")
+
+
+def _short(project: str, need: Decimal, available: Decimal) -> str:
+    return (f'project "{project}" has {available} USD of credits available and the Job\'s hold needs {need} USD; it '
+            f"checkpoints and suspends until credits are granted (nodus credits grant --project {project} AMOUNT)")
+

@@ -1,0 +1,165 @@
+"""The money controller's executor: runs `billing.decide_billing` for a Job, posts what it says to the
+ledger, and writes the Job's display copy of it (status.cost, the Funded condition, stopByTime).
+
+Driven like the Job controller: a Job or one of its Attempts changed (the Job's key is queued), the
+wake-up each decision returns (the next increment, an unfunded Job's recheck) and a periodic resync.
+A Job with no attempt on priced capacity and no cost shown is skipped without reading the ledger, so
+a coordinator without a price book does no money work at all. Everything is in the store: the
+attempts' frozen tariffs and times, and the ledger, whose keys make every posting happen once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..clock import Clock, rfc3339
+from ..errors import NodusError
+from ..money.ledger import Request
+from ..money.ledger_cost import Cost
+from ..money.ledger_store import Ledger
+from .billing import Bill, BillingDecision, Stop, Verdict, allocation_of, decide_billing
+from .cache import ATTEMPTS, JOBS, Cache, job_key, owner_of
+from .job_controller import JobWriter
+from .job_status import set_condition
+from .views import FUNDED, AttemptView, JobView
+from .workqueue import WorkQueue
+
+log = logging.getLogger("nodus.controllers.billing")
+
+RESYNC_SECONDS = 30.0
+MAX_WAIT_S = 2.0
+"""A wake-up waits at most this long: the injected clock can jump (tests), and an increment that
+ended must be charged soon after."""
+
+
+class BillingController:
+    def __init__(self, cache: Cache, ledger: Ledger, jobs: JobWriter, clock: Clock, workers: int = 2) -> None:
+        self.cache, self.ledger, self.writer, self.clock = cache, ledger, jobs, clock
+        self.queue: WorkQueue[str] = WorkQueue()
+        self.workers = workers
+        self._failures: dict[str, int] = {}
+        cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        cache.listen(ATTEMPTS, self._on_attempt)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        obj = new or old
+        assert obj is not None
+        if (obj.get("spec") or {}).get("rateUSDPerHour"):
+            self.queue.add(job_key(*owner_of(obj)))
+
+    async def run(self) -> None:
+        await self.cache.synced.wait()
+        tasks = [asyncio.create_task(self._worker(), name=f"billing-{i}") for i in range(self.workers)]
+        try:
+            while True:
+                for key, _ in self.cache.under(JOBS):
+                    self.queue.add(key)
+                await asyncio.sleep(RESYNC_SECONDS)
+        finally:
+            self.queue.close()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - log, retry later; one Job must not stop the others
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                log.exception("billing %s failed (%d in a row); retrying", key, failures)
+                self.queue.add_after(key, min(60.0, 0.5 * 2 ** failures))
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile(self, key: str) -> None:
+        project, _, name = key[len(JOBS):].partition("/")
+        view = self.cache.job_view(project, name)
+        attempts = self.cache.attempt_views_of(project, name)
+        # Attempts of a Job deleted (or recreated under its name) are charged to the uid they ran for.
+        uids = {a.job_uid for a in attempts if a.tariff is not None and a.placed}
+        if view is not None and not view.deleting and (uids or "cost" in (self.cache.job(project, name) or {})
+                                                       .get("status", {})):
+            uids.add(view.uid)
+        wake: list[float] = []
+        for uid in sorted(uids):
+            mine = [a for a in attempts if a.job_uid == uid]
+            job = view if view is not None and view.uid == uid and not view.deleting else None
+            decision = await self._settle(project, uid, job, mine)
+            if decision.wake_at is not None:
+                wake.append(decision.wake_at)
+        if wake:
+            self.queue.add_after(key, min(min(wake) - self.clock.now(), MAX_WAIT_S))
+
+    async def _settle(self, project: str, uid: str, job: JobView | None, mine: list[AttemptView]) -> BillingDecision:
+        now = self.clock.now()
+        allocations = tuple(a for v in mine if (a := allocation_of(v)) is not None)
+        stopped = Stop(job.money_stop[0]) if job is not None and job.money_stop is not None \
+            and job.money_stop[0] in {s.value for s in Stop} else Stop.NONE
+        bill = Bill(uid, project, job.max_cost if job is not None else None, allocations,
+                    any(not a.phase.terminal for a in mine), stopped)
+        accounts = await self.ledger.accounts(project)
+        postings = await self.ledger.postings(project, owner=uid)
+        decision = decide_billing(bill, accounts, postings, now)
+        verdict = decision.verdict
+        if decision.posts:
+            verdict = await self._post(project, decision.posts, verdict, now)
+            accounts = await self.ledger.accounts(project)
+            postings = await self.ledger.postings(project, owner=uid)
+        if job is not None:
+            cost = Cost.of(accounts, uid, postings, limit=job.max_cost, rate=decision.rate, final=decision.final)
+            await self._write(job, cost, verdict, now)
+        return decision
+
+    async def _post(self, project: str, posts: tuple[Request, ...], verdict: Verdict, now: float) -> Verdict:
+        """Posts in order; a charge or renewal the credits cannot cover stops there and turns the Job
+        unfunded (what was not posted is decided again on the next pass)."""
+        for request in posts:
+            try:
+                await self.ledger.post(project, request, rfc3339(now))
+            except NodusError as e:
+                if e.reason != "InsufficientCredits":
+                    raise
+                log.info("project %s cannot pay %s: %s", project, request.key, e.message)
+                return Verdict(Stop.CREDITS, e.message, verdict.funded_until)
+        return verdict
+
+    async def _write(self, job: JobView, cost: Cost, verdict: Verdict, now: float) -> None:
+        stored = self.cache.job(job.project, job.name)
+        if stored is None:
+            return
+        status = dict(stored.get("status") or {})
+        status["cost"] = cost.to_status(now)
+        status["cost"].pop("fundedUntilTime", None)  # the decision's, which moves only with a posting
+        if verdict.funded_until is not None:
+            status["cost"]["fundedUntilTime"] = rfc3339(verdict.funded_until)
+        if verdict.stop is Stop.CREDITS:
+            if verdict.funded_until is not None:  # once nothing bills the edge stays where it was
+                status["stopByTime"] = rfc3339(verdict.funded_until)
+        else:
+            status.pop("stopByTime", None)
+        conditions = [dict(c) for c in status.get("conditions") or []]
+        funded = "False" if verdict.stop is not Stop.NONE else "True"
+        reason = verdict.stop.value or "Funded"
+        message = verdict.message or ("holds cover the Job's capacity" if cost.rate else "")
+        current = next((c for c in conditions if c.get("type") == FUNDED), None)
+        if current is None or (current.get("status"), current.get("reason")) != (funded, reason):
+            conditions = set_condition(conditions, FUNDED, funded, reason, message, now, job.generation)
+            status["conditions"] = [{**c, "observedGeneration": c.get("observedGeneration", job.generation)}
+                                    for c in conditions]
+        if status == stored.get("status"):
+            return
+        try:
+            written = await self.writer.write_job_status(job.project, {**stored, "status": status})
+        except NodusError as e:
+            if e.reason in ("Conflict", "NotFound"):
+                self.queue.add_after(job_key(job.project, job.name), 0.05)
+                return
+            raise
+        self.cache.apply(job_key(job.project, job.name), written, int(written["metadata"]["resourceVersion"]))

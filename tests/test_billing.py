@@ -1,0 +1,140 @@
+"""The money controller's decision (controllers/billing.py) over random histories of allocations:
+replaying it posts nothing twice, no balance or hold goes negative, every allocation is charged
+exactly what its tariff says for the time it held its node, status.cost's total is the sum of the
+postings to the cent, the hold goes back once nothing runs, and the cap and the credits stop the Job
+when they should."""
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodus.coordinator.controllers.billing import Bill, Stop, decide_billing
+from nodus.coordinator.money.estimate import Tariff
+from nodus.coordinator.money.holds import first_hold
+from nodus.coordinator.money.ledger import Accounts, Kind, Posting, Request, decide
+from nodus.coordinator.money.ledger_charges import Allocation
+from nodus.coordinator.money.ledger_cost import Cost
+
+T0 = 1_800_000_000.0
+JOB = "job-uid"
+
+
+class Books:
+    """One project's ledger in memory, booked as the store writer books it (keys once)."""
+
+    def __init__(self, grant: Decimal) -> None:
+        self.accounts = Accounts("p")
+        self.postings: list[Posting] = []
+        self.post(Request("grant/1", Kind.GRANT, amount=grant))
+
+    def post(self, request: Request) -> None:
+        assert request.key not in {p.key for p in self.postings}, f"{request.key} posted twice"
+        posting = decide(self.accounts, request, "2027-01-15T00:00:00Z")
+        self.accounts = self.accounts.apply(posting)  # raises if anything but funding goes negative
+        self.postings.append(posting)
+
+    def mine(self) -> list[Posting]:
+        return [p for p in self.postings if p.owner == JOB]
+
+
+tariffs = st.builds(Tariff, st.decimals("0.01", "40.00", places=2), st.sampled_from([1, 30, 60, 120]),
+                    st.sampled_from([0, 60, 300]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(tariff=tariffs, spans=st.lists(st.tuples(st.integers(0, 900), st.integers(1, 4000)), min_size=1, max_size=4),
+       steps=st.lists(st.integers(1, 400), min_size=1, max_size=40))
+def test_every_history_is_charged_exactly_once_and_the_cost_is_the_ledger(
+        tariff: Tariff, spans: list[tuple[int, int]], steps: list[int]) -> None:
+    # Allocations one after another (a replacement after each): (gap before it, how long it held the node).
+    allocations, t = [], T0
+    for i, (gap, held_s) in enumerate(spans):
+        start = t + gap
+        allocations.append(Allocation(f"a{i}", tariff, start, start + 1, start + held_s, start + held_s, restore=i > 0))
+        t = start + held_s
+    books = Books(Decimal("1000000.00"))
+    books.post(Request(f"{JOB}/hold/a0", Kind.HOLD, JOB, first_hold(tariff, Decimal(0), None)))
+    now, end = T0, t + 1
+    for s in [*steps, int(end - T0) + 1]:
+        now = min(now + s, end + 1)
+        seen = tuple(a if a.release_time is not None and a.release_time <= now else
+                     Allocation(a.uid, a.tariff, a.allocate_time, a.start_time) for a in allocations
+                     if a.allocate_time <= now)
+        bill = Bill(JOB, "p", None, seen, active=now < end)
+        decision = decide_billing(bill, books.accounts, books.mine(), now)
+        for request in decision.posts:
+            books.post(request)
+        again = decide_billing(bill, books.accounts, books.mine(), now)
+        assert again.posts == (), "a replay of the same picture posts nothing"
+        assert decision.verdict.stop is Stop.NONE
+    charges = [p for p in books.postings if p.kind is Kind.CHARGE]
+    for a in allocations:
+        owed = tariff.charge(Decimal(str(a.release_time - a.allocate_time)))  # type: ignore[operator]
+        assert sum((p.amount for p in charges if p.obj == a.uid), Decimal(0)) == owed, a
+    cost = Cost.of(books.accounts, JOB, books.mine())
+    assert cost.total == sum((p.amount for p in charges), Decimal(0))
+    assert cost.held == 0 and books.accounts.held == 0, "nothing runs: the hold went back"
+    assert books.accounts.spent == cost.total and books.accounts.available == Decimal("1000000.00") - cost.total
+
+
+def test_the_cap_stops_a_job_before_its_next_increment_and_a_raise_lifts_it() -> None:
+    tariff = Tariff(Decimal("6.00"), 60, 60)  # $0.10 a minute
+    books = Books(Decimal("50.00"))
+    books.post(Request(f"{JOB}/hold/a0", Kind.HOLD, JOB, first_hold(tariff, Decimal(0), Decimal("1.00"))))
+    running = Allocation("a0", tariff, T0, T0 + 1)
+    stop_at = None
+    for minute in range(1, 20):
+        d = decide_billing(Bill(JOB, "p", Decimal("1.00"), (running,), True), books.accounts, books.mine(),
+                           T0 + minute * 60)
+        for request in d.posts:
+            books.post(request)
+        if d.verdict.stop is Stop.MAX_COST:
+            stop_at = minute
+            break
+    assert stop_at == 9, "spent 0.90: the next increment and a final one would pass 1.00"
+    assert "spent 0.90 USD of its spec.maxCostUSD 1.00" in d.verdict.message
+    # It stops: the node is released a minute later, and the cap holds while it is suspended.
+    ended = Allocation("a0", tariff, T0, T0 + 1, T0 + 9 * 60, T0 + 10 * 60)
+    d = decide_billing(Bill(JOB, "p", Decimal("1.00"), (ended,), False, Stop.MAX_COST), books.accounts,
+                       books.mine(), T0 + 11 * 60)
+    for request in d.posts:
+        books.post(request)
+    assert d.verdict.stop is Stop.MAX_COST and d.final
+    assert Cost.of(books.accounts, JOB, books.mine()).total == Decimal("1.00") and books.accounts.held == 0
+    lifted = decide_billing(Bill(JOB, "p", Decimal("2.00"), (ended,), False, Stop.MAX_COST), books.accounts,
+                            books.mine(), T0 + 12 * 60)
+    assert lifted.verdict.stop is Stop.NONE and lifted.posts == (), "a raised cap lets it start again"
+
+
+def test_credits_that_cannot_renew_the_hold_stop_the_job_until_a_grant() -> None:
+    tariff = Tariff(Decimal("6.00"), 60, 60)
+    books = Books(Decimal("1.30"))
+    books.post(Request(f"{JOB}/hold/a0", Kind.HOLD, JOB, first_hold(tariff, Decimal(0), None)))  # 1.00
+    running = Allocation("a0", tariff, T0, T0 + 1)
+    verdict = None
+    for minute in range(1, 15):
+        d = decide_billing(Bill(JOB, "p", None, (running,), True), books.accounts, books.mine(), T0 + minute * 60)
+        for request in d.posts:
+            books.post(request)
+        if d.verdict.stop is Stop.CREDITS:
+            verdict = d.verdict
+            break
+    assert verdict is not None and verdict.funded_until is not None
+    assert verdict.funded_until > T0 + minute * 60, "stopByTime is ahead: what is held still pays for a while"
+    assert books.accounts.available == 0 and books.accounts.balance("available") >= 0
+    # Once stopped for credits it stays so (the partial renewal does not lift it) until a grant covers a hold.
+    d = decide_billing(Bill(JOB, "p", None, (running,), True, Stop.CREDITS), books.accounts, books.mine(),
+                       T0 + minute * 60 + 1)
+    assert d.verdict.stop is Stop.CREDITS
+    ended = Allocation("a0", tariff, T0, T0 + 1, T0 + minute * 60, T0 + minute * 60 + 30)
+    d = decide_billing(Bill(JOB, "p", None, (ended,), False, Stop.CREDITS), books.accounts, books.mine(),
+                       T0 + minute * 60 + 31)
+    for request in d.posts:
+        books.post(request)
+    assert d.verdict.stop is Stop.CREDITS and books.accounts.held == 0
+    books.post(Request("grant/2", Kind.GRANT, amount=Decimal("5.00")))
+    d = decide_billing(Bill(JOB, "p", None, (ended,), False, Stop.CREDITS), books.accounts, books.mine(),
+                       T0 + minute * 60 + 40)
+    assert d.verdict.stop is Stop.NONE

@@ -1,0 +1,191 @@
+"""Money through the real daemons, on a clock the test moves forward: a Job at a known rate is charged
+per billing increment into its status.cost, suspends through a checkpoint with MaxCostReached within
+one increment of its spec.maxCostUSD, and resumes from that checkpoint when the cap is raised; a
+project whose credits run out turns the Job's Funded condition False, it checkpoints and suspends
+before stopByTime, and a grant resumes it; a create whose first hold the credits cannot take is
+refused with InsufficientCredits (and a dry run shows it in blockingReasons).
+
+The offering charges $6.00/h by the minute ($0.10 per increment, at least one): every amount below
+is a whole number of increments.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from agent_double import AgentProcess, wait_for
+from conftest import Coordinator
+from e2e import AGENT_ENV, JOBS, attempts_of, create, get_job, grant, joined
+from offset_clock import Clock
+
+pytestmark = pytest.mark.slow
+
+OFFERING = "cpu-1-1g-dev"
+INCREMENT = Decimal("0.10")
+
+STEPPER = textwrap.dedent("""
+    import os, time
+    from nodus import progress
+    state = os.path.join(os.environ["NODUS_STATE_DIR"], "step")
+    step = int(open(state).read()) if os.path.exists(state) else 0
+    print(f"starts at step {step}", flush=True)
+    while True:
+        step += 1
+        with open(state + ".tmp", "w") as f:
+            f.write(str(step))
+        os.replace(state + ".tmp", state)
+        progress.report(stage="train", completed=step)
+        time.sleep(0.2)
+""")
+
+
+def _book(path: Path) -> Path:
+    path.write_text(yaml.safe_dump({
+        "pricebookVersion": "2026-12-02-money", "storageUSDPerGiBMonth": "0.08",
+        "offerings": [{"id": OFFERING, "vcpu": 1, "memory": "1Gi", "disk": "1Gi", "regionClass": "us",
+                       "provider": "dev", "region": "local", "rateUSDPerHour": "6.00", "interruptible": False,
+                       "billingIncrement": "60s", "minimumCharge": "1m", "relativeSpeed": "1"}]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
+    return Clock(tmp_path_factory.mktemp("clock") / "offset")
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
+    root = tmp_path_factory.mktemp("money")
+    with Coordinator(root / "data").start(extra_args=(
+            "--price-book", str(_book(root / "book.yaml")), "--lease-duration", "60s", "--heartbeat-interval", "1s",
+            "--clock-offset-file", str(clock.path))) as coordinator:
+        agent = AgentProcess(root / "agent", coordinator.grpc, coordinator.join_token, node="m1", env=AGENT_ENV,
+                             extra_args=("--offering", OFFERING, "--region", "us")).start()
+        with joined([agent], coordinator):
+            clock.coordinator, clock.agents = coordinator, [agent]
+            yield coordinator
+
+
+def cost(c: Coordinator, name: str) -> dict[str, Any]:
+    return dict((get_job(c, name).get("status") or {}).get("cost") or {})
+
+
+def funded(status: dict[str, Any]) -> dict[str, Any]:
+    return next((cond for cond in status.get("conditions") or [] if cond["type"] == "Funded"), {})
+
+
+def run_until(c: Coordinator, clock: Clock, name: str, predicate: Any, what: str, limit: int = 40) -> dict[str, Any]:
+    """Moves the clock a minute at a time until `predicate(status)` holds."""
+    for _ in range(limit):
+        status = dict(get_job(c, name).get("status") or {})
+        if predicate(status):
+            return status
+        clock.advance(60)
+    raise AssertionError(f"{what}: not after {limit} minutes; last status: {get_job(c, name).get('status')}")
+
+
+def restored_step(c: Coordinator, name: str, number: int) -> int:
+    """The step the attempt `number` started at, from its log (restored state, or 0)."""
+    def started() -> int | None:
+        for a in attempts_of(c, name):
+            if int(a["spec"]["number"]) == number:
+                log = c.run("nodus", "logs", name, "--attempt", str(number), check=False).stdout
+                for line in log.splitlines():
+                    if line.startswith("starts at step "):
+                        return int(line.split()[-1])
+        return None
+    return int(wait_for(started, 60, interval=0.3, what=f"attempt {number} of {name} to start"))
+
+
+def test_a_capped_job_suspends_at_its_cap_and_resumes_when_it_is_raised(c: Coordinator, clock: Clock) -> None:
+    grant(c, "20.00")
+    create(c, "capped", command=["python3", "-c", STEPPER], maxCostUSD="1.00",
+           recovery={"checkpoint": {"interval": "1h"}})
+    wait_for(lambda: get_job(c, "capped")["status"].get("phase") == "Running", 60, interval=0.2,
+             what="the capped Job to run")
+    status = run_until(c, clock, "capped", lambda s: funded(s).get("status") == "False", "MaxCostReached")
+    assert funded(status)["reason"] == "MaxCostReached" and "spec.maxCostUSD 1.00" in funded(status)["message"]
+    suspended = wait_for(lambda: (s := get_job(c, "capped")["status"]).get("phase") == "Suspended" and s, 60,
+                         interval=0.3, what="the capped Job to suspend")
+    assert suspended["reason"] == "MaxCostReached"
+    (first,) = attempts_of(c, "capped")
+    assert first["spec"]["stop"].get("checkpointSeq"), "a money suspend checkpoints first"
+    assert first["status"].get("checkpoints"), "the suspend checkpoint committed"
+    final = wait_for(lambda: (x := cost(c, "capped")).get("heldUSD") == "0.00" and x, 60, interval=0.3,
+                     what="the hold to be released")
+    total = Decimal(final["totalUSD"])
+    assert Decimal("0.90") <= total <= Decimal("1.00") + INCREMENT, final
+    assert final["limitUSD"] == "1.00" and Decimal(final["bySegment"]["runningUSD"]) > 0
+    clock.advance(120)
+    assert Decimal(cost(c, "capped")["totalUSD"]) == total, "nothing is charged while suspended"
+
+    # Raising the cap resumes it from the suspend checkpoint.
+    r = c.session().patch(c.url(f"{JOBS}/capped"), data=json.dumps({"spec": {"maxCostUSD": "2.00"}}),
+                          headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: funded(get_job(c, "capped")["status"]).get("status") == "True", 60, interval=0.3,
+             what="Funded to turn True")
+    assert restored_step(c, "capped", 2) > 0, "the resumed attempt starts from the checkpoint's step"
+    status = run_until(c, clock, "capped", lambda s: funded(s).get("status") == "False", "MaxCostReached again")
+    wait_for(lambda: get_job(c, "capped")["status"].get("phase") == "Suspended", 60, interval=0.3,
+             what="the capped Job to suspend again")
+    again = wait_for(lambda: (x := cost(c, "capped")).get("heldUSD") == "0.00" and x, 60, interval=0.3,
+                     what="the hold to be released again")
+    assert Decimal(again["totalUSD"]) <= Decimal("2.00") + INCREMENT, again
+    credits = c.run("nodus", "credits").stdout.splitlines()[1].split()
+    assert Decimal(credits[5]) == Decimal(again["totalUSD"]), "the project's spend is the Job's status.cost"
+
+
+def test_running_out_of_credits_suspends_before_stop_by_time_and_a_grant_resumes(
+        c: Coordinator, clock: Clock) -> None:
+    c.run("nodus", "project", "create", "lean")
+    lean = c.session(c.grpc_token("lean", "editor"))
+    jobs = c.url(JOBS.replace("/default/", "/lean/"))
+
+    # No credits: the dry run says why, the real create is refused with the amounts and the fix.
+    body = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "lean"},
+            "spec": {"command": ["python3", "-c", STEPPER], "recovery": {"checkpoint": {"interval": "1h"}}}}
+    dry = lean.post(jobs + "?dryRun=All", json=body)
+    assert dry.status_code == 201, dry.text
+    (blocking,) = dry.json()["status"]["estimate"]["blockingReasons"]
+    assert blocking["code"] == "InsufficientCredits" and "needs 1.00 USD" in blocking["message"]
+    refused = lean.post(jobs, json=body)
+    assert refused.status_code == 402, refused.text
+    assert refused.json()["reason"] == "InsufficientCredits" and "credits grant" in refused.text
+
+    grant(c, "1.30", project="lean")  # the first hold (1.00) and three more increments
+    assert lean.post(jobs, json=body).status_code == 201
+
+    def lean_job() -> dict[str, Any]:
+        return dict(lean.get(f"{jobs}/lean").json().get("status") or {})
+
+    wait_for(lambda: lean_job().get("phase") == "Running", 60, interval=0.2, what="the lean Job to run")
+    for _ in range(30):
+        if funded(lean_job()).get("status") == "False":
+            break
+        clock.advance(60)
+    status = lean_job()
+    assert funded(status)["reason"] == "InsufficientCredits", status
+    stop_by = status["stopByTime"]
+    suspended = wait_for(lambda: (s := lean_job()).get("phase") == "Suspended" and s, 60, interval=0.3,
+                         what="the lean Job to suspend")
+    (first,) = [a for a in lean.get(c.url("/apis/nodus.dev/v1/namespaces/lean/attempts")).json()["items"]]
+    assert first["status"].get("checkpoints"), "it checkpointed before it stopped"
+    assert first["status"]["finishTime"] <= stop_by, "suspended before the funded edge"
+    assert Decimal(suspended["cost"]["totalUSD"]) <= Decimal("1.30")
+
+    grant(c, "5.00", project="lean")
+    wait_for(lambda: lean_job().get("phase") == "Running", 60, interval=0.3, what="the grant to resume it")
+    assert funded(lean_job())["status"] == "True"
+    r = lean.patch(f"{jobs}/lean", data=json.dumps({"spec": {"state": "Cancelled"}}),
+                   headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    done = wait_for(lambda: (s := lean_job()).get("cost", {}).get("final") and s, 60, interval=0.3,
+                    what="the final charge")
+    assert done["cost"]["heldUSD"] == "0.00" and Decimal(done["cost"]["totalUSD"]) > Decimal(suspended["cost"]["totalUSD"])
