@@ -124,6 +124,10 @@ def test_a_capped_job_suspends_at_its_cap_and_resumes_when_it_is_raised(c: Coord
     assert final["limitUSD"] == "1.00" and Decimal(final["bySegment"]["runningUSD"]) > 0
     clock.advance(120)
     assert Decimal(cost(c, "capped")["totalUSD"]) == total, "nothing is charged while suspended"
+    # The COST column shows it, in kubectl's table and in `nodus get jobs`.
+    for argv in (("kubectl", "get", "job", "capped"), ("nodus", "get", "jobs", "capped")):
+        header, row = c.run(*argv).stdout.splitlines()[:2]
+        assert header.split()[-2:] == ["COST", "AGE"] and row.split()[-2] == final["totalUSD"], (argv, header, row)
 
     # Raising the cap resumes it from the suspend checkpoint.
     r = c.session().patch(c.url(f"{JOBS}/capped"), data=json.dumps({"spec": {"maxCostUSD": "2.00"}}),
