@@ -24,7 +24,6 @@ from .controllers.fleet import Fleet
 from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
-from .money.books import PriceBooks
 from .money.credits import first_hold_refusal
 from .money.ledger_store import Ledger
 from .money.pricebook import PriceBook
@@ -264,21 +263,21 @@ def strategies(vault: Vault, images: ImageResolver | None = None, lookup: Lookup
 
 
 class Estimates:
-    """What a Job's estimate reads: the active price book from the store, and the fleet (its nodes and
-    their leases, what live attempts hold, the nodes kept warm, the start times measured per offering,
-    the project's finished Jobs for a duration) from the controllers' watch-fed indexes, so that a
-    create costs the same however many Jobs and Attempts the store holds."""
+    """What a Job's estimate reads: the fleet (the active price book, the nodes and their leases, what
+    live attempts hold, the nodes kept warm, the start times measured per offering, the project's
+    finished Jobs for a duration) from the controllers' watch-fed cache and indexes, so that a create
+    costs the same however many Jobs and Attempts the store holds; the project's credits (only with a
+    price book) from the ledger."""
 
     def __init__(self, store: Store, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.books = PriceBooks(store)
         self.ledger = Ledger(store)
 
     async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """The estimate of a Job of `spec` (`status`: what admission pinned, such as its image digest)."""
         fleet = self.fleet
         now = fleet.clock.now()
-        book = await self.books.active()
+        book = fleet.book()
         held = fleet.reservations()
         history: list[Decimal] = []
         if book is not None:  # durations and warm nodes only change a priced estimate

@@ -1,4 +1,4 @@
-"""A watch-fed copy of what the controllers read: Jobs, Attempts, nodes and their leases.
+"""A watch-fed copy of what the controllers read: Jobs, Attempts, nodes and their leases, price books.
 
 The store stays the only shared memory: this cache is derived from it (a list, then a watch from the
 list's revision), rebuilt on every start, and never written to except with the result of a write
@@ -26,8 +26,8 @@ from .views import AttemptView, JobView
 
 log = logging.getLogger("nodus.cache")
 
-JOBS, ATTEMPTS, NODES, LEASES = "jobs/", "attempts/", "_nodes/", "_leases/"
-PREFIXES = (JOBS, ATTEMPTS, NODES, LEASES)
+JOBS, ATTEMPTS, NODES, LEASES, BOOKS = "jobs/", "attempts/", "_nodes/", "_leases/", "_pricebooks/"
+PREFIXES = (JOBS, ATTEMPTS, NODES, LEASES, BOOKS)
 _MAX_TOMBSTONES = 20_000
 Listener = Callable[[str, "dict[str, Any] | None", "dict[str, Any] | None"], None]
 
@@ -47,6 +47,11 @@ def attempt_key(project: str, name: str) -> str:
     return f"{ATTEMPTS}{project}/{name}"
 
 
+def _top(key: str) -> str:
+    """The top prefix of a key ("jobs/" of "jobs/p/name")."""
+    return key[:key.find("/") + 1]
+
+
 def owner_of(attempt: dict[str, Any]) -> tuple[str, str]:
     """(project, job name) of an Attempt."""
     return attempt["metadata"].get("namespace", ""), (attempt.get("spec") or {}).get("job", "")
@@ -54,8 +59,10 @@ def owner_of(attempt: dict[str, Any]) -> tuple[str, str]:
 
 class Cache:
     def __init__(self, store: Store) -> None:
-        self._store = store
+        self._store = self.store = store
         self._objects: dict[str, dict[str, Any]] = {}
+        self._kinds: dict[str, dict[str, dict[str, Any]]] = {prefix: {} for prefix in PREFIXES}
+        """The same objects by top prefix, so that a read of one kind (the nodes) never walks the others."""
         self._revisions: dict[str, int] = {}
         self._tombstones: dict[str, int] = {}
         self._by_job: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -123,8 +130,11 @@ class Cache:
         if known is not None and revision <= known:
             return False
         old = self._objects.get(key)
+        kind = self._kinds.get(_top(key))
         if obj is None:
             self._objects.pop(key, None)
+            if kind is not None:
+                kind.pop(key, None)
             self._revisions.pop(key, None)
             self._job_views.pop(key, None)
             self._attempt_views.pop(key, None)
@@ -137,6 +147,8 @@ class Cache:
                 return False
         else:
             self._objects[key] = obj
+            if kind is not None:
+                kind[key] = obj
             self._revisions[key] = revision
             self._tombstones.pop(key, None)
         if key.startswith(ATTEMPTS):
@@ -173,7 +185,12 @@ class Cache:
         return self._revisions.get(key)
 
     def under(self, prefix: str) -> list[tuple[str, dict[str, Any]]]:
-        return [(k, v) for k, v in self._objects.items() if k.startswith(prefix)]
+        kind = self._kinds.get(_top(prefix))
+        if kind is None:
+            return [(k, v) for k, v in self._objects.items() if k.startswith(prefix)]
+        if prefix in self._kinds:
+            return list(kind.items())
+        return [(k, v) for k, v in kind.items() if k.startswith(prefix)]
 
     def job(self, project: str, name: str) -> dict[str, Any] | None:
         return self._objects.get(job_key(project, name))
@@ -214,7 +231,7 @@ class Cache:
         return [v for k in sorted(self._by_job.get((project, job), ())) if (v := self.attempt_view(k)) is not None]
 
     def attempts(self) -> list[dict[str, Any]]:
-        return [v for k, v in self._objects.items() if k.startswith(ATTEMPTS)]
+        return list(self._kinds[ATTEMPTS].values())
 
     def _values(self, keys: Iterable[str]) -> list[dict[str, Any]]:
         return [self._objects[k] for k in sorted(keys) if k in self._objects]

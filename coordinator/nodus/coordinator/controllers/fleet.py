@@ -11,7 +11,8 @@ fleet answers from indexes that cache listeners maintain as objects change (each
 - run history: per (project, image digest) and (project, command), the run seconds of each Job that
   succeeded.
 
-Nodes are few, so `nodes()` builds their views from the cache each call. Everything here is derived
+Nodes are few, so `nodes()` builds their views from the cache each call; the active price book is
+read from the cache too (a version's parse is memoized). Everything here is derived
 from the store through the cache; nothing is written.
 """
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any, Sequence
 import orjson
 
 from ..clock import Clock, parse, seconds
+from ..money.books import ACTIVE, VERSIONS, PriceBooks
+from ..money.pricebook import PriceBook
 from ..scheduler import Amount, Gpu, NodeView, Request, Reservation
 from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, LEASES, NODES, Cache
@@ -110,6 +113,7 @@ class Fleet:
 
     def __init__(self, cache: Cache, clock: Clock) -> None:
         self.cache, self.clock = cache, clock
+        self._books = PriceBooks(cache.store)
         self._held: dict[str, Reservation] = {}
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
@@ -138,6 +142,12 @@ class Fleet:
                 self._runs[group][key] = ran
 
     # -- reads ------------------------------------------------------------------------------------
+    def book(self) -> PriceBook | None:
+        """The active price book as the cache holds it (None: no price book, no money)."""
+        active = self.cache.get(ACTIVE)
+        record = self.cache.get(VERSIONS + str(active["version"])) if active is not None else None
+        return None if record is None else self._books.book_of(record)
+
     def nodes(self) -> list[NodeView]:
         """What the scheduler sees of every node, by name."""
         now = self.clock.now()

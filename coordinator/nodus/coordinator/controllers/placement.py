@@ -8,7 +8,7 @@ fits nowhere gets `status.placement.explain` (written only when it changes) and 
 again whenever something that could make room changes: a new waiting attempt, a placed attempt that
 ended or went away, a node that registered, was cordoned or uncordoned, or whose readiness changed.
 
-With a price book active, each pass reads it and places by the owning Job's `placement` policy and
+With a price book active, each pass reads it (from the cache) and places by the owning Job's `placement` policy and
 profile (scheduler.py, money/policy.py). A binding then freezes the offering's customer rate on the
 Attempt (spec.rateUSDPerHour, spec.interruptible) and writes the Job's `status.placement` (offering,
 rate as a decimal string, region class, interruptible): the Job controller keeps status fields it
@@ -239,7 +239,7 @@ class PlacementController:
         waiting.sort(key=lambda kv: (kv[1].created or 0.0, kv[1].project, kv[1].job, kv[1].index, kv[1].number,
                                      kv[1].rank))
         nodes, held = self.registry.views(), list(self.registry.reservations())
-        book: PriceBook | None = await self.registry.price_books.active()
+        book: PriceBook | None = self.registry.fleet.book()
         now = self.clock.now()
         if book is not None:
             warm = self.registry.fleet.warm(now)

@@ -49,7 +49,8 @@ class PriceBooks:
         self.store = store
         self._parsed: dict[str, PriceBook] = {}
 
-    def _book(self, record: dict[str, Any]) -> PriceBook:
+    def book_of(self, record: dict[str, Any]) -> PriceBook:
+        """The parsed book of a stored version record (memoized: a version never changes)."""
         version = record["version"]
         if version not in self._parsed:
             self._parsed[version] = parse(record["document"])
@@ -67,7 +68,7 @@ class PriceBooks:
         """The active book, or None: no price book, no money."""
         version = await self.active_version()
         record = await self._record(version) if version else None
-        return None if record is None else self._book(record)
+        return None if record is None else self.book_of(record)
 
     async def get(self, version: str = "") -> StoredBook:
         """A version (the active one when `version` is empty); NotFound when there is none."""
@@ -78,14 +79,14 @@ class PriceBooks:
                 raise no_price_book()
             raise NodusError("NotFound", f'price book version "{version}" not found', name=version,
                              kind="pricebooks", fix="list the versions with PriceBookService.ListPriceBookVersions")
-        return StoredBook(self._book(record), record["applyTime"], record["version"] == active)
+        return StoredBook(self.book_of(record), record["applyTime"], record["version"] == active)
 
     async def versions(self) -> list[StoredBook]:
         """Every stored version, in the order they were first applied."""
         active = await self.active_version()
         page = await self.store.list(VERSIONS)
         records = sorted((orjson.loads(r.value) for r in page.records), key=lambda r: (r["applyTime"], r["version"]))
-        return [StoredBook(self._book(r), r["applyTime"], r["version"] == active) for r in records]
+        return [StoredBook(self.book_of(r), r["applyTime"], r["version"] == active) for r in records]
 
     async def apply(self, document: Any, now: str) -> tuple[StoredBook, Outcome]:
         """Stores `document` as its version (unless the same content is stored) and makes it active."""
