@@ -27,7 +27,9 @@ import orjson
 
 import record
 from nodus.coordinator.api.kinds import resolve
-from nodus.coordinator.clock import rfc3339
+from nodus.coordinator.clock import SystemClock, rfc3339
+from nodus.coordinator.controllers.cache import Cache
+from nodus.coordinator.controllers.fleet import Fleet
 from nodus.coordinator.identity import SYSTEM, Identity
 from nodus.coordinator.money.books import PriceBooks
 from nodus.coordinator.money.pricebook import parse
@@ -41,7 +43,7 @@ JOB = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "quote"
                 "placement": {"interruptible": "Allow"}}}
 
 
-async def service(root: Path, nodes: int, priced: bool) -> tuple[ResourceService, SqliteStore]:
+async def service(root: Path, nodes: int, priced: bool) -> tuple[ResourceService, SqliteStore, Cache]:
     root.mkdir()
     store = await SqliteStore.open(root / "store.db")
     identity = Identity(store)
@@ -60,7 +62,9 @@ async def service(root: Path, nodes: int, priced: bool) -> tuple[ResourceService
     if priced:
         await PriceBooks(store).apply(document(), rfc3339(time.time()))
     vault = Vault(store, load_or_create_key(root / "secret.key"))
-    return ResourceService(store, identity, vault), store
+    fleet = Fleet(Cache(store), SystemClock())  # what the coordinator's estimates read, as main.py wires it
+    await fleet.cache.start()
+    return ResourceService(store, identity, vault, fleet=fleet), store, fleet.cache
 
 
 def document() -> dict[str, Any]:
@@ -88,8 +92,8 @@ def p(samples: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     info = resolve("jobs")
     with tempfile.TemporaryDirectory() as tmp:
-        priced, a = await service(Path(tmp) / "priced", args.nodes, True)
-        plain, b = await service(Path(tmp) / "plain", args.nodes, False)
+        priced, a, ca = await service(Path(tmp) / "priced", args.nodes, True)
+        plain, b, cb = await service(Path(tmp) / "plain", args.nodes, False)
         try:
             times: dict[str, list[float]] = {"priced": [], "plain": []}
             for _ in range(args.runs):
@@ -99,6 +103,8 @@ async def run(args: argparse.Namespace) -> None:
                     times[name].append((time.perf_counter() - t) * 1000)
                     assert obj["status"]["estimate"]["pricebookVersion"] == ("bench" if name == "priced" else "")
         finally:
+            await ca.stop()
+            await cb.stop()
             await a.close()
             await b.close()
     with record.Report("estimate", args):
