@@ -10,18 +10,24 @@ is a whole number of increments.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import textwrap
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator
 
+import orjson
 import pytest
 import yaml
 
-from agent_double import AgentProcess, wait_for
+from agent_double import AgentProcess, free_port, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, JOBS, attempts_of, create, get_job, grant, joined
+from nodus.coordinator.money.ledger import Kind, fold
+from nodus.coordinator.money.ledger_store import Ledger
+from nodus.coordinator.store import SqliteStore
 from offset_clock import Clock
 
 pytestmark = pytest.mark.slow
@@ -193,3 +199,65 @@ def test_running_out_of_credits_suspends_before_stop_by_time_and_a_grant_resumes
     done = wait_for(lambda: (s := lean_job()).get("cost", {}).get("final") and s, 60, interval=0.3,
                     what="the final charge")
     assert done["cost"]["heldUSD"] == "0.00" and Decimal(done["cost"]["totalUSD"]) > Decimal(suspended["cost"]["totalUSD"])
+
+
+def test_a_kill_9_in_the_middle_of_posting_charges_nothing_twice(tmp_path: Path) -> None:
+    """The coordinator's clock jumps ten minutes at once (ten increments and a renewal to post) and the
+    coordinator is killed with SIGKILL a moment later, three times; restarted on the same ports, the
+    agent reconnects and the Job runs on. Then the store holds every posting once, the ledger folds to
+    its balances, each attempt's increments are charged once each with none skipped, and the Job's
+    status.cost is the sum of its postings to the cent."""
+    offset = tmp_path / "offset"
+    offset.write_text("0")
+    port = free_port()
+    args = ("--price-book", str(_book(tmp_path / "book.yaml")), "--lease-duration", "30m",
+            "--heartbeat-interval", "1s", "--clock-offset-file", str(offset))
+    c = Coordinator(tmp_path / "data").start(grpc_port=port, extra_args=args)
+    agent = AgentProcess(tmp_path / "agent", c.grpc, c.join_token, node="k1", env=AGENT_ENV,
+                         extra_args=("--offering", OFFERING, "--region", "us")).start()
+    try:
+        with joined([agent], c):
+            grant(c, "100.00")
+            create(c, "steady", command=["python3", "-c", STEPPER], recovery={"checkpoint": {"interval": "1h"}})
+            wait_for(lambda: get_job(c, "steady")["status"].get("phase") == "Running", 60, interval=0.2,
+                     what="the Job to run")
+            shift = 0.0
+            for pause in (0.05, 0.15, 0.3):
+                shift += 600
+                offset.write_text(str(shift))
+                time.sleep(pause)
+                c.kill()  # mid-posting: some charges booked, one perhaps half-appended, some not yet posted
+                c.start(grpc_port=port, extra_args=args)
+            owed = wait_for(lambda: Decimal(cost(c, "steady").get("totalUSD") or 0) >= Decimal("3.00") and
+                            cost(c, "steady"), 60, interval=0.3, what="every increment of the 30 minutes charged")
+            assert Decimal(owed["totalUSD"]) <= Decimal("3.10"), owed
+            r = c.session().patch(c.url(f"{JOBS}/steady"), data=json.dumps({"spec": {"state": "Cancelled"}}),
+                                  headers={"Content-Type": "application/merge-patch+json"})
+            assert r.status_code == 200, r.text
+            final = wait_for(lambda: (x := cost(c, "steady")).get("final") and x, 60, interval=0.3,
+                             what="the final charge")
+    finally:
+        c.stop()
+
+    async def stored() -> None:
+        store = await SqliteStore.open(tmp_path / "data" / "store.db")
+        try:
+            ledger = Ledger(store)
+            postings = await ledger.postings("default")
+            keys = [p.key for p in postings]
+            assert len(keys) == len(set(keys)), "a key is booked once"
+            assert fold("default", postings) == await ledger.accounts("default"), "the balances are the postings"
+            charges = [p for p in postings if p.kind is Kind.CHARGE]
+            by_attempt: dict[str, list[int]] = {}
+            for p in charges:
+                by_attempt.setdefault(p.obj, []).append(int(p.key.rsplit("/", 1)[1]))
+            for attempt, numbers in by_attempt.items():
+                assert sorted(numbers) == list(range(1, max(numbers) + 1)), f"{attempt}: each increment once"
+            job = orjson.loads((await store.get("jobs/default/steady")).value)  # type: ignore[union-attr]
+            assert sum((p.amount for p in charges), Decimal(0)) == Decimal(job["status"]["cost"]["totalUSD"])
+            assert Decimal(final["totalUSD"]) == Decimal(job["status"]["cost"]["totalUSD"])
+            assert (await ledger.accounts("default")).held == 0, "the hold went back"
+        finally:
+            await store.close()
+
+    asyncio.run(stored())
