@@ -10,7 +10,9 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodus.coordinator.controllers.billing import Bill, Stop, decide_billing
+from nodus.coordinator.clock import rfc3339
+from nodus.coordinator.controllers.billing import Bill, Stop, allocations, decide_billing
+from nodus.coordinator.controllers.views import AttemptView
 from nodus.coordinator.money.estimate import Tariff
 from nodus.coordinator.money.holds import first_hold
 from nodus.coordinator.money.ledger import Accounts, Kind, Posting, Request, decide
@@ -138,3 +140,42 @@ def test_credits_that_cannot_renew_the_hold_stop_the_job_until_a_grant() -> None
     d = decide_billing(Bill(JOB, "p", None, (ended,), False, Stop.CREDITS), books.accounts, books.mine(),
                        T0 + minute * 60 + 40)
     assert d.verdict.stop is Stop.NONE
+
+
+def test_time_lost_to_a_nodus_fault_is_covered_not_charged() -> None:
+    """A node lost after the attempt's last checkpoint: the running time since that checkpoint and the
+    replacement's restore are Nodus's; a reclaim of interruptible capacity is the customer's choice."""
+    def attempt(number: int, phase: str, reason: str, provisioned: float, started: float, ended: float,
+                checkpoint: float | None = None) -> AttemptView:
+        status = {"phase": phase, "reason": reason, "provisioningTime": rfc3339(provisioned),
+                  "startTime": rfc3339(started)}
+        status["lostTime" if phase == "Lost" else "finishTime"] = rfc3339(ended)
+        if checkpoint is not None:
+            status["checkpoints"] = [{"seq": 1, "time": rfc3339(checkpoint)}]
+        if number > 1:
+            status["restoredFromSeq"] = 1
+        return AttemptView.from_object({
+            "metadata": {"name": f"j-0-{number}", "namespace": "p"},
+            "spec": {"job": "j", "jobUID": JOB, "index": 0, "number": number, "node": "n", "id": f"att-{number}",
+                     "rateUSDPerHour": "6.00", "billingIncrementSeconds": 60, "minimumChargeSeconds": 60},
+            "status": status})
+
+    for reason, covered in (("NodeLost", True), ("Reclaimed", False)):
+        lost = attempt(1, "Lost", reason, T0, T0 + 30, T0 + 600, checkpoint=T0 + 300)
+        replacement = attempt(2, "Succeeded", "Completed", T0 + 700, T0 + 820, T0 + 1000)
+        books = Books(Decimal("100.00"))
+        books.post(Request(f"{JOB}/hold/x", Kind.HOLD, JOB, Decimal("5.00")))
+        d = decide_billing(Bill(JOB, "p", None, allocations([lost, replacement]), False), books.accounts, [],
+                           T0 + 2000)
+        for request in d.posts:
+            books.post(request)
+        charged = {p.obj: sum((q.amount for q in books.postings if q.obj == p.obj and q.kind is Kind.CHARGE),
+                              Decimal(0)) for p in books.postings if p.kind is Kind.CHARGE}
+        if covered:
+            # 10 minutes held, charged only until the checkpoint at 5:00; the replacement's 2-minute
+            # restore is covered and its 3 running minutes are charged.
+            assert charged == {"att-1": Decimal("0.50"), "att-2": Decimal("0.30")}, charged
+            assert {s.value for s in d.covered} == {"Running", "Restore"}
+        else:
+            assert charged == {"att-1": Decimal("1.00"), "att-2": Decimal("0.50")}, charged
+            assert d.covered == frozenset()

@@ -62,7 +62,8 @@ class World:
                 assert a["metadata"]["name"] not in self.attempts, "an attempt is never created twice"
                 self.attempts[a["metadata"]["name"]] = a
             elif isinstance(action, StopAttempt):
-                self.mutate(action.name, stop(action.reason, action.grace_seconds, now))
+                self.mutate(action.name, stop(action.reason, action.grace_seconds, now, action.checkpoint_seq,
+                                              action.force))
             elif isinstance(action, DeleteAttempt):
                 del self.attempts[action.name]
             elif isinstance(action, DeleteJob):
@@ -493,3 +494,53 @@ def test_what_a_cancelled_report_counts_as() -> None:
 def test_scrub_keeps_the_last_three_lines() -> None:
     assert scrub("a\n\nb\nc\nd\n") == "b\nc\nd"
     assert scrub("") == ""
+
+
+def _money_stop(w: World, reason: str, stop_by: float | None = None) -> None:
+    """What the money controller writes: a False Funded condition (and stopByTime for credits)."""
+    assert w.job is not None
+    status = dict(w.status)
+    status["conditions"] = [*[c for c in status.get("conditions", []) if c["type"] != "Funded"],
+                            {"type": "Funded", "status": "False", "reason": reason, "message": f"{reason} now",
+                             "lastTransitionTime": rfc3339(w.clock.now())}]
+    if stop_by is not None:
+        status["stopByTime"] = rfc3339(stop_by)
+    w.job["status"] = status
+
+
+def test_money_suspends_a_running_job_through_its_checkpoint_and_a_funded_job_resumes() -> None:
+    w = World()
+    w.settle()
+    w.run("train-0-1")
+    w.settle()
+    _money_stop(w, "MaxCostReached")
+    w.settle()
+    assert w.status["phase"] == "Suspended" and w.status["reason"] == "MaxCostReached"
+    assert w.status["fix"] == REGISTRY["MaxCostReached"].fix and w.condition("Suspended")["reason"] == "MaxCostReached"
+    assert w.attempts["train-0-1"]["spec"]["stop"]["checkpointSeq"] == 1, "checkpoint first, then stop"
+    assert w.job is not None and w.job["spec"]["state"] == "Running", "the customer's spec.state is never rewritten"
+    w.report("train-0-1", P.CANCELLED, reason="Suspended")
+    w.settle()
+    assert w.live() == []
+    w.job["status"]["conditions"] = [{**c, "status": "True", "reason": "Funded"} if c["type"] == "Funded" else c
+                                     for c in w.status["conditions"]]
+    w.settle()
+    assert w.live() == ["train-0-2"] and w.condition("Suspended")["reason"] == "Resumed"
+
+
+def test_out_of_credits_it_checkpoints_until_stop_by_time_then_stops_without_the_checkpoint() -> None:
+    w = World()
+    w.settle()
+    w.run("train-0-1")
+    w.settle()
+    stop_by = w.clock.now() + 120
+    _money_stop(w, "InsufficientCredits", stop_by)
+    d = w.settle()
+    asked = w.attempts["train-0-1"]["spec"]["stop"]
+    assert asked["checkpointSeq"] == 1 and w.status["reason"] == "InsufficientCredits"
+    assert d.wake_at == stop_by, "it looks again at the funded edge"
+    w.clock.advance(121)  # the checkpoint did not finish in time
+    w.settle()
+    forced = w.attempts["train-0-1"]["spec"]["stop"]
+    assert "checkpointSeq" not in forced and forced["reason"] == "InsufficientCredits"
+    assert forced["time"] == asked["time"], "the stop keeps the time it was first asked"

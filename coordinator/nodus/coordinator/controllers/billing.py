@@ -34,9 +34,10 @@ from typing import Sequence
 from ..clock import parse
 from ..money.estimate import SECONDS_PER_HOUR
 from ..money.holds import ahead, first_hold, restart_need, step
-from ..money.ledger import ZERO, Accounts, Kind, Posting, Request, held
-from ..money.ledger_charges import Allocation, increments_due
+from ..money.ledger import ZERO, Accounts, Kind, Posting, Request, Segment, held
+from ..money.ledger_charges import Allocation, covered_segments, increments_due
 from .reasons import AttemptReason
+from .attempt_machine import AttemptPhase
 from .views import AttemptView
 
 UNFUNDED_RECHECK_S = 5.0
@@ -86,22 +87,55 @@ class BillingDecision:
     """USD per hour of the Job's capacity still billing (None: nothing bills)."""
     final: bool
     """Every allocation is released and charged: nothing more will post."""
+    covered: frozenset[Segment]
+    """Segments with time Nodus paid for instead of charging it (status.cost.bySegment.coveredByNodus)."""
     wake_at: float | None
     """When time alone changes the decision: the next increment ends, or an unfunded Job rechecks."""
 
 
-def allocation_of(a: AttemptView) -> Allocation | None:
+NODUS_FAULTS = frozenset({AttemptReason.NODE_LOST, AttemptReason.DRAINED, AttemptReason.PREEMPTED,
+                          AttemptReason.AGENT_FAULT, AttemptReason.LEASE_EXPIRED,
+                          AttemptReason.IMAGE_PULL_NODE_FAULT})
+"""Losses that are Nodus's fault (its node, agent or operator), not the customer's choice: the time they
+cost is coveredByNodus. A provider's reclaim of interruptible capacity is not among them: the customer
+chose that capacity, and its estimate counts the expected restores."""
+
+
+def nodus_fault(a: AttemptView) -> bool:
+    return a.phase is AttemptPhase.LOST and a.reason in NODUS_FAULTS
+
+
+def allocation_of(a: AttemptView, after_fault: bool = False) -> Allocation | None:
     """The allocation of an attempt placed on priced capacity (None for any other). Billing starts at
     the binding (provisioningTime), the program's start begins Running, a stop asked for begins
-    Teardown, and the attempt's end (finished, or lost) releases the node."""
+    Teardown, and the attempt's end (finished, or lost) releases the node. An attempt a Nodus fault
+    ended is not charged from its last checkpoint on (that progress is lost); `after_fault`: it replaces
+    one, and its restore is not charged either."""
     if a.tariff is None or not a.placed or a.provisioned is None:
         return None
     stop = parse((a.stop or {}).get("time"))
     release = a.finished or a.lost_at
     if release is None and a.phase.terminal:
         release = stop or a.provisioned
+    covered_from = None
+    if nodus_fault(a):
+        saved = [t for c in a.checkpoints if (t := parse(c.get("time"))) is not None]
+        covered_from = max(saved, default=a.started or a.provisioned)
     return Allocation(a.id or a.name, a.tariff, a.provisioned, a.started, stop if stop is not None else (
-        release if a.started is not None else None), release, restore=a.restored_from_seq > 0)
+        release if a.started is not None else None), release, restore=a.restored_from_seq > 0,
+        covered_from=covered_from, covered_until=(a.started or release or a.provisioned) if after_fault else None)
+
+
+def allocations(attempts: Sequence[AttemptView]) -> tuple[Allocation, ...]:
+    """The allocations of one Job's attempts; a replacement (the next number of an index) of an
+    attempt a Nodus fault ended has its restore covered."""
+    faults = {(a.index, a.rank, a.number) for a in attempts if nodus_fault(a)}
+    out = []
+    for a in attempts:
+        allocation = allocation_of(a, (a.index, a.rank, a.number - 1) in faults)
+        if allocation is not None:
+            out.append(allocation)
+    return tuple(out)
 
 
 def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], now: float) -> BillingDecision:
@@ -163,7 +197,8 @@ def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], 
     if verdict.stop is Stop.CREDITS:
         wake.append(now + UNFUNDED_RECHECK_S)
     final = not bill.active and not billing and bool(bill.allocations)
-    return BillingDecision(tuple(posts), verdict, rate, final, min(wake) if wake else None)
+    covered = frozenset(seg for a in bill.allocations for seg in covered_segments(a, now))
+    return BillingDecision(tuple(posts), verdict, rate, final, covered, min(wake) if wake else None)
 
 
 def _funded_until(billing: Sequence[Allocation], holding: Decimal, now: float) -> float | None:

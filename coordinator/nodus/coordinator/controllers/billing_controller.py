@@ -18,7 +18,8 @@ from ..errors import NodusError
 from ..money.ledger import Request
 from ..money.ledger_cost import Cost
 from ..money.ledger_store import Ledger
-from .billing import Bill, BillingDecision, Stop, Verdict, allocation_of, decide_billing
+from .billing import Bill, BillingDecision, Stop, Verdict, decide_billing
+from .billing import allocations as billing_allocations
 from .cache import ATTEMPTS, JOBS, Cache, job_key, owner_of
 from .job_controller import JobWriter
 from .job_status import set_condition
@@ -99,7 +100,7 @@ class BillingController:
 
     async def _settle(self, project: str, uid: str, job: JobView | None, mine: list[AttemptView]) -> BillingDecision:
         now = self.clock.now()
-        allocations = tuple(a for v in mine if (a := allocation_of(v)) is not None)
+        allocations = billing_allocations(mine)
         stopped = Stop(job.money_stop[0]) if job is not None and job.money_stop is not None \
             and job.money_stop[0] in {s.value for s in Stop} else Stop.NONE
         bill = Bill(uid, project, job.max_cost if job is not None else None, allocations,
@@ -114,7 +115,7 @@ class BillingController:
             postings = await self.ledger.postings(project, owner=uid)
         if job is not None:
             cost = Cost.of(accounts, uid, postings, limit=job.max_cost, rate=decision.rate, final=decision.final)
-            await self._write(job, cost, verdict, now)
+            await self._write(job, cost, verdict, decision, now)
         return decision
 
     async def _post(self, project: str, posts: tuple[Request, ...], verdict: Verdict, now: float) -> Verdict:
@@ -130,13 +131,15 @@ class BillingController:
                 return Verdict(Stop.CREDITS, e.message, verdict.funded_until)
         return verdict
 
-    async def _write(self, job: JobView, cost: Cost, verdict: Verdict, now: float) -> None:
+    async def _write(self, job: JobView, cost: Cost, verdict: Verdict, decision: BillingDecision, now: float) -> None:
         stored = self.cache.job(job.project, job.name)
         if stored is None:
             return
         status = dict(stored.get("status") or {})
         status["cost"] = cost.to_status(now)
         status["cost"].pop("fundedUntilTime", None)  # the decision's, which moves only with a posting
+        if decision.covered:
+            status["cost"]["bySegment"]["coveredByNodus"] = sorted(s.value for s in decision.covered)
         if verdict.funded_until is not None:
             status["cost"]["fundedUntilTime"] = rfc3339(verdict.funded_until)
         if verdict.stop is Stop.CREDITS:

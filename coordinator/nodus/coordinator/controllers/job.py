@@ -17,7 +17,7 @@ against nothing.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..clock import duration, parse, rfc3339
@@ -82,6 +82,8 @@ class StopAttempt:
     grace_seconds: int = STOP_GRACE_SECONDS
     checkpoint_seq: int = 0
     """Checkpoint first (a Suspend with this seq), then stop; 0 stops at once."""
+    force: bool = False
+    """Replace a stop asked before (a Suspend still checkpointing) with this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,14 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             wake.append(retain_until)  # status.checkpoint and status.storage drop the checkpoints then
     elif state is JobState.SUSPENDED:
         stops, failed = recovery.suspend(job, live, mine)
+        if job.money_stop is not None and job.spec_state is JobState.RUNNING and job.stop_by is not None:
+            # Out of credits: checkpoint until the funded edge, then stop without the checkpoint.
+            if now >= job.stop_by:
+                stops = [replace(stop, checkpoint_seq=0) for stop in stops]
+                stops += [StopAttempt(a.name, job.money_stop[0], force=True) for a in live
+                          if a.stop_requested and a.checkpoint_seq_asked and not a.phase.terminal]
+            else:
+                wake.append(job.stop_by)
         actions.extend(stops)
         stopping.update(a.name for a in live if not a.placed and not a.stop_requested)
         if failed:

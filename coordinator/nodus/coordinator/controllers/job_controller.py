@@ -87,11 +87,14 @@ def new_member(job: dict[str, Any], member: CreateMember, now: float) -> dict[st
     return obj
 
 
-def stop(reason: str, grace_seconds: int, now: float, checkpoint_seq: int = 0) -> Any:
+def stop(reason: str, grace_seconds: int, now: float, checkpoint_seq: int = 0, force: bool = False) -> Any:
     """The mutation that stops an attempt: an unplaced one ends Cancelled at once (no agent has it);
-    a placed one gets spec.stop, which its node's stream turns into a Cancel."""
+    a placed one gets spec.stop, which its node's stream turns into a Cancel (a Suspend with a
+    checkpoint seq). `force` replaces a Suspend asked before with this stop (its stream then sends the
+    Cancel); any other stop asked before stands."""
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
-        if phase_of(obj).terminal or (obj.get("spec") or {}).get("stop"):
+        asked = (obj.get("spec") or {}).get("stop")
+        if phase_of(obj).terminal or (asked and not (force and asked.get("checkpointSeq") and not checkpoint_seq)):
             return None
         if not obj["spec"].get("node"):
             status = transition(obj, StoppedUnplaced(reason, now))
@@ -100,7 +103,8 @@ def stop(reason: str, grace_seconds: int, now: float, checkpoint_seq: int = 0) -
                 return None
             obj["status"] = status
             return obj
-        obj["spec"]["stop"] = {"reason": reason, "graceSeconds": grace_seconds, "time": rfc3339(now)}
+        obj["spec"]["stop"] = {"reason": reason, "graceSeconds": grace_seconds,
+                               "time": (asked or {}).get("time") or rfc3339(now)}  # a forced stop keeps its time
         if checkpoint_seq:
             obj["spec"]["stop"]["checkpointSeq"] = checkpoint_seq  # a Suspend: checkpoint, then stop
         obj["metadata"]["generation"] = int(obj["metadata"].get("generation") or 1) + 1
@@ -222,7 +226,8 @@ class JobController:
         for action in actions:
             if isinstance(action, StopAttempt):
                 await self.objects.mutate(attempt_key(project, action.name),
-                                          stop(action.reason, action.grace_seconds, now, action.checkpoint_seq))
+                                          stop(action.reason, action.grace_seconds, now, action.checkpoint_seq,
+                                               action.force))
             elif isinstance(action, DeleteAttempt):
                 await self.objects.delete(attempt_key(project, action.name), _deletable)
             elif isinstance(action, CreateAttempt) and job is not None:

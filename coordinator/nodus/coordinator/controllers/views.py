@@ -289,6 +289,9 @@ class JobView:
     """status.gang as last written (its probe is kept while the epoch's members report none)."""
     max_cost: Decimal | None = None
     """spec.maxCostUSD (None: no cap)."""
+    stop_by: float | None = None
+    """status.stopByTime: while money stops the Job for credits, the funded edge after which its
+    attempts stop without their checkpoint."""
     spec_state: JobState = JobState.RUNNING
     """spec.state as written (`state` reads Suspended while money stops the Job)."""
     money_stop: tuple[str, str] | None = None
@@ -335,7 +338,8 @@ class JobView:
                    suspended_for=seconds(status.get("suspendedDuration")) or 0.0,
                    started=parse(status.get("startTime")), outputs=_dicts(status.get("outputs")),
                    gang_status=_dict(status.get("gang")), max_cost=_money(spec.get("maxCostUSD")),
-                   spec_state=JobState.parse(spec.get("state")), money_stop=money_stop)
+                   spec_state=JobState.parse(spec.get("state")), money_stop=money_stop,
+                   stop_by=parse(status.get("stopByTime")))
 
 
 def _money(value: object) -> Decimal | None:

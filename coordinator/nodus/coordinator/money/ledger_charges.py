@@ -41,6 +41,12 @@ class Allocation:
     """The node was released; billing ends."""
     restore: bool = False
     """A replacement bringing state back: its boot time is Restore, not Boot."""
+    covered_from: float | None = None
+    """Time from here on was lost to a Nodus fault (the node or agent failed; the progress since the
+    last checkpoint is gone): increments that begin at or after it are not charged (coveredByNodus)."""
+    covered_until: float | None = None
+    """A replacement for an attempt a Nodus fault ended: increments that begin before it (its restore)
+    are not charged."""
 
     def segment_at(self, t: float) -> Segment:
         if self.start_time is None or t < self.start_time:
@@ -60,6 +66,11 @@ class Allocation:
             # a node released at once still owes its minimum charge, which the first increment carries
             return max(billed, 1 if self.tariff.minimum_charge_s > 0 else 0)
         return int((_seconds(now - self.allocate_time) / increment).to_integral_value(rounding=ROUND_FLOOR))
+
+    def covered(self, begins: float) -> bool:
+        """Whether the increment that begins at `begins` is Nodus's to pay (coveredByNodus)."""
+        return (self.covered_from is not None and begins >= self.covered_from) or (
+            self.covered_until is not None and begins < self.covered_until)
 
 
 def _seconds(elapsed: float) -> Decimal:
@@ -83,13 +94,25 @@ class Increment:
 
 def increments_due(allocation: Allocation, now: float) -> list[Increment]:
     """Every increment charged by `now`, each with its amount (the difference of what is charged
-    through it and through the one before); increments the minimum charge paid for are left out."""
+    through it and through the one before); increments the minimum charge paid for, and those Nodus
+    covers (`Allocation.covered`), are left out."""
     tariff, out = allocation.tariff, []
     for n in range(1, allocation.billed_increments(now) + 1):
         amount = tariff.charged_through(n) - tariff.charged_through(n - 1)
-        if amount > 0:
-            begins = allocation.allocate_time + (n - 1) * tariff.billing_increment_s
+        begins = allocation.allocate_time + (n - 1) * tariff.billing_increment_s
+        if amount > 0 and not allocation.covered(begins):
             out.append(Increment(n, allocation.segment_at(begins), amount))
+    return out
+
+
+def covered_segments(allocation: Allocation, now: float) -> set[Segment]:
+    """The segments of the increments by `now` that Nodus pays for instead of charging them."""
+    increment = allocation.tariff.billing_increment_s
+    out = set()
+    for n in range(1, allocation.billed_increments(now) + 1):
+        begins = allocation.allocate_time + (n - 1) * increment
+        if allocation.covered(begins):
+            out.add(allocation.segment_at(begins))
     return out
 
 
