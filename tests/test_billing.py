@@ -15,8 +15,8 @@ from nodus.coordinator.controllers.billing import Bill, Stop, allocations, decid
 from nodus.coordinator.controllers.views import AttemptView
 from nodus.coordinator.money.estimate import Tariff
 from nodus.coordinator.money.holds import first_hold
-from nodus.coordinator.money.ledger import Accounts, Kind, Posting, Request, decide
-from nodus.coordinator.money.ledger_charges import Allocation
+from nodus.coordinator.money.ledger import Accounts, Kind, Posting, Request, Segment, decide
+from nodus.coordinator.money.ledger_charges import Allocation, increments_due
 from nodus.coordinator.money.ledger_cost import Cost
 
 T0 = 1_800_000_000.0
@@ -179,3 +179,26 @@ def test_time_lost_to_a_nodus_fault_is_covered_not_charged() -> None:
         else:
             assert charged == {"att-1": Decimal("1.00"), "att-2": Decimal("0.50")}, charged
             assert d.covered == frozenset()
+
+
+def test_a_node_kept_warm_after_the_job_bills_as_teardown_until_it_is_released() -> None:
+    view = AttemptView.from_object({
+        "metadata": {"name": "j-0-1", "namespace": "p"},
+        "spec": {"job": "j", "jobUID": JOB, "index": 0, "number": 1, "node": "n", "id": "att-1",
+                 "rateUSDPerHour": "6.00", "billingIncrementSeconds": 60, "minimumChargeSeconds": 60},
+        "status": {"phase": "Succeeded", "reason": "Completed", "provisioningTime": rfc3339(T0),
+                   "startTime": rfc3339(T0 + 10), "finishTime": rfc3339(T0 + 300)}})
+    books = Books(Decimal("100.00"))
+    warm = allocations([view], lambda a: T0 + 900)  # scaledownWindow 10m after the end
+    d = decide_billing(Bill(JOB, "p", None, warm, False), books.accounts, [], T0 + 600)
+    assert d.rate == Decimal("6.00") and not d.final, "the warm node still bills"
+    for request in d.posts:
+        books.post(request)
+    d = decide_billing(Bill(JOB, "p", None, warm, False), books.accounts, books.mine(), T0 + 1000)
+    for request in d.posts:
+        books.post(request)
+    cost = Cost.of(books.accounts, JOB, books.mine())
+    assert d.final and cost.total == Decimal("1.50")  # 15 minutes held
+    assert cost.by_segment[Segment.TEARDOWN] == Decimal("1.00"), "the 10 warm minutes are Teardown"
+    released = allocations([view])  # no window: released when it ended
+    assert sum((i.amount for a in released for i in increments_due(a, T0 + 1000)), Decimal(0)) == Decimal("0.50")

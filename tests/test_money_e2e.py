@@ -130,6 +130,10 @@ def test_a_capped_job_suspends_at_its_cap_and_resumes_when_it_is_raised(c: Coord
     assert final["limitUSD"] == "1.00" and Decimal(final["bySegment"]["runningUSD"]) > 0
     clock.advance(120)
     assert Decimal(cost(c, "capped")["totalUSD"]) == total, "nothing is charged while suspended"
+    # unitMetrics follows: the cost per completed unit the program reported.
+    per_unit = wait_for(lambda: (s := get_job(c, "capped")["status"]).get("unitMetrics", {}).get("costPerUnitUSD")
+                        and s, 30, interval=0.3, what="costPerUnitUSD")["unitMetrics"]
+    assert Decimal(per_unit["costPerUnitUSD"]) == (total / per_unit["completed"]).quantize(Decimal("0.000001"))
     # The COST column shows it, in kubectl's table and in `nodus get jobs`.
     for argv in (("kubectl", "get", "job", "capped"), ("nodus", "get", "jobs", "capped")):
         header, row = c.run(*argv).stdout.splitlines()[:2]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..clock import parse
 from ..money.estimate import SECONDS_PER_HOUR
@@ -105,18 +105,22 @@ def nodus_fault(a: AttemptView) -> bool:
     return a.phase is AttemptPhase.LOST and a.reason in NODUS_FAULTS
 
 
-def allocation_of(a: AttemptView, after_fault: bool = False) -> Allocation | None:
+def allocation_of(a: AttemptView, after_fault: bool = False, warm_until: float | None = None) -> Allocation | None:
     """The allocation of an attempt placed on priced capacity (None for any other). Billing starts at
     the binding (provisioningTime), the program's start begins Running, a stop asked for begins
     Teardown, and the attempt's end (finished, or lost) releases the node. An attempt a Nodus fault
     ended is not charged from its last checkpoint on (that progress is lost); `after_fault`: it replaces
-    one, and its restore is not charged either."""
+    one, and its restore is not charged either. `warm_until`: its node stays held for the project
+    until then (scaledownWindow, or an earlier reuse), billed as Teardown."""
     if a.tariff is None or not a.placed or a.provisioned is None:
         return None
     stop = parse((a.stop or {}).get("time"))
     release = a.finished or a.lost_at
     if release is None and a.phase.terminal:
         release = stop or a.provisioned
+    if warm_until is not None and release is not None and a.phase is not AttemptPhase.LOST:
+        stop = stop if stop is not None else release
+        release = max(release, warm_until)
     covered_from = None
     if nodus_fault(a):
         saved = [t for c in a.checkpoints if (t := parse(c.get("time"))) is not None]
@@ -126,13 +130,16 @@ def allocation_of(a: AttemptView, after_fault: bool = False) -> Allocation | Non
         covered_from=covered_from, covered_until=(a.started or release or a.provisioned) if after_fault else None)
 
 
-def allocations(attempts: Sequence[AttemptView]) -> tuple[Allocation, ...]:
+def allocations(attempts: Sequence[AttemptView],
+                warm: Callable[[AttemptView], float | None] = lambda a: None) -> tuple[Allocation, ...]:
     """The allocations of one Job's attempts; a replacement (the next number of an index) of an
-    attempt a Nodus fault ended has its restore covered."""
+    attempt a Nodus fault ended has its restore covered; `warm(a)`: until when a finished attempt's
+    node is kept warm for its project (None: released when it ended)."""
     faults = {(a.index, a.rank, a.number) for a in attempts if nodus_fault(a)}
     out = []
     for a in attempts:
-        allocation = allocation_of(a, (a.index, a.rank, a.number - 1) in faults)
+        allocation = allocation_of(a, (a.index, a.rank, a.number - 1) in faults,
+                                   warm(a) if a.phase.terminal else None)
         if allocation is not None:
             out.append(allocation)
     return tuple(out)
@@ -154,7 +161,7 @@ def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], 
     hold_before = accounts.balance(held(uid))
     holding = max(hold_before - new_charges, ZERO)  # a charge draws on the hold first
     available = accounts.available - max(new_charges - hold_before, ZERO)
-    billing = [a for a in bill.allocations if a.release_time is None]
+    billing = [a for a in bill.allocations if a.release_time is None or a.release_time > now]
     rate = sum((a.tariff.rate_usd_per_hour for a in billing), ZERO) if billing else None
     last = max(bill.allocations, key=lambda a: a.allocate_time).tariff if bill.allocations else None
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ..clock import Clock, rfc3339
+from ..clock import Clock, parse, rfc3339, seconds
 from ..errors import NodusError
 from ..money.ledger import Request
 from ..money.ledger_cost import Cost
@@ -100,7 +100,7 @@ class BillingController:
 
     async def _settle(self, project: str, uid: str, job: JobView | None, mine: list[AttemptView]) -> BillingDecision:
         now = self.clock.now()
-        allocations = billing_allocations(mine)
+        allocations = billing_allocations(mine, self._warm_until)
         stopped = Stop(job.money_stop[0]) if job is not None and job.money_stop is not None \
             and job.money_stop[0] in {s.value for s in Stop} else Stop.NONE
         bill = Bill(uid, project, job.max_cost if job is not None else None, allocations,
@@ -117,6 +117,19 @@ class BillingController:
             cost = Cost.of(accounts, uid, postings, limit=job.max_cost, rate=decision.rate, final=decision.final)
             await self._write(job, cost, verdict, decision, now)
         return decision
+
+    def _warm_until(self, a: AttemptView) -> float | None:
+        """Until when the node of a finished attempt stays held for its project (placement's warm hold):
+        its Job's scaledownWindow after the end, or until the node is next used, if sooner."""
+        window = seconds(((self.cache.job(a.project, a.job) or {}).get("spec") or {}).get("scaledownWindow"))
+        if not window or a.finished is None or not a.node:
+            return None
+        until = a.finished + window
+        for other in self.cache.attempts_on(a.node):
+            provisioned = parse((other.get("status") or {}).get("provisioningTime"))
+            if provisioned is not None and provisioned >= a.finished and other["metadata"]["name"] != a.name:
+                until = min(until, provisioned)
+        return until
 
     async def _post(self, project: str, posts: tuple[Request, ...], verdict: Verdict, now: float) -> Verdict:
         """Posts in order; a charge or renewal the credits cannot cover stops there and turns the Job

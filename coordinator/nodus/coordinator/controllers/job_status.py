@@ -5,6 +5,7 @@ phase the Job is in and what to do; these say what its progress, unit timings an
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Mapping
 
 from ..clock import parse, rfc3339
@@ -78,15 +79,24 @@ def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
     return out
 
 
-def unit_metrics(mine: list[AttemptView], progress: dict[str, Any] | None) -> dict[str, Any]:
+def unit_metrics(mine: list[AttemptView], progress: dict[str, Any] | None,
+                 cost: dict[str, Any] | None = None) -> dict[str, Any]:
+    """status.unitMetrics; with a `cost` (status.cost, the money controller's copy of the ledger)
+    costPerUnitUSD is what the Job has been charged per completed unit, to a millionth of a dollar."""
     samples = sorted(s for a in mine for s in a.unit_samples_ms)
     out: dict[str, Any] = {}
     if progress and (progress.get("units") or {}).get("completed") is not None:
         out["completed"] = progress["units"]["completed"]
+        total = (cost or {}).get("totalUSD")
+        if total and int(out["completed"] or 0) > 0:
+            out["costPerUnitUSD"] = str((Decimal(str(total)) / int(out["completed"])).quantize(MICRO_USD))
     if samples:
         out["p50Ms"] = percentile(samples, 50)
         out["p95Ms"] = percentile(samples, 95)
     return out
+
+
+MICRO_USD = Decimal("0.000001")
 
 
 def percentile(ordered: list[int], p: int) -> int:
