@@ -46,12 +46,28 @@ def test_api_bench_reports_creates_gets_and_watch_latency_beside_their_anchors()
 
 
 def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floor() -> None:
-    figures(run_tiny("startup"), {
+    import os
+    import shutil
+
+    report = run_tiny("startup")
+    figures(report, {
         "p50 beside the floor": rf"^create→Running p50\s+({NUM}) ms .*floor ({NUM}) ms \(`true`\), ({NUM}) ms",
         "p99 beside the SLO": rf"^create→Running p99\s+({NUM}) ms .*pod startup SLO ({NUM}) s p99",
         "indexes/s beside the floor": rf"^indexes/s \(.*\)\s+({NUM})/s .*floor: 1 spawn of `true` = ({NUM})/s",
         "RSS fresh": rf"^agent RSS \(idle, fresh\)\s+({NUM}) MB .*RSS ({NUM}) MB .*PSS ({NUM}) MB",
         "CPU after": rf"^agent CPU \(idle, after runs\)\s+({NUM}) % .*with zygote: ({NUM}) %",
+        "where the time goes": rf"^  process\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})$",
+    })
+    if any(shutil.which(t) is None for t in ("runc", "skopeo", "umoci", "docker-registry")) or os.geteuid() != 0:
+        assert re.search(r"^create→Running p50 \(image, warm cache\)\s+skipped", report, re.MULTILINE), report
+        return
+    figures(report, {
+        "image p50 beside runc run": rf"^create→Running p50 \(image, warm cache\)\s+({NUM}) ms\s+≤ floor \+ 30 ms = "
+                                     rf"({NUM}) ms\s+(?:ok|MISSED)\s+runc run p50 ({NUM}) ms",
+        "image p99 beside runc run": rf"^create→Running p99 \(image, warm cache\)\s+({NUM}) ms\s+runc run p99 ({NUM}) ms",
+        "image time split": rf"^  image\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})$",
+        "image steps": rf"containers \(.*\) ({NUM}), pod namespaces ({NUM}), writable layer ({NUM}), "
+                       rf"runc create ({NUM}), runc start ({NUM}); sum ({NUM})",
     })
 
 
@@ -136,5 +152,9 @@ def test_estimate_bench_reports_a_priced_dry_run_beside_one_without_a_book() -> 
         "priced beside unpriced": rf"^priced p50 / p99\s+({NUM}) ms /\s+({NUM}) ms\s+without a book\s+({NUM}) ms /"
                                   rf"\s+({NUM}) ms$",
         "what pricing adds": rf"^pricing adds at p99\s+({NUM}) ms\s+target <= 5 ms$",
-        "accuracy not yet": r"^accuracy \(actual <= p90, <= p50\)\s+not measurable yet: .+ledger",
+        "accuracy's run": rf"^accuracy over ({NUM}) Jobs on a real coordinator and ({NUM}) agents \(({NUM}) allowed "
+                          rf"interruptible capacity, ({NUM}) reclaimed mid-run\), ({NUM}) min of coordinator time$",
+        "actual <= p90": rf"^actual <= p90\s+({NUM}) of ({NUM})\s+\(({NUM}) %\)\s+target >= 90 %$",
+        "actual <= p50": rf"^actual <= p50\s+({NUM}) of ({NUM})\s+\(({NUM}) %\)\s+target 40-60 %$",
+        "a Job's row": rf"^\s+e000\s+a100-dev-spot\s+({NUM})m\s+({NUM})m\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s",
     })

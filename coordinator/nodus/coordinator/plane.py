@@ -28,6 +28,7 @@ from .controllers.job_controller import JobController
 from .controllers.lease import LeaseController
 from .controllers.objects import Objects
 from .controllers.placement import PlacementController
+from .controllers.sweep_controller import SweepController
 from .money.ledger_store import Ledger
 
 log = logging.getLogger("nodus.controllers")
@@ -47,6 +48,7 @@ class ControlPlane:
                                   free_storage=free_storage)
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.billing = BillingController(self.cache, Ledger(store), service, clock)
+        self.sweeps = SweepController(self.cache, service, clock)
         self.leases = LeaseController(self.registry, self.objects)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
                                    tick=retention_interval) if blobs is not None else None
@@ -65,7 +67,7 @@ class ControlPlane:
             log.warning("controllers are off: Jobs are stored but never run")
             return
         runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
-                ("billing", self.billing.run)]
+                ("billing", self.billing.run), ("sweeps", self.sweeps.run)]
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
         for name, run in runs:

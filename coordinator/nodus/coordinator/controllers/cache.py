@@ -1,4 +1,5 @@
-"""A watch-fed copy of what the controllers read: Jobs, Attempts, nodes and their leases, price books.
+"""A watch-fed copy of what the controllers read: Jobs, Attempts, nodes and their leases, price books,
+Sweeps.
 
 The store stays the only shared memory: this cache is derived from it (a list, then a watch from the
 list's revision), rebuilt on every start, and never written to except with the result of a write
@@ -26,8 +27,8 @@ from .views import AttemptView, JobView
 
 log = logging.getLogger("nodus.cache")
 
-JOBS, ATTEMPTS, NODES, LEASES, BOOKS = "jobs/", "attempts/", "_nodes/", "_leases/", "_pricebooks/"
-PREFIXES = (JOBS, ATTEMPTS, NODES, LEASES, BOOKS)
+JOBS, ATTEMPTS, NODES, LEASES, BOOKS, SWEEPS = "jobs/", "attempts/", "_nodes/", "_leases/", "_pricebooks/", "sweeps/"
+PREFIXES = (JOBS, ATTEMPTS, NODES, LEASES, BOOKS, SWEEPS)
 _MAX_TOMBSTONES = 20_000
 Listener = Callable[[str, "dict[str, Any] | None", "dict[str, Any] | None"], None]
 

@@ -1,0 +1,162 @@
+"""The Sweep controller's executor: runs `sweep.decide_sweep` for a Sweep and performs what it says.
+
+Cells are created through the resource service as the system, so a cell is admitted exactly as a Job
+a customer creates (validation, defaults, image digests, estimate); a cell that exists already (a
+restart, a second pass) answers AlreadyExists and is left alone, since its name is deterministic.
+Cell states are set with a merge patch of spec.state. A cell whose Sweep is gone (deleted, or
+recreated under its name) is deleted: deleting a Sweep deletes its cells. Driven by the cache: a
+Sweep changed, or a Job labelled with a Sweep changed; and by a periodic resync.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+import orjson
+
+from ..api.kinds import KindInfo, resolve
+from ..clock import Clock
+from ..errors import NodusError
+from ..identity import SYSTEM, Caller
+from .cache import JOBS, SWEEPS, Cache
+from .sweep import SWEEP_LABEL, CellJob, CreateCell, SetCellState, cell_job, decide_sweep
+from .workqueue import WorkQueue
+
+log = logging.getLogger("nodus.controllers.sweep")
+
+RESYNC_SECONDS = 30.0
+
+
+class Resources(Protocol):
+    """What the controller asks of the resource service (it implements these)."""
+
+    async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
+                     dry_run: bool = False,
+                     field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]: ...
+
+    async def patch(self, caller: Caller, info: KindInfo, project: str, name: str, patch_type: str,
+                    patch_body: bytes, *, subresource: str = "", dry_run: bool = False,
+                    field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]: ...
+
+    async def replace(self, caller: Caller, info: KindInfo, project: str, name: str, obj: Any, *,
+                      subresource: str = "", dry_run: bool = False,
+                      field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]: ...
+
+    async def delete(self, caller: Caller, info: KindInfo, project: str, name: str, *,
+                     dry_run: bool = False, precondition: str = "") -> dict[str, Any]: ...
+
+
+def _owner(job: dict[str, Any]) -> tuple[str, str] | None:
+    """(sweep name, sweep uid) of a cell Job; None for any other Job."""
+    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Sweep" and ref.get("controller"):
+            return str(ref.get("name")), str(ref.get("uid"))
+    return None
+
+
+class SweepController:
+    def __init__(self, cache: Cache, resources: Resources, clock: Clock, workers: int = 2) -> None:
+        self.cache, self.resources, self.clock = cache, resources, clock
+        self.queue: WorkQueue[str] = WorkQueue()
+        self.workers = workers
+        self._failures: dict[str, int] = {}
+        self._jobs, self._sweeps = resolve("jobs"), resolve("sweeps")
+        cache.listen(SWEEPS, lambda key, old, new: self.queue.add(key))
+        cache.listen(JOBS, self._on_job)
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        obj = new or old
+        owner = _owner(obj) if obj is not None else None
+        if owner is not None:
+            project = key[len(JOBS):].split("/", 1)[0]
+            self.queue.add(f"{SWEEPS}{project}/{owner[0]}")
+
+    async def run(self) -> None:
+        await self.cache.synced.wait()
+        tasks = [asyncio.create_task(self._worker(), name=f"sweep-{i}") for i in range(self.workers)]
+        try:
+            while True:
+                for key, _ in self.cache.under(SWEEPS):
+                    self.queue.add(key)
+                for key, job in self.cache.under(JOBS):
+                    self._on_job(key, None, job)
+                await asyncio.sleep(RESYNC_SECONDS)
+        finally:
+            self.queue.close()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - log, retry later; one Sweep must not stop the others
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                log.exception("reconciling %s failed (%d in a row); retrying", key, failures)
+                self.queue.add_after(key, min(60.0, 0.5 * 2 ** failures))
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self.queue.done(key)
+
+    def _cells(self, project: str, name: str) -> list[dict[str, Any]]:
+        return [job for _, job in self.cache.under(f"{JOBS}{project}/")
+                if (job.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == name and _owner(job)]
+
+    async def reconcile(self, key: str) -> None:
+        project, _, name = key[len(SWEEPS):].partition("/")
+        sweep = self.cache.get(key)
+        cells = self._cells(project, name)
+        uid = ((sweep or {}).get("metadata") or {}).get("uid")
+        orphans = [j for j in cells if (o := _owner(j)) is not None and (sweep is None or o[1] != uid)]
+        for job in orphans:  # its Sweep was deleted (or recreated): the cell goes with it
+            await self._delete(project, job["metadata"]["name"])
+        if sweep is None or (sweep.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        mine = [CellJob.of(j) for j in cells if j not in orphans]
+        decision = decide_sweep(sweep, mine, self.clock.now())
+        for action in decision.actions:
+            if isinstance(action, CreateCell):
+                await self._create(project, cell_job(sweep, action.cell))
+            elif isinstance(action, SetCellState):
+                await self._set_state(project, action.name, action.state.value)
+        if decision.status is not None:
+            try:
+                written, _ = await self.resources.replace(SYSTEM, self._sweeps, project, name,
+                                                          {**sweep, "status": decision.status}, subresource="status")
+            except NodusError as e:
+                if e.reason not in ("Conflict", "NotFound"):
+                    raise
+                self.queue.add_after(key, 0.05)
+                return
+            self.cache.apply(key, written, int(written["metadata"]["resourceVersion"]))
+
+    async def _create(self, project: str, job: dict[str, Any]) -> None:
+        try:
+            created, _ = await self.resources.create(SYSTEM, self._jobs, project, job)
+        except NodusError as e:
+            if e.reason == "AlreadyExists":
+                return  # created before: a cell's name is deterministic
+            raise
+        self.cache.apply(f"{JOBS}{project}/{created['metadata']['name']}", created,
+                         int(created["metadata"]["resourceVersion"]))
+
+    async def _set_state(self, project: str, name: str, state: str) -> None:
+        try:
+            await self.resources.patch(SYSTEM, self._jobs, project, name, "merge",
+                                       orjson.dumps({"spec": {"state": state}}))
+        except NodusError as e:
+            if e.reason != "NotFound":
+                raise
+
+    async def _delete(self, project: str, name: str) -> None:
+        try:
+            await self.resources.delete(SYSTEM, self._jobs, project, name)
+        except NodusError as e:
+            if e.reason != "NotFound":
+                raise
