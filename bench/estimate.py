@@ -570,7 +570,7 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=0.3,
                     help="sigma of the log-normal factor from the guess to the actual run (0: the guess is exact)")
     ap.add_argument("--guesses", default="3,4,5,6,8,10,12", help="the expectedDuration minutes guesses are drawn from")
-    ap.add_argument("--interruptions-per-hour", default="2",
+    ap.add_argument("--interruptions-per-hour", default="4",
                     help="the interruptible offering's interruptionsPerHour, and the rate the bench reclaims it at")
     ap.add_argument("--spot-nodes", type=int, default=2)
     ap.add_argument("--on-demand-nodes", type=int, default=2)

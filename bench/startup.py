@@ -14,7 +14,9 @@ Figures (see bench/README.md), each beside the floor measured in the same run an
      serves a busybox image (tests/registry.py); the coordinator and the agent are given it with
      --insecure-registry and the agent runs images (its default --runtime auto, which is oci where runc,
      skopeo and umoci are installed). One warm-up image Job pulls and unpacks the image into the agent's
-     cache; then --jobs sequential one-index image Jobs of `sleep 0.2`, measured as figure 1.
+     cache; then --jobs sequential one-index image Jobs of `sleep 0.2`, measured as figure 1, each one
+     right after one run of its floor (so both see the same load) and gone from the agent (its pod torn
+     down) before the next.
   floor   a bare subprocess spawn+wait of `true` and of `python3 -c pass`, p50 over 50 runs
   runc floor (figure 4's)  `runc run` of an equivalent bundle, --jobs times, from the command line: the
      same busybox rootfs (the pushed layout, `umoci raw unpack`ed and chowned to a pod id range, where the
@@ -64,7 +66,7 @@ import threading
 import time
 from pathlib import Path
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 import requests
@@ -250,21 +252,21 @@ def spawn_floor(argv: list[str], runs: int = 50) -> float:
     return statistics.median(times)
 
 
-def startup_latency(cluster: Cluster, watch: JobWatch, jobs: int, prefix: str = "lat",
-                    extra: dict[str, Any] | None = None) -> list[float]:
-    lat = []
-    for i in range(jobs):
-        name = f"{prefix}-{i}"
-        # Long enough that Running is always reported before the end; short enough to keep it sequential.
-        acknowledged = create(cluster, name, {"command": ["sleep", "0.2"], "backoffLimit": 0, **(extra or {})})
-        phase, seen = watch.wait(name, ("Running", "Succeeded", "Failed"), 60)
-        if phase != "Running":
-            raise RuntimeError(f"{name} went {phase} without a Running event")
-        lat.append((seen - acknowledged) * 1000)
-        phase, _ = watch.wait(name, ("Succeeded", "Failed"), 60)
-        if phase != "Succeeded":
-            raise RuntimeError(f"{name} ended {phase}")
-    return lat
+def startup_latency(cluster: Cluster, watch: JobWatch, jobs: int) -> list[float]:
+    return [one_latency(cluster, watch, f"lat-{i}") for i in range(jobs)]
+
+
+def one_latency(cluster: Cluster, watch: JobWatch, name: str, extra: dict[str, Any] | None = None) -> float:
+    """create→Running of one one-index Job, in ms; returns once it Succeeded."""
+    # Long enough that Running is always reported before the end; short enough to keep it sequential.
+    acknowledged = create(cluster, name, {"command": ["sleep", "0.2"], "backoffLimit": 0, **(extra or {})})
+    phase, seen = watch.wait(name, ("Running", "Succeeded", "Failed"), 60)
+    if phase != "Running":
+        raise RuntimeError(f"{name} went {phase} without a Running event")
+    phase, _ = watch.wait(name, ("Succeeded", "Failed"), 60)
+    if phase != "Succeeded":
+        raise RuntimeError(f"{name} ended {phase}")
+    return (seen - acknowledged) * 1000
 
 
 def throughput(cluster: Cluster, watch: JobWatch, indexes: int, parallelism: int) -> float:
@@ -285,9 +287,11 @@ def image_tools_missing() -> str:
     return "" if os.geteuid() == 0 else "needs root (runc pods)"
 
 
-def runc_floor(layout: Path, work: Path, runs: int) -> tuple[list[float], list[float]]:
+def runc_floor(layout: Path, work: Path, runs: int, after_each: Callable[[int], None] = lambda i: None
+               ) -> tuple[list[float], list[float]]:
     """`runc run` of the bundle an image Job's main container gets, `runs` times: (spawn → the container's
-    process running, spawn → runc's exit), in ms. See the module docstring for how it matches the agent's."""
+    process running, spawn → runc's exit), in ms. See the module docstring for how it matches the agent's.
+    `after_each(i)` runs after run i (the image Job measured beside it, so both see the same load)."""
     from nodus.agent.oci.bundle import ID_SLOTS, IdRange, Mount, PodNamespaces, Process, runtime_spec
 
     work.mkdir(mode=0o711)
@@ -337,6 +341,7 @@ def runc_floor(layout: Path, work: Path, runs: int) -> tuple[list[float], list[f
                 os.read(fd, 64)
                 running.append((t1 - t0) * 1000)
                 exited.append((t2 - t0) * 1000)
+                after_each(i)
     finally:
         os.close(fd)
         if root.exists():
@@ -565,10 +570,13 @@ def main() -> None:
                     if watch.wait("img-warm", ("Succeeded", "Failed"), 300)[0] != "Succeeded":
                         raise RuntimeError(f"img-warm failed; see {root}/agent.log")
                     wait_idle(cluster)
-                    log(f"runc floor: `runc run` of the same bundle, {args.jobs} times")
-                    runc_running, runc_exited = runc_floor(layout, root / "runc-floor", args.jobs)
-                    log(f"image create→Running: {args.jobs} sequential one-index image Jobs")
-                    image_lat = startup_latency(cluster, watch, args.jobs, "img", {"image": image_ref})
+                    log(f"image create→Running: {args.jobs} sequential one-index image Jobs, each after a "
+                        f"`runc run` of the same bundle")
+                    def image_job(i: int) -> None:
+                        image_lat.append(one_latency(cluster, watch, f"img-{i}", {"image": image_ref}))
+                        wait_idle(cluster)  # its pod torn down before the next runc run
+
+                    runc_running, runc_exited = runc_floor(layout, root / "runc-floor", args.jobs, image_job)
                     splits["image"] = time_split(cluster, watch, [f"img-{i}" for i in range(args.jobs)])
                     log(f"image: the supervisor's extra steps, run here {args.jobs} times")
                     steps = agent_steps(layout, root / "steps", args.jobs)

@@ -265,3 +265,47 @@ def test_a_kill_9_in_the_middle_of_posting_charges_nothing_twice(tmp_path: Path)
             await store.close()
 
     asyncio.run(stored())
+
+
+def test_a_sweeps_shared_cap_suspends_every_running_cell_and_a_raise_resumes_them(
+        c: Coordinator, clock: Clock) -> None:
+    """Two cells run at once at $6/h each under one $1.00 cap: each may spend only what the other has
+    not, so both suspend through their checkpoints with MaxCostReached before the cells together pass
+    the cap by more than an increment each; raising the Sweep's cap resumes them."""
+    grant(c, "20.00")
+    sweeps = JOBS.replace("/jobs", "/sweeps")
+    body = {"apiVersion": "nodus.dev/v1", "kind": "Sweep", "metadata": {"name": "shared"}, "spec": {
+        "template": {"kind": "Job", "spec": {"command": ["python3", "-c", STEPPER], "resources": {"cpu": "100m"},
+                                             "recovery": {"checkpoint": {"interval": "1h"}}}},
+        "matrix": {"params": {"SEED": ["1", "2"]}}, "maxParallel": 2, "maxCostUSD": "1.00"}}
+    r = c.session().post(c.url(sweeps), json=body)
+    assert r.status_code == 201, r.text
+
+    def sweep() -> dict[str, Any]:
+        return dict(c.session().get(c.url(f"{sweeps}/shared")).json().get("status") or {})
+
+    wait_for(lambda: [cell["phase"] for cell in sweep().get("cells", [])] == ["Running", "Running"], 60, interval=0.3,
+             what="both cells running")
+    for _ in range(20):
+        if sweep().get("reason") == "MaxCostReached":
+            break
+        clock.advance(60)
+    capped = wait_for(lambda: (s := sweep()).get("reason") == "MaxCostReached" and
+                      [cell["phase"] for cell in s["cells"]] == ["Suspended", "Suspended"] and s, 60, interval=0.3,
+                      what="both cells suspended by the shared cap")
+    assert capped["phase"] == "Suspended"
+    for name in ("shared-0", "shared-1"):
+        assert funded(get_job(c, name)["status"])["reason"] == "MaxCostReached"
+    settled = wait_for(lambda: all(cost(c, n).get("heldUSD") == "0.00" for n in ("shared-0", "shared-1")) and
+                       sweep(), 60, interval=0.3, what="the cells' holds released")
+    assert Decimal(settled["cost"]["totalUSD"]) <= Decimal("1.00") + 2 * INCREMENT, settled["cost"]
+    r = c.session().patch(c.url(f"{sweeps}/shared"), data=json.dumps({"spec": {"maxCostUSD": "5.00"}}),
+                          headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: [cell["phase"] for cell in sweep().get("cells", [])] == ["Running", "Running"], 60,
+             interval=0.3, what="the raise to resume both cells")
+    assert sweep().get("phase") == "Running"
+    r = c.session().patch(c.url(f"{sweeps}/shared"), data=json.dumps({"spec": {"state": "Cancelled"}}),
+                          headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: sweep().get("phase") == "Cancelled", 60, interval=0.3, what="the Sweep cancelled")

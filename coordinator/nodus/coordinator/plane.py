@@ -47,7 +47,7 @@ class ControlPlane:
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
                                   free_storage=free_storage)
         self.placement = PlacementController(self.registry, self.objects, clock)
-        self.billing = BillingController(self.cache, Ledger(store), service, clock)
+        self.billing = BillingController(fleet, Ledger(store), service, clock)
         self.sweeps = SweepController(self.cache, service, clock)
         self.leases = LeaseController(self.registry, self.objects)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,

@@ -20,9 +20,11 @@ from ..money.ledger_cost import Cost
 from ..money.ledger_store import Ledger
 from .billing import Bill, BillingDecision, Stop, Verdict, decide_billing
 from .billing import allocations as billing_allocations
-from .cache import ATTEMPTS, JOBS, Cache, job_key, owner_of
+from .cache import ATTEMPTS, JOBS, SWEEPS, job_key, owner_of
+from .fleet import Fleet
 from .job_controller import JobWriter
 from .job_status import set_condition
+from .sweep import SWEEP_LABEL
 from .views import FUNDED, AttemptView, JobView
 from .workqueue import WorkQueue
 
@@ -35,13 +37,20 @@ ended must be charged soon after."""
 
 
 class BillingController:
-    def __init__(self, cache: Cache, ledger: Ledger, jobs: JobWriter, clock: Clock, workers: int = 2) -> None:
-        self.cache, self.ledger, self.writer, self.clock = cache, ledger, jobs, clock
+    def __init__(self, fleet: Fleet, ledger: Ledger, jobs: JobWriter, clock: Clock, workers: int = 2) -> None:
+        self.fleet, self.cache, self.ledger, self.writer, self.clock = fleet, fleet.cache, ledger, jobs, clock
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self._failures: dict[str, int] = {}
-        cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
-        cache.listen(ATTEMPTS, self._on_attempt)
+        self.cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        self.cache.listen(ATTEMPTS, self._on_attempt)
+        self.cache.listen(SWEEPS, self._on_sweep)  # its shared cap is each cell's: a raise lifts them
+
+    def _on_sweep(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        project, _, name = key[len(SWEEPS):].partition("/")
+        for job_key_, job in self.cache.under(f"{JOBS}{project}/"):
+            if (job.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == name:
+                self.queue.add(job_key_)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
@@ -103,7 +112,8 @@ class BillingController:
         allocations = billing_allocations(mine, self._warm_until)
         stopped = Stop(job.money_stop[0]) if job is not None and job.money_stop is not None \
             and job.money_stop[0] in {s.value for s in Stop} else Stop.NONE
-        bill = Bill(uid, project, job.max_cost if job is not None else None, allocations,
+        cap = self.fleet.cap_of(project, job.name) if job is not None else None  # a Sweep's cells share one
+        bill = Bill(uid, project, cap, allocations,
                     any(not a.phase.terminal for a in mine), stopped)
         accounts = await self.ledger.accounts(project)
         postings = await self.ledger.postings(project, owner=uid)
@@ -114,7 +124,7 @@ class BillingController:
             accounts = await self.ledger.accounts(project)
             postings = await self.ledger.postings(project, owner=uid)
         if job is not None:
-            cost = Cost.of(accounts, uid, postings, limit=job.max_cost, rate=decision.rate, final=decision.final)
+            cost = Cost.of(accounts, uid, postings, limit=cap, rate=decision.rate, final=decision.final)
             await self._write(job, cost, verdict, decision, now)
         return decision
 

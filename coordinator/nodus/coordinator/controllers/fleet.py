@@ -28,8 +28,9 @@ from ..money.books import ACTIVE, VERSIONS, PriceBooks
 from ..money.pricebook import PriceBook
 from ..scheduler import Amount, Gpu, NodeView, Request, Reservation
 from .attempt_machine import phase_of
-from .cache import ATTEMPTS, JOBS, LEASES, NODES, Cache
+from .cache import ATTEMPTS, JOBS, LEASES, NODES, SWEEPS, Cache
 from .placement import warm_holds
+from .sweep import SWEEP_LABEL
 
 
 def lease_fresh(lease: dict[str, Any] | None, now: float) -> bool:
@@ -96,6 +97,15 @@ def _start_seconds(attempt: dict[str, Any] | None) -> tuple[str, Decimal] | None
     return offering, Decimal(str(round(max(started - provisioned, 0.0), 3)))
 
 
+def _money(value: object) -> Decimal | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return Decimal(value)
+    except ArithmeticError:
+        return None
+
+
 def _history_keys(project: str, job: dict[str, Any]) -> list[tuple[str, str, str]]:
     keys = []
     digest = (((job.get("status") or {}).get("image")) or {}).get("digest")
@@ -147,6 +157,25 @@ class Fleet:
         active = self.cache.get(ACTIVE)
         record = self.cache.get(VERSIONS + str(active["version"])) if active is not None else None
         return None if record is None else self._books.book_of(record)
+
+    def cap_of(self, project: str, job: str) -> Decimal | None:
+        """What the Job may spend in all: its own spec.maxCostUSD, narrowed, for a Sweep's cell, by the
+        Sweep's one shared cap less what its other cells have spent (their status.cost, the ledger's
+        display copy). None: no cap."""
+        obj = self.cache.job(project, job) or {}
+        own = _money((obj.get("spec") or {}).get("maxCostUSD"))
+        sweep = next((ref.get("name") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                      if ref.get("kind") == "Sweep" and ref.get("controller")), None)
+        shared = _money(((self.cache.get(f"{SWEEPS}{project}/{sweep}") or {}).get("spec") or {}).get("maxCostUSD")) \
+            if sweep else None
+        if shared is None:
+            return own
+        others = sum((_money(((j.get("status") or {}).get("cost") or {}).get("totalUSD")) or Decimal(0)
+                      for k, j in self.cache.under(f"{JOBS}{project}/")
+                      if (j.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == sweep and k != f"{JOBS}{project}/{job}"),
+                     Decimal(0))
+        left = max(shared - others, Decimal(0))
+        return left if own is None else min(own, left)
 
     def nodes(self) -> list[NodeView]:
         """What the scheduler sees of every node, by name."""

@@ -299,11 +299,11 @@ class PlacementController:
             job = self.cache.job_view(a.project, a.job)
             cost = (((self.cache.job(a.project, a.job) or {}).get("status") or {}).get("cost") or {})
             amount = first_hold(Tariff.of(p.offering), Decimal(cost.get("totalUSD") or 0),
-                                job.max_cost if job is not None else None)
+                                self.registry.fleet.cap_of(a.project, a.job) if job is not None else None)
             why = ""
             if amount <= 0:
-                why = (f"{AttemptReason.MAX_COST_REACHED}: the Job's spec.maxCostUSD leaves nothing for a new start "
-                       "on this offering; raise it to resume")
+                why = (f"{AttemptReason.MAX_COST_REACHED}: the Job's spec.maxCostUSD (or its Sweep's shared cap) leaves "
+                       "nothing for a new start on this offering; raise it to resume")
             else:
                 request = LedgerRequest(f"{a.job_uid}/hold/{a.id or a.name}", Kind.HOLD, a.job_uid, amount)
                 try:

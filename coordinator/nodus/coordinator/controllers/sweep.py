@@ -108,6 +108,8 @@ class CellJob:
     finished: float | None
     units: int | None
     """Units the program reported completed."""
+    money_stop: str = ""
+    """The reason of its False Funded condition (MaxCostReached: the shared cap), else ""."""
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> CellJob:
@@ -116,7 +118,9 @@ class CellJob:
         return cls(meta.get("name", ""), int((meta.get("labels") or {}).get(CELL_LABEL, -1)),
                    JobPhase.parse(status.get("phase")), JobState.parse(spec.get("state")),
                    Decimal(str((status.get("cost") or {}).get("totalUSD") or "0.00")), parse(status.get("startTime")),
-                   parse(status.get("completionTime")), int(units) if units is not None else None)
+                   parse(status.get("completionTime")), int(units) if units is not None else None,
+                   next((str(c.get("reason") or "") for c in status.get("conditions") or []
+                         if c.get("type") == "Funded" and c.get("status") == "False"), ""))
 
     @property
     def wall_seconds(self) -> float | None:
@@ -165,7 +169,8 @@ def decide_sweep(sweep: Mapping[str, Any], jobs: Sequence[CellJob], now: float) 
         if job.phase not in TERMINAL and job.state is not state:
             actions.append(SetCellState(job.name, state))
     active = sum(1 for job in jobs if job.phase not in TERMINAL)
-    if state is JobState.RUNNING:
+    capped = _capped(spec, jobs)
+    if state is JobState.RUNNING and not capped:
         free = int(spec.get("maxParallel") or 4) - active
         for cell in cells:
             if free <= 0:
@@ -202,6 +207,11 @@ def decide_sweep(sweep: Mapping[str, Any], jobs: Sequence[CellJob], now: float) 
     if jobs and "startTime" not in status:
         status["startTime"] = rfc3339(now)
     phase, reason, message = _phase(state, cells, by_index, done, failed, active)
+    if capped and phase is JobPhase.RUNNING:
+        phase, reason = JobPhase.SUSPENDED, "MaxCostReached"
+        message = (f"the cells have spent {status['cost']['totalUSD']} USD of the shared spec.maxCostUSD "
+                   f"{spec.get('maxCostUSD')}: running cells suspend through their checkpoints and no new cell starts; "
+                   "raise spec.maxCostUSD to resume")
     if phase in TERMINAL and "completionTime" not in status:
         status["completionTime"] = rfc3339(now)
         kind = {JobPhase.SUCCEEDED: "Complete", JobPhase.FAILED: "Failed", JobPhase.CANCELLED: "Cancelled"}[phase]
@@ -218,6 +228,16 @@ def decide_sweep(sweep: Mapping[str, Any], jobs: Sequence[CellJob], now: float) 
     if best:
         status["best"] = best
     return SweepDecision(None if status == prev else status, tuple(actions))
+
+
+def _capped(spec: Mapping[str, Any], jobs: Sequence[CellJob]) -> bool:
+    """The shared cap is reached: what the cells spent covers it, or money stopped a cell for it."""
+    cap = spec.get("maxCostUSD")
+    if not cap:
+        return False
+    spent = sum((job.cost for job in jobs), Decimal(0))
+    return spent >= Decimal(str(cap)) or any(job.money_stop == "MaxCostReached" and job.phase not in TERMINAL
+                                             for job in jobs)
 
 
 def _phase(state: JobState, cells: list[Cell], by_index: Mapping[int, CellJob], done: list[CellJob],
