@@ -550,6 +550,14 @@ def report_accuracy(args: argparse.Namespace, jobs: list[Planned], minutes: floa
           f"reclaims Poisson at the book's {args.interruptions_per_hour}/h")
     print(f"actual <= p90  {at90:4d} of {n:<4d} ({pct(at90, n)} %)    target >= 90 %")
     print(f"actual <= p50  {at50:4d} of {n:<4d} ({pct(at50, n)} %)    target 40-60 %")
+    below = sum(1 for j in jobs if j.cost is not None and j.p50 is not None and j.cost < j.p50)
+    print(f"  actual < p50 {below:4d} of {n:<4d} ({pct(below, n)} %)    (costs come in whole increments: a median "
+          f"has at most half below it and at least half at or below it)")
+    for label, kind in (("interruptible allowed", True), ("on-demand only", False)):
+        part = [j for j in jobs if j.spot == kind]
+        p90s = sum(1 for j in part if j.cost is not None and j.p90 is not None and j.cost <= j.p90)
+        p50s = sum(1 for j in part if j.cost is not None and j.p50 is not None and j.cost <= j.p50)
+        print(f"  {label:22s} <= p90 {p90s} of {len(part)}, <= p50 {p50s} of {len(part)}")
     print(f"  {'job':6s} {'offering':24s} {'guess':>6s} {'actual':>7s} {'p50':>7s} {'p90':>7s} {'cost':>7s}  "
           f"{'reclaims':>8s}  segments (boot/running/restore/teardown, covered)")
     for j in jobs:

@@ -92,6 +92,15 @@ def test_a_sweep_runs_every_cell_within_max_parallel_and_names_the_best(tmp_path
             assert done["best"]["byThroughput"] == fastest["index"]
             assert done["best"]["byCost"] in range(8)  # no price book: every cell cost 0.00
             assert done["cost"]["totalUSD"] == "0.00"
+            # The CLI: the Sweep's row (cells done/total, cost, best), then its cell table with the best marked.
+            shown = c.run("nodus", "get", "sweep", "grid").stdout.splitlines()
+            assert shown[0].split()[:5] == ["NAME", "PHASE", "CELLS", "COST", "BEST"]
+            assert shown[1].split()[:4] == ["grid", "Succeeded", "8/8", "0.00"]
+            assert f"speed:{fastest['index']}" in shown[1]
+            table = shown[shown.index("") + 1:]
+            assert table[0].split() == ["INDEX", "PARAMS", "GPU", "REGION", "REP", "PHASE", "COST", "UNITS/S", "BEST"]
+            marked = next(line for line in table[1:] if line.split()[0] == str(fastest["index"]))
+            assert "*" in marked and "throughput" in marked and "LR=" in marked
 
             # Deleting the Sweep deletes its cells.
             assert c.session().delete(c.url(f"{SWEEPS}/grid")).status_code == 200

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, cancel, checkpoint, credits, data, estimate, pricebook, up
+from . import attempts, cancel, checkpoint, credits, data, estimate, pricebook, sweeps, up
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -152,6 +152,9 @@ def cmd_get(client: Client, args: argparse.Namespace) -> int:
         print(f"No {r.plural} found in {where}.", file=sys.stderr)
         return 0
     _print_table(table, args.output == "wide", namespace_col=namespace is None)
+    if r.plural == "sweeps" and args.name:
+        print()
+        print("\n".join(sweeps.cell_table(client.request("GET", path).json())))
     return 0
 
 

@@ -84,6 +84,14 @@ def _sweep_cells(obj: dict[str, Any]) -> str:
     return f"0/{sweep_cell_count(obj.get('spec') or {})}"
 
 
+def _sweep_best(obj: dict[str, Any]) -> str:
+    best = _get(obj, "status.best")
+    if not isinstance(best, dict) or not best:
+        return ""
+    return ",".join(f"{word}:{best[key]}" for word, key in (("cost", "byCost"), ("speed", "byThroughput"))
+                    if key in best)
+
+
 def sweep_cell_count(spec: dict[str, Any]) -> int:
     """Cells of a Sweep: the product of the non-empty dimensions, times repetitions."""
     matrix = spec.get("matrix") or {}
@@ -164,6 +172,7 @@ KINDS: tuple[KindInfo, ...] = (
         _phase(),
         Column("Cells", "string", "Cells is succeeded/total cells.", 0, _sweep_cells),
         _cost(),
+        Column("Best", "string", "Best names the cheapest and the fastest succeeded cells.", 0, _sweep_best),
         _age(),
     )),
     KindInfo("TrainingJob", "trainingjobs", "trainingjob", GROUP, "v1beta1", ("tj",), ("nodus", "all"), True, True, (
