@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent_double import AgentProcess, wait_for
+from agent_double import AgentProcess, free_port, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, JOBS, attempts_of, get_job, joined
 
@@ -137,3 +137,29 @@ def test_a_suspended_sweep_suspends_its_cells_and_resumes_them(tmp_path: Path) -
                             interval=0.3, what="the resumed Sweep to finish")
             assert [cell["phase"] for cell in done["cells"]] == ["Succeeded"] * 3
             assert len(attempts_of(c, "held-0")) == 2, "the suspended cell resumed with a new attempt"
+
+
+def test_a_kill_9_of_the_coordinator_mid_sweep_creates_no_cell_twice_and_the_sweep_finishes(tmp_path: Path) -> None:
+    log = tmp_path / "cells.log"
+    port = free_port()
+    c = Coordinator(tmp_path / "data").start(grpc_port=port)
+    try:
+        with joined([AgentProcess(tmp_path / "n1", c.grpc, c.join_token, node="n1", env=AGENT_ENV).start()], c):
+            body = {"apiVersion": "nodus.dev/v1", "kind": "Sweep", "metadata": {"name": "tough"}, "spec": {
+                "template": {"kind": "Job", "spec": {"command": ["python3", "-c", CELL, str(log)]}},
+                "matrix": {"params": {"LR": ["0.1", "0.2", "0.3"]}}, "repetitions": 2, "maxParallel": 3}}
+            assert c.session().post(c.url(SWEEPS), json=body).status_code == 201
+            wait_for(lambda: any(cell["phase"] == "Running" for cell in sweep_status(c, "tough").get("cells", [])),
+                     60, interval=0.1, what="a cell running")
+            c.kill()  # mid-Sweep: cells created, some running, the rest not yet
+            c.start(grpc_port=port)
+            done = wait_for(lambda: (s := sweep_status(c, "tough")).get("phase") == "Succeeded" and s, 180,
+                            interval=0.5, what="the Sweep to finish after the restart")
+            cells = [j for j in c.session().get(c.url(JOBS)).json()["items"]
+                     if j["metadata"].get("labels", {}).get("nodus.dev/sweep") == "tough"]
+            assert sorted(j["metadata"]["name"] for j in cells) == [f"tough-{i}" for i in range(6)]
+            assert all(cell["phase"] == "Succeeded" for cell in done["cells"])
+            starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
+            assert len(starts) == 6, "every cell ran once: a running cell was re-adopted, not started again"
+    finally:
+        c.stop()
