@@ -24,11 +24,13 @@ import re
 import stat as stat_mod
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from ..nvml import Nvml
+if TYPE_CHECKING:  # the supervisor imports this module; NVML's (and protobuf's) import is the agent's alone
+    from ..nvml import Nvml
+
 from .bundle import ContainerRequest, Device, Hook, Mount
 
 GPU_KIND = "nvidia.com/gpu"

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         import importlib
 
         from ..zygote import serve
-        for module in ("tarfile", "psutil", "zstandard"):  # warm what supervisors need, once
+        # Warm what supervisors need, once: an image attempt's container runtime too (importing it after
+        # each fork cost an image Job ~140 ms of its start; bench/startup.py).
+        for module in ("tarfile", "psutil", "zstandard", "nodus.agent.supervisor.containers"):
             importlib.import_module(module)
         serve(_from_zygote)
         return

@@ -31,7 +31,6 @@ from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
 from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
 from ..oci.cdi import GpuInjection, with_gpus
-from ..oci.dns_gate import DnsGate
 from ..oci.egress import DEFAULT_RANGE, PRESETS, Egress, EgressError, NodeNetwork, Policy
 from ..oci.pod import ContainerProcess, IdSlots, Pod
 from ..oci.runc import Runc, RuncError, become_subreaper
@@ -175,7 +174,10 @@ class EgressWatch:
     def __init__(self, pod: Pod, count_file: Path) -> None:
         self.pod = pod
         self.count_file = count_file
-        self.gate = DnsGate(pod.egress) if pod.egress.egress.policy == Policy.ALLOW_LIST else None
+        self.gate = None
+        if pod.egress.egress.policy == Policy.ALLOW_LIST:
+            from ..oci.dns_gate import DnsGate  # noqa: PLC0415 - dnspython only for pods that need the gate
+            self.gate = DnsGate(pod.egress)
         self.stopped = threading.Event()
         self.written = -1
         self.thread = threading.Thread(target=self._run, name="egress", daemon=True)
