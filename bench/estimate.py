@@ -260,6 +260,8 @@ class Planned:
     opened: bool = False
     done: bool = False
     reclaims: int = 0
+    unpriced: bool = False
+    """The estimate said Unpriced (no offering fitted at that moment): its costUSD is 0.00."""
 
 
 def plan(args: argparse.Namespace, gates: Path) -> list[Planned]:
@@ -515,10 +517,12 @@ def drive(args: argparse.Namespace, fleet: Fleet, jobs: list[Planned]) -> None:
             nodes = sum(1 for k in fleet.kinds.values() if k == kind)
             mine_kind = [j for j in jobs if j.spot == (kind == SPOT)]
             unfinished = sum(1 for j in mine_kind if j.created and not j.done)
+            free = sum(1 for k in idle.values() if k == kind)
             for job in [j for j in mine_kind if not j.created][:max(0, nodes - unfinished)]:
-                if kind == SPOT and not any(k == SPOT for k in idle.values()):
-                    break  # its node is still held (a reclaim's replacement, a teardown): wait for it
+                if free <= 0:
+                    break  # its node is still held (a teardown, a reclaim's replacement): wait for it
                 submit(fleet, job)
+                free -= 1
                 transition = True
         if transition:
             settle_since = settle_since or time.monotonic()
@@ -541,6 +545,7 @@ def submit(fleet: Fleet, job: Planned) -> None:
         raise RuntimeError(f"create {job.name}: {r.status_code} {r.text}")
     estimate = r.json()["status"]["estimate"]
     job.p50, job.p90 = Decimal(estimate["costUSD"]["p50"]), Decimal(estimate["costUSD"]["p90"])
+    job.unpriced = any(w.get("code") == "Unpriced" for w in estimate.get("warnings") or [])
     job.created = True
 
 
@@ -576,7 +581,7 @@ def report_accuracy(args: argparse.Namespace, jobs: list[Planned], minutes: floa
             str(seg.get("coveredByNodus") or "")
         print(f"  {j.name:6s} {j.offering:24s} {j.guess_s / 60:5.0f}m {j.actual_s / 60:6.1f}m {j.p50!s:>7s} "
               f"{j.p90!s:>7s} {j.cost!s:>7s}  {j.reclaims:8d}  {seg.get('bootUSD', '-')}/{seg.get('runningUSD', '-')}/"
-              f"{seg.get('restoreUSD', '-')}/{seg.get('teardownUSD', '-')} {covered}")
+              f"{seg.get('restoreUSD', '-')}/{seg.get('teardownUSD', '-')} {covered}{' (estimate Unpriced)' if j.unpriced else ''}")
 
 
 def main() -> None:
