@@ -25,7 +25,8 @@ when capacity of its kind is free. What the users guess and what really happens,
     after an exponential time of running, if it has not finished by then; the checkpoint keeps the work.
 A Job's program waits on a gate file the bench creates once the Job has run (over all its attempts, in
 coordinator time) its actual duration. The clock moves only while nothing is in transition, so boots,
-restores and teardowns take the real seconds they take. Each Job's estimate is the create response's
+restores and teardowns take the real seconds they take; the agents' time.time follows the same offset
+(SHIM), as hosts keep their clocks in sync with the coordinator's. Each Job's estimate is the create response's
 status.estimate.costUSD; its actual cost is status.cost.totalUSD once status.cost.final is true.
 
 Figures, each beside its target:
