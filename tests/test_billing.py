@@ -160,7 +160,7 @@ def test_time_lost_to_a_nodus_fault_is_covered_not_charged() -> None:
                      "rateUSDPerHour": "6.00", "billingIncrementSeconds": 60, "minimumChargeSeconds": 60},
             "status": status})
 
-    for reason, covered in (("NodeLost", True), ("Reclaimed", False)):
+    for reason, covered in (("NodeLost", True), ("Reclaimed", False), ("Preempted", False)):
         lost = attempt(1, "Lost", reason, T0, T0 + 30, T0 + 600, checkpoint=T0 + 300)
         replacement = attempt(2, "Succeeded", "Completed", T0 + 700, T0 + 820, T0 + 1000)
         books = Books(Decimal("100.00"))

@@ -309,3 +309,22 @@ def test_a_sweeps_shared_cap_suspends_every_running_cell_and_a_raise_resumes_the
                           headers={"Content-Type": "application/merge-patch+json"})
     assert r.status_code == 200, r.text
     wait_for(lambda: sweep().get("phase") == "Cancelled", 60, interval=0.3, what="the Sweep cancelled")
+
+
+def test_a_dry_run_while_every_node_is_busy_is_priced_as_the_offering_it_waits_for(c: Coordinator) -> None:
+    grant(c, "5.00")
+    whole = {"cpu": "2"}  # the node's whole measured CPU
+    create(c, "busy", command=["python3", "-c", STEPPER], resources=whole)
+    wait_for(lambda: get_job(c, "busy")["status"].get("phase") == "Running", 60, interval=0.2, what="busy running")
+    body = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "later"},
+            "spec": {"command": ["true"], "resources": whole, "expectedDuration": "10m"}}
+    r = c.session().post(c.url(JOBS), json=body, params={"dryRun": "All"})
+    assert r.status_code == 201, r.text
+    estimate = r.json()["status"]["estimate"]
+    assert estimate["placementPreview"]["offering"] == OFFERING, estimate
+    assert estimate["rateUSDPerHour"] == "6.00" and Decimal(estimate["costUSD"]["p50"]) >= Decimal("1.00")  # 10 min + boot
+    assert estimate["placementPreview"]["explain"].startswith("no capacity is free now; once it is:")
+    assert "Unpriced" not in [w["code"] for w in estimate["warnings"]]
+    r = c.session().patch(c.url(f"{JOBS}/busy"), data=json.dumps({"spec": {"state": "Cancelled"}}),
+                          headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text

@@ -304,6 +304,12 @@ class Estimates:
                              spec.get("expectedDuration"), within)
         request = replace(request, project=project)
         chosen = place(request, nodes, held, book=book)
+        if chosen.offering is None and held and book is not None:
+            # Nothing is free now: the Job will wait for capacity, and is priced as the offering it would
+            # take once something frees up (the explain says it waits).
+            later = place(request, nodes, [], book=book)
+            if later.offering is not None:
+                chosen = replace(later, explain=f"no capacity is free now; once it is: {later.explain}")
         region = next((n.region for n in nodes if n.name == chosen.node), "")
         return quote.Preview(chosen.offering, chosen.explain, chosen.warm_reuse, region)
 

@@ -93,12 +93,12 @@ class BillingDecision:
     """When time alone changes the decision: the next increment ends, or an unfunded Job rechecks."""
 
 
-NODUS_FAULTS = frozenset({AttemptReason.NODE_LOST, AttemptReason.DRAINED, AttemptReason.PREEMPTED,
-                          AttemptReason.AGENT_FAULT, AttemptReason.LEASE_EXPIRED,
-                          AttemptReason.IMAGE_PULL_NODE_FAULT})
+NODUS_FAULTS = frozenset({AttemptReason.NODE_LOST, AttemptReason.DRAINED, AttemptReason.AGENT_FAULT,
+                          AttemptReason.LEASE_EXPIRED, AttemptReason.IMAGE_PULL_NODE_FAULT})
 """Losses that are Nodus's fault (its node, agent or operator), not the customer's choice: the time they
-cost is coveredByNodus. A provider's reclaim of interruptible capacity is not among them: the customer
-chose that capacity, and its estimate counts the expected restores."""
+cost is coveredByNodus. A provider's reclaim of interruptible capacity (Preempted, as the reclaim
+notice stops it; or Reclaimed) is not among them: the customer chose that capacity, and its estimate
+counts the expected restores."""
 
 
 def nodus_fault(a: AttemptView) -> bool:

@@ -9,7 +9,6 @@ attempts' frozen tariffs and times, and the ledger, whose keys make every postin
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -26,7 +25,7 @@ from .job_controller import JobWriter
 from .job_status import set_condition
 from .sweep import SWEEP_LABEL
 from .views import FUNDED, AttemptView, JobView
-from .workqueue import WorkQueue
+from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.billing")
 
@@ -41,7 +40,6 @@ class BillingController:
         self.fleet, self.cache, self.ledger, self.writer, self.clock = fleet, fleet.cache, ledger, jobs, clock
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
-        self._failures: dict[str, int] = {}
         self.cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(SWEEPS, self._on_sweep)  # its shared cap is each cell's: a raise lifts them
@@ -60,33 +58,12 @@ class BillingController:
 
     async def run(self) -> None:
         await self.cache.synced.wait()
-        tasks = [asyncio.create_task(self._worker(), name=f"billing-{i}") for i in range(self.workers)]
-        try:
-            while True:
-                for key, _ in self.cache.under(JOBS):
-                    self.queue.add(key)
-                await asyncio.sleep(RESYNC_SECONDS)
-        finally:
-            self.queue.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_workers(self.queue, self.reconcile, workers=self.workers, resync=self.resync,
+                          resync_seconds=RESYNC_SECONDS, log=log, name="billing")
 
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - log, retry later; one Job must not stop the others
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                log.exception("billing %s failed (%d in a row); retrying", key, failures)
-                self.queue.add_after(key, min(60.0, 0.5 * 2 ** failures))
-            else:
-                self._failures.pop(key, None)
-            finally:
-                self.queue.done(key)
+    def resync(self) -> None:
+        for key, _ in self.cache.under(JOBS):
+            self.queue.add(key)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")

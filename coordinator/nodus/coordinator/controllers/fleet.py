@@ -31,6 +31,7 @@ from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, LEASES, NODES, SWEEPS, Cache
 from .placement import warm_holds
 from .sweep import SWEEP_LABEL
+from .views import money_of
 
 
 def lease_fresh(lease: dict[str, Any] | None, now: float) -> bool:
@@ -97,15 +98,6 @@ def _start_seconds(attempt: dict[str, Any] | None) -> tuple[str, Decimal] | None
     return offering, Decimal(str(round(max(started - provisioned, 0.0), 3)))
 
 
-def _money(value: object) -> Decimal | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return Decimal(value)
-    except ArithmeticError:
-        return None
-
-
 def _history_keys(project: str, job: dict[str, Any]) -> list[tuple[str, str, str]]:
     keys = []
     digest = (((job.get("status") or {}).get("image")) or {}).get("digest")
@@ -163,14 +155,14 @@ class Fleet:
         Sweep's one shared cap less what its other cells have spent (their status.cost, the ledger's
         display copy). None: no cap."""
         obj = self.cache.job(project, job) or {}
-        own = _money((obj.get("spec") or {}).get("maxCostUSD"))
+        own = money_of((obj.get("spec") or {}).get("maxCostUSD"))
         sweep = next((ref.get("name") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
                       if ref.get("kind") == "Sweep" and ref.get("controller")), None)
-        shared = _money(((self.cache.get(f"{SWEEPS}{project}/{sweep}") or {}).get("spec") or {}).get("maxCostUSD")) \
+        shared = money_of(((self.cache.get(f"{SWEEPS}{project}/{sweep}") or {}).get("spec") or {}).get("maxCostUSD")) \
             if sweep else None
         if shared is None:
             return own
-        others = sum((_money(((j.get("status") or {}).get("cost") or {}).get("totalUSD")) or Decimal(0)
+        others = sum((money_of(((j.get("status") or {}).get("cost") or {}).get("totalUSD")) or Decimal(0)
                       for k, j in self.cache.under(f"{JOBS}{project}/")
                       if (j.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == sweep and k != f"{JOBS}{project}/{job}"),
                      Decimal(0))

@@ -23,7 +23,7 @@ from .interruptions import Interruptions
 from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide
 from .objects import Objects, new_uid
 from .views import AttemptView, JobView
-from .workqueue import WorkQueue
+from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.job")
 
@@ -138,7 +138,6 @@ class JobController:
         """status.storage's free inclusion per Job (`--free-storage`)."""
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
-        self._failures: dict[str, int] = {}
         self.interruptions = interruptions or Interruptions(cache, clock)
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
@@ -149,38 +148,14 @@ class JobController:
 
     async def run(self) -> None:
         await self.cache.synced.wait()
-        tasks = [asyncio.create_task(self._worker(), name=f"job-controller-{i}") for i in range(self.workers)]
-        try:
-            while True:
-                self.resync()
-                await asyncio.sleep(RESYNC_SECONDS)
-        finally:
-            self.queue.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_workers(self.queue, self.reconcile, workers=self.workers, resync=self.resync,
+                          resync_seconds=RESYNC_SECONDS, log=log, name="job-controller")
 
     def resync(self) -> None:
         for key, _ in self.cache.under(JOBS):
             self.queue.add(key)
         for attempt in self.cache.attempts():
             self.queue.add(job_key(*owner_of(attempt)))
-
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - log, retry later; one Job must not stop the others
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                log.exception("reconciling %s failed (%d in a row); retrying", key, failures)
-                self.queue.add_after(key, min(60.0, 0.5 * 2 ** failures))
-            else:
-                self._failures.pop(key, None)
-            finally:
-                self.queue.done(key)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")

@@ -9,7 +9,6 @@ Sweep changed, or a Job labelled with a Sweep changed; and by a periodic resync.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ from ..errors import NodusError
 from ..identity import SYSTEM, Caller
 from .cache import JOBS, SWEEPS, Cache
 from .sweep import SWEEP_LABEL, CellJob, CreateCell, SetCellState, cell_job, decide_sweep
-from .workqueue import WorkQueue
+from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.sweep")
 
@@ -60,7 +59,6 @@ class SweepController:
         self.cache, self.resources, self.clock = cache, resources, clock
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
-        self._failures: dict[str, int] = {}
         self._jobs, self._sweeps = resolve("jobs"), resolve("sweeps")
         cache.listen(SWEEPS, lambda key, old, new: self.queue.add(key))
         cache.listen(JOBS, self._on_job)
@@ -74,35 +72,14 @@ class SweepController:
 
     async def run(self) -> None:
         await self.cache.synced.wait()
-        tasks = [asyncio.create_task(self._worker(), name=f"sweep-{i}") for i in range(self.workers)]
-        try:
-            while True:
-                for key, _ in self.cache.under(SWEEPS):
-                    self.queue.add(key)
-                for key, job in self.cache.under(JOBS):
-                    self._on_job(key, None, job)
-                await asyncio.sleep(RESYNC_SECONDS)
-        finally:
-            self.queue.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_workers(self.queue, self.reconcile, workers=self.workers, resync=self.resync,
+                          resync_seconds=RESYNC_SECONDS, log=log, name="sweep")
 
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - log, retry later; one Sweep must not stop the others
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                log.exception("reconciling %s failed (%d in a row); retrying", key, failures)
-                self.queue.add_after(key, min(60.0, 0.5 * 2 ** failures))
-            else:
-                self._failures.pop(key, None)
-            finally:
-                self.queue.done(key)
+    def resync(self) -> None:
+        for key, _ in self.cache.under(SWEEPS):
+            self.queue.add(key)
+        for key, job in self.cache.under(JOBS):
+            self._on_job(key, None, job)
 
     def _cells(self, project: str, name: str) -> list[dict[str, Any]]:
         return [job for _, job in self.cache.under(f"{JOBS}{project}/")

@@ -337,12 +337,12 @@ class JobView:
                    conditions=conditions, timeout_start=parse(status.get("timeoutStartTime")),
                    suspended_for=seconds(status.get("suspendedDuration")) or 0.0,
                    started=parse(status.get("startTime")), outputs=_dicts(status.get("outputs")),
-                   gang_status=_dict(status.get("gang")), max_cost=_money(spec.get("maxCostUSD")),
+                   gang_status=_dict(status.get("gang")), max_cost=money_of(spec.get("maxCostUSD")),
                    spec_state=JobState.parse(spec.get("state")), money_stop=money_stop,
                    stop_by=parse(status.get("stopByTime")))
 
 
-def _money(value: object) -> Decimal | None:
+def money_of(value: object) -> Decimal | None:
     """A decimal string of USD as admission accepted it (None when unset)."""
     if not isinstance(value, str) or not value:
         return None

@@ -1,11 +1,13 @@
 """A keyed work queue, as client-go's: each key is queued once however often it is added, a key is
 never processed by two workers at once, and a key added while it is being processed runs again
-after. Delayed adds (`add_after`) carry the time-based wake-ups a decision asks for.
+after. Delayed adds (`add_after`) carry the time-based wake-ups a decision asks for. `run_workers` is
+the loop every controller runs over its queue.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Generic, Hashable, TypeVar
+import logging
+from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -62,3 +64,39 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._pending)
+
+
+async def run_workers(queue: WorkQueue[K], reconcile: Callable[[K], Awaitable[None]], *, workers: int,
+                      resync: Callable[[], None], resync_seconds: float, log: logging.Logger, name: str) -> None:
+    """A controller's loop: `workers` tasks take keys and reconcile them (a key that fails is retried
+    after a backoff that doubles, up to a minute; one key never stops the others), while `resync`
+    queues everything every `resync_seconds`, so a missed trigger is only ever late. Runs until
+    cancelled, then stops its workers."""
+    failures: dict[K, int] = {}
+
+    async def worker() -> None:
+        while True:
+            key = await queue.get()
+            try:
+                await reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - log, retry later
+                n = failures[key] = failures.get(key, 0) + 1
+                log.exception("reconciling %s failed (%d in a row); retrying", key, n)
+                queue.add_after(key, min(60.0, 0.5 * 2 ** n))
+            else:
+                failures.pop(key, None)
+            finally:
+                queue.done(key)
+
+    tasks = [asyncio.create_task(worker(), name=f"{name}-{i}") for i in range(workers)]
+    try:
+        while True:
+            resync()
+            await asyncio.sleep(resync_seconds)
+    finally:
+        queue.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
