@@ -124,3 +124,19 @@ def test_a_gang_of_total_gpus_counts_its_resolved_nodes() -> None:
     assert shape.members == 2 and shape.topology == "2 nodes × 8 GPUs (Colocated)"
     e = quote(BOOK, shape, Preview(BOOK.offering("h100-sxm-80g-x8-us"), "x"), Startup(), NOW)
     assert e["costUSD"]["p50"] == "47.84" and e["topology"] == "2 nodes × 8 GPUs (Colocated)"  # 2 × $23.92
+
+
+def test_the_p90_counts_how_much_longer_than_declared_this_projects_jobs_ran() -> None:
+    spec = {"expectedDuration": "1h"}
+    plain = quote(BOOK, Shape.of(spec), Preview(H100, "x"), Startup(), NOW)
+    assert plain["costUSD"] == {"p50": "2.99", "p90": "2.99"}, "no record: the declared hour is the whole band"
+    # Nine Jobs ran as said, one took half again as long: the p90 is a run of 1.5 h.
+    ratios = [Decimal("1.000")] * 9 + [Decimal("1.500")]
+    e = quote(BOOK, Shape.of(spec, overruns=ratios), Preview(H100, "x"), Startup(), NOW)
+    assert e["costUSD"] == {"p50": "2.99", "p90": "4.49"}
+    faster = quote(BOOK, Shape.of(spec, overruns=[Decimal("0.5")] * 10), Preview(H100, "x"), Startup(), NOW)
+    assert faster["costUSD"]["p90"] == "2.99", "a fleet that finishes early never narrows the band below the declared"
+    # A duration from history carries its own spread: the median is the p50, the history's p90 the p90.
+    history = [Decimal(s) for s in (3000, 3600, 3600, 3600, 5400)]
+    h = quote(BOOK, Shape.of({}, history), Preview(H100, "x"), Startup(), NOW)
+    assert h["costUSD"] == {"p50": "2.99", "p90": "4.49"}

@@ -23,11 +23,15 @@ def _attempt(name: str, node: str, phase: str, **status: Any) -> dict[str, Any]:
             "status": {"phase": phase, **status}}
 
 
-def _job(name: str, command: list[str], phase: str, start: str, end: str, digest: str = "") -> dict[str, Any]:
+def _job(name: str, command: list[str], phase: str, start: str, end: str, digest: str = "",
+         expected: str = "") -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase, "startTime": start, "completionTime": end}
     if digest:
         status["image"] = {"digest": digest}
-    return {"metadata": {"name": name, "namespace": "p"}, "spec": {"command": command}, "status": status}
+    spec: dict[str, Any] = {"command": command}
+    if expected:
+        spec["expectedDuration"] = expected
+    return {"metadata": {"name": name, "namespace": "p"}, "spec": spec, "status": status}
 
 
 async def _put(store: SqliteStore, key: str, obj: dict[str, Any]) -> None:
@@ -55,7 +59,7 @@ async def _scenario(path: Path) -> None:
                                                   startTime="2026-01-01T00:00:04.5Z"))
     await _put(store, "attempts/p/a2", _attempt("a2", "n1", "Provisioning"))
     await _put(store, "jobs/p/ok", _job("ok", ["python", "t.py"], "Succeeded", "2026-01-01T00:00:00Z",
-                                        "2026-01-01T00:10:00Z", digest="sha256:aa"))
+                                        "2026-01-01T00:10:00Z", digest="sha256:aa", expected="5m"))
     await _put(store, "jobs/p/bad", _job("bad", ["python", "t.py"], "Failed", "2026-01-01T00:00:00Z",
                                          "2026-01-01T00:01:00Z"))
     await _settle(fleet, lambda: len(fleet.reservations()) == 2 and fleet.history("p", None, ["python", "t.py"]))
@@ -66,6 +70,7 @@ async def _scenario(path: Path) -> None:
     assert fleet.history("p", "sha256:aa", ["python", "t.py"]) == [Decimal("600.0")], "a Job matching twice counts once"
     assert fleet.history("p", "sha256:aa", None) == [Decimal("600.0")]
     assert fleet.history("other", None, ["python", "t.py"]) == [], "another project's history is not this one's"
+    assert fleet.overruns("p") == [Decimal("2.000")], "it ran 10 minutes of the 5 it declared"
 
     # A finished attempt frees what it held; a deleted Job leaves the history; a Job that now succeeds joins it.
     await _put(store, "attempts/p/a2", _attempt("a2", "n1", "Succeeded"))
@@ -75,6 +80,7 @@ async def _scenario(path: Path) -> None:
     await _settle(fleet, lambda: len(fleet.reservations()) == 1
                   and fleet.history("p", None, ["python", "t.py"]) == [Decimal("120.0")])
     assert fleet.history("p", "sha256:aa", None) == []
+    assert fleet.overruns("p") == [], "the deleted Job's record goes with it; the other declared nothing"
     await cache.stop()
 
     # A restart rebuilds the same indexes from the store.

@@ -280,12 +280,14 @@ class Estimates:
         book = fleet.book()
         held = fleet.reservations()
         history: list[Decimal] = []
+        overruns: list[Decimal] = []
         if book is not None:  # durations and warm nodes only change a priced estimate
             held += fleet.warm(now)
             history = fleet.history(project, (status.get("image") or {}).get("digest"), spec.get("command"))
+            overruns = fleet.overruns(project)
         preview = self._preview(project, spec, book, fleet.nodes(), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
-        shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None)
+        shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None, overruns)
         estimate = quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
         hold = Decimal(estimate.get("holdUSD") or 0)
         if book is not None and hold > 0:  # the first hold must fit the project's credits

@@ -9,7 +9,7 @@ fleet answers from indexes that cache listeners maintain as objects change (each
 - reservations: per live placed attempt, what it holds on its node;
 - start samples: per offering, provisioning → start seconds of each attempt that started there;
 - run history: per (project, image digest) and (project, command), the run seconds of each Job that
-  succeeded.
+  succeeded, and per project how long each ran against its declared expectedDuration.
 
 Nodes are few, so `nodes()` builds their views from the cache each call; the active price book is
 read from the cache too (a version's parse is memoized). Everything here is derived
@@ -119,6 +119,8 @@ class Fleet:
         self._held: dict[str, Reservation] = {}
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
+        self._overruns: dict[str, dict[str, Decimal]] = defaultdict(dict)
+        """Per project: each succeeded Job's actual run over its declared expectedDuration."""
         cache.listen(ATTEMPTS, self._on_attempt)
         cache.listen(JOBS, self._on_job)
 
@@ -139,9 +141,13 @@ class Fleet:
         if old is not None and _run_seconds(old) is not None:
             for group in _history_keys(project, old):
                 self._runs[group].pop(key, None)
+            self._overruns[project].pop(key, None)
         if new is not None and (ran := _run_seconds(new)) is not None:
             for group in _history_keys(project, new):
                 self._runs[group][key] = ran
+            declared = seconds((new.get("spec") or {}).get("expectedDuration"))
+            if declared:
+                self._overruns[project][key] = (ran / Decimal(str(declared))).quantize(Decimal("0.001"))
 
     # -- reads ------------------------------------------------------------------------------------
     def book(self) -> PriceBook | None:
@@ -192,6 +198,10 @@ class Fleet:
     def start_seconds(self, offering: str) -> tuple[Decimal, ...]:
         """Provisioning → start seconds of the attempts that started on `offering`."""
         return tuple(self._starts.get(offering, {}).values()) if offering else ()
+
+    def overruns(self, project: str) -> list[Decimal]:
+        """The project's succeeded Jobs' actual run over their declared expectedDuration."""
+        return list(self._overruns.get(project, {}).values())
 
     def history(self, project: str, digest: str | None, command: Sequence[str] | None) -> list[Decimal]:
         """Run seconds of the project's Jobs that succeeded with the image `digest` or the `command`

@@ -64,12 +64,17 @@ class Shape:
     max_cost_usd: Decimal | None = None
     topology: str = ""
     """A gang's resolved topology, in words."""
+    overrun_p90: Decimal = Decimal(1)
+    """How much longer than `duration_s` a run may take at the 90th percentile, from this fleet's own
+    record: for a declared duration, the project's finished Jobs' actual/declared ratios; for a duration
+    from history, the history's own spread (its p90 over its median). 1 without a record."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = (),
-           topology: Mapping[str, Any] | None = None) -> Shape:
+           topology: Mapping[str, Any] | None = None, overruns: Sequence[Decimal] = ()) -> Shape:
         """The shape of an admitted Job spec; `history` is the run seconds of comparable finished Jobs,
-        `topology` a gang's status.topology (nodes from spec.distributed.nodes or totalGPUs)."""
+        `topology` a gang's status.topology (nodes from spec.distributed.nodes or totalGPUs), `overruns`
+        the project's finished Jobs' actual run over their declared expectedDuration."""
         completions = int(spec.get("completions") or 1)
         slots = max(1, min(int(spec.get("parallelism") or 1), completions))
         dist = spec.get("distributed") or {}
@@ -82,14 +87,18 @@ class Shape:
         if dist.get("startupTimeout"):
             timeout = int(units.duration_seconds(str(dist["startupTimeout"])))
         retries = int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES)) if dist else 0
-        duration, source = None, DurationSource.NONE
+        duration, source, overrun = None, DurationSource.NONE, Decimal(1)
         if spec.get("expectedDuration"):
             duration, source = units.duration_seconds(str(spec["expectedDuration"])), DurationSource.DECLARED
+            if overruns:
+                overrun = max(Decimal(1), _quantile(overruns, Decimal("0.9")))
         elif history:
             duration, source = median_low(sorted(history)), DurationSource.HISTORY
+            if duration > 0:
+                overrun = max(Decimal(1), _quantile(history, Decimal("0.9")) / duration)
         cap = units.parse_money(spec["maxCostUSD"]) if spec.get("maxCostUSD") else None
         return cls(completions, slots, members, timeout, retries, duration, source, cap, words or (
-            f"{members} nodes" if members > 1 else ""))
+            f"{members} nodes" if members > 1 else ""), overrun)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +220,12 @@ def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) ->
         full = cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=offering.interruptions_per_hour,
                          restart_overhead_s=RESTART_OVERHEAD_S)
         bare = cost_band(tariff, run_s)
-        cost = Band(full.p50 * allocations, full.p90 * allocations)
+        p90 = full.p90
+        if shape.overrun_p90 > 1:  # runs here take longer than said: the p90 is a run that long
+            p90 = max(p90, cost_band(tariff, run_s * shape.overrun_p90, startup_s=boot_s,
+                                     interruptions_per_hour=offering.interruptions_per_hour,
+                                     restart_overhead_s=RESTART_OVERHEAD_S).p90)
+        cost = Band(full.p50 * allocations, p90 * allocations)
         overhead = Band(max(full.p50 - bare.p50, Decimal(0)) * allocations,
                         max(full.p90 - bare.p90, Decimal(0)) * allocations)
     hold = first_hold(tariff, Decimal(0), shape.max_cost_usd)
