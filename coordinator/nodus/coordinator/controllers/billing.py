@@ -118,6 +118,10 @@ def allocation_of(a: AttemptView, after_fault: bool = False, warm_until: float |
     release = a.finished or a.lost_at
     if release is None and a.phase.terminal:
         release = stop or a.provisioned
+    # The agent stamps the start and the end on its own clock: a skew must not put them before the
+    # binding the coordinator stamped (a negative allocation).
+    started = max(a.started, a.provisioned) if a.started is not None else None
+    release = max(release, started or a.provisioned) if release is not None else None
     if warm_until is not None and release is not None and a.phase is not AttemptPhase.LOST:
         stop = stop if stop is not None else release
         release = max(release, warm_until)
@@ -125,9 +129,9 @@ def allocation_of(a: AttemptView, after_fault: bool = False, warm_until: float |
     if nodus_fault(a):
         saved = [t for c in a.checkpoints if (t := parse(c.get("time"))) is not None]
         covered_from = max(saved, default=a.started or a.provisioned)
-    return Allocation(a.id or a.name, a.tariff, a.provisioned, a.started, stop if stop is not None else (
-        release if a.started is not None else None), release, restore=a.restored_from_seq > 0,
-        covered_from=covered_from, covered_until=(a.started or release or a.provisioned) if after_fault else None)
+    return Allocation(a.id or a.name, a.tariff, a.provisioned, started, stop if stop is not None else (
+        release if started is not None else None), release, restore=a.restored_from_seq > 0,
+        covered_from=covered_from, covered_until=(started or release or a.provisioned) if after_fault else None)
 
 
 def allocations(attempts: Sequence[AttemptView],
