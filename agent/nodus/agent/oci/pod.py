@@ -51,7 +51,13 @@ class IdSlots:
         if not self.directory.is_dir():
             return None
         for entry in self.directory.iterdir():
-            if entry.name.isdigit() and entry.read_text() == pod_id:
+            if not entry.name.isdigit():
+                continue
+            try:
+                holder = entry.read_text()
+            except FileNotFoundError:
+                continue  # another pod freed that slot between the listing and the read
+            if holder == pod_id:
                 return int(entry.name)
         return None
 
