@@ -7,9 +7,11 @@ from decimal import Decimal
 from pathlib import Path
 
 import yaml
+from cryptography.fernet import Fernet
 
 from nodus.coordinator.money.pricebook import parse
-from nodus.coordinator.money.quote import (Binding, DurationSource, Preview, Shape, Startup, binding, combine, etag,
+from nodus.coordinator.vault import Vault
+from nodus.coordinator.money.quote import (ETAG_PURPOSE, Binding, DurationSource, Preview, Shape, Startup, binding, combine, etag,
                                           quote)
 
 BOOK = parse(yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml").read_text()))
@@ -87,19 +89,26 @@ def test_without_a_price_book_nothing_is_priced_and_it_says_so() -> None:
     assert e["blockingReasons"] == [] and e["costUSD"] == {"p50": "0.00", "p90": "0.00"}
 
 
+SIGN = Vault(None, Fernet.generate_key()).signer(ETAG_PURPOSE)  # type: ignore[arg-type]
+
+
 def test_the_etag_binds_only_this_exact_spec() -> None:
     spec = {"command": ["train"], "expectedDuration": "1h"}
     e = quote(BOOK, Shape.of(spec), Preview(H100, "x"), Startup(), NOW)
-    tag = etag(spec, e)
-    bound = binding(tag, spec)
+    tag = etag(spec, e, SIGN)
+    bound = binding(tag, spec, SIGN)
     assert bound == Binding(tag, "2026-12-01", Decimal("2.99")) and bound.max_rate_usd_per_hour == Decimal("3.29")
-    assert binding(tag, {**spec, "expectedDuration": "2h"}) is None, "another spec"
-    assert binding(tag.replace("2.99", "9.99"), spec) is None, "a rate the estimate did not quote"
-    assert binding('"0123456789abcdef"', spec) is None and binding("", spec) is None
-    unpriced = binding(etag(spec, quote(None, Shape.of(spec), None, Startup(), NOW)), spec)
+    assert binding(tag, {**spec, "expectedDuration": "2h"}, SIGN) is None, "another spec"
+    assert binding(tag.replace("2.99", "9.99"), spec, SIGN) is None, "a rate the estimate did not quote"
+    assert binding('"0123456789abcdef"', spec, SIGN) is None and binding("", spec, SIGN) is None
+    unpriced = binding(etag(spec, quote(None, Shape.of(spec), None, Startup(), NOW), SIGN), spec, SIGN)
     assert unpriced is not None and unpriced.max_rate_usd_per_hour is None
     dotted = {"pricebookVersion": "v1.2.3", "rateUSDPerHour": "0.085"}
-    assert binding(etag(spec, dotted), spec) == Binding(etag(spec, dotted), "v1.2.3", Decimal("0.085"))
+    assert binding(etag(spec, dotted, SIGN), spec, SIGN) == Binding(etag(spec, dotted, SIGN), "v1.2.3", Decimal("0.085"))
+    # A client cannot mint an ETag for a rate it was never quoted: the digest is keyed by the coordinator.
+    other = Vault(None, Fernet.generate_key()).signer(ETAG_PURPOSE)  # type: ignore[arg-type]
+    forged = etag(spec, {"pricebookVersion": "2026-12-01", "rateUSDPerHour": "0.01"}, other)
+    assert binding(forged, spec, SIGN) is None, "an ETag signed with another key is no estimate of ours"
 
 
 def test_a_sweep_sums_its_cells_and_holds_the_costliest_at_once() -> None:

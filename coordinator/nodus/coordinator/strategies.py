@@ -125,7 +125,7 @@ class JobStrategy(KindStrategy):
         if self.estimates is None:
             return
         estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {})
-        obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "jobs")
+        obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "jobs", self.estimates.sign)
 
     def refuse(self, obj: dict[str, Any]) -> None:
         """A create whose first hold the project's credits cannot take is refused with the words its
@@ -185,12 +185,12 @@ class JobStrategy(KindStrategy):
         return out
 
 
-def bind(estimate: dict[str, Any], obj: dict[str, Any], if_match: str, plural: str) -> dict[str, Any]:
+def bind(estimate: dict[str, Any], obj: dict[str, Any], if_match: str, plural: str, sign: quote.Signer) -> dict[str, Any]:
     """`estimate`, bound to the dry run's estimate `if_match` names (its `binding`); EstimateExpired
     when that is no estimate of this exact spec."""
     if not if_match:
         return estimate
-    bound = quote.binding(if_match, obj.get("spec"))
+    bound = quote.binding(if_match, obj.get("spec"), sign)
     if bound is None:
         raise errors.NodusError(
             "EstimateExpired", f"If-Match {if_match} is not an estimate of this exact spec: the spec changed since "
@@ -226,7 +226,7 @@ class SweepStrategy(KindStrategy):
                     cell["placement"] = {**(cell.get("placement") or {}), "regions": [region]}
                 cells.append((await self.estimates.estimate(project, cell, {}), same))
         estimate = quote.combine(cells, int(spec.get("maxParallel") or 4))
-        obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "sweeps")
+        obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "sweeps", self.estimates.sign)
 
 
 def _login_for(image: str, credentials: list[RegistryCredentials]) -> RegistryCredentials | None:
@@ -254,7 +254,8 @@ def strategies(vault: Vault, images: ImageResolver | None = None, lookup: Lookup
     Without `images` (a resource service built without a resolver) a Job's images are admitted as
     written; without `store` and `fleet` it gets no estimate."""
     own: dict[str, KindStrategy] = {"Secret": SecretStrategy(vault)}
-    estimates = Estimates(store, fleet) if store is not None and fleet is not None else None
+    estimates = Estimates(store, fleet, vault.signer(quote.ETAG_PURPOSE)) \
+        if store is not None and fleet is not None else None
     if lookup is not None and (images is not None or estimates is not None):
         own["Job"] = JobStrategy(vault, images, lookup, estimates)
     if estimates is not None:
@@ -269,9 +270,11 @@ class Estimates:
     costs the same however many Jobs and Attempts the store holds; the project's credits (only with a
     price book) from the ledger."""
 
-    def __init__(self, store: Store, fleet: Fleet) -> None:
+    def __init__(self, store: Store, fleet: Fleet, sign: quote.Signer) -> None:
         self.fleet = fleet
         self.ledger = Ledger(store)
+        self.sign = sign
+        """The coordinator's keyed digest that a dry run's ETag carries (quote.etag)."""
 
     async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """The estimate of a Job of `spec` (`status`: what admission pinned, such as its image digest)."""

@@ -7,8 +7,11 @@ API; only attempts receive them (the agent issue delivers them over the agent st
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from pathlib import Path
+from typing import Callable
 
 import orjson
 from cryptography.fernet import Fernet, InvalidToken
@@ -33,6 +36,13 @@ class Vault:
     def __init__(self, store: Store, key: bytes) -> None:
         self._store = store
         self._fernet = Fernet(key)
+        self._secret = key
+
+    def signer(self, purpose: str) -> Callable[[bytes], str]:
+        """An HMAC-SHA256 (hex) under a key derived from the vault's for `purpose` alone, so a value this
+        coordinator signed (a dry run's ETag) cannot be forged without its data dir's secret.key."""
+        derived = hmac.new(self._secret, f"nodus/{purpose}".encode(), hashlib.sha256).digest()
+        return lambda message: hmac.new(derived, message, hashlib.sha256).hexdigest()
 
     @staticmethod
     def _key(project: str, name: str, version: int) -> str:

@@ -92,6 +92,7 @@ async def _middleware(request: web.Request, handler: Callable[[web.Request], Awa
 class Gateway:
     def __init__(self, service: ResourceService) -> None:
         self.service = service
+        self._sign = service.vault.signer(quote.ETAG_PURPOSE)  # a dry run's ETag, keyed (money/quote.py)
         self.openapi = discovery.build_openapi()
         self.ready = False
         self._watches: set[asyncio.Task[Any]] = set()
@@ -128,13 +129,12 @@ class Gateway:
                 raise NodusError("BadRequest", f"dryRun {v!r} is not supported", fix="use dryRun=All")
         return bool(values)
 
-    @staticmethod
-    def _etag(obj: dict[str, Any]) -> str:
+    def _etag(self, obj: dict[str, Any]) -> str:
         """A dry run's ETag: with an estimate (a Job), the estimate of this exact spec that a create
         sent with If-Match is bound to (money/quote.py); otherwise the spec's hash."""
         estimate = (obj.get("status") or {}).get("estimate")
         if estimate is not None:
-            return quote.etag(obj.get("spec"), estimate)
+            return quote.etag(obj.get("spec"), estimate, self._sign)
         return '"' + hashlib.sha256(orjson.dumps(obj.get("spec"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32] + '"'
 
     @staticmethod

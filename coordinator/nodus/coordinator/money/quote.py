@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 from dataclasses import dataclass, field
 from decimal import Decimal
 from statistics import median_low
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 
@@ -244,15 +245,22 @@ def spec_hash(spec: Any) -> str:
     return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _digest(spec: Any, version: str, rate: str) -> str:
-    return hashlib.sha256(f"{spec_hash(spec)}\n{version}\n{rate}".encode()).hexdigest()[:32]
+ETAG_PURPOSE = "estimate-etag"
+"""What the coordinator's ETag key is derived for (Vault.signer)."""
+Signer = Callable[[bytes], str]
+"""A keyed digest (the coordinator's: Vault.signer), so only the coordinator that quoted can mint an ETag."""
 
 
-def etag(spec: Any, estimate: Mapping[str, Any]) -> str:
-    """The dry run's ETag: the book's version and the rate it quoted, and a digest of them with the spec,
-    so a later create can tell whether it is this exact spec's estimate without storing anything."""
+def _digest(sign: Signer, spec: Any, version: str, rate: str) -> str:
+    return sign(f"{spec_hash(spec)}\n{version}\n{rate}".encode())[:32]
+
+
+def etag(spec: Any, estimate: Mapping[str, Any], sign: Signer) -> str:
+    """The dry run's ETag: the book's version and the rate it quoted, and a keyed digest of them with the
+    spec, so a later create can tell whether it is this exact spec's estimate without storing anything,
+    and no client can make one up for a rate it was never quoted."""
     version, rate = str(estimate.get("pricebookVersion") or ""), str(estimate.get("rateUSDPerHour") or "")
-    return f'"{ETAG_PREFIX}.{version}.{rate}.{_digest(spec, version, rate)}"'
+    return f'"{ETAG_PREFIX}.{version}.{rate}.{_digest(sign, spec, version, rate)}"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +284,7 @@ class Binding:
         return out
 
 
-def binding(if_match: str, spec: Any) -> Binding | None:
+def binding(if_match: str, spec: Any, sign: Signer) -> Binding | None:
     """The estimate `if_match` names when it is an estimate of exactly `spec`; None otherwise. The
     version may be older than the active book's: binding is what keeps a quote after validUntil."""
     text = if_match.strip()
@@ -290,7 +298,7 @@ def binding(if_match: str, spec: Any) -> Binding | None:
     # The version may itself hold dots; the rate (a decimal) holds one at most.
     for split in (len(parts) - 3, len(parts) - 2):
         version, rate = ".".join(parts[1:split]), ".".join(parts[split:-1])
-        if _digest(spec, version, rate) == digest:
+        if hmac.compare_digest(_digest(sign, spec, version, rate), digest):
             try:
                 parsed = units.parse_money(rate) if rate else None
             except ValueError:
