@@ -3,8 +3,8 @@ ledger, and writes the Job's display copy of it (status.cost, the Funded conditi
 
 Driven like the Job controller: a Job or one of its Attempts changed (the Job's key is queued), the
 wake-up each decision returns (the next increment, an unfunded Job's recheck) and a periodic resync.
-A Job with no attempt on priced capacity and no cost shown is skipped without reading the ledger, so
-a coordinator without a price book does no money work at all. Everything is in the store: the
+A Job with no attempt on priced capacity and no cost shown is never queued (the listeners keep the set
+of Jobs with priced attempts), so a coordinator without a price book does no money work at all. Everything is in the store: the
 attempts' frozen tariffs and times, and the ledger, whose keys make every posting happen once.
 """
 from __future__ import annotations
@@ -40,7 +40,9 @@ class BillingController:
         self.fleet, self.cache, self.ledger, self.writer, self.clock = fleet, fleet.cache, ledger, jobs, clock
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
-        self.cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        self._priced: set[str] = set()
+        """Job keys with an attempt on priced capacity: only these (and Jobs showing a cost) have money work."""
+        self.cache.listen(JOBS, self._on_job)
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(SWEEPS, self._on_sweep)  # its shared cap is each cell's: a raise lifts them
 
@@ -50,11 +52,19 @@ class BillingController:
             if (job.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == name:
                 self.queue.add(job_key_)
 
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if key in self._priced or "cost" in ((new or old or {}).get("status") or {}):
+            self.queue.add(key)
+        if new is None:
+            self._priced.discard(key)
+
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
         assert obj is not None
         if (obj.get("spec") or {}).get("rateUSDPerHour"):
-            self.queue.add(job_key(*owner_of(obj)))
+            owner = job_key(*owner_of(obj))
+            self._priced.add(owner)
+            self.queue.add(owner)
 
     async def run(self) -> None:
         await self.cache.synced.wait()
@@ -62,8 +72,9 @@ class BillingController:
                           resync_seconds=RESYNC_SECONDS, log=log, name="billing")
 
     def resync(self) -> None:
-        for key, _ in self.cache.under(JOBS):
-            self.queue.add(key)
+        for key, job in self.cache.under(JOBS):
+            if key in self._priced or "cost" in (job.get("status") or {}):
+                self.queue.add(key)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
