@@ -92,7 +92,8 @@ async def _middleware(request: web.Request, handler: Callable[[web.Request], Awa
 class Gateway:
     def __init__(self, service: ResourceService) -> None:
         self.service = service
-        self._sign = service.vault.signer(quote.ETAG_PURPOSE)  # a dry run's ETag, keyed (money/quote.py)
+        self._sign: quote.Signer | None = None
+        """A dry run's ETag is keyed (money/quote.py); the signer is made on the first one."""
         self.openapi = discovery.build_openapi()
         self.ready = False
         self._watches: set[asyncio.Task[Any]] = set()
@@ -134,6 +135,8 @@ class Gateway:
         sent with If-Match is bound to (money/quote.py); otherwise the spec's hash."""
         estimate = (obj.get("status") or {}).get("estimate")
         if estimate is not None:
+            if self._sign is None:
+                self._sign = self.service.vault.signer(quote.ETAG_PURPOSE)
             return quote.etag(obj.get("spec"), estimate, self._sign)
         return '"' + hashlib.sha256(orjson.dumps(obj.get("spec"), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32] + '"'
 
