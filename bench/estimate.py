@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import copy
 import gc
-import json
 import math
 import os
 import random
@@ -66,7 +64,7 @@ import requests
 import yaml
 
 import record
-from daemons import stop_all
+from daemons import BIN, start_coordinator, stop_all
 from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.clock import SystemClock, rfc3339
 from nodus.coordinator.controllers.cache import Cache
@@ -175,7 +173,6 @@ def run(args: argparse.Namespace) -> None:
 
 # -- accuracy: real daemons, real charges ------------------------------------------------------------------
 
-BIN = Path(sys.executable).parent
 NS = "/apis/nodus.dev/v1/namespaces/default"
 SPOT, ON_DEMAND = "a100-dev-spot", "a100-dev"
 STEP = 30.0
@@ -309,26 +306,11 @@ class Fleet:
         self.channel: grpc.Channel | None = None
 
     def start(self) -> None:
-        data = self.root / "data"
-        with open(self.root / "coordinator.log", "ab") as out:
-            self.coordinator = subprocess.Popen(
-                [str(BIN / "nodus-coordinator"), "--data-dir", str(data), "--http-listen", "127.0.0.1:0",
-                 "--grpc-listen", "127.0.0.1:0", "--log-level", "WARNING", "--price-book", str(self.book),
-                 "--lease-duration", "60s", "--heartbeat-interval", "1s", "--clock-offset-file", str(self.offset_file)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        endpoints = data / "endpoints.json"
-        deadline = time.monotonic() + 60
-        while not endpoints.exists():
-            if self.coordinator.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("nodus-coordinator did not start:\n" + (self.root / "coordinator.log").read_text())
-            time.sleep(0.05)
-        ep = json.loads(endpoints.read_text())
-        self.http, self.grpc = ep["http"], ep["grpc"]
-        config = yaml.safe_load((data / "kubeconfig").read_text())
-        ca = self.root / "ca.crt"
-        ca.write_bytes(base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]))
-        self.session.verify = str(ca)
-        self.token = config["users"][0]["user"]["token"]  # the operator's: Reclaim, ListNodes
+        started = start_coordinator(self.root, "--price-book", str(self.book), "--lease-duration", "60s",
+                                    "--heartbeat-interval", "1s", "--clock-offset-file", str(self.offset_file))
+        self.coordinator, self.http, self.grpc, data = started.proc, started.http, started.grpc, started.data
+        self.session.verify = str(started.ca)
+        self.token = started.token  # the operator's: Reclaim, ListNodes
         self.session.headers["Authorization"] = "Bearer " + self.token
         self.channel = grpc.insecure_channel(self.grpc)
         token = self.root / "join-token"

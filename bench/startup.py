@@ -52,7 +52,6 @@ directory and removes them (and whatever they ran: containers, mounts, the regis
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import os
@@ -71,12 +70,10 @@ from typing import Any, Callable
 
 import psutil
 import requests
-import yaml
 
 import record
-from daemons import stop_all
+from daemons import BIN, start_coordinator, stop_all
 
-BIN = Path(sys.executable).parent
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
 TARGET_P50_MS, TARGET_P99_MS, TARGET_RATE, TARGET_RSS_MB, TARGET_CPU_PCT = 50.0, 200.0, 50.0, 60.0, 1.0
@@ -110,25 +107,10 @@ class Cluster:
         self.http = ""
 
     def start(self) -> None:
-        data = self.root / "data"
-        with open(self.root / "coordinator.log", "ab") as out:
-            self.coordinator = subprocess.Popen(
-                [str(BIN / "nodus-coordinator"), "--data-dir", str(data), "--http-listen", "127.0.0.1:0",
-                 "--grpc-listen", "127.0.0.1:0", "--log-level", "WARNING", *self.coordinator_args],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        endpoints = data / "endpoints.json"
-        deadline = time.monotonic() + 60
-        while not endpoints.exists():
-            if self.coordinator.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("nodus-coordinator did not start:\n" + (self.root / "coordinator.log").read_text())
-            time.sleep(0.05)
-        ep = json.loads(endpoints.read_text())
-        self.http = ep["http"]
-        config = yaml.safe_load((data / "kubeconfig").read_text())
-        ca = self.root / "ca.crt"
-        ca.write_bytes(base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]))
-        self.session.verify = str(ca)
-        self.session.headers["Authorization"] = "Bearer " + config["users"][0]["user"]["token"]
+        started = start_coordinator(self.root, *self.coordinator_args)
+        self.coordinator, self.http, data, ep = started.proc, started.http, started.data, {"grpc": started.grpc}
+        self.session.verify = str(started.ca)
+        self.session.headers["Authorization"] = "Bearer " + started.token
         token = self.root / "join-token"
         shutil.copy(data / "join-token", token)
         with open(self.root / "agent.log", "ab") as out:  # the agent's defaults, as a user runs it
