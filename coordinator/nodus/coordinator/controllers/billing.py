@@ -171,10 +171,10 @@ def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], 
 
     verdict = Verdict(Stop.NONE)
     cap = bill.max_cost
-    if cap is not None and billing and spent + 2 * sum((step(a.tariff) for a in billing), ZERO) > cap:
-        verdict = Verdict(Stop.MAX_COST, _capped(spent, cap))
-    elif cap is not None and not billing and bill.stopped is Stop.MAX_COST and last is not None \
-            and spent + restart_need(last) > cap:
+    # Capped: running, the next increment and one more would pass the cap; stopped for it, a new start would.
+    need = (2 * sum((step(a.tariff) for a in billing), ZERO) if billing else
+            restart_need(last) if bill.stopped is Stop.MAX_COST and last is not None else None)
+    if cap is not None and need is not None and spent + need > cap:
         verdict = Verdict(Stop.MAX_COST, _capped(spent, cap))
 
     renewals = sum(1 for p in postings if p.kind is Kind.RENEW)

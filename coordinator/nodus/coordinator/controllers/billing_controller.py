@@ -23,7 +23,7 @@ from .cache import ATTEMPTS, JOBS, SWEEPS, job_key, owner_of
 from .fleet import Fleet
 from .job_controller import JobWriter
 from .job_status import set_condition
-from .sweep import SWEEP_LABEL
+from .sweep import cells_in
 from .views import FUNDED, AttemptView, JobView
 from .workqueue import WorkQueue, run_workers
 
@@ -48,9 +48,8 @@ class BillingController:
 
     def _on_sweep(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         project, _, name = key[len(SWEEPS):].partition("/")
-        for job_key_, job in self.cache.under(f"{JOBS}{project}/"):
-            if (job.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == name:
-                self.queue.add(job_key_)
+        for cell, _ in cells_in(self.cache.under(f"{JOBS}{project}/"), name):
+            self.queue.add(cell)
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if key in self._priced or "cost" in ((new or old or {}).get("status") or {}):

@@ -60,7 +60,7 @@ def owner_of(attempt: dict[str, Any]) -> tuple[str, str]:
 
 class Cache:
     def __init__(self, store: Store) -> None:
-        self._store = self.store = store
+        self.store = store
         self._objects: dict[str, dict[str, Any]] = {}
         self._kinds: dict[str, dict[str, dict[str, Any]]] = {prefix: {} for prefix in PREFIXES}
         """The same objects by top prefix, so that a read of one kind (the nodes) never walks the others."""
@@ -89,7 +89,7 @@ class Cache:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _load(self, prefix: str) -> int:
-        result = await self._store.list(prefix)
+        result = await self.store.list(prefix)
         for rec in result.records:
             self.apply(rec.key, decode(rec.key, rec.value, rec.revision), rec.revision)
         return result.revision
@@ -97,7 +97,7 @@ class Cache:
     async def _follow(self, prefix: str, revision: int) -> None:
         while True:
             try:
-                async for ev in self._store.watch(prefix, revision):
+                async for ev in self.store.watch(prefix, revision):
                     revision = ev.revision
                     if ev.type is EventType.DELETE:
                         self.apply(ev.key, None, ev.revision)
@@ -113,7 +113,7 @@ class Cache:
                 revision = await self._relist(prefix)
 
     async def _relist(self, prefix: str) -> int:
-        result = await self._store.list(prefix)
+        result = await self.store.list(prefix)
         present = {rec.key for rec in result.records}
         for key in [k for k in self._objects if k.startswith(prefix) and k not in present]:
             self.apply(key, None, result.revision)

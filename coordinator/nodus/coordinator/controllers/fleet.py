@@ -30,8 +30,7 @@ from ..scheduler import Amount, Gpu, NodeView, Request, Reservation
 from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, LEASES, NODES, SWEEPS, Cache
 from .placement import warm_holds
-from .sweep import SWEEP_LABEL
-from .views import money_of
+from .sweep import cells_in, sweep_owner
 
 
 def lease_fresh(lease: dict[str, Any] | None, now: float) -> bool:
@@ -98,6 +97,16 @@ def _start_seconds(attempt: dict[str, Any] | None) -> tuple[str, Decimal] | None
     return offering, Decimal(str(round(max(started - provisioned, 0.0), 3)))
 
 
+def money_of(value: object) -> Decimal | None:
+    """A decimal string of USD as admission accepted it (None when unset)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return Decimal(value)
+    except ArithmeticError:
+        return None
+
+
 def _history_keys(project: str, job: dict[str, Any]) -> list[tuple[str, str, str]]:
     keys = []
     digest = (((job.get("status") or {}).get("image")) or {}).get("digest")
@@ -162,16 +171,14 @@ class Fleet:
         display copy). None: no cap."""
         obj = self.cache.job(project, job) or {}
         own = money_of((obj.get("spec") or {}).get("maxCostUSD"))
-        sweep = next((ref.get("name") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-                      if ref.get("kind") == "Sweep" and ref.get("controller")), None)
+        sweep = (sweep_owner(obj) or ("",))[0]
         shared = money_of(((self.cache.get(f"{SWEEPS}{project}/{sweep}") or {}).get("spec") or {}).get("maxCostUSD")) \
             if sweep else None
         if shared is None:
             return own
+        me = f"{JOBS}{project}/{job}"
         others = sum((money_of(((j.get("status") or {}).get("cost") or {}).get("totalUSD")) or Decimal(0)
-                      for k, j in self.cache.under(f"{JOBS}{project}/")
-                      if (j.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == sweep and k != f"{JOBS}{project}/{job}"),
-                     Decimal(0))
+                      for k, j in cells_in(self.cache.under(f"{JOBS}{project}/"), sweep) if k != me), Decimal(0))
         left = max(shared - others, Decimal(0))
         return left if own is None else min(own, left)
 

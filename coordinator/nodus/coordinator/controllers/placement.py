@@ -296,10 +296,9 @@ class PlacementController:
         async def take(key: str, p: Placement) -> None:
             a = views[key]
             assert p.offering is not None
-            job = self.cache.job_view(a.project, a.job)
             cost = (((self.cache.job(a.project, a.job) or {}).get("status") or {}).get("cost") or {})
             amount = first_hold(Tariff.of(p.offering), Decimal(cost.get("totalUSD") or 0),
-                                self.registry.fleet.cap_of(a.project, a.job) if job is not None else None)
+                                self.registry.fleet.cap_of(a.project, a.job))
             why = ""
             if amount <= 0:
                 why = (f"{AttemptReason.MAX_COST_REACHED}: the Job's spec.maxCostUSD (or its Sweep's shared cap) leaves "

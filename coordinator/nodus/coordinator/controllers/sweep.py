@@ -20,7 +20,7 @@ import copy
 import itertools
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..clock import parse, rfc3339
 from .job_status import set_condition
@@ -41,6 +41,21 @@ class Cell:
     """matrix.regions' value ("": the template's placement.regions)."""
     params: Mapping[str, str]
     repetition: int
+
+
+def sweep_owner(job: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(sweep name, sweep uid) of a cell Job (its controller ownerReference); None for any other Job."""
+    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Sweep" and ref.get("controller"):
+            return str(ref.get("name")), str(ref.get("uid"))
+    return None
+
+
+def cells_in(jobs: Iterable[tuple[str, dict[str, Any]]], sweep: str) -> list[tuple[str, dict[str, Any]]]:
+    """The cell Jobs of the Sweep named `sweep` among a project's (key, Job) pairs: labelled with it and
+    owned by a Sweep of that name (a recreated Sweep's uid may differ: the controller tells them apart)."""
+    return [(k, j) for k, j in jobs if (j.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == sweep
+            and (sweep_owner(j) or ("",))[0] == sweep]
 
 
 def cells_of(spec: Mapping[str, Any]) -> list[Cell]:

@@ -19,7 +19,7 @@ from ..clock import Clock
 from ..errors import NodusError
 from ..identity import SYSTEM, Caller
 from .cache import JOBS, SWEEPS, Cache
-from .sweep import SWEEP_LABEL, CellJob, CreateCell, SetCellState, cell_job, decide_sweep
+from .sweep import CellJob, CreateCell, SetCellState, cell_job, cells_in, decide_sweep, sweep_owner
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.sweep")
@@ -46,14 +46,6 @@ class Resources(Protocol):
                      dry_run: bool = False, precondition: str = "") -> dict[str, Any]: ...
 
 
-def _owner(job: dict[str, Any]) -> tuple[str, str] | None:
-    """(sweep name, sweep uid) of a cell Job; None for any other Job."""
-    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == "Sweep" and ref.get("controller"):
-            return str(ref.get("name")), str(ref.get("uid"))
-    return None
-
-
 class SweepController:
     def __init__(self, cache: Cache, resources: Resources, clock: Clock, workers: int = 2) -> None:
         self.cache, self.resources, self.clock = cache, resources, clock
@@ -65,7 +57,7 @@ class SweepController:
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
-        owner = _owner(obj) if obj is not None else None
+        owner = sweep_owner(obj) if obj is not None else None
         if owner is not None:
             project = key[len(JOBS):].split("/", 1)[0]
             self.queue.add(f"{SWEEPS}{project}/{owner[0]}")
@@ -82,15 +74,14 @@ class SweepController:
             self._on_job(key, None, job)
 
     def _cells(self, project: str, name: str) -> list[dict[str, Any]]:
-        return [job for _, job in self.cache.under(f"{JOBS}{project}/")
-                if (job.get("metadata") or {}).get("labels", {}).get(SWEEP_LABEL) == name and _owner(job)]
+        return [job for _, job in cells_in(self.cache.under(f"{JOBS}{project}/"), name)]
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(SWEEPS):].partition("/")
         sweep = self.cache.get(key)
         cells = self._cells(project, name)
         uid = ((sweep or {}).get("metadata") or {}).get("uid")
-        orphans = [j for j in cells if (o := _owner(j)) is not None and (sweep is None or o[1] != uid)]
+        orphans = [j for j in cells if (o := sweep_owner(j)) is not None and (sweep is None or o[1] != uid)]
         for job in orphans:  # its Sweep was deleted (or recreated): the cell goes with it
             await self._delete(project, job["metadata"]["name"])
         if sweep is None or (sweep.get("metadata") or {}).get("deletionTimestamp"):

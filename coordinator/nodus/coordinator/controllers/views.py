@@ -287,8 +287,6 @@ class JobView:
     """status.outputs: the outputs committed so far (they only accumulate)."""
     gang_status: Mapping[str, Any]
     """status.gang as last written (its probe is kept while the epoch's members report none)."""
-    max_cost: Decimal | None = None
-    """spec.maxCostUSD (None: no cap)."""
     stop_by: float | None = None
     """status.stopByTime: while money stops the Job for credits, the funded edge after which its
     attempts stop without their checkpoint."""
@@ -337,19 +335,9 @@ class JobView:
                    conditions=conditions, timeout_start=parse(status.get("timeoutStartTime")),
                    suspended_for=seconds(status.get("suspendedDuration")) or 0.0,
                    started=parse(status.get("startTime")), outputs=_dicts(status.get("outputs")),
-                   gang_status=_dict(status.get("gang")), max_cost=money_of(spec.get("maxCostUSD")),
+                   gang_status=_dict(status.get("gang")),
                    spec_state=JobState.parse(spec.get("state")), money_stop=money_stop,
                    stop_by=parse(status.get("stopByTime")))
-
-
-def money_of(value: object) -> Decimal | None:
-    """A decimal string of USD as admission accepted it (None when unset)."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return Decimal(value)
-    except ArithmeticError:
-        return None
 
 
 def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
