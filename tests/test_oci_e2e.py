@@ -23,7 +23,7 @@ import pytest
 
 from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
-from e2e import AGENT_ENV, NS, attempts_of, create, joined, settled, wait_status
+from e2e import AGENT_ENV, NS, attempts_of, create, joined, patch_state, settled, wait_status
 from nodus.agent.clock import SystemClock
 from nodus.agent.runtime import OciRuntime, Refused
 from nodus.v1 import agent_pb2
@@ -146,6 +146,58 @@ def test_an_image_job_runs_to_completion_with_outputs_logs_and_progress(
         pull = attempt["status"]["imagePull"]
         assert pull["bytesDone"] == pull["bytesTotal"] > 0
         assert Runc(work / "runc").list() == []  # the pod's containers are deleted with the attempt
+
+
+# The Nodus SDK from inside the image (which installs nothing of Nodus): progress through
+# nodus.progress, and the checkpoint handshake through nodus.handshake. The count reaches the state
+# dir only through the handshake's save, so a resumed run that starts from it proves the handshake
+# (not a freeze) took the checkpoint.
+SDK_PROGRAM = r"""
+import os, time
+import nodus
+from nodus import handshake, progress
+path = os.path.join(os.environ["NODUS_STATE_DIR"], "counter")
+n = int(open(path).read()) if os.path.exists(path) else 0
+print("sdk", list(nodus.__path__), "pythonpath", os.environ["PYTHONPATH"], "start", n, flush=True)
+def save(seq):
+    with open(path, "w") as f:
+        f.write(str(n))
+    print("saved", seq, n, flush=True)
+assert handshake.on_checkpoint(save)
+while n < 40:
+    n += 1
+    progress.report(stage="count", completed=n, total=40)
+    time.sleep(0.1)
+print("reached", n, flush=True)
+"""
+
+
+def test_the_sdk_works_inside_an_image_progress_and_the_checkpoint_handshake(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-sdk", backoffLimit=0, image=images["python"], command=["python3", "-c", SDK_PROGRAM],
+               env=[{"name": "NODUS_CHECKPOINT_SIGNAL", "value": "1"}, {"name": "PYTHONPATH", "value": "/opt/mine"}])
+        st = wait_status(c, "oci-sdk", lambda s: ((s.get("progress") or {}).get("units") or {}).get("completed", 0) >= 8,
+                         180, "the image's program to report 8 units through nodus.progress")
+        assert st["progress"]["stage"] == "count"
+        patch_state(c, "oci-sdk", "Suspended")
+        st = wait_status(c, "oci-sdk", lambda s: s.get("phase") == "Suspended" and not s.get("active"), 120,
+                         "Suspended through a checkpoint")
+        suspended_at = st["progress"]["units"]["completed"]
+        [first] = attempts_of(c, "oci-sdk")
+        assert [k["reason"] for k in first["status"]["checkpoints"]] == ["Suspend"], first["status"]
+        patch_state(c, "oci-sdk", "Running")
+        st = settled(c, "oci-sdk", 180)
+        assert st["phase"] == "Succeeded", st
+        assert st["checkpoint"]["restoredFromSeq"] == 1
+        first_log = c.run("nodus", "logs", "oci-sdk", "--attempt", "1").stdout
+        log = c.run("nodus", "logs", "oci-sdk").stdout
+        # the SDK is the agent's read-only copy at /nodus/sdk, after the Job's own PYTHONPATH
+        assert "/nodus/sdk/nodus'] pythonpath /opt/mine:/nodus/sdk start 0" in first_log, first_log
+        saved = [ln.split() for ln in first_log.splitlines() if ln.startswith("saved ")]
+        assert len(saved) == 1 and saved[0][1] == "1" and 8 <= int(saved[0][2]) <= suspended_at, first_log
+        assert f"pythonpath /opt/mine:/nodus/sdk start {saved[0][2]}" in log, "the resumed run restored the save"
+        assert "reached 40" in log
 
 
 def test_kill_9_of_the_agent_during_a_container_re_adopts_it_and_it_runs_once(

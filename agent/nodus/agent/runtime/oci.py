@@ -20,7 +20,7 @@ from .. import layout as L
 from ..clock import Clock
 from ..layout import AttemptLayout
 from ..nvml import Nvml, SimulatedNvml
-from ..oci import cdi
+from ..oci import cdi, sdk
 from ..oci.bundle import ImageConfig
 from ..oci.egress import Policy, preset_table
 from ..oci.images import ImageStore, PulledImage, PullProgress
@@ -63,6 +63,8 @@ class OciRuntime(ProcessRuntime):
         """NodeNetwork's settings (pod_range, if_prefix, uplinks), as the supervisor builds it from spec.json."""
         self.runc_root = work_dir / "runc"
         self.id_slots = work_dir / "ids"
+        self.sdk = sdk.install(work_dir / "sdk")
+        """The SDK tree every container mounts at /nodus/sdk (oci/sdk.py)."""
         self.store = ImageStore(image_cache, disk_budget, clock, self.images_in_use,
                                 Skopeo(insecure=frozenset(insecure_registries)))
         self._pull_lock = threading.Lock()
@@ -177,7 +179,7 @@ class OciRuntime(ProcessRuntime):
                               "image_config": config_blob(pulled[sc.image].config)}
                     for sc in a.sidecars if sc.image and sc.image != a.image}
         return {"rootfs": str(main.rootfs), "image_config": config_blob(main.config), "digest": main.digest,
-                "runc_root": str(self.runc_root), "id_slots": str(self.id_slots),
+                "runc_root": str(self.runc_root), "id_slots": str(self.id_slots), "sdk": str(self.sdk),
                 "args": list(a.args) if a.args else None, "working_dir": a.working_dir, "user": "",
                 "sidecars": sidecars, "egress": self.egress_section(a.egress),
                 "egress_presets": {k: list(v) for k, v in self.egress_presets.items()},

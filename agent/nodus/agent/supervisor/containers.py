@@ -3,7 +3,7 @@ is a runc container of the attempt's pod, made by `launch` instead of a fork and
 
 What the agent writes in spec.json for an attempt with an image (`"oci"`):
 
-    {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR,
+    {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR, "sdk": DIR,
      "args": [...] | null, "working_dir": "", "user": "",
      "sidecars": {NAME: {"rootfs": DIR, "image_config": {...}}},
      "egress": {"policy": "Deny" | "Open" | "AllowList", "allow": [...], "presets": [...]},
@@ -18,6 +18,8 @@ step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md). 
 `network.egress`, `egress_presets` the agent's preset table; an AllowList pod's /etc/resolv.conf names its
 DNS gate, and the pod's denied count is written to run/egress.json (docs/adr/0023-pod-egress.md). `gpus` is
 the assigned GPUs as oci/cdi.py resolved them (GpuInjection.to_json), given to every container (ADR 0024).
+`sdk` is the agent's copy of the Nodus SDK, mounted read-only at /nodus/sdk and appended to PYTHONPATH
+(oci/sdk.py).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import Any
 
 from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
+from ..oci import sdk
 from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
 from ..oci.cdi import GpuInjection, with_gpus
 from ..oci.egress import DEFAULT_RANGE, PRESETS, Egress, EgressError, NodeNetwork, Policy
@@ -99,7 +102,8 @@ class Containers:
                 pod.own(path, uid, gid)  # 0400 files, readable by the workload's user only
         self.mounts = (*attempt_mounts(str(lay.state), str(lay.inputs), str(lay.outputs), str(lay.progress), secrets),
                        Mount("/nodus/ready", str(lay.ready)), Mount("/nodus/checkpoint", str(handshake)),
-                       Mount("/tmp", str(lay.tmp)), *extra)
+                       Mount("/tmp", str(lay.tmp)), *extra,
+                       *((Mount(sdk.MOUNT, self.oci["sdk"], read_only=True),) if self.oci.get("sdk") else ()))
         return pod
 
     def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
@@ -109,13 +113,16 @@ class Containers:
         if name.startswith("sidecar "):
             image = (self.oci.get("sidecars") or {}).get(name.removeprefix("sidecar "), self.oci)
         config = ImageConfig.from_oci(image.get("image_config") or {})
+        env = self._inside(env)
+        if self.oci.get("sdk"):
+            env["PYTHONPATH"] = sdk.python_path(config.env, env)
         if name == "main":
             request = ContainerRequest(name, command=tuple(argv) or None,
                                        args=None if self.oci.get("args") is None else tuple(self.oci["args"]),
-                                       env=self._inside(env), working_dir=self.oci.get("working_dir") or "",
+                                       env=env, working_dir=self.oci.get("working_dir") or "",
                                        user=self.oci.get("user") or "")
         else:
-            request = ContainerRequest(name, command=tuple(argv), env=self._inside(env), user=self.oci.get("user") or "")
+            request = ContainerRequest(name, command=tuple(argv), env=env, user=self.oci.get("user") or "")
         step = f"{self.count}-{name.replace(' ', '-')}"  # steps repeat names (setup, teardown): each its own container
         try:
             return pod.start(step, with_gpus(request, self.gpus), config, Path(image["rootfs"]), stdout,
