@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -21,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+import grpc
 import pytest
 
 import netns
@@ -28,6 +30,7 @@ from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, attempts_of, create, joined, settled
 from netns import Lab
+from nodus.v1 import node_pb2, node_pb2_grpc
 from registry import Registry, build_busybox_layout, push
 from test_oci_e2e import clean_pods, traversable_dir
 
@@ -205,3 +208,35 @@ def test_the_operators_presets_come_from_the_config_file_and_a_bad_one_names_the
     with pytest.raises(SystemExit, match="--egress-range: 10.0.0.0/31 must be an IPv4 network of /30 or wider"):
         config("egress-range: 10.0.0.0/31\n")
 
+
+
+def test_a_killed_supervisor_leaves_no_link_or_nat_table_and_the_job_is_replaced(
+        c: Coordinator, agent: AgentProcess, busybox: str, lab: Lab) -> None:
+    prefix = f"{netns.PREFIX}{os.getpid()}-e"
+    nat = f"nodus_{prefix.replace('-', '_')}"
+
+    def tables() -> str:
+        return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+
+    script = f'if [ "$NODUS_ATTEMPT_NUMBER" = 1 ]; then sleep 600; fi; {fetch(lab.hosts[0].address)}'
+    create(c, "egress-killed", backoffLimit=0, image=busybox, command=["sh", "-c", script],
+           network={"egress": {"policy": "Open"}})
+    wait_for(lambda: netns.residue(prefix) and nat in tables(), 120, what="the Open pod's link and NAT table")
+    # No replacement may take the slot (and remake its table) before the test has looked: the node is cordoned.
+    with grpc.insecure_channel(c.grpc) as channel:
+        nodes = node_pb2_grpc.NodeServiceStub(channel)
+        auth = (("authorization", f"Bearer {c.token}"),)
+        nodes.Cordon(node_pb2.CordonRequest(name="egress-n0", message="hold the replacement"), metadata=auth, timeout=10)
+        [status] = [json.loads(p.read_text()) for p in agent.work_dir.glob("attempts/*/run/status.json")]
+        os.kill(int(status["supervisor_pid"]), signal.SIGKILL)
+        wait_for(lambda: [a["status"].get("phase") for a in attempts_of(c, "egress-killed")][:1] == ["Lost"], 60,
+                 what="the attempt of the killed supervisor to be lost")
+        wait_for(lambda: nat not in tables() and not netns.residue(prefix), 30,
+                 what="the agent to remove the dead pod's NAT table and link")
+        nodes.Uncordon(node_pb2.UncordonRequest(name="egress-n0"), metadata=auth, timeout=10)
+    st = settled(c, "egress-killed", 180)
+    assert st["phase"] == "Succeeded", st
+    first, second = attempts_of(c, "egress-killed")
+    assert first["status"]["reason"] == "AgentFault", first["status"]
+    assert second["status"]["phase"] == "Succeeded"
+    assert "zero" in logs(c, "egress-killed")

@@ -229,6 +229,14 @@ class NodeNetwork:
     blocked: tuple[str, ...] = BLOCKED
     """Networks no pod reaches under any policy (a listed name resolving there included)."""
 
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any] | None, presets: Mapping[str, Sequence[str]] | None = None) -> NodeNetwork:
+        """The network spec.json's `egress_network` section describes (the agent's --egress-* settings)."""
+        net = section or {}
+        uplinks = net.get("uplinks")
+        return cls(pod_range=net.get("pod_range") or DEFAULT_RANGE, if_prefix=net.get("if_prefix") or "nodus",
+                   uplinks=None if uplinks is None else tuple(uplinks), presets=dict(presets or PRESETS))
+
     def for_pod(self, egress: Egress, netns: str, slot: int) -> PodEgress:
         """Not applied yet (`attach` does); a Deny pod takes no address from the range."""
         link = None if egress.policy == Policy.DENY else PodLink.for_slot(slot, self.pod_range, self.if_prefix)
@@ -317,10 +325,8 @@ class PodEgress:
 
     def detach(self) -> None:
         """Removes the node's side (its veth, with the pod's end, and the NAT table); tolerates what is gone."""
-        if self.link is None:
-            return
-        _run(["ip", "link", "del", self.link.host_if], check=False)
-        _run(["nft", "delete", "table", "ip", self.link.nat_table], check=False)
+        if self.link is not None:
+            remove_link(self.link)
 
     def _link_up(self, link: PodLink) -> None:
         pod = self.netns
@@ -352,6 +358,25 @@ class PodEgress:
                   "  }\n"
                   "}\n")
         _run(["nft", "-f", "-"], stdin=_flush_then(script, family="ip", table=link.nat_table))
+
+
+def remove_link(link: PodLink) -> None:
+    """The node's side of a pod's link: its veth (with the pod's end) and its NAT table; tolerates what is gone.
+    Also what a killed supervisor's pod left, found from spec.json (`left_link`)."""
+    _run(["ip", "link", "del", link.host_if], check=False)
+    _run(["nft", "delete", "table", "ip", link.nat_table], check=False)
+
+
+def left_link(oci: Mapping[str, Any], slot: int) -> PodLink | None:
+    """The link the pod of spec.json's `oci` section had at id slot `slot` (None: a Deny pod has none, and
+    neither has one whose egress its supervisor refused)."""
+    try:
+        if Egress.from_spec(oci.get("egress")).policy == Policy.DENY:
+            return None
+        network = NodeNetwork.from_section(oci.get("egress_network"))
+        return PodLink.for_slot(slot, network.pod_range, network.if_prefix)
+    except EgressError:
+        return None
 
 
 def denied_count(netns: str) -> int:

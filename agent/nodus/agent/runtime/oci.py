@@ -22,7 +22,7 @@ from ..layout import AttemptLayout
 from ..nvml import Nvml, SimulatedNvml
 from ..oci import cdi, sdk
 from ..oci.bundle import ImageConfig
-from ..oci.egress import Policy, preset_table
+from ..oci.egress import Policy, left_link, preset_table, remove_link
 from ..oci.images import ImageStore, PulledImage, PullProgress
 from ..oci.pod import IdSlots, pod_safe_id, remove_cgroup_dirs, remove_namespaces, unmount_layer
 from ..oci.pull_errors import ImagePullError
@@ -197,8 +197,8 @@ class OciRuntime(ProcessRuntime):
         self.close_pod(layout)
 
     def close_pod(self, layout: AttemptLayout) -> None:
-        """What a dead supervisor's pod left: its containers, writable layers, namespaces, cgroups and id
-        slot (Pod.close's steps, from disk alone: the pod object died with its supervisor)."""
+        """What a dead supervisor's pod left: its containers, writable layers, namespaces, cgroups, the node's
+        side of its link (veth, NAT table) and its id slot (Pod.close's steps, from disk alone: the pod object died with its supervisor)."""
         spec = read_json(layout.spec) or {}
         oci = spec.get("oci")
         pod_dir = layout.run / "pod"
@@ -218,7 +218,12 @@ class OciRuntime(ProcessRuntime):
                 unmount_layer(directory)
         remove_namespaces(pod_dir / "ns")
         remove_cgroup_dirs(f"{spec.get('cgroup_root', self.cgroup_root)}/{spec.get('cgroup_name') or layout.root.name}")
-        IdSlots(Path(oci["id_slots"]) if oci else self.id_slots).release(pod_id)
+        slots = IdSlots(Path(oci["id_slots"]) if oci else self.id_slots)
+        slot = slots.slot_of(pod_id)
+        link = left_link(oci, slot) if oci and slot is not None else None
+        if link is not None:
+            remove_link(link)  # the node's NAT table outlives the pod's namespace
+        slots.release(pod_id)
 
     def remove(self, layout: AttemptLayout) -> None:  # type: ignore[override]
         with self._pull_lock:  # one stopped between its pull and its spec

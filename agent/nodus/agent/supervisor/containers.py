@@ -34,7 +34,7 @@ from ..layout import AttemptLayout
 from ..oci import sdk
 from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
 from ..oci.cdi import GpuInjection, with_gpus
-from ..oci.egress import DEFAULT_RANGE, PRESETS, Egress, EgressError, NodeNetwork, Policy
+from ..oci.egress import Egress, EgressError, NodeNetwork, Policy
 from ..oci.pod import ContainerProcess, IdSlots, Pod
 from ..oci.runc import Runc, RuncError, become_subreaper
 from ..statefile import write_json
@@ -61,11 +61,7 @@ class Containers:
         if self.pod is not None:
             return self.pod
         become_subreaper()  # a detached container's init is then this supervisor's child, waited for as one
-        net = self.oci.get("egress_network") or {}
-        uplinks = net.get("uplinks")
-        network = NodeNetwork(pod_range=net.get("pod_range") or DEFAULT_RANGE, if_prefix=net.get("if_prefix") or "nodus",
-                              uplinks=None if uplinks is None else tuple(uplinks),
-                              presets=self.oci.get("egress_presets") or dict(PRESETS))
+        network = NodeNetwork.from_section(self.oci.get("egress_network"), self.oci.get("egress_presets"))
         try:
             egress = Egress.from_spec(self.oci.get("egress"), network.presets)
         except EgressError as e:
