@@ -27,6 +27,7 @@ from e2e import AGENT_ENV, NS, attempts_of, create, joined, patch_state, settled
 from nodus.agent.clock import SystemClock
 from nodus.agent.runtime import OciRuntime, Refused
 from nodus.v1 import agent_pb2
+from nodus.agent.oci import disk
 from nodus.agent.oci.pod import remove_namespaces, unmount_layer
 from nodus.agent.oci.runc import Runc
 from nodus.agent.statefile import read_json
@@ -69,6 +70,7 @@ def clean_pods(work: Path) -> None:
     for pod_dir in work.glob("attempts/*/run/pod"):
         for layer in pod_dir.glob("containers/*"):
             unmount_layer(layer)
+        disk.remove(pod_dir)
         remove_namespaces(pod_dir / "ns")
 
 
@@ -231,6 +233,34 @@ def test_a_memory_limit_below_use_reports_oomkilled(
         assert st["phase"] == "Failed", st
         [attempt] = attempts_of(c, "oci-oom")
         assert attempt["status"]["reason"] == "OOMKilled", attempt["status"]
+
+
+DISK_FILLER = r"""
+import errno
+with open("/small", "wb") as f:
+    f.write(b"0" * (8 << 20))
+print("small fits", flush=True)
+try:
+    with open("/big", "wb") as f:
+        f.write(b"0" * (64 << 20))
+except OSError as e:
+    print("big refused", errno.errorcode[e.errno], flush=True)
+    raise SystemExit(4)
+"""
+
+
+def test_the_disk_floor_limits_the_containers_writable_layer(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-disk", backoffLimit=0, image=images["python"], resources={"disk": "32Mi"},
+               command=["python3", "-c", DISK_FILLER])
+        st = settled(c, "oci-disk", 120)
+        assert st["phase"] == "Failed", st
+        [attempt] = attempts_of(c, "oci-disk")
+        assert attempt["status"]["exitCode"] == 4, attempt["status"]
+        log = c.run("nodus", "logs", "oci-disk").stdout
+        assert "small fits" in log and "big refused ENOSPC" in log, log
+        assert not list(work.glob("attempts/*/run/pod/layers.ext4")), "the pod's filesystem went with it"
 
 
 def read_as(uid: int, path: Path) -> str:

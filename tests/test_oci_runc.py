@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from nodus.agent.cgroups import DEFAULT_FS, Cgroup
+from nodus.agent.oci import disk
 from nodus.agent.checkpointing import Hold
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.oci.bundle import ContainerRequest, ImageConfig, Limits, Mount
@@ -27,7 +28,7 @@ from nodus.agent.oci.runc import (ContainerExists, ContainerNotFound, ContainerS
 from nodus.agent.statefile import read_json, write_json
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
-APPLETS = ("sh", "echo", "cat", "id", "pwd", "sleep", "httpd", "wget", "env", "touch", "mkdir", "ls", "true")
+APPLETS = ("sh", "echo", "cat", "id", "pwd", "sleep", "httpd", "wget", "env", "touch", "mkdir", "ls", "true", "dd")
 IMAGE = ImageConfig(cmd=("sh",), env=("PATH=/bin",))
 
 pytestmark = [
@@ -48,9 +49,9 @@ class Node:
     cgroup_parent: str
     pods: list[Pod] = field(default_factory=list)
 
-    def pod(self, name: str) -> Pod:
+    def pod(self, name: str, disk_bytes: int = 0) -> Pod:
         pod = Pod(f"{name}-{uuid.uuid4().hex[:6]}", self.root / "pods" / name, self.runc, self.slots,
-                  f"{self.cgroup_parent}/{name}")
+                  f"{self.cgroup_parent}/{name}", disk_bytes=disk_bytes)
         self.pods.append(pod)
         return pod
 
@@ -116,6 +117,7 @@ def node(rootfs: Path) -> Iterator[Node]:
             for pod_dir in top.glob("attempts/*/run/pod"):  # a supervisor's pod, if the test killed it
                 for layer in pod_dir.glob("containers/*"):
                     unmount_layer(layer)
+                disk.remove(pod_dir)
                 remove_namespaces(pod_dir / "ns")
             remove_cgroup_dirs(n.cgroup_parent)
             assert not [c for c in DEFAULT_FS.iterdir() if (c / n.cgroup_parent).exists()], "a test cgroup was left"
@@ -268,6 +270,20 @@ def test_the_container_outlives_its_caller_and_is_found_again_from_runc_state(no
     os.kill(pid, 0)  # alive
     again.stop("main", ContainerProcess.of(state.id, pid), grace=1)
     assert again.find() == {}
+
+
+@pytest.mark.skipif(disk.available() is not None, reason=f"no loop-mounted ext4 here: {disk.available()}")
+def test_a_disk_floor_limits_the_writable_layers_and_goes_with_the_pod(node: Node) -> None:
+    pod = node.pod("disk", disk_bytes=32 << 20)
+    script = ("dd if=/dev/zero of=/small bs=1M count=8 2>/dev/null && echo small fits; "
+              "dd if=/dev/zero of=/big bs=1M count=64; echo big rc=$?")
+    assert run(node, pod, "main", sh(script)).wait(60) == 0
+    out = node.text()
+    assert "small fits" in out and "No space left on device" in out and "big rc=1" in out, out
+    layers = pod.directory / "containers"
+    assert os.path.ismount(layers), "the layers live on the pod's own filesystem"
+    pod.close()
+    assert not os.path.ismount(layers) and not (pod.directory / disk.IMAGE).exists()
 
 
 def test_a_second_pod_cannot_read_the_first_pods_files(node: Node) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..cgroups import DEFAULT_FS
+from . import disk
 from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
                      resolve_process, runtime_spec)
 from .egress import Egress, NodeNetwork
@@ -288,7 +289,7 @@ class Pod:
     """The containers of one attempt, in `directory` (under the attempt's run dir)."""
 
     def __init__(self, pod_id: str, directory: Path, runc: Runc, slots: IdSlots, cgroup_parent: str,
-                 egress: Egress = Egress(), network: NodeNetwork = NodeNetwork()) -> None:
+                 egress: Egress = Egress(), network: NodeNetwork = NodeNetwork(), disk_bytes: int = 0) -> None:
         self.pod_id = pod_safe_id(pod_id)
         self.directory = directory
         self.runc = runc
@@ -302,6 +303,12 @@ class Pod:
         directory.mkdir(parents=True, exist_ok=True)
         os.chown(directory, self.ids.host(0), self.ids.host(0))
         directory.chmod(0o700)
+        if disk_bytes:
+            try:  # the writable layers on a filesystem of the disk floor's size (oci/disk.py)
+                disk.mount(directory, disk_bytes, self.ids.host(0))
+            except (disk.DiskLimitError, OSError) as e:
+                slots.release(self.pod_id)
+                raise PodError(f"the writable layers could not be limited to resources.disk: {e}") from e
         self.namespaces = create_namespaces(directory / "ns", self.ids)
         self.egress = network.for_pod(egress, self.namespaces.network, slot)
         """The pod's way out (Deny: loopback only); the supervisor calls `egress.refresh` and reads `egress.denied`."""
@@ -310,6 +317,7 @@ class Pod:
         except BaseException:
             self.egress.detach()
             remove_namespaces(directory / "ns")
+            disk.remove(directory)
             slots.release(self.pod_id)
             raise
         self.started: list[str] = []
@@ -377,13 +385,15 @@ class Pod:
         return order
 
     def close(self) -> None:
-        """Deletes what is left of the pod: containers, writable layers, namespaces, the id slot."""
+        """Deletes what is left of the pod: containers, writable layers (and their limited filesystem),
+        namespaces, the id slot."""
         for container_id in self.find():
             self.runc.delete(container_id, force=True)
         containers = self.directory / "containers"
         if containers.is_dir():
             for directory in containers.iterdir():
                 unmount_layer(directory)
+        disk.remove(self.directory)
         self.egress.detach()
         remove_namespaces(self.directory / "ns")
         remove_cgroup_dirs(self.cgroup_parent)

@@ -20,7 +20,7 @@ from .. import layout as L
 from ..clock import Clock
 from ..layout import AttemptLayout
 from ..nvml import Nvml, SimulatedNvml
-from ..oci import cdi, sdk
+from ..oci import cdi, disk, sdk
 from ..oci.bundle import ImageConfig
 from ..oci.egress import Policy, left_link, preset_table, remove_link
 from ..oci.images import ImageStore, PulledImage, PullProgress
@@ -64,6 +64,11 @@ class OciRuntime(ProcessRuntime):
         self.runc_root = work_dir / "runc"
         self.id_slots = work_dir / "ids"
         self.sdk = sdk.install(work_dir / "sdk")
+        self.disk_limit = disk.available()
+        """None when pods' writable layers can be limited to resources.disk (oci/disk.py), else why not."""
+        if self.disk_limit is not None:
+            log.error("image Jobs' writable layers will not be limited to their resources.disk on this host: %s",
+                      self.disk_limit)
         """The SDK tree every container mounts at /nodus/sdk (oci/sdk.py)."""
         self.store = ImageStore(image_cache, disk_budget, clock, self.images_in_use,
                                 Skopeo(insecure=frozenset(insecure_registries)))
@@ -180,6 +185,7 @@ class OciRuntime(ProcessRuntime):
                     for sc in a.sidecars if sc.image and sc.image != a.image}
         return {"rootfs": str(main.rootfs), "image_config": config_blob(main.config), "digest": main.digest,
                 "runc_root": str(self.runc_root), "id_slots": str(self.id_slots), "sdk": str(self.sdk),
+                "disk_bytes": a.resources.disk_bytes if self.disk_limit is None else 0,
                 "args": list(a.args) if a.args else None, "working_dir": a.working_dir, "user": "",
                 "sidecars": sidecars, "egress": self.egress_section(a.egress),
                 "egress_presets": {k: list(v) for k, v in self.egress_presets.items()},
@@ -216,6 +222,7 @@ class OciRuntime(ProcessRuntime):
         if containers.is_dir():
             for directory in containers.iterdir():
                 unmount_layer(directory)
+        disk.remove(pod_dir)
         remove_namespaces(pod_dir / "ns")
         remove_cgroup_dirs(f"{spec.get('cgroup_root', self.cgroup_root)}/{spec.get('cgroup_name') or layout.root.name}")
         slots = IdSlots(Path(oci["id_slots"]) if oci else self.id_slots)

@@ -3,7 +3,7 @@ is a runc container of the attempt's pod, made by `launch` instead of a fork and
 
 What the agent writes in spec.json for an attempt with an image (`"oci"`):
 
-    {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR, "sdk": DIR,
+    {"rootfs": DIR, "image_config": {...}, "runc_root": DIR, "id_slots": DIR, "sdk": DIR, "disk_bytes": N,
      "args": [...] | null, "working_dir": "", "user": "",
      "sidecars": {NAME: {"rootfs": DIR, "image_config": {...}}},
      "egress": {"policy": "Deny" | "Open" | "AllowList", "allow": [...], "presets": [...]},
@@ -19,7 +19,8 @@ step's env are rewritten to where they are mounted (docs/adr/0020-oci-pods.md). 
 DNS gate, and the pod's denied count is written to run/egress.json (docs/adr/0023-pod-egress.md). `gpus` is
 the assigned GPUs as oci/cdi.py resolved them (GpuInjection.to_json), given to every container (ADR 0024).
 `sdk` is the agent's copy of the Nodus SDK, mounted read-only at /nodus/sdk and appended to PYTHONPATH
-(oci/sdk.py).
+(oci/sdk.py); `disk_bytes` the Job's resources.disk, the size the pod's writable layers are limited to
+(oci/disk.py; 0: no limit).
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class Containers:
         except EgressError as e:
             raise OSError(str(e)) from e
         pod = Pod(self.layout.root.name, self.layout.run / "pod", Runc(Path(self.oci["runc_root"])),
-                  IdSlots(Path(self.oci["id_slots"])), self.cgroup_parent, egress, network)
+                  IdSlots(Path(self.oci["id_slots"])), self.cgroup_parent, egress, network,
+                  disk_bytes=int(self.oci.get("disk_bytes") or 0))
         self.pod = pod
         lay = self.layout
         extra: tuple[Mount, ...] = ()
