@@ -441,6 +441,37 @@ def test_progress_and_unit_metrics_come_from_the_attempts() -> None:
     assert s["unitMetrics"] == {"completed": 16, "p50Ms": 100, "p95Ms": 300}
 
 
+def test_the_progress_total_is_the_planned_total_of_every_index_from_the_first_report() -> None:
+    # The README's demo: three indexes of ten units, two at a time. The total says 30 while index 2 has
+    # not started (it said 20 then 30: "20/20, then 22/30").
+    w = World(completions=3, parallelism=2)
+    w.settle()
+    t = w.clock.now()
+
+    def report(name: str, done: int) -> None:
+        status = fold_progress(w.attempts[name], ProgressReport(stage="train", units_completed=done, units_total=10,
+                                                                time=t + done / 100))
+        assert status is not None
+        w.attempts[name] = {**w.attempts[name], "status": status}
+
+    w.run("train-0-1")
+    report("train-0-1", 4)
+    w.settle()
+    assert w.status["progress"]["units"] == {"completed": 4, "total": 30}
+    w.run("train-1-1")
+    report("train-1-1", 10)
+    report("train-0-1", 10)
+    w.settle()
+    assert w.status["progress"]["units"] == {"completed": 20, "total": 30}
+    for name in ("train-0-1", "train-1-1"):
+        w.report(name, P.SUCCEEDED, exit_code=0)
+    w.settle()
+    w.run("train-2-1")
+    w.report("train-2-1", P.SUCCEEDED, exit_code=0)  # the last index never reports progress
+    w.settle()
+    assert w.status["progress"]["units"] == {"completed": 20, "total": 20}, "an index that reported nothing counts for nothing"
+
+
 def test_outputs_of_succeeded_attempts_are_committed_to_the_job() -> None:
     w = World(completions=2, parallelism=2)
     w.settle()

@@ -277,7 +277,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     started = job.started or _earliest(a.started for a in mine)
     if started is not None:
         status["startTime"] = rfc3339(started)
-    put(status, "progress", progress_of(mine))
+    put(status, "progress", progress_of(mine, completions))
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress"), status.get("cost")))
     put(status, "outputs", committed_outputs(job.outputs, mine, completions))
     # A finished Job's checkpoints drop out of its status once retention releases them.

@@ -54,8 +54,13 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
 
 # -- progress, unit metrics and outputs, from the attempts ------------------------------------------------
 
-def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
-    """Units summed over the newest reporting attempt of each index; stage and metrics from the latest line."""
+def progress_of(mine: list[AttemptView], completions: int = 0) -> dict[str, Any]:
+    """Units summed over the newest reporting attempt of each index; stage and metrics from the latest line.
+
+    The total is the planned total of all `completions` indexes, not of those that reported so far: an
+    index that has not reported yet counts as the mean of the totals reported (exact once every index
+    has), and one that succeeded without reporting counts for nothing. Without a total on every line
+    there is none."""
     newest: dict[int, tuple[int, Mapping[str, Any]]] = {}
     for a in mine:
         p = a.progress
@@ -74,7 +79,9 @@ def progress_of(mine: list[AttemptView]) -> dict[str, Any]:
     units: dict[str, int] = {"completed": sum(int((p.get("units") or {}).get("completed") or 0) for p in lines)}
     known = [t for t in totals if isinstance(t, int) and t > 0]
     if len(known) == len(totals):
-        units["total"] = sum(known)
+        silent = {a.index for a in mine if a.phase == AttemptPhase.SUCCEEDED} - set(newest)
+        planned = max(completions - len(silent), len(known))
+        units["total"] = (sum(known) * planned + len(known) // 2) // len(known)
     out["units"] = units
     return out
 
