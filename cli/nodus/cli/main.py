@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, cancel, checkpoint, credits, data, estimate, pricebook, sweeps, up
+from . import attempts, budgets, cancel, checkpoint, credits, data, estimate, images, pricebook, sweeps, up
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -249,8 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_parser(sub)  # coordinator + local agent
     pricebook.add_parser(sub)  # operator: apply, get, versions
     credits.add_parser(sub)  # balance, held, spent; operators grant
+    budgets.add_parser(sub)  # monthly budgets: operators set and remove them
     estimate.add_parser(sub)  # a Job's estimate and its ETag
     cancel.add_parser(sub)  # a Job stopped for good
+    images.add_parser(sub)  # image push / ls: the project's images in the operator's registry
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)

@@ -414,7 +414,8 @@ class Session:
 
         try:
             view = self._view(attempt)
-            built = await assignment.build(attempt, job, self.service.vault, self._output_of(project))
+            built = await assignment.build(attempt, job, self.service.vault, self._output_of(project),
+                                           self.service.image_registry)
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),

@@ -38,6 +38,7 @@ from .errors import NodusError, new_request_id
 from .grpc_api import authorization, status_for
 from .identity import Identity
 from .nodes import NodeRegistry
+from .operator_registry import OperatorRegistry
 from .vault import Vault
 
 log = logging.getLogger("nodus.agents")
@@ -56,8 +57,10 @@ def _gang_facts(obj: dict[str, Any] | None) -> Any:
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, registry: NodeRegistry, objects: Objects, identity: Identity, vault: Vault,
                  clock: Clock, gang_config: gangs.GangConfig = gangs.GangConfig(),
-                 interruptions: Interruptions | None = None) -> None:
+                 interruptions: Interruptions | None = None, image_registry: OperatorRegistry | None = None) -> None:
         self.registry, self.objects, self.identity, self.vault, self.clock = registry, objects, identity, vault, clock
+        self.image_registry = image_registry
+        """The operator's registry: its projects' images are pulled with its credentials (assignment.build)."""
         self.gang_config = gang_config
         self.cache: Cache = registry.cache
         self.interruptions = interruptions or Interruptions(self.cache, clock)

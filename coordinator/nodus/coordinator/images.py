@@ -22,11 +22,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import orjson
 
 from . import errors
+
+if TYPE_CHECKING:
+    from .operator_registry import OperatorRegistry
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
@@ -68,6 +71,13 @@ class BadPullSecret(ImageRefused):
     reason = "InvalidImagePullSecret"
     fix = "put registry credentials in the Secret under .dockerconfigjson, or username and password"
     field = "spec.imagePullSecrets"
+
+
+class ImageOfAnotherProject(ImageRefused):
+    """An image in the operator's registry under another project's namespace."""
+
+    reason = "ImageOfAnotherProject"
+    fix = "name an image your project pushed (`nodus image ls` lists them), or push it with `nodus image push`"
 
 
 class RegistryUnreachable(ImageRefused):
@@ -151,16 +161,29 @@ class ResolvedImage:
 
 @dataclass(frozen=True, slots=True)
 class ImageResolver:
-    """`insecure` lists registries (host:port) reached over plain HTTP, as the agents' own list does."""
+    """`insecure` lists registries (host:port) reached over plain HTTP, as the agents' own list does.
+    `operator` is the operator's registry: its images resolve with its credentials, and only for the
+    project whose namespace they are in (docs/adr/0032-image-push.md)."""
 
     insecure: frozenset[str] = frozenset()
+    operator: OperatorRegistry | None = None
     os: str = "linux"
     architecture: str = "amd64"
     timeout: float = 30.0
     binary: str = "skopeo"
 
-    async def resolve(self, image: str, credentials: RegistryCredentials | None = None) -> ResolvedImage:
+    async def resolve(self, image: str, credentials: RegistryCredentials | None = None,
+                      project: str | None = None) -> ResolvedImage:
+        """`project`: the Job's; an image in another project's namespace of the operator's registry is
+        refused (None skips the check: `nodus image push` verifying what it pushed)."""
         registry, repository, tag, digest = _split(image)
+        operator = self.operator
+        if operator is not None and operator.holds(image):
+            owner = operator.project_of(image)
+            if project is not None and owner != project:
+                raise ImageOfAnotherProject(image, f"the operator's registry keeps this image for project "
+                                            f"{owner or '(none)'!s}, not {project}")
+            credentials = operator.credentials
         base = f"{registry}/{repository}"
         raw = await self._inspect(registry, f"{base}@{digest}" if digest else f"{base}:{tag or 'latest'}",
                                   credentials, image)
@@ -192,8 +215,10 @@ class ImageResolver:
 
     async def _inspect(self, registry: str, address: str, credentials: RegistryCredentials | None, image: str,
                        config: bool = False) -> bytes:
-        with _authfile(registry, credentials) as (authfile, env):
-            tls = ["--tls-verify=false"] if registry in self.insecure else []
+        with private_authfile(registry, credentials) as (authfile, env):
+            plain = registry in self.insecure or (self.operator is not None and self.operator.host == registry
+                                                  and self.operator.insecure)
+            tls = ["--tls-verify=false"] if plain else []
             args = [self.binary, "--insecure-policy", "inspect", "--raw", *(["--config"] if config else []), *tls,
                     "--authfile", authfile, f"docker://{address}"]
             try:
@@ -245,6 +270,11 @@ def registry_of(image: str) -> str:
     return _split(image)[0]
 
 
+def repository_of(image: str) -> str:
+    """The repository path of an image reference (without registry, tag or digest)."""
+    return _split(image)[1]
+
+
 def _split(image: str) -> tuple[str, str, str, str]:
     """(registry, repository, tag, digest) by Docker's rules (Docker Hub when no registry is named)."""
     rest, _, digest = image.strip().partition("@")
@@ -289,7 +319,7 @@ def _json(raw: bytes, image: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _authfile(registry: str, credentials: RegistryCredentials | None) -> Iterator[tuple[str, dict[str, str]]]:
+def private_authfile(registry: str, credentials: RegistryCredentials | None) -> Iterator[tuple[str, dict[str, str]]]:
     """A 0700 directory holding the 0600 authfile and skopeo's HOME, removed after the call."""
     private = Path(tempfile.mkdtemp(prefix="nodus-resolve-"))
     try:

@@ -35,7 +35,10 @@ from .controllers.fleet import Fleet
 from .pricebook_api import apply_file as apply_price_book
 from .gateway import downloads
 from .gateway.app import make_app
+from .gateway import images as image_routes
+from .image_push import ImagePushService
 from .images import ImageResolver
+from .operator_registry import OperatorRegistry
 from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
 from .resources import ResourceService
 from .store.sqlite import SqliteStore
@@ -64,6 +67,8 @@ DEFAULTS = {
     "free_storage": "10Gi",
     "retention_interval": "1m",
     "price_book": "",
+    "image_registry": "",
+    "image_registry_auth_file": "",
 }
 
 
@@ -153,8 +158,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
     fleet = Fleet(Cache(store), clock)  # the watch-fed view the controllers and the estimates read
-    service = ResourceService(store, identity, vault, limits=_admission_limits(args), images=_image_resolver(args),
-                              fleet=fleet)
+    resolver = _image_resolver(args)
+    service = ResourceService(store, identity, vault, limits=_admission_limits(args), images=resolver, fleet=fleet)
     lease, heartbeat = _lease_settings(args)
     if args.price_book:
         await apply_price_book(store, Path(args.price_book), clock)
@@ -162,7 +167,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, fleet, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
-                         free_storage=free_storage)
+                         free_storage=free_storage, image_registry=resolver.operator)
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -176,6 +181,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                                                    servicers=plane.servicers(), clock=clock)
     app, gateway = make_app(service)
     app[downloads.BLOBS] = blobs
+    app[image_routes.IMAGES] = ImagePushService(resolver.operator, resolver, data_dir / "image-uploads")
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, http_host, http_port, ssl_context=tls.server_context(), backlog=1024)
@@ -252,7 +258,17 @@ def _image_resolver(args: argparse.Namespace) -> ImageResolver:
     hosts = args.insecure_registry or ()
     if isinstance(hosts, str):  # NODUS_INSECURE_REGISTRY: a comma-separated list
         hosts = [h.strip() for h in hosts.split(",") if h.strip()]
-    return ImageResolver(insecure=frozenset(str(h) for h in hosts))
+    insecure = frozenset(str(h) for h in hosts)
+    operator = None
+    if args.image_registry:  # where `nodus image push` puts projects' images (docs/adr/0032-image-push.md)
+        try:
+            operator = OperatorRegistry.parse(str(args.image_registry), str(args.image_registry_auth_file or ""),
+                                              insecure)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    elif args.image_registry_auth_file:
+        raise SystemExit("--image-registry-auth-file needs --image-registry HOST:PORT[/PREFIX]")
+    return ImageResolver(insecure=insecure, operator=operator)
 
 
 def _storage_settings(args: argparse.Namespace) -> tuple[int, float]:
@@ -307,6 +323,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure-registry", action="append",
                    help="a registry HOST:PORT reached over plain HTTP when admission resolves images (repeatable; "
                         "the agents' own list must name it too)")
+    p.add_argument("--image-registry", help="HOST:PORT[/PREFIX] of the operator's registry: `nodus image push` "
+                   "puts a project's images under PREFIX/<project>/ there, and Jobs naming them pull with its "
+                   "credentials (plain HTTP when --insecure-registry names the host)")
+    p.add_argument("--image-registry-auth-file", help="docker config JSON (what `skopeo login --authfile FILE` "
+                   "writes) holding the login for --image-registry; customers never see it")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p

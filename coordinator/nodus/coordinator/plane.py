@@ -16,6 +16,7 @@ from .gangs_api import add_to_server as add_gang_service
 from .grpc_api import AGENT_SERVICE, GANG_SERVICE, NODE_SERVICE
 from .node_api import add_to_server as add_node_service
 from .nodes import NodeRegistry
+from .operator_registry import OperatorRegistry
 from .resources import ResourceService
 from .store.base import Store
 from .vault import Vault
@@ -38,12 +39,13 @@ class ControlPlane:
     def __init__(self, store: Store, fleet: Fleet, service: ResourceService, vault: Vault, clock: Clock, *,
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
                  blobs: Any = None, retention_interval: float = RETENTION_TICK,
-                 free_storage: int = FREE_STORAGE_BYTES) -> None:
+                 free_storage: int = FREE_STORAGE_BYTES, image_registry: OperatorRegistry | None = None) -> None:
         self.cache = fleet.cache
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(fleet, self.objects, clock, lease_duration, heartbeat_interval)
         interruptions = Interruptions(self.cache, clock)  # one MTBI memo for the streams and the Job controller
-        self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions)
+        self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions,
+                                    image_registry)
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
                                   free_storage=free_storage)
         self.placement = PlacementController(self.registry, self.objects, clock)

@@ -147,7 +147,7 @@ class JobStrategy(KindStrategy):
         async def resolve(image: str, path: str) -> ResolvedImage:
             if image not in resolved:
                 try:
-                    resolved[image] = await images.resolve(image, _login_for(image, credentials))
+                    resolved[image] = await images.resolve(image, _login_for(image, credentials), project)
                 except ImageRefused as e:
                     raise refusal(e, "Job", name, path) from None
             return resolved[image]

@@ -20,6 +20,7 @@ from nodus.v1 import agent_pb2, common_pb2
 
 from ..clock import seconds
 from ..images import ImageRefused, RegistryCredentials, ResolvedImage, registry_of
+from ..operator_registry import OperatorRegistry
 from ..scheduler import Request
 from ..vault import Vault
 
@@ -164,7 +165,18 @@ def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> li
     return out
 
 
-async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outputs_of: Any) -> agent_pb2.Assignment:
+def operator_logins(spec: dict[str, Any], project: str,
+                    registry: OperatorRegistry | None) -> list[agent_pb2.RegistryCredential]:
+    """The operator registry's login when the Job's image (or a sidecar's) is in the project's own namespace
+    there (admission refused any other project's), sent as imagePullSecrets' logins are."""
+    images = [spec.get("image") or "", *(s.get("image") or "" for s in spec.get("sidecars") or [])]
+    if registry is None or not any(i and registry.project_of(i) == project for i in images):
+        return []
+    return [agent_pb2.RegistryCredential(registry=h, username=u, password=p) for h, u, p in registry.logins()]
+
+
+async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outputs_of: Any,
+                image_registry: OperatorRegistry | None = None) -> agent_pb2.Assignment:
     """The Assignment for `attempt`. `outputs_of(job, output, index)` finds another Job's committed output.
     It takes the stored objects, not views: it compiles the whole spec (and its pinned status) into the wire
     message field by field, which a view would only copy."""
@@ -188,7 +200,8 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
         inputs=_inputs(spec, status, outputs_of),
         outputs=[agent_pb2.Output(name=o["name"], path=o["path"], all_ranks=o.get("fromRanks") == "All")
                  for o in spec.get("outputs") or []] + [agent_pb2.Output(name="outputs", path=OUTPUTS_DIR)],
-        image_pull_credentials=await _pull_credentials(spec, secrets),
+        image_pull_credentials=await _pull_credentials(spec, secrets)
+        + operator_logins(spec, project, image_registry),  # last: the agent keeps the last login per registry
     )
     init = spec.get("initCommand")
     if init:

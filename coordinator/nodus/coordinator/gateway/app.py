@@ -24,7 +24,7 @@ from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISI
 from ..resources import ResourceService
 from ..watches import WatchEvent
 from ..selectors import parse_field_selector, parse_label_selector
-from . import discovery, downloads, tables
+from . import discovery, downloads, images, tables
 
 log = logging.getLogger("nodus.gateway")
 
@@ -423,6 +423,7 @@ def make_app(service: ResourceService) -> tuple[web.Application, Gateway]:
     r.add_get("/openapi/v3", gateway.openapi_index)
     r.add_get("/openapi/v3/apis/nodus.dev/{version}", gateway.openapi_doc)
     downloads.add_routes(app, gateway)  # outputs, logs and volume revisions over the blob store
+    images.add_routes(app, gateway)  # nodus image push / ls
     base = "/apis/nodus.dev/{version}"
     r.add_route("*", base + "/namespaces/{namespace}/{plural}", gateway.collection)
     r.add_route("*", base + "/namespaces/{namespace}/{plural}/{name}", gateway.item)
