@@ -43,6 +43,9 @@ SERVICES = {
         "RevokeToken": (False, False),
         "GrantCredits": (False, False),
         "GetCredits": (False, False),
+        "SetBudget": (False, False),
+        "DeleteBudget": (False, False),
+        "ListBudgets": (False, False),
     },
     (agent_pb2, agent_pb2_grpc, "AgentService"): {
         "Register": (False, False),

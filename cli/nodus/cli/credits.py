@@ -48,6 +48,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(credits, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         _print(credits)
+        if credits.get("budgets"):
+            from .budgets import print_budgets  # it imports this module's _project
+            print()
+            print_budgets(credits["budgets"])
     return 0
 
 

@@ -31,6 +31,9 @@ from .errors import NodusError, new_request_id
 from .identity import ALL_PROJECTS, Caller, Identity, Role, require_operator
 from .metrics import LATENCY, REQUESTS, WATCHERS
 from .money.books import PriceBooks
+from .money.budget_store import Budgets
+from .money.budgets import Room
+from .money.ledger import ZERO
 from .money.credits import Balance, Credits
 from .money.ledger_store import Ledger
 from .resources import ResourceService
@@ -256,9 +259,16 @@ def _credits(balance: Balance) -> Any:
                                month=balance.month, granted_usd=str(balance.granted))
 
 
+def _budget(room: Room, month: str) -> Any:
+    b = room.budget
+    return project_pb2.Budget(project=b.project, name=b.name, amount_usd=str(b.amount), selector=dict(b.selector),
+                              month=month, used_usd=str(room.used), left_usd=str(room.left))
+
+
 class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
     def __init__(self, identity: Identity, credits: Credits, clock: Clock) -> None:
         self.identity, self.credits, self.clock = identity, credits, clock
+        self.budgets = Budgets(credits.ledger.store, credits.ledger)
 
     @staticmethod
     def _require(caller: Caller, project: str, what: str) -> None:
@@ -324,7 +334,37 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
             raise NodusError("Forbidden", f'User "{caller.subject}" cannot read the credits of project "{project}"',
                              fix="name a project your token belongs to (GetCreditsRequest.project)")
         await self.identity.require_project(project)
-        return _credits(await self.credits.balance(project, rfc3339(self.clock.now())))
+        month = rfc3339(self.clock.now())[:7]
+        reply = _credits(await self.credits.balance(project, rfc3339(self.clock.now())))
+        reply.budgets.extend(_budget(r, month) for r in await self.budgets.report(project, month))
+        return reply
+
+    @rpc("setbudget")
+    async def SetBudget(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)  # a budget limits money, as a grant adds it
+        await self.identity.require_project(request.project)
+        budget = await self.budgets.set(request.project, request.name, request.amount_usd, dict(request.selector))
+        log.info("budget %s of project %s set to %s USD (by %s)", budget.name, budget.project, budget.amount,
+                 caller.subject)
+        month = rfc3339(self.clock.now())[:7]
+        return next(_budget(r, month) for r in await self.budgets.report(request.project, month)
+                    if r.budget.name == budget.name)
+
+    @rpc("deletebudget")
+    async def DeleteBudget(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        budget = await self.budgets.delete(request.project, request.name)
+        return _budget(Room(budget, ZERO), rfc3339(self.clock.now())[:7])
+
+    @rpc("listbudgets")
+    async def ListBudgets(self, caller: Caller, request: Any, context: Any) -> Any:
+        project = request.project or ("" if caller.project == ALL_PROJECTS else caller.project)
+        if not (caller.project == ALL_PROJECTS and caller.role >= Role.ADMIN) and not (
+                project and caller.can(project, Role.VIEWER)):
+            raise NodusError("Forbidden", f'User "{caller.subject}" cannot read the budgets of project "{project}"',
+                             fix="name a project your token belongs to (ListBudgetsRequest.project)")
+        month = rfc3339(self.clock.now())[:7]
+        return project_pb2.ListBudgetsResponse(budgets=[_budget(r, month) for r in await self.budgets.report(project, month)])
 
 
 AGENT_SERVICE, NODE_SERVICE, GANG_SERVICE = SERVICE_NAMES[2], SERVICE_NAMES[3], SERVICE_NAMES[4]

@@ -19,11 +19,12 @@ import orjson
 from . import errors
 from .api.admission import Lookup
 from .api.references import not_found, secret_version
-from .clock import parse
+from .clock import parse, rfc3339
 from .controllers.fleet import Fleet
 from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
+from .money.budget_store import Budgets
 from .money.credits import first_hold_refusal
 from .money.ledger_store import Ledger
 from .money.pricebook import PriceBook
@@ -124,7 +125,8 @@ class JobStrategy(KindStrategy):
             await self._pin_images(self.images, project, obj)
         if self.estimates is None:
             return
-        estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {})
+        estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {},
+                                                 (obj.get("metadata") or {}).get("labels") or {})
         obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "jobs", self.estimates.sign)
 
     def refuse(self, obj: dict[str, Any]) -> None:
@@ -273,10 +275,12 @@ class Estimates:
     def __init__(self, store: Store, fleet: Fleet, sign: quote.Signer) -> None:
         self.fleet = fleet
         self.ledger = Ledger(store)
+        self.budgets = Budgets(store, self.ledger)
         self.sign = sign
         """The coordinator's keyed digest that a dry run's ETag carries (quote.etag)."""
 
-    async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    async def estimate(self, project: str, spec: dict[str, Any], status: dict[str, Any],
+                       labels: dict[str, str] | None = None) -> dict[str, Any]:
         """The estimate of a Job of `spec` (`status`: what admission pinned, such as its image digest)."""
         fleet = self.fleet
         now = fleet.clock.now()
@@ -294,7 +298,9 @@ class Estimates:
         estimate = quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
         hold = Decimal(estimate.get("holdUSD") or 0)
         if book is not None and hold > 0:  # the first hold must fit the project's credits
-            refusal = first_hold_refusal(await self.ledger.accounts(project), hold, "this Job")
+            refusal = first_hold_refusal(await self.ledger.accounts(project), hold, "this Job") or \
+                await self.budgets.first_hold_refusal(project, fleet.labels_of(project), rfc3339(now)[:7],
+                                                      labels or {}, hold, "this Job")  # and every matching Budget
             if refusal is not None:
                 estimate["blockingReasons"] = [*estimate.get("blockingReasons", []), refusal]
         return estimate

@@ -86,20 +86,22 @@ class RevokeTokenRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class Credits(_message.Message):
-    __slots__ = ("project", "available_usd", "held_usd", "spent_this_month_usd", "month", "granted_usd")
+    __slots__ = ("project", "available_usd", "held_usd", "spent_this_month_usd", "month", "granted_usd", "budgets")
     PROJECT_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_USD_FIELD_NUMBER: _ClassVar[int]
     HELD_USD_FIELD_NUMBER: _ClassVar[int]
     SPENT_THIS_MONTH_USD_FIELD_NUMBER: _ClassVar[int]
     MONTH_FIELD_NUMBER: _ClassVar[int]
     GRANTED_USD_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
     project: str
     available_usd: str
     held_usd: str
     spent_this_month_usd: str
     month: str
     granted_usd: str
-    def __init__(self, project: _Optional[str] = ..., available_usd: _Optional[str] = ..., held_usd: _Optional[str] = ..., spent_this_month_usd: _Optional[str] = ..., month: _Optional[str] = ..., granted_usd: _Optional[str] = ...) -> None: ...
+    budgets: _containers.RepeatedCompositeFieldContainer[Budget]
+    def __init__(self, project: _Optional[str] = ..., available_usd: _Optional[str] = ..., held_usd: _Optional[str] = ..., spent_this_month_usd: _Optional[str] = ..., month: _Optional[str] = ..., granted_usd: _Optional[str] = ..., budgets: _Optional[_Iterable[_Union[Budget, _Mapping]]] = ...) -> None: ...
 
 class GrantCreditsRequest(_message.Message):
     __slots__ = ("project", "amount_usd", "request_id", "note")
@@ -130,3 +132,67 @@ class GetCreditsRequest(_message.Message):
     PROJECT_FIELD_NUMBER: _ClassVar[int]
     project: str
     def __init__(self, project: _Optional[str] = ...) -> None: ...
+
+class Budget(_message.Message):
+    __slots__ = ("project", "name", "amount_usd", "selector", "month", "used_usd", "left_usd")
+    class SelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_USD_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    MONTH_FIELD_NUMBER: _ClassVar[int]
+    USED_USD_FIELD_NUMBER: _ClassVar[int]
+    LEFT_USD_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    name: str
+    amount_usd: str
+    selector: _containers.ScalarMap[str, str]
+    month: str
+    used_usd: str
+    left_usd: str
+    def __init__(self, project: _Optional[str] = ..., name: _Optional[str] = ..., amount_usd: _Optional[str] = ..., selector: _Optional[_Mapping[str, str]] = ..., month: _Optional[str] = ..., used_usd: _Optional[str] = ..., left_usd: _Optional[str] = ...) -> None: ...
+
+class SetBudgetRequest(_message.Message):
+    __slots__ = ("project", "name", "amount_usd", "selector")
+    class SelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_USD_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    name: str
+    amount_usd: str
+    selector: _containers.ScalarMap[str, str]
+    def __init__(self, project: _Optional[str] = ..., name: _Optional[str] = ..., amount_usd: _Optional[str] = ..., selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DeleteBudgetRequest(_message.Message):
+    __slots__ = ("project", "name")
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    name: str
+    def __init__(self, project: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ListBudgetsRequest(_message.Message):
+    __slots__ = ("project",)
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    project: str
+    def __init__(self, project: _Optional[str] = ...) -> None: ...
+
+class ListBudgetsResponse(_message.Message):
+    __slots__ = ("budgets",)
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    budgets: _containers.RepeatedCompositeFieldContainer[Budget]
+    def __init__(self, budgets: _Optional[_Iterable[_Union[Budget, _Mapping]]] = ...) -> None: ...

@@ -70,6 +70,21 @@ class ProjectServiceStub:
                 request_serializer=nodus_dot_v1_dot_project__pb2.GetCreditsRequest.SerializeToString,
                 response_deserializer=nodus_dot_v1_dot_project__pb2.Credits.FromString,
                 _registered_method=True)
+        self.SetBudget = channel.unary_unary(
+                '/nodus.v1.ProjectService/SetBudget',
+                request_serializer=nodus_dot_v1_dot_project__pb2.SetBudgetRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_project__pb2.Budget.FromString,
+                _registered_method=True)
+        self.DeleteBudget = channel.unary_unary(
+                '/nodus.v1.ProjectService/DeleteBudget',
+                request_serializer=nodus_dot_v1_dot_project__pb2.DeleteBudgetRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_project__pb2.Budget.FromString,
+                _registered_method=True)
+        self.ListBudgets = channel.unary_unary(
+                '/nodus.v1.ProjectService/ListBudgets',
+                request_serializer=nodus_dot_v1_dot_project__pb2.ListBudgetsRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_project__pb2.ListBudgetsResponse.FromString,
+                _registered_method=True)
 
 
 class ProjectServiceServicer:
@@ -129,6 +144,29 @@ class ProjectServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBudget(self, request, context):
+        """SetBudget creates or replaces a project's Budget (operator token): a limit per calendar month
+        (UTC) that holds must fit as well as the credits; a selector narrows it to labelled objects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteBudget(self, request, context):
+        """DeleteBudget removes a Budget (operator token); NOT_FOUND if it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBudgets(self, request, context):
+        """ListBudgets lists a project's Budgets with what each has used this month. Any valid token of
+        the project may read them; an operator token with an empty project lists every project's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProjectServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +204,21 @@ def add_ProjectServiceServicer_to_server(servicer, server):
                     servicer.GetCredits,
                     request_deserializer=nodus_dot_v1_dot_project__pb2.GetCreditsRequest.FromString,
                     response_serializer=nodus_dot_v1_dot_project__pb2.Credits.SerializeToString,
+            ),
+            'SetBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBudget,
+                    request_deserializer=nodus_dot_v1_dot_project__pb2.SetBudgetRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_project__pb2.Budget.SerializeToString,
+            ),
+            'DeleteBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteBudget,
+                    request_deserializer=nodus_dot_v1_dot_project__pb2.DeleteBudgetRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_project__pb2.Budget.SerializeToString,
+            ),
+            'ListBudgets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBudgets,
+                    request_deserializer=nodus_dot_v1_dot_project__pb2.ListBudgetsRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_project__pb2.ListBudgetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +411,87 @@ class ProjectService:
             '/nodus.v1.ProjectService/GetCredits',
             nodus_dot_v1_dot_project__pb2.GetCreditsRequest.SerializeToString,
             nodus_dot_v1_dot_project__pb2.Credits.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.ProjectService/SetBudget',
+            nodus_dot_v1_dot_project__pb2.SetBudgetRequest.SerializeToString,
+            nodus_dot_v1_dot_project__pb2.Budget.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.ProjectService/DeleteBudget',
+            nodus_dot_v1_dot_project__pb2.DeleteBudgetRequest.SerializeToString,
+            nodus_dot_v1_dot_project__pb2.Budget.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBudgets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.ProjectService/ListBudgets',
+            nodus_dot_v1_dot_project__pb2.ListBudgetsRequest.SerializeToString,
+            nodus_dot_v1_dot_project__pb2.ListBudgetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,11 +27,12 @@ Funded is False, through its checkpoint, and resumes it when Funded turns True):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_FLOOR, Decimal
 from typing import Callable, Sequence
 
 from ..clock import parse
+from ..money.budgets import Room, exhausted
 from ..money.estimate import SECONDS_PER_HOUR
 from ..money.holds import ahead, first_hold, restart_need, step
 from ..money.ledger import ZERO, Accounts, Kind, Posting, Request, Segment, held
@@ -66,6 +67,9 @@ class Bill:
     """Some attempt of the Job is not finished (placed or waiting): its hold may still be needed."""
     stopped: Stop = Stop.NONE
     """Why money stopped the Job before (its Funded condition), so a stop holds until it is lifted."""
+    rooms: tuple[Room, ...] = ()
+    """The room each Budget the Job counts towards leaves this month (budgets.rooms, read before this
+    pass's postings): a renewal and a new start must fit them as well as the credits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +168,9 @@ def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], 
     spent = sum((p.amount for p in postings if p.kind is Kind.CHARGE), ZERO) + new_charges
     hold_before = accounts.balance(held(uid))
     holding = max(hold_before - new_charges, ZERO)  # a charge draws on the hold first
-    available = accounts.available - max(new_charges - hold_before, ZERO)
+    beyond = max(new_charges - hold_before, ZERO)  # charged from credits: it uses the budgets too
+    available = accounts.available - beyond
+    rooms = [replace(r, used=r.used + beyond) for r in bill.rooms]
     billing = [a for a in bill.allocations if a.release_time is None or a.release_time > now]
     rate = sum((a.tariff.rate_usd_per_hour for a in billing), ZERO) if billing else None
     last = max(bill.allocations, key=lambda a: a.allocate_time).tariff if bill.allocations else None
@@ -185,20 +191,21 @@ def decide_billing(bill: Bill, accounts: Accounts, postings: Sequence[Posting], 
             target = min(target, max(cap - spent, ZERO))
         short = max(target - holding, ZERO)
         amount = ZERO
+        room = min((r.left for r in rooms), default=None)
         if holding * 2 < target:
-            amount = min(short, max(available, ZERO))
+            amount = min(short, max(available, ZERO), short if room is None else room)
             if amount > 0:
                 posts.append(Request(f"{uid}/renew/{renewals + 1}", Kind.RENEW, uid, amount))
-        # Short of credits: the renewal due now cannot be taken whole, or (once stopped for it) the
-        # credits still could not top the hold up while the suspend runs its course.
+        # Short of credits (or of a Budget): the renewal due now cannot be taken whole, or (once
+        # stopped for it) they still could not top the hold up while the suspend runs its course.
         if amount < short and (holding * 2 < target or bill.stopped is Stop.CREDITS):
-            verdict = Verdict(Stop.CREDITS, _short(bill.project, short, max(available, ZERO)),
+            verdict = Verdict(Stop.CREDITS, _unfunded(bill.project, short, available, rooms),
                               _funded_until(billing, holding + amount, now))
         holding += amount
     elif not billing and bill.stopped is Stop.CREDITS and last is not None:
         need = first_hold(last, spent, cap)
-        if need > available:
-            verdict = Verdict(Stop.CREDITS, _short(bill.project, need, available))
+        if need > available or any(need > r.left for r in rooms):
+            verdict = Verdict(Stop.CREDITS, _unfunded(bill.project, need, available, rooms))
     if not bill.active and holding > 0:
         posts.append(Request(f"{uid}/release/{releases + 1}", Kind.RELEASE, uid))
     if verdict.stop is Stop.NONE and billing:
@@ -231,6 +238,17 @@ def _next_increment(a: Allocation, now: float) -> float:
 def _capped(spent: Decimal, cap: Decimal) -> str:
     return (f"the Job has spent {spent} USD of its spec.maxCostUSD {cap}; its next billing increment and a final "
             f"checkpoint would pass the cap, so it checkpoints and suspends: raise spec.maxCostUSD to resume")
+
+
+def _unfunded(project: str, need: Decimal, available: Decimal, rooms: Sequence[Room]) -> str:
+    """Why the Job's hold cannot be had: the credits, or else the tightest Budget that cannot take it."""
+    available = max(available, ZERO)
+    if need > available:
+        return _short(project, need, available)
+    short = [r for r in rooms if need > r.left]
+    room = min(short, key=lambda r: (r.left, r.budget.name))
+    err = exhausted(room, need, "the Job's hold")
+    return f"{err.message}; it checkpoints and suspends until then: {err.effective_fix}"
 
 
 def _short(project: str, need: Decimal, available: Decimal) -> str:

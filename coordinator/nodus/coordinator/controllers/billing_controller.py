@@ -14,6 +14,7 @@ from typing import Any
 
 from ..clock import Clock, parse, rfc3339, seconds
 from ..errors import NodusError
+from ..money.budget_store import Budgets
 from ..money.ledger import Request
 from ..money.ledger_cost import Cost
 from ..money.ledger_store import Ledger
@@ -38,6 +39,7 @@ ended must be charged soon after."""
 class BillingController:
     def __init__(self, fleet: Fleet, ledger: Ledger, jobs: JobWriter, clock: Clock, workers: int = 2) -> None:
         self.fleet, self.cache, self.ledger, self.writer, self.clock = fleet, fleet.cache, ledger, jobs, clock
+        self.budgets = Budgets(ledger.store, ledger)
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self._priced: set[str] = set()
@@ -100,8 +102,11 @@ class BillingController:
         stopped = Stop(job.money_stop[0]) if job is not None and job.money_stop is not None \
             and job.money_stop[0] in {s.value for s in Stop} else Stop.NONE
         cap = self.fleet.cap_of(project, job.name) if job is not None else None  # a Sweep's cells share one
+        stored = self.cache.job(project, job.name) if job is not None else None
+        labels = ((stored or {}).get("metadata") or {}).get("labels") or {} if stored is not None else None
+        rooms = await self.budgets.rooms(project, self.fleet.labels_of(project), rfc3339(now)[:7], labels)
         bill = Bill(uid, project, cap, allocations,
-                    any(not a.phase.terminal for a in mine), stopped)
+                    any(not a.phase.terminal for a in mine), stopped, tuple(rooms))
         accounts = await self.ledger.accounts(project)
         postings = await self.ledger.postings(project, owner=uid)
         decision = decide_billing(bill, accounts, postings, now)

@@ -182,6 +182,11 @@ class Fleet:
         left = max(shared - others, Decimal(0))
         return left if own is None else min(own, left)
 
+    def labels_of(self, project: str) -> dict[str, dict[str, str]]:
+        """The labels of the project's Jobs by uid (a Budget's selector matches them; budgets.rooms)."""
+        return {j["metadata"]["uid"]: dict(j["metadata"].get("labels") or {})
+                for _, j in self.cache.under(f"{JOBS}{project}/") if j.get("metadata", {}).get("uid")}
+
     def nodes(self) -> list[NodeView]:
         """What the scheduler sees of every node, by name."""
         now = self.clock.now()

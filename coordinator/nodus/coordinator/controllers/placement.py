@@ -38,6 +38,8 @@ from ..money.ledger import Kind
 from ..money.ledger import Request as LedgerRequest
 from ..money.ledger_store import Ledger
 from .attempt_machine import AttemptPhase, Placed, Refusal, phase_of, transition
+from ..money.budget_store import Budgets
+from ..money.budgets import refusal as budget_refusal
 from ..money.holds import first_hold
 from .billing import UNFUNDED_RECHECK_S
 from .cache import ATTEMPTS, LEASES, NODES, Cache, job_key
@@ -180,6 +182,7 @@ class PlacementController:
     def __init__(self, registry: Any, objects: Objects, clock: Clock) -> None:
         self.registry, self.objects, self.clock = registry, objects, clock
         self.ledger = Ledger(objects.store)
+        self.budgets = Budgets(objects.store, self.ledger)
         self.cache = registry.cache
         self._waiting: set[str] = set()
         self._dirty = asyncio.Event()
@@ -284,6 +287,18 @@ class PlacementController:
                 if written is not None and p.node and book is not None}
         await asyncio.gather(*(self.objects.mutate(k, placed_on(p, n)) for k, (p, n) in jobs.items()))
 
+    async def _fit_budgets(self, a: AttemptView, request: LedgerRequest, now: float) -> None:
+        """Refuses (InsufficientCredits, naming the Budget) a first hold that a Budget the Job counts
+        towards cannot take this month; a hold booked before (a replay) needs no room."""
+        assert request.amount is not None
+        if await self.ledger.find(a.project, request.key) is not None:
+            return
+        labels = ((self.cache.job(a.project, a.job) or {}).get("metadata") or {}).get("labels") or {}
+        rooms = await self.budgets.rooms(a.project, self.registry.fleet.labels_of(a.project), rfc3339(now)[:7], labels)
+        over = budget_refusal(rooms, request.amount, f"the first hold of Job {a.job}")
+        if over is not None:
+            raise over
+
     async def _hold(self, decisions: dict[str, Placement], views: dict[str, AttemptView],
                     now: float) -> dict[str, Placement]:
         """Takes the first hold (billing.first_hold) of each binding on priced capacity before it is
@@ -292,6 +307,9 @@ class PlacementController:
         back, since a grant is no event it hears); a gang whose member cannot pay waits whole."""
         out = dict(decisions)
         refused: set[tuple[str, str, int]] = set()
+        # The Budget check and the hold of one project are serialized, so two holds of a pass never
+        # both fit a room that takes only one.
+        locks: dict[str, asyncio.Lock] = {}
 
         async def take(key: str, p: Placement) -> None:
             a = views[key]
@@ -306,7 +324,9 @@ class PlacementController:
             else:
                 request = LedgerRequest(f"{a.job_uid}/hold/{a.id or a.name}", Kind.HOLD, a.job_uid, amount)
                 try:
-                    await self.ledger.post(a.project, request, rfc3339(now))
+                    async with locks.setdefault(a.project, asyncio.Lock()):
+                        await self._fit_budgets(a, request, now)
+                        await self.ledger.post(a.project, request, rfc3339(now))
                 except NodusError as e:
                     if e.reason != "InsufficientCredits":
                         raise
