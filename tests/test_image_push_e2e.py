@@ -21,7 +21,7 @@ import yaml
 
 from conftest import Coordinator
 from e2e import JOBS, create, joined, settled
-from registry import Registry, build_busybox_layout, manifest_digest
+from registry import Registry, build_busybox_layout, build_sized_layout, manifest_digest
 from test_oci_e2e import clean_pods, oci_agent, traversable_dir
 
 pytestmark = [
@@ -67,10 +67,11 @@ def other(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """An OCI layout of busybox, and a `docker save` archive of another busybox image (its own config)."""
+    """An OCI layout of busybox, and a `docker save` archive of busybox and 6 MB more (past the gateway's
+    3 MiB body limit for objects: an upload streams)."""
     root = tmp_path_factory.mktemp("built")
     oci = build_busybox_layout(root / "oci")
-    second = build_busybox_layout(root / "second", {"Env": ["PATH=/bin", "FLAVOUR=docker"], "Cmd": ["/bin/sh"]})
+    second = build_sized_layout(root / "second", 6, layers=2)
     archive = root / "saved.tar"
     subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", f"oci:{second}:latest",
                     f"docker-archive:{archive}:example.com/team/saved:v7"], check=True, capture_output=True)

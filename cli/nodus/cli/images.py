@@ -63,6 +63,8 @@ def cmd_push(client: Client, args: argparse.Namespace) -> int:
     kind = kind_of(path)
     params = {"name": args.name} if args.name else None
     url = IMAGES.format(ns=namespace_of(client, args))
+    # Refusals that need no upload (role, no registry, a bad --name) come first, not after the bytes.
+    send(client, "POST", url, params={**(params or {}), "dryRun": "All"})
     headers = {"Content-Type": "application/x-tar"}
     if path.is_dir():
         with tempfile.TemporaryFile(prefix="nodus-image-") as archive:

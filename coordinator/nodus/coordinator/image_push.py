@@ -157,12 +157,18 @@ class ImagePushService:
                              kind="images", group="nodus.dev",
                              fix=f"use a token with the {role.name.lower()} role in project {project}")
 
-    async def push(self, caller: Caller, project: str, name: str, body: AsyncIterator[bytes]) -> Pushed:
-        """Receives the tar, copies the image it holds to PREFIX/<project>/<name>:<tag> and verifies it."""
+    def check(self, caller: Caller, project: str, name: str) -> OperatorRegistry:
+        """What a push is refused for before its upload is read (the CLI asks first, as a dry run, so a
+        large upload is not cut off mid-body by an early answer)."""
         self.authorize(caller, project, Role.EDITOR)
         registry = self._configured()
         if name:
-            choose_name(name, "")  # a bad --name is refused before the upload is read
+            choose_name(name, "")
+        return registry
+
+    async def push(self, caller: Caller, project: str, name: str, body: AsyncIterator[bytes]) -> Pushed:
+        """Receives the tar, copies the image it holds to PREFIX/<project>/<name>:<tag> and verifies it."""
+        registry = self.check(caller, project, name)
         self.work.mkdir(parents=True, exist_ok=True, mode=0o700)
         private = Path(tempfile.mkdtemp(prefix="push-", dir=self.work))
         try:

@@ -1,6 +1,7 @@
 """REST routes of `nodus image push` and `nodus image ls` over image_push.ImagePushService:
 
     POST /apis/nodus.dev/v1/namespaces/{p}/images?name=NAME[:TAG]   (body: a tar, application/x-tar)
+    POST /apis/nodus.dev/v1/namespaces/{p}/images?name=…&dryRun=All (no body: would the push be refused?)
     GET  /apis/nodus.dev/v1/namespaces/{p}/images
 
 REST rather than a gRPC stream, as `nodus volume push` is: the customer CLI speaks REST over the
@@ -46,11 +47,15 @@ class ImageRoutes:
         request["verb"], request["resource"] = "create", "images"
         service = self._service(request)
         caller = await self.gateway._caller(request)  # type: ignore[attr-defined]
+        project, name = request.match_info["namespace"], request.query.get("name", "")
+        if request.query.get("dryRun") == "All":  # the CLI's check before it uploads
+            service.check(caller, project, name)
+            return web.Response(body=orjson.dumps({"kind": "ImagePush", "apiVersion": "nodus.dev/v1",
+                                                   "dryRun": True}), content_type="application/json")
         if request.content_type not in TAR_TYPES:
             raise NodusError("UnsupportedMediaType", f"an image push is a tar archive, not {request.content_type!r}",
                              fix="send it with Content-Type: application/x-tar (`nodus image push DIR|FILE`)")
-        pushed = await service.push(caller, request.match_info["namespace"], request.query.get("name", ""),
-                                    request.content.iter_chunked(CHUNK))
+        pushed = await service.push(caller, project, name, request.content.iter_chunked(CHUNK))
         return web.Response(body=orjson.dumps(pushed.as_json()), status=201, content_type="application/json")
 
     async def list(self, request: web.Request) -> web.Response:
