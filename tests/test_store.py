@@ -1,4 +1,4 @@
-"""The store's contract, against the SQLite engine: CAS, paging on one snapshot, watch without gap or
+"""The store's contract, against both engines (SQLite and PostgreSQL): CAS, paging on one snapshot, watch without gap or
 duplicate (across restarts and slow consumers), compaction, group commit, and durability under kill -9.
 
 Async tests run through `run()` (asyncio.run with a deadline), so no asyncio plugin is needed.
@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store import Event, EventType, Record, SqliteStore, prefix_end
+from nodus.coordinator.store import Event, EventType, Record, SqliteStore, Store, prefix_end
+from nodus.coordinator.store.postgres import PostgresStore
+from postgres import PostgresCluster, postgres_cluster  # noqa: F401 - the session fixture
 
 T = TypeVar("T")
 
@@ -39,14 +41,36 @@ async def take(events: AsyncIterator[Event], n: int) -> list[Event]:
     return [await anext(events) for _ in range(n)]
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
+class Backend:
+    """Where one engine's store lives, and how to open it (again, or a fresh one)."""
+
+    def __init__(self, engine: str, tmp_path: Path, cluster: PostgresCluster | None) -> None:
+        self.engine, self.tmp_path, self.cluster = engine, tmp_path, cluster
+        self.location = (str(tmp_path / f"store-{os.urandom(4).hex()}.db") if cluster is None
+                         else cluster.database())
+
+    def fresh(self) -> Backend:
+        return Backend(self.engine, self.tmp_path, self.cluster)
+
+    async def open(self, *, watch_buffer: int | None = None, sqlite: type[SqliteStore] = SqliteStore,
+                   postgres: type[PostgresStore] = PostgresStore, **pg: Any) -> Store:
+        """Open the store here; `sqlite`/`postgres` pick a subclass. watch_buffer sizes SQLite's live
+        buffer (PostgreSQL watches keep none: they read the log)."""
+        if self.cluster is None:
+            return await sqlite.open(Path(self.location), **({} if watch_buffer is None else
+                                                              {"watch_buffer": watch_buffer}))
+        return await postgres.open(self.location, **pg)
 
 
-def test_create_get_update_delete(db: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    cluster = request.getfixturevalue("postgres_cluster") if request.param == "postgres" else None
+    return Backend(request.param, tmp_path, cluster)
+
+
+def test_create_get_update_delete(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         created = await store.create("jobs/default/train", b'{"a":1}')
         assert created == Record("jobs/default/train", b'{"a":1}', 1, 1)
         assert await store.get("jobs/default/train") == created
@@ -69,9 +93,9 @@ def test_create_get_update_delete(db: Path) -> None:
     run(body)
 
 
-def test_errors_already_exists_not_found_conflict(db: Path) -> None:
+def test_errors_already_exists_not_found_conflict(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         record = await store.create("k", b"1")
         with pytest.raises(NodusError) as e:
             await store.create("k", b"2")
@@ -95,9 +119,9 @@ def test_errors_already_exists_not_found_conflict(db: Path) -> None:
     run(body)
 
 
-def test_revisions_strictly_increase_across_keys(db: Path) -> None:
+def test_revisions_strictly_increase_across_keys(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         records = await asyncio.gather(*(store.create(f"kind{i % 3}/k{i}", b"v") for i in range(60)))
         revisions = sorted(r.revision for r in records)
         assert revisions == list(range(1, 61))
@@ -106,9 +130,9 @@ def test_revisions_strictly_increase_across_keys(db: Path) -> None:
     run(body)
 
 
-def test_list_pages_by_prefix_on_one_snapshot(db: Path) -> None:
+def test_list_pages_by_prefix_on_one_snapshot(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         for i in range(25):
             await store.create(f"jobs/default/job-{i:02d}", f"{i}".encode())
         for outside in ("jobs/defaultx/a", "jobs/other/a", "jobs/default", "sweeps/default/a"):
@@ -141,9 +165,9 @@ def test_list_pages_by_prefix_on_one_snapshot(db: Path) -> None:
     run(body)
 
 
-def test_list_at_an_older_revision_returns_the_old_state(db: Path) -> None:
+def test_list_at_an_older_revision_returns_the_old_state(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         for key in ("a/1", "a/2", "a/3"):
             await store.create(key, b"v0:" + key.encode())
         await store.update("a/1", b"v1", None)           # 4
@@ -173,11 +197,10 @@ def test_list_at_an_older_revision_returns_the_old_state(db: Path) -> None:
 @given(ops=st.lists(st.tuples(st.sampled_from(["create", "update", "delete"]), st.sampled_from("abcdef"),
                               st.binary(max_size=4)), min_size=1, max_size=25),
        compact_at=st.integers(min_value=0, max_value=30), limit=st.integers(min_value=0, max_value=3))
-def test_list_at_every_revision_matches_a_model(tmp_path: Path, ops: list[tuple[str, str, bytes]],
+def test_list_at_every_revision_matches_a_model(backend: Backend, ops: list[tuple[str, str, bytes]],
                                                 compact_at: int, limit: int) -> None:
     async def body() -> None:
-        path = tmp_path / f"model-{os.urandom(4).hex()}.db"
-        store = await SqliteStore.open(path)
+        store = await backend.fresh().open()
         state: dict[str, Record] = {}
         history = [dict(state)]  # history[r]: the state at revision r
         for kind, name, value in ops:
@@ -221,9 +244,9 @@ def test_list_at_every_revision_matches_a_model(tmp_path: Path, ops: list[tuple[
     run(body)
 
 
-def test_compaction_expires_old_revisions_and_keeps_values(db: Path) -> None:
+def test_compaction_expires_old_revisions_and_keeps_values(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         for i in range(10):
             await store.create(f"k/{i}", b"v")
             await store.update(f"k/{i}", b"w", None)
@@ -247,7 +270,7 @@ def test_compaction_expires_old_revisions_and_keeps_values(db: Path) -> None:
         assert reason(e) == "BadRequest"
         await store.close()
 
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         assert (store.revision, store.compacted_revision) == (20, 20)
         assert (await store.create("k/new", b"")).revision == 21
         assert len((await store.list("k/")).records) == 11
@@ -255,9 +278,9 @@ def test_compaction_expires_old_revisions_and_keeps_values(db: Path) -> None:
     run(body)
 
 
-def test_watch_replays_then_goes_live_without_gap_or_duplicate(db: Path) -> None:
+def test_watch_replays_then_goes_live_without_gap_or_duplicate(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         acked: dict[int, tuple[Record, EventType]] = {}
         halfway = asyncio.Event()
 
@@ -313,10 +336,29 @@ class PausedCatchUpStore(SqliteStore):
         return result
 
 
+class PausedCatchUpPostgres(PostgresStore):
+    """The same pause for PostgreSQL, whose snapshot is taken by the log read's first query."""
+
+    pause: str | None = None
+    entered: threading.Event
+    gate: threading.Event
+
+    async def _read_log(self, prefix: str, after: int, limit: int) -> tuple[Sequence[Event], int]:
+        where, self.pause = self.pause, None
+        if where == "before":
+            self.entered.set()
+            await asyncio.to_thread(self.gate.wait, 10)
+        result = await super()._read_log(prefix, after, limit)
+        if where == "after":
+            self.entered.set()
+            await asyncio.to_thread(self.gate.wait, 10)
+        return result
+
+
 @pytest.mark.parametrize("pause", ["before", "after"])
-def test_watch_has_no_gap_or_duplicate_at_the_switch_to_live(db: Path, pause: str) -> None:
+def test_watch_has_no_gap_or_duplicate_at_the_switch_to_live(backend: Backend, pause: str) -> None:
     async def body() -> None:
-        store = await PausedCatchUpStore.open(db)
+        store: Any = await backend.open(sqlite=PausedCatchUpStore, postgres=PausedCatchUpPostgres)
         store.entered, store.gate, store.pause = threading.Event(), threading.Event(), pause
         for i in range(3):
             await store.create(f"k/{i}", b"")
@@ -338,9 +380,9 @@ def test_watch_has_no_gap_or_duplicate_at_the_switch_to_live(db: Path, pause: st
     run(body)
 
 
-def test_watch_filters_by_prefix_and_reports_previous_values(db: Path) -> None:
+def test_watch_filters_by_prefix_and_reports_previous_values(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         events = store.watch("jobs/", 0)
         await store.create("sweeps/a", b"s")
         await store.create("jobs/a", b"1")
@@ -355,9 +397,9 @@ def test_watch_filters_by_prefix_and_reports_previous_values(db: Path) -> None:
     run(body)
 
 
-def test_slow_watcher_catches_up_from_history_instead_of_buffering(db: Path) -> None:
+def test_slow_watcher_catches_up_from_history_instead_of_buffering(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db, watch_buffer=8)
+        store = await backend.open(watch_buffer=8)
         events = store.watch("", 0)
         first = await store.create("k/0", b"")
         assert (await anext(events)).revision == first.revision  # now live, with an 8-event buffer
@@ -373,9 +415,9 @@ def test_slow_watcher_catches_up_from_history_instead_of_buffering(db: Path) -> 
     run(body)
 
 
-def test_watch_ends_when_the_store_closes(db: Path) -> None:
+def test_watch_ends_when_the_store_closes(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         events = store.watch("", 0)
         await store.create("a", b"")
         assert (await anext(events)).key == "a"
@@ -387,9 +429,9 @@ def test_watch_ends_when_the_store_closes(db: Path) -> None:
     run(body)
 
 
-def test_watch_resumes_across_a_restart_without_loss_or_duplicate(db: Path) -> None:
+def test_watch_resumes_across_a_restart_without_loss_or_duplicate(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         events = store.watch("jobs/", 0)
         for i in range(10):
             await store.create(f"jobs/{i}", b"before")
@@ -400,7 +442,7 @@ def test_watch_resumes_across_a_restart_without_loss_or_duplicate(db: Path) -> N
         await events.aclose()
         await store.close()
 
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         assert store.revision == 15
         for i in range(5):
             await store.delete(f"jobs/{i}")
@@ -411,9 +453,9 @@ def test_watch_resumes_across_a_restart_without_loss_or_duplicate(db: Path) -> N
     run(body)
 
 
-def test_concurrent_creates_of_one_key_exactly_one_succeeds(db: Path) -> None:
+def test_concurrent_creates_of_one_key_exactly_one_succeeds(backend: Backend) -> None:
     async def body() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         results = await asyncio.gather(*(store.create("jobs/default/same", str(i).encode()) for i in range(50)),
                                        return_exceptions=True)
         winners = [r for r in results if isinstance(r, Record)]
@@ -443,9 +485,26 @@ class GatedStore(SqliteStore):
         super()._commit_batch(conn, writes)
 
 
-def test_a_failing_operation_does_not_fail_its_batch(db: Path) -> None:
+class GatedPostgres(PostgresStore):
+    """The same gate for PostgreSQL's writer task."""
+
+    hold = False
+    entered: threading.Event
+    gate: threading.Event
+    batches: list[int]
+
+    async def _commit_batch(self, conn: Any, writes: Sequence[Any]) -> None:
+        self.batches.append(len(writes))
+        if self.hold:
+            self.hold = False
+            self.entered.set()
+            await asyncio.to_thread(self.gate.wait, 10)
+        await super()._commit_batch(conn, writes)
+
+
+def test_a_failing_operation_does_not_fail_its_batch(backend: Backend) -> None:
     async def body() -> None:
-        store = await GatedStore.open(db)
+        store: Any = await backend.open(sqlite=GatedStore, postgres=GatedPostgres)
         store.entered, store.gate, store.batches = threading.Event(), threading.Event(), []
         await store.create("existing", b"1")
         store.batches.clear()
@@ -474,9 +533,11 @@ CHILD = """
 import asyncio, sys
 from pathlib import Path
 from nodus.coordinator.store import SqliteStore
+from nodus.coordinator.store.postgres import PostgresStore
 
 async def main():
-    store = await SqliteStore.open(Path(sys.argv[1]))
+    engine, location = sys.argv[1], sys.argv[2]
+    store = await (SqliteStore.open(Path(location)) if engine == "sqlite" else PostgresStore.open(location))
     async def creator(i):
         j = 0
         while True:
@@ -492,9 +553,9 @@ asyncio.run(main())
 
 
 @pytest.mark.timeout(60)
-def test_acknowledged_writes_survive_kill_9(db: Path) -> None:
+def test_acknowledged_writes_survive_kill_9(backend: Backend) -> None:
     printed: list[str] = []
-    with subprocess.Popen([sys.executable, "-c", CHILD, str(db)], stdout=subprocess.PIPE,
+    with subprocess.Popen([sys.executable, "-c", CHILD, backend.engine, backend.location], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as child:
         assert child.stdout is not None and child.stderr is not None
         try:
@@ -511,7 +572,7 @@ def test_acknowledged_writes_survive_kill_9(db: Path) -> None:
     assert len(acknowledged) >= 2000
 
     async def check() -> None:
-        store = await SqliteStore.open(db)
+        store = await backend.open()
         stored = {r.key for r in (await store.list("burst/")).records}
         missing = acknowledged - stored
         assert not missing, f"{len(missing)} acknowledged writes lost, e.g. {sorted(missing)[:3]}"
