@@ -635,12 +635,12 @@ def main() -> None:
         print("  pulled its image: a cache hit, and made its inputs); started = its startTime, the supervisor's RUNNING")
         print("  (for an image, once `runc start` returned)")
         if steps:
-            extra = steps["import"] + steps["namespaces"] + steps["layer"] + steps["create"] + steps["start"]
+            extra = steps["namespaces"] + steps["layer"] + steps["create"] + steps["start"]
             print("an image attempt's supervisor steps a process attempt's does not take, each run here with the agent's")
-            print(f"own functions (medians over {args.jobs}, ms): import nodus.agent.supervisor.containers (the zygote "
-                  f"does not preload it) {steps['import']:.1f}, pod namespaces {steps['namespaces']:.1f}, writable "
+            print(f"own functions (medians over {args.jobs}, ms): pod namespaces {steps['namespaces']:.1f}, writable "
                   f"layer {steps['layer']:.1f}, runc create {steps['create']:.1f}, runc start {steps['start']:.1f}; "
-                  f"sum {extra:.1f}")
+                  f"sum {extra:.1f} (import nodus.agent.supervisor.containers in a fresh process "
+                  f"{steps['import']:.1f}: off the attempt's path, the zygote preloads it)")
             if stuck:
                 print(f"  note: {len(stuck)} image attempt(s) stayed on the agent after their Job ended (it could not "
                       f"remove them; see its log); the runc runs after them did not wait for them")
