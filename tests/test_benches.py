@@ -158,3 +158,16 @@ def test_estimate_bench_reports_a_priced_dry_run_beside_one_without_a_book() -> 
         "actual <= p50": rf"^actual <= p50\s+({NUM}) of ({NUM})\s+\(({NUM}) %\)\s+target 40-60 %$",
         "a Job's row": rf"^\s+e000\s+a100-dev-spot\s+({NUM})m\s+({NUM})m\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s",
     })
+
+
+def test_sweep_bench_reports_admission_expansion_and_store_writes_beside_plain_jobs() -> None:
+    figures(run_tiny("sweep"), {
+        "admit beside its target": rf"^admit \(POST to 201\)\s+({NUM}) ms\s+target ≤ ({NUM}) s\s+(?:ok|MISSED)",
+        "cells/s beside plain Jobs/s": rf"^cells created/s\s+({NUM})/s\s+target ≥ ({NUM})/s\s+(?:ok|MISSED)\s+"
+                                       rf"plain Jobs created/s \(API\) ({NUM})/s",
+        "writes per transition beside plain Jobs'": rf"^store writes per cell transition\s+({NUM})\s+"
+                                                    rf"plain Jobs' writes per transition ({NUM})",
+        "status writes and bytes": rf"^Sweep status writes per cell transition\s+({NUM})\s+status bytes written "
+                                   rf"({NUM}) MB\s+final status ({NUM}) MB",
+        "load beside the figures": rf"^load average \(1, 5, 15 min\)\s+before ({NUM}) ({NUM}) ({NUM})\s+after",
+    })

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Sweep expansion benchmark: a 10,000-cell Sweep admitted and fully expanded by a real coordinator,
+beside the same number of plain Jobs created through the API in the same run.
+
+    .venv/bin/python bench/sweep.py [--cells 10000] [--max-parallel 256] [--concurrency 64]
+
+No agent joins, and the template's `placement.queueTimeout` is 1ms: every cell Job is admitted, queued
+and failed with CapacityUnavailable at once, so a slot frees as fast as the coordinator can turn a cell
+over and the expansion measures the controllers, not a workload. Figures, each beside its anchor:
+  1  admit: POST of the Sweep to its 201 (target ≤ 2 s)
+  2  cells created/s: the cells' count over the time from the 201 to the last cell's creationTimestamp
+     (target ≥ 500/s), beside plain Jobs created/s: the same bodies POSTed by CONCURRENCY clients to a
+     fresh coordinator with the same flags
+  3  store writes per cell transition: the store's log (every write is a revision) from the Sweep's
+     create to its end, split by what was written (the Sweep, its cells, their Attempts, the rest),
+     over the cells' phase changes (each cell Job write whose status.phase differs from its last);
+     the plain Jobs' writes per phase change beside it (from their first create to 2 s after the last:
+     10,000 queued plain Jobs take the Job controller many minutes to fail), and the Sweep's status
+     bytes written
+A benchmark, not a test: it asserts nothing. Each coordinator is started through bench/daemons.py.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sqlite3
+import ssl
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+import record
+from daemons import Coordinator, start_coordinator, stop_all
+
+NS = "/apis/nodus.dev/v1/namespaces/default"
+TARGET_ADMIT_S, TARGET_CELLS_PER_S = 2.0, 500.0
+FLAGS = ("--compact-interval", "3600")
+"""No compaction within a run: the store's log keeps every write for the count."""
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def template() -> dict[str, Any]:
+    return {"command": ["true"], "placement": {"queueTimeout": "1ms"}}
+
+
+def matrix(cells: int) -> dict[str, list[str]]:
+    """Two parameters whose product is `cells` (A × B, B the largest divisor ≤ √cells)."""
+    b = max(d for d in range(1, int(cells ** 0.5) + 1) if cells % d == 0)
+    return {"A": [str(i) for i in range(cells // b)], "B": [str(i) for i in range(b)]}
+
+
+def session(c: Coordinator, limit: int) -> aiohttp.ClientSession:
+    ctx = ssl.create_default_context(cafile=str(c.ca))
+    return aiohttp.ClientSession(base_url=c.http, connector=aiohttp.TCPConnector(limit=limit, ssl=ctx),
+                                 timeout=aiohttp.ClientTimeout(total=600),
+                                 headers={"Authorization": f"Bearer {c.token}", "Content-Type": "application/json"})
+
+
+def stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Writes:
+    """The store's log between two revisions, by what was written."""
+
+    by_kind: Counter[str]
+    phase_changes: int
+    sweep_bytes: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+
+def writes(data: Path, after: int, sweep: str = "") -> Writes:
+    """Counts the log rows after revision `after`: Sweeps, cell or plain Jobs, Attempts, anything else;
+    and the Jobs' phase changes (a write whose status.phase differs from the key's previous write)."""
+    db = sqlite3.connect(f"file:{data / 'store.db'}?mode=ro", uri=True)
+    try:
+        kinds: Counter[str] = Counter()
+        last: dict[str, str] = {}
+        changes = sweep_bytes = 0
+        for key, value in db.execute("SELECT key, value FROM log WHERE revision > ? ORDER BY revision", (after,)):
+            kind = key.split("/", 1)[0]
+            kinds[kind] += 1
+            if kind == "sweeps" and key.endswith(f"/{sweep}"):
+                sweep_bytes += len(value)
+            if kind == "jobs":
+                phase = str((orjson.loads(value).get("status") or {}).get("phase") or "")
+                if phase != last.get(key, ""):
+                    changes += 1
+                last[key] = phase
+        return Writes(kinds, changes, sweep_bytes)
+    finally:
+        db.close()
+
+
+def head(data: Path) -> int:
+    db = sqlite3.connect(f"file:{data / 'store.db'}?mode=ro", uri=True)
+    try:
+        return int(db.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()[0])
+    finally:
+        db.close()
+
+
+async def wait_terminal(s: aiohttp.ClientSession, path: str, limit: float) -> dict[str, Any]:
+    deadline = time.monotonic() + limit
+    while True:
+        async with s.get(path) as r:
+            obj = orjson.loads(await r.read())
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
+            return dict(obj)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path}: not finished after {limit:.0f} s: {str(obj.get('status'))[:300]}")
+        await asyncio.sleep(2.0)  # a 10,000-cell status is ~1 MB: the bench's own reads stay a small load
+
+
+async def creation_times(s: aiohttp.ClientSession, selector: str) -> list[float]:
+    """creationTimestamp of every Job matching the label selector, paged."""
+    out: list[float] = []
+    token = ""
+    while True:
+        params = {"labelSelector": selector, "limit": "1000", **({"continue": token} if token else {})}
+        async with s.get(f"{NS}/jobs", params=params) as r:
+            page = orjson.loads(await r.read())
+        out += [stamp(j["metadata"]["creationTimestamp"]) for j in page["items"]]
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return out
+
+
+@dataclass
+class SweepRun:
+    admit_s: float
+    created: int
+    expand_s: float
+    finished_s: float
+    writes: Writes
+    status_bytes: int
+
+
+async def run_sweep(c: Coordinator, cells: int, max_parallel: int) -> SweepRun:
+    body = {"apiVersion": "nodus.dev/v1", "kind": "Sweep", "metadata": {"name": "big"}, "spec": {
+        "template": {"kind": "Job", "spec": template()}, "matrix": {"params": matrix(cells)},
+        "maxParallel": max_parallel}}
+    async with session(c, 4) as s:
+        before = head(c.data)
+        t0, wall0 = time.monotonic(), time.time()
+        async with s.post(f"{NS}/sweeps", data=orjson.dumps(body)) as r:
+            text = await r.read()
+            if r.status != 201:
+                raise RuntimeError(f"the Sweep was refused: {r.status} {text[:500]!r}")
+        admit = time.monotonic() - t0
+        admitted_at = wall0 + admit
+        done = await wait_terminal(s, f"{NS}/sweeps/big", 1800)
+        finished = time.monotonic() - t0
+        created = await creation_times(s, "nodus.dev/sweep=big")
+    status_bytes = len(orjson.dumps(done["status"]))
+    return SweepRun(admit, len(created), max(created) - admitted_at, finished, writes(c.data, before, "big"),
+                    status_bytes)
+
+
+@dataclass
+class JobsRun:
+    created: int
+    errors: int
+    seconds: float
+    writes: Writes
+
+
+async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
+    bodies = [orjson.dumps({"apiVersion": "nodus.dev/v1", "kind": "Job",
+                            "metadata": {"name": f"plain-{i}", "labels": {"bench": "plain"}},
+                            "spec": {**template(), "env": [{"name": "NODUS_PARAM_A", "value": str(i)}]}})
+              for i in range(count)]
+    errors = 0
+    async with session(c, concurrency) as s:
+        before = head(c.data)
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        for b in bodies:
+            queue.put_nowait(b)
+
+        async def client() -> None:
+            nonlocal errors
+            while not queue.empty():
+                body = queue.get_nowait()
+                try:
+                    async with s.post(f"{NS}/jobs", data=body) as r:
+                        await r.read()
+                        errors += r.status != 201
+                except aiohttp.ClientError:
+                    errors += 1
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        seconds = time.monotonic() - t0
+        await asyncio.sleep(2.0)  # the writes the creates set off (a first status, an Attempt) land
+    return JobsRun(count - errors, errors, seconds, writes(c.data, before))
+
+
+def fresh(root: Path, name: str) -> Coordinator:
+    (root / name).mkdir()
+    return start_coordinator(root / name, *FLAGS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", type=int, default=10_000)
+    ap.add_argument("--max-parallel", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=64)
+    record.add_flags(ap)
+    args = record.shrink(ap.parse_args(), {"cells": 200, "max_parallel": 32, "concurrency": 16})
+    root = Path(tempfile.mkdtemp(prefix="nodus-bench-sweep-"))
+    started: list[Coordinator] = []
+    try:
+        load_before = os.getloadavg()
+        log(f"a {args.cells}-cell Sweep, maxParallel {args.max_parallel}")
+        c = fresh(root, "sweep")
+        started.append(c)
+        sw = asyncio.run(run_sweep(c, args.cells, args.max_parallel))
+        stop_all([c.proc], [])  # the anchor gets the machine to itself
+        log(f"{args.cells} plain Jobs, {args.concurrency} clients, on a fresh coordinator")
+        c = fresh(root, "jobs")
+        started.append(c)
+        jobs = asyncio.run(run_jobs(c, args.cells, args.concurrency))
+        load_after = os.getloadavg()
+        with record.Report("sweep", args):
+            cell_rate = sw.created / sw.expand_s if sw.expand_s > 0 else float("inf")
+            job_rate = jobs.created / jobs.seconds
+            ok = lambda met: "ok" if met else "MISSED"  # noqa: E731
+            print(f"Sweep of {args.cells} cells (maxParallel {args.max_parallel}, cells fail at once: no agent, "
+                  f"queueTimeout 1ms); plain Jobs by {args.concurrency} clients")
+            print(f"load average (1, 5, 15 min)   before {' '.join(f'{x:.2f}' for x in load_before)}   "
+                  f"after {' '.join(f'{x:.2f}' for x in load_after)}")
+            print(f"admit (POST to 201)           {sw.admit_s * 1000:10.1f} ms   target ≤ {TARGET_ADMIT_S:.0f} s   "
+                  f"{ok(sw.admit_s <= TARGET_ADMIT_S)}")
+            print(f"cells created/s               {cell_rate:10.1f}/s   target ≥ {TARGET_CELLS_PER_S:.0f}/s   "
+                  f"{ok(cell_rate >= TARGET_CELLS_PER_S)}   plain Jobs created/s (API) {job_rate:.1f}/s")
+            print(f"  cells created {sw.created} in {sw.expand_s:.2f} s after the 201; Sweep ended in "
+                  f"{sw.finished_s:.2f} s; {jobs.created} plain Jobs in {jobs.seconds:.2f} s "
+                  f"({jobs.errors} errors); ratio cells/plain {cell_rate / job_rate:.2f}")
+            w = sw.writes
+            per = w.total / max(w.phase_changes, 1)
+            print(f"store writes per cell transition {per:7.2f}   plain Jobs' writes per transition "
+                  f"{jobs.writes.total / max(jobs.writes.phase_changes, 1):.2f}")
+            print(f"  Sweep: {w.total} writes over {w.phase_changes} cell phase changes: sweeps {w.by_kind['sweeps']}, "
+                  f"jobs {w.by_kind['jobs']}, attempts {w.by_kind['attempts']}, other "
+                  f"{w.total - w.by_kind['sweeps'] - w.by_kind['jobs'] - w.by_kind['attempts']}; "
+                  f"plain: {jobs.writes.total} writes over {jobs.writes.phase_changes} phase changes")
+            print(f"Sweep status writes per cell transition {w.by_kind['sweeps'] / max(w.phase_changes, 1):7.3f}   "
+                  f"status bytes written {w.sweep_bytes / 1e6:.1f} MB   final status {sw.status_bytes / 1e6:.2f} MB")
+    finally:
+        stop_all([c.proc for c in started], [])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
