@@ -202,3 +202,72 @@ def test_a_node_kept_warm_after_the_job_bills_as_teardown_until_it_is_released()
     assert cost.by_segment[Segment.TEARDOWN] == Decimal("1.00"), "the 10 warm minutes are Teardown"
     released = allocations([view])  # no window: released when it ended
     assert sum((i.amount for a in released for i in increments_due(a, T0 + 1000)), Decimal(0)) == Decimal("0.50")
+
+
+GiB = 1024**3
+
+
+@settings(max_examples=150, deadline=None)
+@given(rate=st.decimals("0.01", "5.00", places=2),
+       steps=st.lists(st.tuples(st.integers(1, 20000), st.integers(0, 50 * GiB), st.booleans(), st.booleans()),
+                      min_size=1, max_size=40))
+def test_storage_is_charged_what_it_accrued_once_per_period_through_crashes_and_replays(
+        rate: Decimal, steps: list[tuple[int, int, bool, bool]]) -> None:
+    """Random histories of billed bytes over time, each pass perhaps killed between writing the accrual
+    and posting the charge, perhaps replayed: every storage charge posts once, none is negative, the
+    Job's status.cost (total and bySegment.storageUSD) is the sum of its postings, and what was charged
+    is the exact accrual rounded down to the cent, never more."""
+    from nodus.coordinator.money.storage import GIB, MONTH_S, STORAGE_PERIOD_S, decide_storage
+    books = Books(Decimal("1000000.00"))
+    record = None
+    since: float | None = None  # the oracle: when the accrual last moved, and what it is exactly
+    exact, t = Decimal(0), T0
+    for advance, billed, crash, replay in steps:
+        t += advance
+        if since is None and billed > 0:
+            since = t
+        elif since is not None and int(t // STORAGE_PERIOD_S) > int(since // STORAGE_PERIOD_S):
+            exact += Decimal(billed) / GIB * rate * Decimal(round((t - since) * 1000)) / 1000 / MONTH_S
+            since = t
+        for _ in range(2 if replay or crash else 1):
+            d = decide_storage(JOB, record, billed, rate, books.mine(), t)
+            record = d.write or record
+            if d.post is not None and not crash:
+                assert d.post.amount is not None and d.post.amount > 0
+                books.post(d.post)  # Books refuses a key posted twice
+            crash = False  # killed between the record and the charge: the next pass posts it
+        assert (record is None) == (since is None) and (record is None or record.accrued == exact)
+    mine = books.mine()
+    total = sum((p.amount for p in mine if p.kind is Kind.CHARGE), Decimal(0))
+    cost = Cost.of(books.accounts, JOB, mine)
+    assert cost.total == total and Decimal(cost.to_status(t)["bySegment"].get("storageUSD", "0.00")) == total
+    assert total <= exact and exact - total < Decimal("0.01"), "charged the accrual rounded down to the cent"
+    assert all(p.amount > 0 and p.segment is Segment.STORAGE for p in mine if p.kind is Kind.CHARGE)
+    assert books.accounts.available >= 0
+
+
+def test_storage_too_small_for_a_cent_an_hour_is_charged_once_it_adds_up() -> None:
+    """10 GiB at 0.08 USD per GiB-month is 0.0011 USD an hour: nothing posts for the first nine hours,
+    a cent in the tenth, and a month of hourly passes charges 0.80 USD, within a cent."""
+    from nodus.coordinator.money.storage import decide_storage
+    books = Books(Decimal("10.00"))
+    record = None
+    posted_at = []
+    for hour in range(0, 30 * 24 + 1):
+        d = decide_storage(JOB, record, 10 * GiB, Decimal("0.08"), books.mine(), T0 + hour * 3600)
+        record = d.write or record
+        if d.post is not None:
+            books.post(d.post)
+            posted_at.append(hour)
+        assert d.wake_at is not None and d.wake_at > T0 + hour * 3600
+    assert posted_at[0] == 10
+    total = Cost.of(books.accounts, JOB, books.mine()).by_segment[Segment.STORAGE]
+    assert Decimal("0.79") <= total <= Decimal("0.80")
+    # Storage gone (billedBytes 0): the accrual stops, nothing more is charged.
+    for hour in range(30 * 24 + 1, 30 * 24 + 50):
+        d = decide_storage(JOB, record, 0, Decimal("0.08"), books.mine(), T0 + hour * 3600)
+        record = d.write or record
+        assert d.wake_at is None
+        if d.post is not None:
+            books.post(d.post)
+    assert Cost.of(books.accounts, JOB, books.mine()).by_segment[Segment.STORAGE] <= Decimal("0.80")

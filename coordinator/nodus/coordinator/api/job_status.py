@@ -47,6 +47,8 @@ COST = _o(
                                    "that failed because of Nodus.", _s()),
                  restoreUSD=_s("RestoreUSD is the charge for bringing a replacement up after capacity was lost."),
                  runningUSD=_s("RunningUSD is the charge while the program ran."),
+                 storageUSD=_s("StorageUSD is the charge for checkpoints and outputs above the free inclusion "
+                               "(status.storage.billedBytes), by the price book's GiB-month rate, posted hourly."),
                  teardownUSD=_s("TeardownUSD is the charge from stop until deletion was confirmed, with the billing "
                                 "increment.")),
     final=_b("Final is true once the final charge has posted."),

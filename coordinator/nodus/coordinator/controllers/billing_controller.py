@@ -10,7 +10,11 @@ attempts' frozen tariffs and times, and the ledger, whose keys make every postin
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from ..clock import Clock, parse, rfc3339, seconds
 from ..errors import NodusError
@@ -18,6 +22,7 @@ from ..money.budget_store import Budgets
 from ..money.ledger import Request
 from ..money.ledger_cost import Cost
 from ..money.ledger_store import Ledger
+from ..money.storage import Accrual, decide_storage
 from .billing import Bill, BillingDecision, Stop, Verdict, decide_billing
 from .billing import allocations as billing_allocations
 from .cache import ATTEMPTS, JOBS, SWEEPS, job_key, owner_of
@@ -115,10 +120,53 @@ class BillingController:
             verdict = await self._post(project, decision.posts, verdict, now)
             accounts = await self.ledger.accounts(project)
             postings = await self.ledger.postings(project, owner=uid)
+        if job is not None and stored is not None:
+            storing, wake = await self._storage(project, uid, stored, postings, now)
+            if storing or wake is not None:
+                accounts = await self.ledger.accounts(project)
+                postings = await self.ledger.postings(project, owner=uid)
+                wakes = [w for w in (decision.wake_at, wake) if w is not None]
+                # storage still accrues: more charges will post, so the cost is not final
+                decision = replace(decision, wake_at=min(wakes) if wakes else None,
+                                   final=decision.final and wake is None)
         if job is not None:
             cost = Cost.of(accounts, uid, postings, limit=cap, rate=decision.rate, final=decision.final)
             await self._write(job, cost, verdict, decision, now)
         return decision
+
+    async def _storage(self, project: str, uid: str, job: dict[str, Any], postings: list[Any],
+                       now: float) -> tuple[bool, float | None]:
+        """Accrues and charges the Job's storage above the free inclusion (money/storage.py): the
+        accrual record first, then the charge. (whether it posted, when to look again)"""
+        book = self.fleet.book()
+        rate = book.storage_usd_per_gib_month if book is not None else Decimal(0)
+        billed = int(((job.get("status") or {}).get("storage") or {}).get("billedBytes") or 0)
+        key = f"_storage/{project}/{uid}"
+        rec = await self.ledger.store.get(key)
+        if rec is None and (billed <= 0 or rate <= 0):
+            return False, None
+        accrual = Accrual.from_json(orjson.loads(rec.value)) if rec is not None else None
+        decision = decide_storage(uid, accrual, billed, rate, postings, now)
+        if decision.write is not None:
+            value = orjson.dumps(decision.write.to_json())
+            try:
+                if rec is None:
+                    await self.ledger.store.create(key, value)
+                else:
+                    await self.ledger.store.update(key, value, rec.revision)
+            except NodusError as e:
+                if e.reason in ("Conflict", "AlreadyExists"):  # another pass moved it: decide again
+                    return False, now
+                raise
+        if decision.post is None:
+            return False, decision.wake_at
+        try:
+            await self.ledger.post(project, decision.post, rfc3339(now))
+        except NodusError as e:
+            if e.reason != "InsufficientCredits":
+                raise
+            log.info("project %s cannot pay storage %s: %s", project, decision.post.key, e.message)
+        return True, decision.wake_at
 
     def _warm_until(self, a: AttemptView) -> float | None:
         """Until when the node of a finished attempt stays held for its project (placement's warm hold):

@@ -69,6 +69,8 @@ class Segment(enum.Enum):
     """A replacement brought its state back."""
     TEARDOWN = "Teardown"
     """From stop until the node was released."""
+    STORAGE = "Storage"
+    """Checkpoints and outputs above the free inclusion, by the GiB-month (money/storage.py)."""
 
 
 def amount_of(value: Any, field_name: str = "amountUSD") -> Decimal:

@@ -12,7 +12,9 @@ from .estimate import SECONDS_PER_HOUR, cents
 from .ledger import ZERO, Accounts, Kind, Posting, Segment, held
 
 _SEGMENT_FIELDS = {Segment.BOOT: "bootUSD", Segment.RUNNING: "runningUSD", Segment.RESTORE: "restoreUSD",
-                   Segment.TEARDOWN: "teardownUSD"}
+                   Segment.TEARDOWN: "teardownUSD", Segment.STORAGE: "storageUSD"}
+_SHOWN_WHEN_CHARGED = frozenset({Segment.STORAGE})
+"""Shown only once something was charged to it (a Job without billed storage shows no storage line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,8 @@ class Cost:
         out: dict[str, Any] = {
             "totalUSD": str(cents(self.total)), "heldUSD": str(cents(self.held)), "final": self.final,
             "bySegment": {name: str(cents(self.by_segment.get(segment, ZERO)))
-                          for segment, name in _SEGMENT_FIELDS.items()}}
+                          for segment, name in _SEGMENT_FIELDS.items()
+                          if segment not in _SHOWN_WHEN_CHARGED or segment in self.by_segment}}
         if self.limit is not None:
             out["limitUSD"] = str(cents(self.limit))
         if self.rate is not None:
