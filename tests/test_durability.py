@@ -1,4 +1,5 @@
-"""Durability through the REST gateway, against real coordinator processes: a watch that outlives
+"""Durability through the REST gateway, against real coordinator processes on each store engine
+(SQLite in the data dir, and PostgreSQL through --store-url): a watch that outlives
 restarts loses and repeats nothing, compaction answers 410 Expired, acknowledged creates survive
 kill -9 mid-burst, and optimistic concurrency answers 409 Conflict.
 
@@ -20,6 +21,7 @@ import pytest
 import requests
 
 from conftest import Coordinator, job
+from postgres import postgres_cluster  # noqa: F401 - the session fixture
 
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -64,11 +66,14 @@ def graceful_stop(c: Coordinator, timeout: float = 15) -> None:
     assert rc == 0, f"coordinator exited {rc} on SIGTERM:\n{c.log.read_text()[-3000:]}"
 
 
-@pytest.fixture
-def make_coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_coordinator(request: pytest.FixtureRequest, tmp_path: Path,  # type: ignore[no-untyped-def]
+                     monkeypatch: pytest.MonkeyPatch):
     # The watches here must show exactly the writes the tests make, so the controllers (whose status
     # writes are changes no test made) stay off, across restarts too (the environment is inherited).
     monkeypatch.setenv("NODUS_CONTROLLERS", "off")
+    if request.param == "postgres":  # every coordinator of the test (and its restarts) on one fresh database
+        monkeypatch.setenv("NODUS_STORE_URL", request.getfixturevalue("postgres_cluster").database())
     started: list[Coordinator] = []
 
     def make(*extra_args: str) -> Coordinator:

@@ -13,11 +13,13 @@ import os
 import shutil
 import signal
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import yaml
 from aiohttp import web
 
@@ -27,6 +29,7 @@ from . import grpc_api
 from .api import units
 from .blobs import BlobStore
 from .clock import OffsetClock, SystemClock
+from .errors import NodusError
 from .api.limits import AdmissionLimits
 from .controllers.gang import GangConfig
 from .plane import ControlPlane
@@ -41,6 +44,9 @@ from .images import ImageResolver
 from .operator_registry import OperatorRegistry
 from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
 from .resources import ResourceService
+from .store.base import Store
+from .store.copy import copy_sqlite_to_postgres
+from .store.postgres import PostgresStore
 from .store.sqlite import SqliteStore
 from .tls import TlsFiles, ensure_tls, write_private
 from .vault import Vault, load_or_create_key
@@ -123,7 +129,7 @@ async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFil
         write_private(join, (await identity.create_join_token()).encode() + b"\n")
 
 
-async def _compact_loop(store: SqliteStore, interval: float) -> None:
+async def _compact_loop(store: Store, interval: float) -> None:
     """Keeps at least `interval` seconds of history, as kube-apiserver keeps five minutes."""
     previous = store.revision
     while True:
@@ -151,9 +157,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
-    if args.store_url:
-        raise SystemExit("--store-url: only the embedded SQLite store is available in this release")
-    store = await SqliteStore.open(data_dir / "store.db")
+    store = await _open_store(args.store_url, data_dir)
     identity = Identity(store)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
@@ -214,6 +218,41 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     await grpc_server.server.stop(grace=2)
     await runner.cleanup()
     await store.close()
+
+
+async def _open_store(url: str, data_dir: Path) -> Store:
+    """SQLite in the data dir, or the PostgreSQL store at --store-url (docs/adr/0030-postgresql-store.md)."""
+    if not url:
+        return await SqliteStore.open(data_dir / "store.db")
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise SystemExit(f"--store-url: {url.split('@')[-1]!r} is not a postgresql://USER@HOST:PORT/DBNAME URL "
+                         "(leave it unset for the embedded SQLite store in the data dir)")
+    try:
+        return await PostgresStore.open(url)
+    except NodusError as e:
+        raise SystemExit(f"--store-url: {e.message}; check the URL and that the server is up") from e
+
+
+def _store_copy(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="nodus-coordinator store copy",
+                                description="Copy a stopped coordinator's SQLite store into an empty PostgreSQL "
+                                            "store; start the coordinator on it with --store-url and the same "
+                                            "--data-dir (the vault key, secret.key, stays there).")
+    p.add_argument("--from", dest="source", required=True, help="sqlite://DIR: the coordinator's data dir")
+    p.add_argument("--to", dest="target", required=True, help="postgresql://USER@HOST:PORT/DBNAME (empty)")
+    args = p.parse_args(argv)
+    if not args.source.startswith("sqlite://"):
+        p.error(f"--from: {args.source!r} is not sqlite://DIR")
+    if not args.target.startswith(("postgresql://", "postgres://")):
+        p.error("--to: expected postgresql://USER@HOST:PORT/DBNAME")
+    try:
+        copied = asyncio.run(copy_sqlite_to_postgres(Path(args.source[len("sqlite://"):]) / "store.db", args.target))
+    except NodusError as e:
+        raise SystemExit(f"store copy: {e.message}") from e
+    except psycopg.Error as e:
+        raise SystemExit(f"store copy: --to: cannot write the PostgreSQL store: {e}") from e
+    print(f"copied {copied.keys} keys and {copied.history} history entries at revision {copied.revision} "
+          f"(compacted {copied.compacted})")
 
 
 def _lease_settings(args: argparse.Namespace) -> tuple[float, float]:
@@ -334,6 +373,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["store", "copy"]:
+        _store_copy(argv[2:])
+        return
     args = daemon_config.resolve(parser(), argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
