@@ -170,3 +170,16 @@ def test_an_assignment_carries_the_operators_login_only_for_the_projects_own_ima
     assert operator_logins(own, "team-b", registry) == []
     assert operator_logins({"image": "docker.io/library/busybox"}, "team-a", registry) == []
     assert operator_logins(own, "team-a", None) == []
+
+
+def test_admission_refuses_another_projects_image_before_asking_the_registry() -> None:
+    import asyncio
+
+    from nodus.coordinator.images import ImageOfAnotherProject, ImageResolver
+    registry = OperatorRegistry("reg.example:5000", "nodus")
+    resolver = ImageResolver(operator=registry, binary="/nonexistent/skopeo")  # a registry call would fail otherwise
+    with pytest.raises(ImageOfAnotherProject) as e:
+        asyncio.run(resolver.resolve("reg.example:5000/nodus/team-b/x:v1", project="team-a"))
+    assert e.value.field == "spec.image" and "for project team-b, not team-a" in e.value.detail
+    with pytest.raises(ImageOfAnotherProject, match="for project \\(none\\)"):
+        asyncio.run(resolver.resolve("reg.example:5000/nodus/x:v1", project="team-a"))

@@ -129,6 +129,8 @@ def test_push_both_formats_list_them_and_run_a_job_with_the_printed_reference(
             st = settled(c, "pushed-image", 180)
             assert st["phase"] == "Succeeded", st
             assert st["image"]["digest"] == oci["digest"]
+            job = c.session().get(c.url(f"{JOBS}/pushed-image")).json()
+            assert not job["spec"].get("imagePullSecrets") and "s3cret" not in orjson.dumps(job).decode()
             assert "ran inside the pushed image" in c.run("nodus", "logs", "pushed-image").stdout
     finally:
         clean_pods(work)

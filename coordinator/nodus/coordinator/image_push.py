@@ -270,20 +270,31 @@ class _Distribution:
         self.basic = "Basic " + base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode() \
             if creds.username else ""
 
-    async def _get(self, path: str, method: str = "GET", accept: str = "application/json") -> aiohttp.ClientResponse:
+    async def _get(self, path: str, method: str = "GET", accept: str = "application/json") -> tuple[int, Any, Any]:
+        """(status, headers, JSON body or None), read whole so the connection goes back to the pool."""
         headers = {"Accept": accept, **({"Authorization": self.basic} if self.basic else {})}
         try:
-            resp = await self.http.request(method, path, headers=headers)
-            if resp.status == 401 and resp.headers.get("WWW-Authenticate", "").startswith("Bearer "):
-                headers["Authorization"] = "Bearer " + await self._token(resp.headers["WWW-Authenticate"])
-                resp = await self.http.request(method, path, headers=headers)
+            status, got, body = await self._request(method, path, headers)
+            challenge = got.get("WWW-Authenticate", "")
+            if status == 401 and challenge.startswith("Bearer "):
+                headers["Authorization"] = "Bearer " + await self._token(challenge)
+                status, got, body = await self._request(method, path, headers)
         except aiohttp.ClientError as e:
             raise NodusError("ServiceUnavailable", f"the image registry {self.registry.host} is unreachable: {e}",
                              retry_after=10) from None
-        if resp.status in (401, 403):
+        if status in (401, 403):
             raise NodusError("ServiceUnavailable", f"the image registry {self.registry.host} refuses the operator's "
-                             f"credentials ({resp.status})", fix="the operator checks --image-registry-auth-file")
-        return resp
+                             f"credentials ({status})", fix="the operator checks --image-registry-auth-file")
+        return status, got, body
+
+    async def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Any, Any]:
+        async with self.http.request(method, path, headers=headers) as resp:
+            raw = await resp.read()
+            try:
+                body = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                body = None
+            return resp.status, resp.headers, body
 
     async def _token(self, challenge: str) -> str:
         params = dict(part.split("=", 1) for part in challenge.removeprefix("Bearer ").replace('"', "").split(","))
@@ -297,21 +308,19 @@ class _Distribution:
         found: list[str] = []
         path = "/v2/_catalog?n=1000"
         while path:
-            resp = await self._get(path)
-            found += (await resp.json(content_type=None) or {}).get("repositories") or []
-            link = resp.headers.get("Link", "")
+            _, headers, body = await self._get(path)
+            found += (body or {}).get("repositories") or []
+            link = headers.get("Link", "")
             path = link.split(";")[0].strip("<> ") if 'rel="next"' in link else ""
         return found
 
     async def tags(self, repository: str) -> list[str]:
-        resp = await self._get(f"/v2/{repository}/tags/list")
-        if resp.status == 404:
-            return []
-        return list((await resp.json(content_type=None) or {}).get("tags") or [])
+        status, _, body = await self._get(f"/v2/{repository}/tags/list")
+        return [] if status == 404 else list((body or {}).get("tags") or [])
 
     async def digest(self, repository: str, tag: str) -> str:
-        resp = await self._get(f"/v2/{repository}/manifests/{tag}", "HEAD", MANIFEST_ACCEPT)
-        return resp.headers.get("Docker-Content-Digest", "")
+        _, headers, _ = await self._get(f"/v2/{repository}/manifests/{tag}", "HEAD", MANIFEST_ACCEPT)
+        return str(headers.get("Docker-Content-Digest", ""))
 
 
 def _copy_error(stderr: str, reference: str) -> NodusError:

@@ -10,6 +10,8 @@ move bytes and JSON; the service decides (docs/adr/0032-image-push.md).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from aiohttp import web
 
@@ -24,7 +26,7 @@ TAR_TYPES = ("application/x-tar", "application/tar", "application/octet-stream")
 CHUNK = 1 << 20
 
 
-def add_routes(app: web.Application, gateway: object) -> None:
+def add_routes(app: web.Application, gateway: Any) -> None:
     """The hook `make_app` calls (before the generic routes, which would otherwise take the path)."""
     routes = ImageRoutes(gateway)
     app.router.add_post(BASE, routes.push)
@@ -32,7 +34,7 @@ def add_routes(app: web.Application, gateway: object) -> None:
 
 
 class ImageRoutes:
-    def __init__(self, gateway: object) -> None:
+    def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
 
     @staticmethod
@@ -46,7 +48,7 @@ class ImageRoutes:
     async def push(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "create", "images"
         service = self._service(request)
-        caller = await self.gateway._caller(request)  # type: ignore[attr-defined]
+        caller = await self.gateway._caller(request)
         project, name = request.match_info["namespace"], request.query.get("name", "")
         if request.query.get("dryRun") == "All":  # the CLI's check before it uploads
             service.check(caller, project, name)
@@ -61,7 +63,7 @@ class ImageRoutes:
     async def list(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "list", "images"
         service = self._service(request)
-        caller = await self.gateway._caller(request)  # type: ignore[attr-defined]
+        caller = await self.gateway._caller(request)
         items = await service.list(caller, request.match_info["namespace"])
         return web.Response(body=orjson.dumps({"kind": "ImageList", "apiVersion": "nodus.dev/v1", "items": items}),
                             content_type="application/json")
