@@ -17,10 +17,13 @@ the cell Job's own business (its recovery policy), so only a cell that ends Fail
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Iterable, Mapping, Sequence
+
+import orjson
 
 from ..clock import parse, rfc3339
 from .job_status import set_condition
@@ -59,7 +62,19 @@ def cells_in(jobs: Iterable[tuple[str, dict[str, Any]]], sweep: str) -> list[tup
 
 
 def cells_of(spec: Mapping[str, Any]) -> list[Cell]:
-    """Every cell of a Sweep spec, in index order."""
+    """Every cell of a Sweep spec, in index order (the same list for the same matrix and repetitions:
+    both are immutable, and a 10,000-cell Sweep is decided on every cell change)."""
+    return list(_cells(orjson.dumps({"m": spec.get("matrix") or {}, "r": spec.get("repetitions") or 1},
+                                    option=orjson.OPT_SORT_KEYS)))
+
+
+@functools.lru_cache(maxsize=64)
+def _cells(key: bytes) -> tuple[Cell, ...]:
+    doc = orjson.loads(key)
+    return tuple(_expand({"matrix": doc["m"], "repetitions": doc["r"]}))
+
+
+def _expand(spec: Mapping[str, Any]) -> list[Cell]:
     matrix = spec.get("matrix") or {}
     gpus: list[Mapping[str, Any] | None] = list(matrix.get("gpu") or []) or [None]
     regions: list[str] = list(matrix.get("regions") or []) or [""]

@@ -9,8 +9,10 @@ Sweep changed, or a Job labelled with a Sweep changed; and by a periodic resync.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Protocol
+import time
+from typing import Any, Coroutine, Protocol
 
 import orjson
 
@@ -25,6 +27,13 @@ from .workqueue import WorkQueue, run_workers
 log = logging.getLogger("nodus.controllers.sweep")
 
 RESYNC_SECONDS = 30.0
+CONCURRENT = 64
+"""How many cell creates (or state patches) one pass has in flight at once."""
+LARGE, STATUS_SHARE = 1000, 0.1
+"""The status of a Sweep of more than LARGE cells (a row each, ~110 bytes) is written at most STATUS_SHARE
+of the time: after a write that took t seconds the next waits t / STATUS_SHARE. Each write copies,
+validates and stores the whole list on the event loop the other controllers share, and the cells go on
+meanwhile (creating cells reads the cell Jobs, never the status)."""
 
 
 class Resources(Protocol):
@@ -51,6 +60,8 @@ class SweepController:
         self.cache, self.resources, self.clock = cache, resources, clock
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
+        self._written: dict[str, float] = {}
+        """When each large Sweep's status may next be written (monotonic): a rate limit, lost harmlessly on restart."""
         self._jobs, self._sweeps = resolve("jobs"), resolve("sweeps")
         cache.listen(SWEEPS, lambda key, old, new: self.queue.add(key))
         cache.listen(JOBS, self._on_job)
@@ -85,15 +96,18 @@ class SweepController:
         for job in orphans:  # its Sweep was deleted (or recreated): the cell goes with it
             await self._delete(project, job["metadata"]["name"])
         if sweep is None or (sweep.get("metadata") or {}).get("deletionTimestamp"):
+            self._written.pop(key, None)
             return
         mine = [CellJob.of(j) for j in cells if j not in orphans]
         decision = decide_sweep(sweep, mine, self.clock.now())
-        for action in decision.actions:
-            if isinstance(action, CreateCell):
-                await self._create(project, cell_job(sweep, action.cell))
-            elif isinstance(action, SetCellState):
-                await self._set_state(project, action.name, action.state.value)
+        await self._each([self._create(project, cell_job(sweep, a.cell)) if isinstance(a, CreateCell)
+                          else self._set_state(project, a.name, a.state.value) for a in decision.actions])
         if decision.status is not None:
+            wait = self._status_wait(key, len(decision.status.get("cells") or ()))
+            if wait > 0:  # a large status is rewritten at most STATUS_SHARE of the time; the cells went on above
+                self.queue.add_after(key, wait)
+                return
+            began = time.monotonic()
             try:
                 written, _ = await self.resources.replace(SYSTEM, self._sweeps, project, name,
                                                           {**sweep, "status": decision.status}, subresource="status")
@@ -103,6 +117,24 @@ class SweepController:
                 self.queue.add_after(key, 0.05)
                 return
             self.cache.apply(key, written, int(written["metadata"]["resourceVersion"]))
+            ended = time.monotonic()
+            self._written[key] = ended + (ended - began) * (1 / STATUS_SHARE - 1)
+
+    def _status_wait(self, key: str, cells: int) -> float:
+        """Seconds until the status of a Sweep with `cells` rows may be written again (0: now)."""
+        if cells <= LARGE or key not in self._written:
+            return 0.0
+        return max(self._written[key] - time.monotonic(), 0.0)
+
+    async def _each(self, calls: list[Coroutine[Any, Any, None]]) -> None:
+        """Runs a pass's cell writes CONCURRENT at a time: the store commits writes that arrive together
+        in one transaction, so a pass that frees 256 slots pays for a few commits, not 256."""
+        gate = asyncio.Semaphore(CONCURRENT)
+
+        async def one(call: Coroutine[Any, Any, None]) -> None:
+            async with gate:
+                await call
+        await asyncio.gather(*(one(call) for call in calls))
 
     async def _create(self, project: str, job: dict[str, Any]) -> None:
         try:
