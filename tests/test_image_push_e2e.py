@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -27,8 +28,8 @@ from test_oci_e2e import clean_pods, oci_agent, traversable_dir
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(any(shutil.which(t) is None for t in ("runc", "skopeo", "umoci", "docker-registry")),
-                       reason="needs runc, skopeo, umoci and docker-registry"),
+    pytest.mark.skipif(any(shutil.which(t) is None for t in ("runc", "skopeo", "umoci", "docker-registry"))
+                       or os.geteuid() != 0, reason="needs runc, skopeo, umoci, docker-registry and root"),
 ]
 
 PREFIX = "nodus"
