@@ -122,7 +122,8 @@ def test_a_warm_node_is_reused_by_its_project_and_released_after_the_window(tmp_
             # Both wait for the only node while it is busy; the other project's Job is the older one.
             r = other.post(other_jobs, json=job("elsewhere", resources=one_gpu, placement={"profile": "Cost"}))
             assert r.status_code == 201, r.text
-            create(c, "second", resources=one_gpu, placement={"profile": "Speed"}, scaledownWindow="6s")
+            # Its window is long enough for a loaded machine to show the other project's Job waiting on it.
+            create(c, "second", resources=one_gpu, placement={"profile": "Speed"}, scaledownWindow="15s")
             wait_status(c, "second", lambda s: s.get("phase") == "Queued" and s.get("message"),
                         what="the second Job to wait for capacity")
             gate.touch()
