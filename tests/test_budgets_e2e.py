@@ -14,11 +14,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent_double import AgentProcess, wait_for
+from agent_double import wait_for
 from conftest import Coordinator
-from e2e import AGENT_ENV, JOBS, grant, joined
+from e2e import JOBS, grant
 from offset_clock import Clock
-from test_money_e2e import OFFERING, STEPPER, _book, funded
+from test_money_e2e import STEPPER, funded, money_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +33,8 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
-    root = tmp_path_factory.mktemp("budgets")
-    with Coordinator(root / "data").start(extra_args=(
-            "--price-book", str(_book(root / "book.yaml")), "--lease-duration", "60s", "--heartbeat-interval", "1s",
-            "--clock-offset-file", str(clock.path))) as coordinator:
-        agent = AgentProcess(root / "agent", coordinator.grpc, coordinator.join_token, node="b1", env=AGENT_ENV,
-                             extra_args=("--offering", OFFERING, "--region", "us")).start()
-        with joined([agent], coordinator):
-            clock.coordinator, clock.agents = coordinator, [agent]
-            yield coordinator
+    with money_fleet(tmp_path_factory.mktemp("budgets"), clock, "b1") as coordinator:
+        yield coordinator
 
 
 def grpcurl(c: Coordinator, method: str, body: dict[str, Any], token: str) -> dict[str, Any]:

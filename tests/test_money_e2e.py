@@ -11,6 +11,7 @@ is a whole number of increments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import textwrap
 import time
@@ -51,13 +52,28 @@ STEPPER = textwrap.dedent("""
 """)
 
 
-def _book(path: Path) -> Path:
+def _book(path: Path, version: str = "2026-12-02-money", storage_rate: str = "0.08") -> Path:
     path.write_text(yaml.safe_dump({
-        "pricebookVersion": "2026-12-02-money", "storageUSDPerGiBMonth": "0.08",
+        "pricebookVersion": version, "storageUSDPerGiBMonth": storage_rate,
         "offerings": [{"id": OFFERING, "vcpu": 1, "memory": "1Gi", "disk": "1Gi", "regionClass": "us",
                        "provider": "dev", "region": "local", "rateUSDPerHour": "6.00", "interruptible": False,
                        "billingIncrement": "60s", "minimumCharge": "1m", "relativeSpeed": "1"}]}))
     return path
+
+
+@contextlib.contextmanager
+def money_fleet(root: Path, clock: Clock, node: str, *extra_args: str, book: Path | None = None,
+                lease: str = "60s", moved_agents: bool = True) -> Iterator[Coordinator]:
+    """A priced coordinator on the moved clock with one agent sold as OFFERING (the money e2e tests' fleet).
+    `moved_agents=False`: the clock does not wait for the agent's heartbeats at each step."""
+    with Coordinator(root / "data").start(extra_args=(
+            "--price-book", str(book or _book(root / "book.yaml")), "--lease-duration", lease,
+            "--heartbeat-interval", "1s", "--clock-offset-file", str(clock.path), *extra_args)) as coordinator:
+        agent = AgentProcess(root / "agent", coordinator.grpc, coordinator.join_token, node=node, env=AGENT_ENV,
+                             extra_args=("--offering", OFFERING, "--region", "us")).start()
+        with joined([agent], coordinator):
+            clock.coordinator, clock.agents = coordinator, [agent] if moved_agents else []
+            yield coordinator
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +83,8 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
-    root = tmp_path_factory.mktemp("money")
-    with Coordinator(root / "data").start(extra_args=(
-            "--price-book", str(_book(root / "book.yaml")), "--lease-duration", "60s", "--heartbeat-interval", "1s",
-            "--clock-offset-file", str(clock.path))) as coordinator:
-        agent = AgentProcess(root / "agent", coordinator.grpc, coordinator.join_token, node="m1", env=AGENT_ENV,
-                             extra_args=("--offering", OFFERING, "--region", "us")).start()
-        with joined([agent], coordinator):
-            clock.coordinator, clock.agents = coordinator, [agent]
-            yield coordinator
+    with money_fleet(tmp_path_factory.mktemp("money"), clock, "m1") as coordinator:
+        yield coordinator
 
 
 def cost(c: Coordinator, name: str) -> dict[str, Any]:

@@ -11,17 +11,15 @@ from __future__ import annotations
 import textwrap
 import time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import yaml
 
-from agent_double import AgentProcess, wait_for
+from agent_double import wait_for
 from conftest import Coordinator
-from e2e import AGENT_ENV, JOBS, create, get_job, grant, joined
+from e2e import JOBS, create, get_job, grant
 from offset_clock import Clock
-from test_money_e2e import OFFERING
+from test_money_e2e import _book, money_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +32,6 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def _book(path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "pricebookVersion": "2026-12-02-storage", "storageUSDPerGiBMonth": str(RATE),
-        "offerings": [{"id": OFFERING, "vcpu": 1, "memory": "1Gi", "disk": "1Gi", "regionClass": "us",
-                       "provider": "dev", "region": "local", "rateUSDPerHour": "6.00", "interruptible": False,
-                       "billingIncrement": "60s", "minimumCharge": "1m", "relativeSpeed": "1"}]}))
-    return path
-
-
 @pytest.fixture(scope="module")
 def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
     return Clock(tmp_path_factory.mktemp("clock") / "offset")
@@ -51,16 +40,11 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
     root = tmp_path_factory.mktemp("storage")
-    with Coordinator(root / "data").start(extra_args=(
-            "--price-book", str(_book(root / "book.yaml")), "--free-storage", "1Mi", "--lease-duration", "48h",
-            "--heartbeat-interval", "1s", "--clock-offset-file", str(clock.path))) as coordinator:
-        agent = AgentProcess(root / "agent", coordinator.grpc, coordinator.join_token, node="s1", env=AGENT_ENV,
-                             extra_args=("--offering", OFFERING, "--region", "us")).start()
-        with joined([agent], coordinator):
-            # The Jobs finish at once and their node's lease outlasts the hours moved: the clock need
-            # not wait for its heartbeats at each step.
-            clock.coordinator, clock.agents = coordinator, []
-            yield coordinator
+    # The Jobs finish at once and their node's lease outlasts the hours moved: the clock need not wait
+    # for its heartbeats at each step.
+    with money_fleet(root, clock, "s1", "--free-storage", "1Mi", lease="48h", moved_agents=False,
+                     book=_book(root / "book.yaml", "2026-12-02-storage", str(RATE))) as coordinator:
+        yield coordinator
 
 
 def segments(status: dict[str, Any]) -> dict[str, Decimal]:
