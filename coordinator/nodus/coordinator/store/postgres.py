@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -23,8 +22,10 @@ import psycopg
 import psycopg_pool
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store.base import Event, EventType, ListResult, Record, Store, prefix_end
+from nodus.coordinator.store.base import Event, EventType, ListResult, Record
 from nodus.coordinator.store.pg_schema import migrate
+from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
+    precondition
 
 CHANNEL = "nodus_store"
 """The NOTIFY channel a commit signals on; the payload is the new head revision."""
@@ -35,15 +36,6 @@ _LOG_COLUMNS = "revision, key, type, value, prev_value, create_revision"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 Conn = psycopg.AsyncConnection[Any]
-
-
-@dataclasses.dataclass(slots=True)
-class _Write:
-    kind: str  # "create", "update" or "delete"
-    key: str
-    value: bytes
-    expected: int | None
-    future: asyncio.Future[Record]
 
 
 class _Wakeup:
@@ -58,21 +50,6 @@ class _Wakeup:
     def fire(self) -> None:
         self._event.set()
         self._event = asyncio.Event()
-
-
-def _key_range(prefix: str, start_after: str | None, column: str = "key") -> tuple[str, list[Any]]:
-    conditions, params = ["TRUE"], []
-    if prefix:
-        conditions.append(f"{column} >= %s")
-        params.append(prefix)
-        end = prefix_end(prefix)
-        if end is not None:
-            conditions.append(f"{column} < %s")
-            params.append(end)
-    if start_after is not None:
-        conditions.append(f"{column} > %s")
-        params.append(start_after)
-    return " AND ".join(conditions), params
 
 
 def _event(row: Sequence[Any]) -> Event:
@@ -101,7 +78,7 @@ def _parses(url: str) -> bool:
     return True
 
 
-class PostgresStore(Store):
+class PostgresStore(QueuedWriteStore):
     """The PostgreSQL engine. Open with `await PostgresStore.open(url)` inside the loop that uses it."""
 
     LOG_PAGE = 500
@@ -115,7 +92,7 @@ class PostgresStore(Store):
         self._pool = pool
         self._writer_conn = writer
         self._loop = loop
-        self._queue: asyncio.Queue[_Write | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Write | None] = asyncio.Queue()
         self._wakeup = _Wakeup()
         self._closed = False
         self._head = 0
@@ -167,15 +144,6 @@ class PostgresStore(Store):
     def compacted_revision(self) -> int:
         return self._compacted
 
-    async def create(self, key: str, value: bytes) -> Record:
-        return await self._submit_write("create", key, value, None)
-
-    async def update(self, key: str, value: bytes, expected_revision: int | None) -> Record:
-        return await self._submit_write("update", key, value, expected_revision)
-
-    async def delete(self, key: str, expected_revision: int | None = None) -> Record:
-        return await self._submit_write("delete", key, b"", expected_revision)
-
     async def get(self, key: str) -> Record | None:
         async with self._snapshot() as conn:
             cursor = await conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = %s", (key,))
@@ -188,13 +156,13 @@ class PostgresStore(Store):
             raise ValueError("limit must be >= 0")
         async with self._snapshot() as conn:
             head, compacted = self._seen(*await _meta(conn))
-            where, params = _key_range(prefix, start_after)
+            where, params = key_range(prefix, start_after, "key", "%s", "TRUE")
             if revision is None or revision == head:
                 at = head
                 sql = f"SELECT key, value, revision, create_revision FROM kv WHERE {where} ORDER BY key"
             else:
-                _check_revision(revision, compacted, head)
-                lwhere, lparams = _key_range(prefix, start_after, "l.key")
+                check_revision(revision, compacted, head)
+                lwhere, lparams = key_range(prefix, start_after, "l.key", "%s", "TRUE")
                 at = revision
                 sql = (f"SELECT key, value, revision, create_revision FROM kv WHERE {where} AND revision <= %s "
                        "UNION ALL SELECT l.key, l.prev_value, l.prev_revision, l.create_revision FROM log AS l "
@@ -294,8 +262,8 @@ class PostgresStore(Store):
         async with self._snapshot() as conn:
             head, compacted = self._seen(*await _meta(conn))
             if after < compacted:
-                raise _expired(after, compacted)
-            where, params = _key_range(prefix, None)
+                raise expired(after, compacted)
+            where, params = key_range(prefix, None, "key", "%s", "TRUE")
             cursor = await conn.execute(f"SELECT {_LOG_COLUMNS} FROM log WHERE revision > %s AND {where} "
                                         "ORDER BY revision LIMIT %s".encode(), [after, *params, limit])
             rows = await cursor.fetchall()
@@ -308,16 +276,10 @@ class PostgresStore(Store):
 
     # -- writes ----------------------------------------------------------------------------------
 
-    async def _submit_write(self, kind: str, key: str, value: bytes, expected: int | None) -> Record:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"a key is a non-empty str, not {key!r}")
-        if not isinstance(value, bytes):
-            raise TypeError(f"a value is bytes, not {type(value).__name__}")
+    def _enqueue(self, write: Write) -> None:
         if self._closed:
             raise NodusError("ServiceUnavailable", "the store is closed")
-        future: asyncio.Future[Record] = self._loop.create_future()
-        self._queue.put_nowait(_Write(kind, key, value, expected, future))
-        return await future
+        self._queue.put_nowait(write)
 
     async def _write_loop(self) -> None:
         stopping = False
@@ -330,7 +292,7 @@ class PostgresStore(Store):
             if writes:
                 await self._commit_batch(self._writer_conn, writes)
 
-    async def _commit_batch(self, conn: Conn, writes: Sequence[_Write]) -> None:
+    async def _commit_batch(self, conn: Conn, writes: Sequence[Write]) -> None:
         outcomes: list[tuple[asyncio.Future[Record], Record | None, NodusError | None]] = []
         try:
             async with conn.transaction():
@@ -342,7 +304,7 @@ class PostgresStore(Store):
                     cursor = await conn.execute(
                         "SELECT value, revision, create_revision FROM kv WHERE key = %s", (op.key,))
                     current = await cursor.fetchone()
-                    error = _precondition(op, current)
+                    error = precondition(op, None if current is None else current[1])
                     if error is not None:
                         outcomes.append((op.future, None, error))
                         continue
@@ -367,42 +329,21 @@ class PostgresStore(Store):
                 future.set_result(result)  # type: ignore[arg-type]
 
 
-def _precondition(op: _Write, row: Sequence[Any] | None) -> NodusError | None:
-    if op.kind == "create":
-        return NodusError("AlreadyExists", f"{op.key} already exists") if row is not None else None
-    if row is None:
-        return NodusError("NotFound", f"{op.key} not found")
-    if op.expected is not None and op.expected != row[1]:
-        return NodusError("Conflict", f"{op.key} is at revision {row[1]}, not {op.expected}")
-    return None
-
-
 _INSERT_LOG = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision) "
                "VALUES (%s, %s, %s, %s, %s, %s, %s)")
 
 
-async def _apply(conn: Conn, op: _Write, row: Sequence[Any] | None, revision: int) -> Record:
+async def _apply(conn: Conn, op: Write, row: Sequence[Any] | None, revision: int) -> Record:
     """Write one operation whose precondition holds; return the record its caller gets."""
     if row is None:  # create
         await conn.execute("INSERT INTO kv VALUES (%s, %s, %s, %s)", (op.key, op.value, revision, revision))
         await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, None, None, revision))
         return Record(op.key, op.value, revision, revision)
     prev_value, prev_revision, create_revision = bytes(row[0]), row[1], row[2]
-    if op.kind == "update":
+    if op.kind is WriteKind.UPDATE:
         await conn.execute("UPDATE kv SET value = %s, revision = %s WHERE key = %s", (op.value, revision, op.key))
         await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, prev_value, prev_revision, create_revision))
         return Record(op.key, op.value, revision, create_revision)
     await conn.execute("DELETE FROM kv WHERE key = %s", (op.key,))
     await conn.execute(_INSERT_LOG, (revision, op.key, _DELETE, prev_value, prev_value, prev_revision, create_revision))
     return Record(op.key, prev_value, revision, create_revision)
-
-
-def _expired(revision: int, compacted: int) -> NodusError:
-    return NodusError("Expired", f"revision {revision} has been compacted (compacted revision: {compacted})")
-
-
-def _check_revision(revision: int, compacted: int, head: int) -> None:
-    if revision < compacted:
-        raise _expired(revision, compacted)
-    if revision > head:
-        raise NodusError("Timeout", f"Too large resource version: {revision}, current: {head}")

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store.base import Event, EventType, Fanout, ListResult, Record, Store, prefix_end
+from nodus.coordinator.store.base import Event, EventType, Fanout, ListResult, Record
+from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
+    precondition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -46,17 +48,6 @@ _LOG_COLUMNS = "revision, key, type, value, prev_value, create_revision"
 
 
 @dataclasses.dataclass(slots=True)
-class _Write:
-    """One create, update or delete waiting for the writer."""
-
-    kind: str  # "create", "update" or "delete"
-    key: str
-    value: bytes
-    expected: int | None
-    future: asyncio.Future[Record]
-
-
-@dataclasses.dataclass(slots=True)
 class _Compact:
     revision: int
     future: asyncio.Future[None]
@@ -67,22 +58,6 @@ T = TypeVar("T")
 
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
 """A caller's future with the result or the error to give it, on the loop."""
-
-
-def _key_range(prefix: str, start_after: str | None, column: str = "key") -> tuple[str, list[Any]]:
-    """SQL conditions selecting keys under `prefix` after `start_after`, as a range on the index."""
-    conditions, params = ["1"], []
-    if prefix:
-        conditions.append(f"{column} >= ?")
-        params.append(prefix)
-        end = prefix_end(prefix)
-        if end is not None:
-            conditions.append(f"{column} < ?")
-            params.append(end)
-    if start_after is not None:
-        conditions.append(f"{column} > ?")
-        params.append(start_after)
-    return " AND ".join(conditions), params
 
 
 def _event(row: tuple[Any, ...]) -> Event:
@@ -98,7 +73,7 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
-class SqliteStore(Store):
+class SqliteStore(QueuedWriteStore):
     """The SQLite engine. Open with `await SqliteStore.open(path)` inside the loop that will use it."""
 
     READ_THREADS = 4
@@ -154,15 +129,6 @@ class SqliteStore(Store):
     @property
     def compacted_revision(self) -> int:
         return self._compacted
-
-    async def create(self, key: str, value: bytes) -> Record:
-        return await self._submit_write("create", key, value, None)
-
-    async def update(self, key: str, value: bytes, expected_revision: int | None) -> Record:
-        return await self._submit_write("update", key, value, expected_revision)
-
-    async def delete(self, key: str, expected_revision: int | None = None) -> Record:
-        return await self._submit_write("delete", key, b"", expected_revision)
 
     async def get(self, key: str) -> Record | None:
         row = await self._read(lambda c: c.execute(
@@ -257,14 +223,14 @@ class SqliteStore(Store):
     def _list(self, conn: sqlite3.Connection, prefix: str, limit: int, start_after: str | None,
               revision: int | None) -> ListResult:
         head, compacted = self._meta(conn)
-        where, params = _key_range(prefix, start_after)
+        where, params = key_range(prefix, start_after, "key", "?", "1")
         if revision is None or revision == head:
             at, sql = head, f"SELECT key, value, revision, create_revision FROM kv WHERE {where} ORDER BY key"
         else:
-            _check_revision(revision, compacted, head)
+            check_revision(revision, compacted, head)
             # State at R: keys unchanged since R as they are now, plus, for each key changed after R,
             # what its first change after R replaced (nothing, if that change created it).
-            lwhere, lparams = _key_range(prefix, start_after, "l.key")
+            lwhere, lparams = key_range(prefix, start_after, "l.key", "?", "1")
             at = revision
             sql = (f"SELECT key, value, revision, create_revision FROM kv WHERE {where} AND revision <= ? "
                    "UNION ALL SELECT l.key, l.prev_value, l.prev_revision, l.create_revision FROM log AS l "
@@ -284,23 +250,16 @@ class SqliteStore(Store):
     def _read_log(conn: sqlite3.Connection, prefix: str, after: int, limit: int) -> tuple[Sequence[Event], int]:
         head, compacted = SqliteStore._meta(conn)
         if after < compacted:
-            raise _expired(after, compacted)
-        where, params = _key_range(prefix, None)
+            raise expired(after, compacted)
+        where, params = key_range(prefix, None, "key", "?", "1")
         rows = conn.execute(f"SELECT {_LOG_COLUMNS} FROM log WHERE revision > ? AND {where} "
                             "ORDER BY revision LIMIT ?", [after, *params, limit]).fetchall()
         return [_event(row) for row in rows], head
 
     # -- writes: queued for the one writer thread -----------------------------------------------
 
-    async def _submit_write(self, kind: str, key: str, value: bytes, expected: int | None) -> Record:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"a key is a non-empty str, not {key!r}")
-        if not isinstance(value, bytes):
-            raise TypeError(f"a value is bytes, not {type(value).__name__}")
-        future: asyncio.Future[Record] = self._loop.create_future()
-        self._submit(_Write(kind, key, value, expected, future))
-        # A caller cancelled here may still find its write committed, as with any database.
-        return await future
+    def _enqueue(self, write: Write) -> None:
+        self._submit(write)
 
     def _submit(self, op: Any) -> None:
         if self._closed:
@@ -324,7 +283,7 @@ class SqliteStore(Store):
         stopping = False
         while not stopping:
             ops = self._take_batch(block=self._compacting is None)
-            writes = [op for op in ops if isinstance(op, _Write)]
+            writes = [op for op in ops if isinstance(op, Write)]
             stopping = any(op is _STOP for op in ops)
             if writes:
                 self._commit_batch(conn, writes)
@@ -346,7 +305,7 @@ class SqliteStore(Store):
             pass
         return ops
 
-    def _commit_batch(self, conn: sqlite3.Connection, writes: Sequence[_Write]) -> None:
+    def _commit_batch(self, conn: sqlite3.Connection, writes: Sequence[Write]) -> None:
         outcomes: list[_Outcome] = []
         events: list[Event] = []
         revision = self._head
@@ -355,7 +314,7 @@ class SqliteStore(Store):
             for op in writes:
                 row = conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = ?",
                                    (op.key,)).fetchone()
-                error = _precondition(op, row)
+                error = precondition(op, None if row is None else row[1])
                 if error is not None:
                     outcomes.append((op.future, None, error))
                     continue
@@ -436,17 +395,7 @@ class SqliteStore(Store):
                 future.set_result(result)
 
 
-def _precondition(op: _Write, row: tuple[bytes, int, int] | None) -> NodusError | None:
-    if op.kind == "create":
-        return NodusError("AlreadyExists", f"{op.key} already exists") if row is not None else None
-    if row is None:
-        return NodusError("NotFound", f"{op.key} not found")
-    if op.expected is not None and op.expected != row[1]:
-        return NodusError("Conflict", f"{op.key} is at revision {row[1]}, not {op.expected}")
-    return None
-
-
-def _apply(conn: sqlite3.Connection, op: _Write, row: tuple[bytes, int, int] | None, revision: int) -> Event:
+def _apply(conn: sqlite3.Connection, op: Write, row: tuple[bytes, int, int] | None, revision: int) -> Event:
     """Write one operation whose precondition holds; return its event."""
     insert_log = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
@@ -455,22 +404,10 @@ def _apply(conn: sqlite3.Connection, op: _Write, row: tuple[bytes, int, int] | N
         conn.execute(insert_log, (revision, op.key, _PUT, op.value, None, None, revision))
         return Event(EventType.PUT, op.key, op.value, revision, None, revision)
     prev_value, prev_revision, create_revision = row
-    if op.kind == "update":
+    if op.kind is WriteKind.UPDATE:
         conn.execute("UPDATE kv SET value = ?, revision = ? WHERE key = ?", (op.value, revision, op.key))
         conn.execute(insert_log, (revision, op.key, _PUT, op.value, prev_value, prev_revision, create_revision))
         return Event(EventType.PUT, op.key, op.value, revision, prev_value, create_revision)
     conn.execute("DELETE FROM kv WHERE key = ?", (op.key,))
     conn.execute(insert_log, (revision, op.key, _DELETE, prev_value, prev_value, prev_revision, create_revision))
     return Event(EventType.DELETE, op.key, prev_value, revision, prev_value, create_revision)
-
-
-def _expired(revision: int, compacted: int) -> NodusError:
-    return NodusError("Expired", f"revision {revision} has been compacted (compacted revision: {compacted})")
-
-
-def _check_revision(revision: int, compacted: int, head: int) -> None:
-    if revision < compacted:
-        raise _expired(revision, compacted)
-    if revision > head:
-        # Kubernetes answers a resourceVersion from the future with 504 "Too large resource version".
-        raise NodusError("Timeout", f"Too large resource version: {revision}, current: {head}")

@@ -1,0 +1,101 @@
+"""What the SQL stores share: the queued write, its precondition, key ranges and revision checks.
+
+SQLite and PostgreSQL both queue every create, update and delete for one writer that commits them in
+groups; only the queue (a thread's queue, an asyncio queue) and the SQL dialect differ.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import enum
+from typing import Any
+
+from nodus.coordinator.errors import NodusError
+from nodus.coordinator.store.base import Record, Store, prefix_end
+
+
+class WriteKind(enum.Enum):
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+@dataclasses.dataclass(slots=True)
+class Write:
+    """One create, update or delete waiting for the writer."""
+
+    kind: WriteKind
+    key: str
+    value: bytes
+    expected: int | None
+    future: asyncio.Future[Record]
+
+
+def precondition(op: Write, revision: int | None) -> NodusError | None:
+    """Why `op` cannot apply to a key at `revision` (None: the key does not exist), or None."""
+    if op.kind is WriteKind.CREATE:
+        return NodusError("AlreadyExists", f"{op.key} already exists") if revision is not None else None
+    if revision is None:
+        return NodusError("NotFound", f"{op.key} not found")
+    if op.expected is not None and op.expected != revision:
+        return NodusError("Conflict", f"{op.key} is at revision {revision}, not {op.expected}")
+    return None
+
+
+def key_range(prefix: str, start_after: str | None, column: str, mark: str, true: str) -> tuple[str, list[Any]]:
+    """SQL conditions selecting keys under `prefix` after `start_after`, as a range on the index;
+    `mark` is the dialect's parameter placeholder and `true` its always-true condition."""
+    conditions, params = [true], []
+    if prefix:
+        conditions.append(f"{column} >= {mark}")
+        params.append(prefix)
+        end = prefix_end(prefix)
+        if end is not None:
+            conditions.append(f"{column} < {mark}")
+            params.append(end)
+    if start_after is not None:
+        conditions.append(f"{column} > {mark}")
+        params.append(start_after)
+    return " AND ".join(conditions), params
+
+
+def expired(revision: int, compacted: int) -> NodusError:
+    return NodusError("Expired", f"revision {revision} has been compacted (compacted revision: {compacted})")
+
+
+def check_revision(revision: int, compacted: int, head: int) -> None:
+    """Refuses reading at a revision that is compacted away or not written yet."""
+    if revision < compacted:
+        raise expired(revision, compacted)
+    if revision > head:
+        # Kubernetes answers a resourceVersion from the future with 504 "Too large resource version".
+        raise NodusError("Timeout", f"Too large resource version: {revision}, current: {head}")
+
+
+class QueuedWriteStore(Store):
+    """A Store whose writes are queued for one writer: create, update and delete check their
+    arguments here and hand a `Write` to `_enqueue`, whose future the writer resolves after commit."""
+
+    async def create(self, key: str, value: bytes) -> Record:
+        return await self._submit_write(WriteKind.CREATE, key, value, None)
+
+    async def update(self, key: str, value: bytes, expected_revision: int | None) -> Record:
+        return await self._submit_write(WriteKind.UPDATE, key, value, expected_revision)
+
+    async def delete(self, key: str, expected_revision: int | None = None) -> Record:
+        return await self._submit_write(WriteKind.DELETE, key, b"", expected_revision)
+
+    async def _submit_write(self, kind: WriteKind, key: str, value: bytes, expected: int | None) -> Record:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"a key is a non-empty str, not {key!r}")
+        if not isinstance(value, bytes):
+            raise TypeError(f"a value is bytes, not {type(value).__name__}")
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        self._enqueue(Write(kind, key, value, expected, future))
+        # A caller cancelled here may still find its write committed, as with any database.
+        return await future
+
+    @abc.abstractmethod
+    def _enqueue(self, write: Write) -> None:
+        """Queue `write` for the writer; NodusError("ServiceUnavailable") once the store is closed."""
