@@ -107,7 +107,8 @@ class Gateway:
             task.cancel()
 
     # -- helpers ----------------------------------------------------------------------------------
-    async def _caller(self, request: web.Request) -> Caller:
+    async def caller(self, request: web.Request) -> Caller:
+        """Who sent `request` (its bearer token authenticated); the routes of downloads and images ask too."""
         return await self.service.identity.authenticate(request.headers.get("Authorization"))
 
     @staticmethod
@@ -196,30 +197,30 @@ class Gateway:
         return _json(discovery.SERVER_VERSION)
 
     async def api(self, request: web.Request) -> web.Response:
-        await self._caller(request)
+        await self.caller(request)
         return _json(discovery.api_versions())
 
     async def apis(self, request: web.Request) -> web.Response:
-        await self._caller(request)
+        await self.caller(request)
         return _json(discovery.api_group_list())
 
     async def group(self, request: web.Request) -> web.Response:
-        await self._caller(request)
+        await self.caller(request)
         return _json(discovery.api_group())
 
     async def group_version(self, request: web.Request) -> web.Response:
-        await self._caller(request)
+        await self.caller(request)
         body = discovery.api_resource_list(request.match_info["version"])
         if body is None:
             raise web.HTTPNotFound()
         return _json(body)
 
     async def openapi_index(self, request: web.Request) -> web.Response:
-        await self._caller(request)
+        await self.caller(request)
         return _json(discovery.openapi_index(self.openapi), headers={"Cache-Control": "no-cache, private"})
 
     async def openapi_doc(self, request: web.Request) -> web.StreamResponse:
-        await self._caller(request)
+        await self.caller(request)
         doc = self.openapi.get(request.match_info["version"])
         if doc is None:
             raise web.HTTPNotFound()
@@ -236,7 +237,7 @@ class Gateway:
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
         info = self._info(request)
         project = request.match_info.get("namespace")
-        caller = await self._caller(request)
+        caller = await self.caller(request)
         q = request.query
         if request.method == "POST":
             request["verb"] = "create"
@@ -358,7 +359,7 @@ class Gateway:
         sub = request.match_info.get("sub", "")
         if sub and (sub != "status" or not info.has_status):
             raise web.HTTPNotFound()
-        caller = await self._caller(request)
+        caller = await self.caller(request)
         method = request.method
         if method == "GET":
             request["verb"] = "get"

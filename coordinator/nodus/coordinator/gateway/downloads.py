@@ -226,7 +226,7 @@ class Downloads:
     async def output(self, request: web.Request) -> web.StreamResponse:
         request["verb"], request["resource"] = "get", "jobs/outputs"
         blobs = self._blobs(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name, output = (request.match_info[k] for k in ("namespace", "name", "output"))
         index = _int_param(request, "index", 0)
         rank = _int_param(request, "rank", None)
@@ -260,7 +260,7 @@ class Downloads:
     # -- checkpoints ------------------------------------------------------------------------------
     async def checkpoints(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "list", "jobs/checkpoints"
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         index = _int_param(request, "index", 0) or 0
         fields = ("seq", "time", "size", "sha256", "uri", "reason", "format", "epoch", "attempt")
@@ -277,7 +277,7 @@ class Downloads:
     async def checkpoint_archive(self, request: web.Request) -> web.StreamResponse:
         request["verb"], request["resource"] = "get", "jobs/checkpoints"
         blobs = self._blobs(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         text = request.match_info["seq"]
         if not re.fullmatch(r"\d{1,18}", text):
@@ -298,7 +298,7 @@ class Downloads:
     async def log(self, request: web.Request) -> web.StreamResponse:
         request["verb"], request["resource"] = "get", "jobs/log"
         blobs = self._blobs(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         index = _int_param(request, "index", 0)
         number = _int_param(request, "attempt", None)
@@ -344,7 +344,7 @@ class Downloads:
     async def push_revision(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "create", "volumes/revisions"
         blobs = self._blobs(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         info = resolve("volumes")
         self.volumes.authorize_push(caller, project)
@@ -368,7 +368,7 @@ class Downloads:
     async def revision_archive(self, request: web.Request) -> web.StreamResponse:
         request["verb"], request["resource"] = "get", "volumes/revisions"
         blobs = self._blobs(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name = request.match_info["namespace"], request.match_info["name"]
         text = request.match_info["revision"]
         chosen = await self.volumes.revision(caller, project, name, text)

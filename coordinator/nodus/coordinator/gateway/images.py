@@ -48,7 +48,7 @@ class ImageRoutes:
     async def push(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "create", "images"
         service = self._service(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         project, name = request.match_info["namespace"], request.query.get("name", "")
         if request.query.get("dryRun") == "All":  # the CLI's check before it uploads
             service.check(caller, project, name)
@@ -63,7 +63,7 @@ class ImageRoutes:
     async def list(self, request: web.Request) -> web.Response:
         request["verb"], request["resource"] = "list", "images"
         service = self._service(request)
-        caller = await self.gateway._caller(request)
+        caller = await self.gateway.caller(request)
         items = await service.list(caller, request.match_info["namespace"])
         return web.Response(body=orjson.dumps({"kind": "ImageList", "apiVersion": "nodus.dev/v1", "items": items}),
                             content_type="application/json")
