@@ -25,6 +25,7 @@ from ..resources import ResourceService
 from ..watches import WatchEvent
 from ..selectors import parse_field_selector, parse_label_selector
 from . import discovery, downloads, images, tables
+from .params import query_bool
 
 log = logging.getLogger("nodus.gateway")
 
@@ -151,7 +152,9 @@ class Gateway:
 
     @staticmethod
     async def _body(request: web.Request) -> Any:
-        ctype = request.content_type
+        # A body sent with no Content-Type at all is read as JSON, as the Kubernetes API server does
+        # (the official Python client's CustomObjectsApi sends its create and replace bodies so).
+        ctype = request.content_type if "Content-Type" in request.headers else JSON
         raw = await request.read()
         if ctype not in (JSON, "", "application/yaml"):
             raise NodusError("UnsupportedMediaType", f"the body's content type {ctype!r} is not supported",
@@ -254,7 +257,7 @@ class Gateway:
             return response
         labels = parse_label_selector(q.get("labelSelector"))
         fields = parse_field_selector(q.get("fieldSelector"))
-        if q.get("watch") in ("true", "1"):
+        if query_bool(q, "watch"):
             request["verb"] = "watch"
             return await self._watch(request, caller, info, project, labels, fields)
         request["verb"] = "list"
@@ -315,8 +318,8 @@ class Gateway:
             stream = await self.service.watch(
                 caller, info, project, labels=labels, fields=fields,
                 resource_version=q.get("resourceVersion", ""),
-                send_initial_events=q.get("sendInitialEvents") == "true",
-                allow_bookmarks=q.get("allowWatchBookmarks") in ("true", "1"))
+                send_initial_events=query_bool(q, "sendInitialEvents"),
+                allow_bookmarks=query_bool(q, "allowWatchBookmarks"))
         except NodusError as e:
             if e.reason != "Expired":
                 raise

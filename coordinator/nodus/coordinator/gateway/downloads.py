@@ -36,6 +36,7 @@ from ..identity import SYSTEM
 from ..resources import ResourceService
 from ..volumes import VolumeService
 from ..selectors import parse_field_selector, parse_label_selector
+from .params import query_bool
 
 log = logging.getLogger("nodus.gateway")
 
@@ -72,7 +73,7 @@ def _int_param(request: web.Request, name: str, default: int | None) -> int | No
 
 
 def _bool_param(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "").lower() in ("true", "1")
+    return query_bool(request.query, name)
 
 
 def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
