@@ -94,7 +94,7 @@ def test_a_four_node_plain_gang_starts_every_rank_with_one_rendezvous(c: Coordin
            outputs=[{"name": "report", "path": "/nodus/outputs/report.txt", "fromRanks": "All"}])
     status = ended(c, "plain-four")["status"]
     assert status["phase"] == "Succeeded", status
-    outputs = sorted((o["name"], o.get("rank", 0)) for o in status["outputs"])
+    outputs = sorted((o["name"], o["rank"]) for o in status["outputs"])  # rank 0's outputs name their rank too
     # fromRanks All: every rank's report (rank-N); the outputs directory is rank 0's (fromRanks Zero)
     assert outputs == [("outputs", 0), ("report", 0), ("report", 1), ("report", 2), ("report", 3)], outputs
     got = c.run(str(BIN / "nodus"), "--kubeconfig", str(c.kubeconfig), "outputs", "get", "plain-four", "report",

@@ -148,3 +148,27 @@ def test_nodus_up_with_a_price_book_and_simulated_gpus(tmp_path: Path) -> None:
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(30)
+
+
+@pytest.mark.slow
+def test_a_gang_with_gpus_per_node_reserves_each_members_gpus(tmp_path: Path) -> None:
+    """distributed.gpusPerNode without resources.gpu.count: every member reserves that many GPUs of its
+    node and its program sees exactly them in CUDA_VISIBLE_DEVICES (it used to reserve none)."""
+    from e2e import attempts_of, create, ended, fleet
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with Coordinator(tmp_path / "data").start(extra_args=("--gang-probe-bytes", "1Mi")) as c, \
+            fleet(c, tmp_path / "agents", 2, "gpu", "--simulate-gpus", "A100:4", "--offering", "a100-x4"):
+        create(c, "per-node", command=["sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES" > {marks}/rank-$NODUS_RANK; '
+                                                   'echo done > "$NODUS_OUTPUTS_DIR/done.txt"'],
+               distributed={"nodes": 2, "gpusPerNode": 2})
+        status = ended(c, "per-node")["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["topology"]["gpusPerNode"] == 2 and status["topology"]["totalGPUs"] == 4, status["topology"]
+        seen = {r: (marks / f"rank-{r}").read_text().strip().split(",") for r in (0, 1)}
+        assert all(len(devices) == 2 and all(devices) for devices in seen.values()), seen
+        members = attempts_of(c, "per-node")
+        assert [a["spec"]["resources"]["gpu"]["count"] for a in members] == [2, 2], members
+        outputs = status.get("outputs") or []
+        assert outputs and all(o["rank"] == 0 for o in outputs), outputs  # rank 0's outputs say their rank

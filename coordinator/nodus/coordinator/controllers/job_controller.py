@@ -22,7 +22,7 @@ from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
 from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide
 from .objects import Objects, new_uid
-from .views import AttemptView, JobView
+from .views import AttemptView, JobView, topology
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.job")
@@ -77,6 +77,11 @@ def new_member(job: dict[str, Any], member: CreateMember, now: float) -> dict[st
     obj["metadata"]["labels"][RANK_LABEL] = str(member.rank)
     obj["spec"]["epoch"] = member.epoch
     obj["spec"]["gang"] = {"epoch": member.epoch, "rank": member.rank, "size": member.size}
+    # distributed.gpusPerNode (or totalGPUs) without resources.gpu.count: each member reserves its node's share.
+    per_node = int(topology(job.get("spec") or {}, (job.get("status") or {}).get("topology")).get("gpusPerNode") or 0)
+    gpu = dict(obj["spec"]["resources"].get("gpu") or {})
+    if per_node and not gpu.get("count"):
+        obj["spec"]["resources"]["gpu"] = {**gpu, "count": per_node}
     placement = dict(obj["spec"].get("placement") or {})
     if member.prefer_node:
         placement["preferNode"] = member.prefer_node

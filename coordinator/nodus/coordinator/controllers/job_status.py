@@ -112,9 +112,11 @@ def percentile(ordered: list[int], p: int) -> int:
     return ordered[rank - 1]
 
 
-def committed_outputs(committed: Any, mine: list[AttemptView], completions: int) -> list[dict[str, Any]]:
+def committed_outputs(committed: Any, mine: list[AttemptView], completions: int, gang: bool = False
+                      ) -> list[dict[str, Any]]:
     """Committed outputs only accumulate: those already in status stay (an attempt may be gone, or
-    the output was committed by other means), and each succeeded attempt's outputs are added."""
+    the output was committed by other means), and each succeeded attempt's outputs are added. A gang
+    Job's outputs each name the rank that produced them, rank 0 included."""
     out: dict[tuple[int, str, int], dict[str, Any]] = {
         (int(o.get("index") or 0), str(o.get("name")), int(o.get("rank") or 0)): o
         for o in committed or [] if isinstance(o, dict)}
@@ -124,7 +126,7 @@ def committed_outputs(committed: Any, mine: list[AttemptView], completions: int)
         for o in a.outputs:
             item = {"index": a.index, "name": o.get("name", ""), "path": o.get("path", ""),
                     "sha256": o.get("sha256", ""), "size": int(o.get("size") or 0)}
-            if o.get("rank"):
-                item["rank"] = o["rank"]
+            if gang or o.get("rank"):
+                item["rank"] = int(o.get("rank") or 0)
             out[(a.index, item["name"], int(o.get("rank") or 0))] = item
     return [out[k] for k in sorted(out)]
