@@ -83,3 +83,23 @@ def test_watch_prints_changes(c: Coordinator, tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_operator_verbs_find_the_grpc_address_in_the_kubeconfig(c: Coordinator, tmp_path: Path) -> None:
+    """No --coordinator and no $NODUS_COORDINATOR: the operator verbs reach the coordinator through the
+    address its kubeconfig names (the gRPC port here is an ephemeral one, not 7070)."""
+    cluster = yaml.safe_load(c.kubeconfig.read_text())["clusters"][0]["cluster"]
+    assert cluster["extensions"] == [{"name": "nodus.dev/grpc", "extension": {"address": c.grpc}}]
+    token = c.run("nodus", "token", "create", "--project", "default", "--role", "viewer",
+                  env={"NODUS_COORDINATOR": ""}).stdout.strip()
+    assert token and c.session(token).get(c.url("/apis/nodus.dev/v1/namespaces/default/jobs"), timeout=10).ok
+    # A kubeconfig copied away from the data dir without the extension says which address it tried.
+    del cluster["extensions"]
+    copy = tmp_path / "elsewhere" / "kubeconfig"
+    copy.parent.mkdir()
+    config = yaml.safe_load(c.kubeconfig.read_text())
+    config["clusters"][0]["cluster"] = cluster
+    copy.write_text(yaml.safe_dump(config))
+    refused = c.run("nodus", "--kubeconfig", str(copy), "token", "create", "--project", "default", "--role", "viewer",
+                    check=False, env={"NODUS_COORDINATOR": ""})
+    assert refused.returncode != 0 and "127.0.0.1:7070" in refused.stderr, refused.stderr

@@ -147,7 +147,11 @@ def test_nodus_up_with_a_price_book_and_simulated_gpus(tmp_path: Path) -> None:
         assert node["inventory"]["offering"] == DEV_OFFERING and node["inventory"]["gpus"][0]["simulated"] is True
     finally:
         up.send_signal(signal.SIGTERM)
-        up.wait(30)
+        printed = up.communicate(timeout=30)[0].decode()
+    # What it printed: the endpoints, the admin token and the next commands to type.
+    assert f"REST  {endpoints['http']}   gRPC  {endpoints['grpc']}" in printed, printed
+    assert f"admin token: {c.token}" in printed and f"export KUBECONFIG={c.kubeconfig}" in printed, printed
+    assert "nodus apply -f examples/job.yaml" in printed and "nodus logs -f" in printed, printed
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("budgets", help="a project's monthly budgets (operators: set and remove them)")
-    p.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR or 127.0.0.1:7070)")
+    p.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR, else the address the kubeconfig names, else 127.0.0.1:7070)")
     p.add_argument("-o", "--output", choices=["json"])
     p.set_defaults(func=cmd_ls, operator=True, budget_project="")
     actions = p.add_subparsers(dest="action")

@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)
-        op.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR or 127.0.0.1:7070)")
+        op.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR, else the address the kubeconfig names, else 127.0.0.1:7070)")
         op_sub = op.add_subparsers(dest="action", required=True)
         create = op_sub.add_parser("create")
         if name == "project":

@@ -14,7 +14,12 @@ from nodus.v1 import project_pb2, project_pb2_grpc
 from .client import CliError, default_kubeconfig
 
 
-def _token(args: argparse.Namespace) -> str:
+GRPC_EXTENSION = "nodus.dev/grpc"
+"""The kubeconfig cluster extension in which the coordinator writes its gRPC address."""
+DEFAULT_TARGET = "127.0.0.1:7070"
+
+
+def _kubeconfig(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     import yaml
     path = Path(args.kubeconfig) if args.kubeconfig else default_kubeconfig()
     try:
@@ -22,17 +27,51 @@ def _token(args: argparse.Namespace) -> str:
     except OSError as e:
         raise CliError(f"cannot read kubeconfig {path}: {e.strerror}",
                        "pass --kubeconfig DATA_DIR/kubeconfig or set NODUS_KUBECONFIG") from None
-    ctx: dict[str, Any] = next((c["context"] for c in config.get("contexts", []) if c["name"] == config.get("current-context")), {})
-    user: dict[str, Any] = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {})
-    token: str = user.get("token", "")
+    return path, config if isinstance(config, dict) else {}
+
+
+def _current(config: dict[str, Any], section: str, key: str) -> dict[str, Any]:
+    ctx: dict[str, Any] = next((c["context"] for c in config.get("contexts") or []
+                                if c.get("name") == config.get("current-context")), {})
+    entry: dict[str, Any] = next((e.get(section[:-1]) or {} for e in config.get(section) or []
+                                  if e.get("name") == ctx.get(key)), {})
+    return entry
+
+
+def _token(args: argparse.Namespace) -> str:
+    token: str = _current(_kubeconfig(args)[1], "users", "user").get("token", "")
     return token
+
+
+def target(args: argparse.Namespace) -> str:
+    """The coordinator's gRPC address: --coordinator, else $NODUS_COORDINATOR, else the kubeconfig's
+    nodus.dev/grpc cluster extension (the coordinator writes it), else endpoints.json beside the
+    kubeconfig (a coordinator's data dir), else 127.0.0.1:7070."""
+    if args.coordinator:
+        return str(args.coordinator)
+    if os.environ.get("NODUS_COORDINATOR"):
+        return os.environ["NODUS_COORDINATOR"]
+    try:
+        path, config = _kubeconfig(args)
+    except CliError:
+        return DEFAULT_TARGET  # the token lookup says what is wrong with the kubeconfig
+    for ext in _current(config, "clusters", "cluster").get("extensions") or []:
+        if isinstance(ext, dict) and ext.get("name") == GRPC_EXTENSION:
+            address = (ext.get("extension") or {}).get("address")
+            if address:
+                return str(address)
+    try:
+        import orjson
+        return str(orjson.loads((path.parent / "endpoints.json").read_bytes())["grpc"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_TARGET
 
 
 def call(args: argparse.Namespace, method: str, request: Any,
          stub_class: Any = project_pb2_grpc.ProjectServiceStub) -> dict[str, Any]:
     """One operator RPC with the kubeconfig's token; a failure becomes a CliError with the server's fix."""
-    target = args.coordinator or os.environ.get("NODUS_COORDINATOR", "127.0.0.1:7070")
-    with grpc.insecure_channel(target) as channel:
+    address = target(args)
+    with grpc.insecure_channel(address) as channel:
         stub = stub_class(channel)
         try:
             reply = getattr(stub, method)(request, metadata=(("authorization", f"Bearer {_token(args)}"),),
@@ -44,7 +83,7 @@ def call(args: argparse.Namespace, method: str, request: Any,
                 message, _, rest = message.partition(" (fix: ")
                 fix = rest.rsplit("; requestId:", 1)[0]
             if e.code() == grpc.StatusCode.UNAVAILABLE:
-                fix = f"start the coordinator or pass --coordinator HOST:PORT (tried {target})"
+                fix = f"start the coordinator or pass --coordinator HOST:PORT (tried {address})"
             raise CliError(message, fix) from None
     return json_format.MessageToDict(reply, preserving_proto_field_name=True)
 

@@ -97,7 +97,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("pricebook", help="operator: the price book (offerings and customer rates)")
-    p.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR or 127.0.0.1:7070)")
+    p.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR, else the address the kubeconfig names, else 127.0.0.1:7070)")
     actions = p.add_subparsers(dest="action", required=True)
     a = actions.add_parser("apply", help="store a price book version and make it active")
     a.add_argument("-f", "--filename", required=True, help="price book YAML, or - for stdin")

@@ -28,6 +28,24 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout: flo
         time.sleep(0.05)
 
 
+def _banner(node: str, data: Path, kubeconfig: Path, endpoints: dict[str, str]) -> str:
+    """What `nodus up` prints once both daemons run: where they listen, the admin token, and what to type next."""
+    import yaml
+    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    return "\n".join((
+        f"nodus up: coordinator and agent {node!r} running (logs in {data})",
+        f"  REST  {endpoints['http']}   gRPC  {endpoints['grpc']}",
+        f"  admin token: {token}",
+        "next:",
+        f"  export KUBECONFIG={kubeconfig}",
+        "  nodus apply -f examples/job.yaml && nodus watch job hello",
+        "  nodus get jobs                      (or: kubectl get jobs.nodus.dev)",
+        "  nodus logs -f hello",
+        f"  grpcurl -plaintext -H 'authorization: Bearer {token}' {endpoints['grpc']} list",
+        "Ctrl-C stops both daemons.",
+    ))
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     data = Path(args.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
@@ -45,7 +63,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         _wait_for(data / "coordinator" / "endpoints.json", coordinator, coord_log)
         import orjson
-        grpc = orjson.loads((data / "coordinator" / "endpoints.json").read_bytes())["grpc"]
+        endpoints = orjson.loads((data / "coordinator" / "endpoints.json").read_bytes())
+        grpc = endpoints["grpc"]
         agent = subprocess.Popen(
             [str(bin_dir / "nodus-agent"), "--coordinator", grpc, "--node", args.node,
              "--work-dir", str(data / "agent"), "--join-token-file", str(data / "coordinator" / "join-token"),
@@ -53,9 +72,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             stdout=open(agent_log, "ab"), stderr=subprocess.STDOUT)
         procs.append(agent)
         kubeconfig = data / "coordinator" / "kubeconfig"
-        print(f"nodus up: coordinator and agent {args.node!r} running (logs in {data})", flush=True)
-        print(f"  export KUBECONFIG={kubeconfig}", flush=True)
-        print("  nodus apply -f examples/job.yaml && nodus get jobs", flush=True)
+        print(_banner(args.node, data, kubeconfig, endpoints), flush=True)
         stop = {"now": False}
 
         def _stop(*_: object) -> None:

@@ -93,11 +93,18 @@ class Endpoints:
     http: str
 
 
-def kubeconfig(server: str, ca_pem: bytes | None, token: str) -> dict[str, Any]:
+GRPC_EXTENSION = "nodus.dev/grpc"
+"""The kubeconfig cluster extension naming the coordinator's gRPC address, where the operator verbs
+of the `nodus` CLI find it (kubectl and the Kubernetes clients ignore extensions they do not know)."""
+
+
+def kubeconfig(server: str, ca_pem: bytes | None, token: str, grpc: str = "") -> dict[str, Any]:
     import base64
     cluster: dict[str, Any] = {"server": server}
     if ca_pem:
         cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+    if grpc:
+        cluster["extensions"] = [{"name": GRPC_EXTENSION, "extension": {"address": grpc}}]
     return {
         "apiVersion": "v1", "kind": "Config", "preferences": {},
         "clusters": [{"name": "nodus", "cluster": cluster}],
@@ -107,7 +114,7 @@ def kubeconfig(server: str, ca_pem: bytes | None, token: str) -> dict[str, Any]:
     }
 
 
-async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFiles) -> None:
+async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFiles, grpc: str = "") -> None:
     """Idempotent: projects, the admin kubeconfig and the agent join token."""
     await identity.ensure_project(DEFAULT_PROJECT, "Default project")
     await identity.ensure_project(CATALOG_PROJECT, "Managed catalog")
@@ -123,7 +130,7 @@ async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFil
     if not token:
         token, _ = await identity.create_token(ALL_PROJECTS, Role.ADMIN, subject="admin")
     ca_pem = tls.ca.read_bytes() if tls.ca is not None else None
-    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token), sort_keys=False).encode())
+    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token, grpc), sort_keys=False).encode())
     join = data_dir / "join-token"
     if not join.exists():
         write_private(join, (await identity.create_join_token()).encode() + b"\n")
@@ -193,7 +200,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     bound_http = http_port or runner.addresses[0][1]
     endpoints = Endpoints(f"{_client_host(grpc_host)}:{grpc_server.port}",
                           f"https://{_client_host(http_host)}:{bound_http}")
-    await bootstrap(data_dir, identity, endpoints.http, tls)
+    await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc)
     write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
     gateway.ready = True
     grpc_server.set_serving()
