@@ -13,6 +13,8 @@ from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.errors import NodusError
 
 JOB = resolve("jobs")
+OPEN = {"egress": {"policy": "Open"}}
+"""An image gang's pods share the node's network, so its egress must be Open (docs/adr/0033)."""
 BASE: dict[str, Any] = {
     "apiVersion": "nodus.dev/v1",
     "kind": "Job",
@@ -363,7 +365,7 @@ def test_valid_job_is_admitted_with_defaults_written() -> None:
 
 
 def test_nested_defaults_and_dcp_for_distributed_jobs() -> None:
-    obj = merged(BASE, spec(distributed={"nodes": 2}, resources={"gpu": {"type": ["H100"], "count": 8}},
+    obj = merged(BASE, spec(distributed={"nodes": 2}, resources={"gpu": {"type": ["H100"], "count": 8}}, network=OPEN,
                             inputs=[{"name": "w", "output": {"job": "prep", "name": "weights"}}],
                             outputs=[{"name": "m", "path": "/m", "sink": {"connection": "pg", "table": "t"}}]))
     out = create(obj).object["spec"]
@@ -394,8 +396,8 @@ def test_explicit_values_are_kept_and_canonicalized() -> None:
     (spec(activeDeadlineSeconds=3600), "timeout", "1h0m0s"),
     (spec(activeDeadlineSeconds=3600, timeout="60m"), "timeout", "1h0m0s"),
     (spec(activeDeadlineSeconds=90), "timeout", "1m30s"),
-    (spec(resources={"nodes": 4, "gpu": {"count": 8}}), "distributed", None),
-    (spec(resources={"nodes": 2}, distributed={"nodes": 2}), "distributed", None),
+    (spec(resources={"nodes": 4, "gpu": {"count": 8}}, network=OPEN), "distributed", None),
+    (spec(resources={"nodes": 2}, distributed={"nodes": 2}, network=OPEN), "distributed", None),
     (spec(secrets=["hf"]), "secrets", [{"name": "hf"}]),
     (spec(resources={"gpu": "H100:8"}), "resources", {"gpu": {"type": ["H100"], "count": 8, "interconnect": "Any"}}),
     (spec(resources={"gpu": "A100"}), "resources", {"gpu": {"type": ["A100"], "interconnect": "Any"}}),
@@ -604,7 +606,7 @@ def test_admit_status_checks_shape() -> None:
 
 
 @pytest.mark.parametrize("patch", [
-    {}, spec(activeDeadlineSeconds=3600, resources={"nodes": 2, "gpu": "H100:8"}, secrets=["hf"]),
+    {}, spec(activeDeadlineSeconds=3600, resources={"nodes": 2, "gpu": "H100:8"}, secrets=["hf"], network=OPEN),
     spec(timeout="90m", completeByTime="2025-06-01T12:00:00+02:00", placement={"queueTimeout": "36h"}),
     spec(outputs=[{"name": "m", "path": "/m", "sink": {"connection": "pg", "table": "t"}}],
          inputs=[{"name": "w", "output": {"job": "prep", "name": "weights"}}]),

@@ -32,7 +32,8 @@ class Nothing:
 
 def job(distributed: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "gang"},
-            "spec": {"image": "ghcr.io/acme/train:1", "command": ["python", "train.py"], "distributed": distributed}}
+            "spec": {"image": "ghcr.io/acme/train:1", "command": ["python", "train.py"], "distributed": distributed,
+                     "network": {"egress": {"policy": "Open"}}}}  # an image gang's egress must be Open (ADR 0033)
 
 
 def sweep(distributed: dict[str, Any]) -> dict[str, Any]:

@@ -124,7 +124,8 @@ def test_valid_sweep_is_admitted_with_defaults() -> None:
 
 
 def test_template_aliases_are_folded() -> None:
-    patch = template(activeDeadlineSeconds=7200, resources={"nodes": 2}, secrets=["wandb"])
+    patch = template(activeDeadlineSeconds=7200, resources={"nodes": 2}, secrets=["wandb"],
+                     network={"egress": {"policy": "Open"}})  # an image gang's egress must be Open (ADR 0033)
     job = create(merged(BASE, patch)).object["spec"]["template"]["spec"]
     assert job["timeout"] == "2h0m0s" and job["distributed"]["nodes"] == 2 and job["secrets"] == [{"name": "wandb"}]
     assert job["recovery"]["checkpoint"]["format"] == "Dcp"

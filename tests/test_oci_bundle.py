@@ -87,6 +87,17 @@ def test_pod_namespaces_joined_by_path_and_the_rest_private() -> None:
                   "user": NS.user, "network": NS.network, "ipc": NS.ipc}
 
 
+def test_a_gang_pod_stays_on_the_nodes_network_with_the_nodes_sys_read_only() -> None:
+    host = spec(namespaces=PodNamespaces("/a/run/ns/user", None, "/a/run/ns/ipc"))
+    kinds = {n["type"]: n.get("path") for n in host["linux"]["namespaces"]}
+    assert "network" not in kinds  # runc leaves the container in the node's network namespace
+    assert kinds["user"] == "/a/run/ns/user" and kinds["ipc"] == "/a/run/ns/ipc"
+    [sys_mount] = [m for m in host["mounts"] if m["destination"] == "/sys"]
+    assert sys_mount["type"] == "bind" and sys_mount["source"] == "/sys" and "ro" in sys_mount["options"]
+    [own] = [m for m in spec()["mounts"] if m["destination"] == "/sys"]
+    assert own["type"] == "sysfs"  # a pod with its own network namespace mounts its own sysfs
+
+
 def test_attempt_mounts_are_bound_inputs_and_secrets_read_only() -> None:
     mounts = attempt_mounts("/a/state", "/a/inputs", "/a/outputs", "/a/run/progress.jsonl",
                             {"/nodus/secrets/token": "/a/secrets/token"})

@@ -116,7 +116,8 @@ class PodNamespaces:
     """The pod's namespaces, as files the supervisor bind-mounted (all its containers join them)."""
 
     user: str
-    network: str
+    network: str | None
+    """None: the node's own network namespace (a gang member's pod, docs/adr/0033-gang-pods-on-the-host-network.md)."""
     ipc: str
 
 
@@ -260,14 +261,14 @@ def runtime_spec(process: Process, rootfs: str, *, hostname: str, ids: IdRange, 
         },
         "root": {"path": rootfs, "readonly": False},
         "hostname": hostname,
-        "mounts": [*_system_mounts(), *(_bind(m) for m in mounts),
+        "mounts": [*_system_mounts(host_network=not namespaces.network), *(_bind(m) for m in mounts),
                    *(_device_bind(d) for d in devices if d.host_path)],
         "linux": {
             "uidMappings": idmap,
             "gidMappings": idmap,
             "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "uts"}, {"type": "cgroup"},
                            {"type": "user", "path": namespaces.user},
-                           {"type": "network", "path": namespaces.network},
+                           *([{"type": "network", "path": namespaces.network}] if namespaces.network else []),
                            {"type": "ipc", "path": namespaces.ipc}],
             "cgroupsPath": cgroups_path,
             "resources": _resources(limits, devices),
@@ -318,8 +319,13 @@ def _bind(m: Mount) -> dict[str, Any]:
     return {"destination": m.destination, "type": "bind", "source": m.source, "options": options}
 
 
-def _system_mounts() -> list[dict[str, Any]]:
-    # sysfs can be mounted because the pod's network namespace belongs to the pod's user namespace.
+def _system_mounts(host_network: bool = False) -> list[dict[str, Any]]:
+    # sysfs can be mounted because the pod's network namespace belongs to the pod's user namespace. On the
+    # node's network namespace (which the pod's user namespace does not own) the kernel refuses a new sysfs:
+    # the node's /sys is bound read-only instead, as rootless Podman does for --network host.
+    sysfs = ({"destination": "/sys", "type": "bind", "source": "/sys",
+              "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]} if host_network else
+             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]})
     return [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755",
@@ -329,7 +335,7 @@ def _system_mounts() -> list[dict[str, Any]]:
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
          "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        sysfs,
         {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
          "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
     ]

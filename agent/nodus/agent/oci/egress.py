@@ -254,7 +254,7 @@ class PodEgress:
     egress: Egress
     netns: str
     link: PodLink | None
-    """None for Deny."""
+    """None for Deny, and for a gang member's pod on the node's network (Open only, ADR 0033)."""
     node: NodeNetwork
     pinned: frozenset[str] = frozenset()
     """The addresses in the `allowed` set now."""

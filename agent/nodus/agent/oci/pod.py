@@ -26,7 +26,7 @@ from ..cgroups import DEFAULT_FS
 from . import disk
 from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
                      resolve_process, runtime_spec)
-from .egress import Egress, NodeNetwork
+from .egress import Egress, NodeNetwork, PodEgress, Policy
 from .runc import ContainerState, ContainerStatus, Runc, RuncError
 
 NAMESPACES = ("user", "net", "ipc")
@@ -86,40 +86,46 @@ class IdSlots:
             (self.directory / str(slot)).unlink(missing_ok=True)
 
 
-def create_namespaces(directory: Path, ids: IdRange) -> PodNamespaces:
+def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False) -> PodNamespaces:
     """A user namespace mapping container ids to `ids`, and a network and IPC namespace it owns
     (loopback up), kept alive by bind mounts on files in `directory`.
 
-    The network namespace belongs to the pod's user namespace, so the containers may mount sysfs.
+    The network namespace belongs to the pod's user namespace, so the containers may mount sysfs. With
+    `host_network` (a gang member's pod) there is none: the containers stay in the node's network
+    namespace (docs/adr/0033-gang-pods-on-the-host-network.md).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    paths = PodNamespaces(*(str(directory / ns) for ns in NAMESPACES))
-    if all(os.path.ismount(p) for p in (paths.user, paths.network, paths.ipc)):
+    kinds = tuple(ns for ns in NAMESPACES if not (host_network and ns == "net"))
+    paths = PodNamespaces(str(directory / "user"), None if host_network else str(directory / "net"),
+                          str(directory / "ipc"))
+    if all(os.path.ismount(directory / ns) for ns in kinds):
         return paths  # made before a restart
     # The holder is a fresh program (unshare(1) exec'ing sh), not a fork of this process: a fork of a
     # process with gRPC threads gets them restarted by gRPC's at-fork handler, and a multithreaded
     # process cannot unshare a user namespace (EINVAL). It waits on stdin while the namespaces are
     # mapped and bound; loopback is brought up from here as host root (ip in the pod's netns).
-    holder = subprocess.Popen(["unshare", "--user", "--net", "--ipc", "--", "sh", "-c", "echo u; read g"],
+    flags = ["--user", "--ipc"] if host_network else ["--user", "--net", "--ipc"]
+    holder = subprocess.Popen(["unshare", *flags, "--", "sh", "-c", "echo u; read g"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert holder.stdin is not None and holder.stdout is not None
     try:
         if holder.stdout.readline() != b"u\n":
             holder.wait(10)
             why = holder.stderr.read().decode(errors="replace").strip() if holder.stderr else ""
-            raise PodError(f"could not create the pod's user, network and IPC namespaces: {why or 'unshare failed'}")
+            raise PodError(f"could not create the pod's {', '.join(kinds)} namespaces: {why or 'unshare failed'}")
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{holder.pid}/{name}", "w") as f:
                 f.write(f"0 {ids.host_start} {ids.size}\n")
-        for ns in NAMESPACES:
+        for ns in kinds:
             target = directory / ns
             target.touch()
             _bind(f"/proc/{holder.pid}/ns/{ns}", target)
-        up = subprocess.run(["nsenter", f"--net={paths.network}", "--", "ip", "link", "set", "lo", "up"],
-                            capture_output=True, text=True)
-        if up.returncode != 0:
-            remove_namespaces(directory)
-            raise PodError(f"could not bring up loopback in the pod's network namespace: {up.stderr.strip()}")
+        if paths.network is not None:
+            up = subprocess.run(["nsenter", f"--net={paths.network}", "--", "ip", "link", "set", "lo", "up"],
+                                capture_output=True, text=True)
+            if up.returncode != 0:
+                remove_namespaces(directory)
+                raise PodError(f"could not bring up loopback in the pod's network namespace: {up.stderr.strip()}")
     finally:
         holder.stdin.close()  # the holder's `read` ends: it exits, the bind mounts keep the namespaces
         try:
@@ -289,13 +295,18 @@ class Pod:
     """The containers of one attempt, in `directory` (under the attempt's run dir)."""
 
     def __init__(self, pod_id: str, directory: Path, runc: Runc, slots: IdSlots, cgroup_parent: str,
-                 egress: Egress = Egress(), network: NodeNetwork = NodeNetwork(), disk_bytes: int = 0) -> None:
+                 egress: Egress = Egress(), network: NodeNetwork = NodeNetwork(), disk_bytes: int = 0,
+                 host_network: bool = False) -> None:
         self.pod_id = pod_safe_id(pod_id)
         self.directory = directory
         self.runc = runc
         self.slots = slots
         self.cgroup_parent = cgroup_parent.strip("/")
         """Containers' cgroups nest under the attempt's, so its freezer and memory limit hold them too."""
+        if host_network and egress.policy != Policy.OPEN:
+            # the node's network has no rules of the pod's: anything but Open would go unenforced
+            raise PodError(f"spec.network.egress.policy: {egress.policy.value} cannot be enforced for a gang member, "
+                           "whose pod shares the node's network; set it to Open")
         slot = slots.claim(self.pod_id)
         self.ids = IdRange.for_slot(slot)
         # Only host root and the pod's root may enter: runc resolves the rootfs as the pod's root, and the
@@ -309,8 +320,9 @@ class Pod:
             except (disk.DiskLimitError, OSError) as e:
                 slots.release(self.pod_id)
                 raise PodError(f"the writable layers could not be limited to resources.disk: {e}") from e
-        self.namespaces = create_namespaces(directory / "ns", self.ids)
-        self.egress = network.for_pod(egress, self.namespaces.network, slot)
+        self.namespaces = create_namespaces(directory / "ns", self.ids, host_network)
+        self.egress = (PodEgress(egress, "", None, network) if self.namespaces.network is None
+                       else network.for_pod(egress, self.namespaces.network, slot))
         """The pod's way out (Deny: loopback only); the supervisor calls `egress.refresh` and reads `egress.denied`."""
         try:
             self.egress.attach()

@@ -36,6 +36,8 @@ from .process import PASSED_ENV, ProcessRuntime, Refused
 log = logging.getLogger("nodus.agent.runtime")
 _POLICIES = {agent_pb2.EGRESS_POLICY_DENY: Policy.DENY, agent_pb2.EGRESS_POLICY_ALLOW_LIST: Policy.ALLOW_LIST,
              agent_pb2.EGRESS_POLICY_OPEN: Policy.OPEN}
+GANG_EGRESS = ("spec.network.egress.policy: a gang member's pod shares the node's network (ADR 0033), where Deny and "
+               "AllowList cannot be enforced; set network.egress.policy to Open for a distributed Job with an image")
 
 def config_blob(config: ImageConfig) -> dict[str, Any]:
     """An OCI image config blob holding `config` (what containers.py reads back with ImageConfig.from_oci)."""
@@ -103,6 +105,9 @@ class OciRuntime(ProcessRuntime):
     def check(self, a: agent_pb2.Assignment) -> None:
         if not a.image:
             super().check(a)  # a sidecar image without the Job's is refused there too
+        elif a.HasField("gang") and _POLICIES.get(a.egress.policy, Policy.DENY) is not Policy.OPEN:
+            # admission refuses this already; an older coordinator's Assignment must not run unenforced either
+            raise Refused(Reason.INVALID_ASSIGNMENT, GANG_EGRESS)
         elif a.gpu_indexes and self.nvml is not None:
             # the host's CDI spec may have gone stale since the last look (a driver update): refuse here,
             # with the GPUs marked unhealthy for placement, rather than fail inside runc
@@ -189,7 +194,9 @@ class OciRuntime(ProcessRuntime):
                 "args": list(a.args) if a.args else None, "working_dir": a.working_dir, "user": "",
                 "sidecars": sidecars, "egress": self.egress_section(a.egress),
                 "egress_presets": {k: list(v) for k, v in self.egress_presets.items()},
-                "egress_network": self.egress_network}
+                "egress_network": self.egress_network,
+                # a gang member's containers meet the other members on the node's network (ADR 0033)
+                "host_network": a.HasField("gang")}
 
     @staticmethod
     def egress_section(egress: agent_pb2.Egress) -> dict[str, Any]:

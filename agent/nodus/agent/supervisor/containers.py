@@ -69,7 +69,7 @@ class Containers:
             raise OSError(str(e)) from e
         pod = Pod(self.layout.root.name, self.layout.run / "pod", Runc(Path(self.oci["runc_root"])),
                   IdSlots(Path(self.oci["id_slots"])), self.cgroup_parent, egress, network,
-                  disk_bytes=int(self.oci.get("disk_bytes") or 0))
+                  disk_bytes=int(self.oci.get("disk_bytes") or 0), host_network=bool(self.oci.get("host_network")))
         self.pod = pod
         lay = self.layout
         extra: tuple[Mount, ...] = ()
@@ -98,6 +98,10 @@ class Containers:
             secrets["/nodus/secrets"] = str(lay.secrets)
             for path in (lay.secrets, *lay.secrets.rglob("*")):
                 pod.own(path, uid, gid)  # 0400 files, readable by the workload's user only
+        if self.oci.get("host_network"):  # a gang member: its launcher's files at the path its argv names (ADR 0033)
+            launcher = lay.root / "launcher"
+            launcher.mkdir(exist_ok=True)
+            extra = (*extra, Mount(str(launcher), str(launcher), read_only=True))
         self.mounts = (*attempt_mounts(str(lay.state), str(lay.inputs), str(lay.outputs), str(lay.progress), secrets),
                        Mount("/nodus/ready", str(lay.ready)), Mount("/nodus/checkpoint", str(handshake)),
                        Mount("/tmp", str(lay.tmp)), *extra,

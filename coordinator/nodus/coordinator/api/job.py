@@ -392,6 +392,12 @@ def distributed_rules(spec: dict[str, Any], at: str, limits: AdmissionLimits) ->
             causes.append(errors.invalid_value(f"{at}.{field}", value,
                                                "must be 1 for a distributed Job: one gang runs the command on "
                                                "every node (create one Job per gang, or a Sweep)"))
+    policy = get(spec, "network.egress.policy") or "Deny"
+    if spec.get("image") and policy != "Open":
+        # A gang member's pod shares the node's network (docs/adr/0033-gang-pods-on-the-host-network.md).
+        causes.append(errors.invalid_value(f"{at}.network.egress.policy", policy,
+                                           "must be Open for a distributed Job with an image: its pods share the "
+                                           "node's network, where Deny and AllowList are not enforced yet"))
     per_node = dist.get("gpusPerNode")
     count = get(spec, "resources.gpu.count")
     if dist.get("launcher") == "Verl" and not (per_node or count):
