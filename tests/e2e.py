@@ -4,6 +4,7 @@ starting agents that have registered and are reaped, workloads too, after the te
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -163,3 +164,18 @@ def following(c: Coordinator, name: str, out: Path) -> Iterator[subprocess.Popen
         if follower.poll() is None:
             follower.kill()
             follower.wait()
+
+
+def job_events(c: Coordinator, name: str) -> list[dict[str, Any]]:
+    """The Events about Job NAME as kubectl lists them (core v1, by involvedObject), oldest first."""
+    out = c.run("kubectl", "get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+    items = json.loads(out)["items"]
+    return sorted(items, key=lambda e: (e.get("lastTimestamp") or "", e["reason"]))
+
+
+def wait_events(c: Coordinator, name: str, reasons: set[str], timeout: float = 30) -> list[dict[str, Any]]:
+    """Job NAME's Events once every reason in `reasons` is among them."""
+    def check() -> list[dict[str, Any]] | None:
+        events = job_events(c, name)
+        return events if reasons <= {e["reason"] for e in events} else None
+    return wait_for(check, timeout, what=f"the events {sorted(reasons)} of Job {name}")

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import Coordinator
-from e2e import attempts_of, create, joined, settled, start_agent, status
+from e2e import attempts_of, create, joined, settled, start_agent, status, wait_events
 from agent_double import AgentProcess, wait_for
 
 PY = sys.executable
@@ -140,3 +140,9 @@ def test_node_loss_replaces_the_attempt_on_another_node_against_max_attempts(tmp
         assert st.get("failed", 0) == 0, "a lost node is not the customer's failure"
         assert st["attempts"] == {"current": 2, "max": 1, "total": 2}, st["attempts"]
         assert [a["status"]["phase"] for a in attempts_of(c, "lost")] == ["Lost", "Succeeded"]
+        # Its story in Events (kubectl get events / describe): the node loss is a Warning naming the node.
+        events = wait_events(c, "lost", {"NodeLost", "Replaced", "Succeeded"})
+        lost_event = next(e for e in events if e["reason"] == "NodeLost")
+        assert lost_event["type"] == "Warning" and victim.node in lost_event["message"], lost_event
+        replaced = next(e for e in events if e["reason"] == "Replaced")
+        assert replaced["message"].startswith(f"attempt {second['metadata']['name']} replaces"), replaced

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import Coordinator, job
-from e2e import JOBS, attempts_of, joined, patch_state, start_agent, suspend, units, wait_job
+from e2e import JOBS, attempts_of, joined, patch_state, start_agent, suspend, units, wait_events, wait_job
 from agent_double import AgentProcess, wait_for
 
 # Counts to TARGET, one step every 0.1 s, keeping the count in the state dir (written atomically);
@@ -77,6 +77,11 @@ def test_suspend_checkpoints_and_resume_restores(coordinator: Coordinator, agent
     assert 8 <= runs[1]["start"] <= suspended_at, runs
     second = attempts_of(coordinator, "count")[1]
     assert second["status"]["restoredFromSeq"] == 1
+    reasons = [e["reason"] for e in wait_events(coordinator, "count", {"Checkpointed", "Suspended", "Resumed",
+                                                                        "Succeeded"})]
+    assert reasons.index("Checkpointed") < reasons.index("Resumed") < reasons.index("Succeeded"), reasons
+    described = coordinator.run("kubectl", "describe", "job.nodus.dev", "count").stdout
+    assert "Events:" in described and "saved checkpoint 1 (Suspend)" in described, described[-2000:]
 
 
 @pytest.fixture

@@ -72,6 +72,7 @@ DEFAULTS = {
     "gang_max_nodes": 8,
     "free_storage": "10Gi",
     "retention_interval": "1m",
+    "event_ttl": "1h",
     "price_book": "",
     "image_registry": "",
     "image_registry_auth_file": "",
@@ -178,7 +179,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, fleet, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
-                         free_storage=free_storage, image_registry=resolver.operator)
+                         free_storage=free_storage, image_registry=resolver.operator, event_ttl=_event_ttl(args))
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -317,6 +318,16 @@ def _image_resolver(args: argparse.Namespace) -> ImageResolver:
     return ImageResolver(insecure=insecure, operator=operator)
 
 
+def _event_ttl(args: argparse.Namespace) -> float:
+    try:
+        ttl = units.parse_duration_ns(str(args.event_ttl)) / units.NS_PER_SECOND
+    except ValueError as e:
+        raise SystemExit(f"--event-ttl: {e}") from None
+    if not 60 <= ttl <= 720 * 3600:
+        raise SystemExit(f"--event-ttl must be between 1m and 720h (got {args.event_ttl})")
+    return ttl
+
+
 def _storage_settings(args: argparse.Namespace) -> tuple[int, float]:
     """--free-storage in bytes and --retention-interval in seconds."""
     try:
@@ -360,6 +371,8 @@ def parser() -> argparse.ArgumentParser:
                    "(and none applied before) Nodus charges nothing and refuses nothing for money")
     p.add_argument("--retention-interval", help="how often checkpoints past their retention (retainAfterFinish, "
                    "the TTL, a deleted Job) and superseded ones are deleted, 1s-1h (default 1m)")
+    p.add_argument("--event-ttl", help="how long a Job's Events (kubectl describe, kubectl get events) are kept "
+                   "after they happened, 1m-720h (default 1h, as kube-apiserver's --event-ttl)")
     p.add_argument("--gang-max-nodes", type=int, help="the most nodes a gang may ask for, 2-16 (default 8 during "
                    "the beta)")
     p.add_argument("--gang-probe-bytes", help="largest all-reduce message the probe measures (default 16Mi)")

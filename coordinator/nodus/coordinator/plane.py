@@ -23,6 +23,7 @@ from .vault import Vault
 from .controllers.fleet import Fleet
 from .controllers.billing_controller import BillingController
 from .controllers.checkpoints import FREE_STORAGE_BYTES
+from .controllers.event_recorder import EVENT_TTL, EventRecorder
 from .controllers.gang import GangConfig
 from .controllers.interruptions import Interruptions
 from .controllers.job_controller import JobController
@@ -39,7 +40,8 @@ class ControlPlane:
     def __init__(self, store: Store, fleet: Fleet, service: ResourceService, vault: Vault, clock: Clock, *,
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
                  blobs: Any = None, retention_interval: float = RETENTION_TICK,
-                 free_storage: int = FREE_STORAGE_BYTES, image_registry: OperatorRegistry | None = None) -> None:
+                 free_storage: int = FREE_STORAGE_BYTES, image_registry: OperatorRegistry | None = None,
+                 event_ttl: float = EVENT_TTL) -> None:
         self.cache = fleet.cache
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(fleet, self.objects, clock, lease_duration, heartbeat_interval)
@@ -52,6 +54,7 @@ class ControlPlane:
         self.billing = BillingController(fleet, Ledger(store), service, clock)
         self.sweeps = SweepController(self.cache, service, clock)
         self.leases = LeaseController(self.registry, self.objects)
+        self.events = EventRecorder(self.cache, store, clock, ttl=event_ttl)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
                                    tick=retention_interval) if blobs is not None else None
         self._identity = service.identity
@@ -69,7 +72,7 @@ class ControlPlane:
             log.warning("controllers are off: Jobs are stored but never run")
             return
         runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
-                ("billing", self.billing.run), ("sweeps", self.sweeps.run)]
+                ("billing", self.billing.run), ("sweeps", self.sweeps.run), ("events", self.events.run)]
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
         for name, run in runs:

@@ -126,7 +126,9 @@ class FieldSelector:
         return None
 
 
-def parse_field_selector(text: str | None) -> FieldSelector:
+def parse_field_selector(text: str | None, extra: tuple[str, ...] = ()) -> FieldSelector:
+    """`fieldSelector` over FIELDS and the kind's own `extra` fields (an Event's involvedObject.name …)."""
+    allowed = FIELDS + extra
     reqs: list[tuple[str, bool, str]] = []
     for part in _split_top(text or ""):
         m = re.match(r"^\s*([A-Za-z0-9._]+)\s*(==|!=|=)\s*(.*?)\s*$", part)
@@ -134,8 +136,8 @@ def parse_field_selector(text: str | None) -> FieldSelector:
             raise NodusError("BadRequest", f"invalid fieldSelector requirement {part!r}",
                              fix="use path=value or path!=value")
         path, op, value = m.groups()
-        if path not in FIELDS:
+        if path not in allowed:
             raise NodusError("BadRequest", f'field label not supported: "{path}"',
-                             fix="select by one of " + ", ".join(FIELDS))
+                             fix="select by one of " + ", ".join(allowed))
         reqs.append((path, op != "!=", value))
     return FieldSelector(tuple(reqs))

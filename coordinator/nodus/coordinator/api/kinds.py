@@ -42,9 +42,13 @@ class KindInfo:
     read_only: bool = False
     """Only the coordinator writes it (Attempt); every other caller may get, list and watch."""
 
+    fields: tuple[str, ...] = ()
+    """Fields a fieldSelector may name beyond those every kind has (selectors.FIELDS)."""
+
     @property
     def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
+        """group/version, or the bare version for the core group (an Event's "v1")."""
+        return f"{self.group}/{self.version}" if self.group else self.version
 
 
 def _get(obj: Any, dotted: str) -> Any:

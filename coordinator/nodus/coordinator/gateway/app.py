@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..api.core import resolve_core
 from ..api.kinds import KindInfo, resolve
 from ..errors import NodusError, new_request_id
 from ..identity import Caller
@@ -115,8 +116,9 @@ class Gateway:
     @staticmethod
     def _info(request: web.Request) -> KindInfo:
         version = request.match_info["version"]
+        core = request.path.startswith("/api/")  # the core group: Events only
         try:
-            info = resolve(request.match_info["plural"])
+            info = resolve_core(request.match_info["plural"]) if core else resolve(request.match_info["plural"])
         except NodusError:
             raise web.HTTPNotFound() from None
         if info.version != version or info.plural != request.match_info["plural"]:
@@ -203,6 +205,10 @@ class Gateway:
         await self.caller(request)
         return _json(discovery.api_versions())
 
+    async def core_version(self, request: web.Request) -> web.Response:
+        await self.caller(request)
+        return _json(discovery.core_resource_list())
+
     async def apis(self, request: web.Request) -> web.Response:
         await self.caller(request)
         return _json(discovery.api_group_list())
@@ -256,7 +262,7 @@ class Gateway:
                 response.headers["ETag"] = self._etag(obj)
             return response
         labels = parse_label_selector(q.get("labelSelector"))
-        fields = parse_field_selector(q.get("fieldSelector"))
+        fields = parse_field_selector(q.get("fieldSelector"), info.fields)
         if query_bool(q, "watch"):
             request["verb"] = "watch"
             return await self._watch(request, caller, info, project, labels, fields)
@@ -433,4 +439,9 @@ def make_app(service: ResourceService) -> tuple[web.Application, Gateway]:
     r.add_route("*", base + "/namespaces/{namespace}/{plural}/{name}", gateway.item)
     r.add_route("*", base + "/namespaces/{namespace}/{plural}/{name}/{sub}", gateway.item)
     r.add_route("*", base + "/{plural}", gateway.collection)
+    r.add_get("/api/v1", gateway.core_version)
+    core = "/api/{version:v1}"  # Events, read-only (api/core.py)
+    r.add_route("*", core + "/namespaces/{namespace}/{plural}", gateway.collection)
+    r.add_route("*", core + "/namespaces/{namespace}/{plural}/{name}", gateway.item)
+    r.add_route("*", core + "/{plural}", gateway.collection)
     return app, gateway

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from ..api.openapi import openapi_v3
+from ..api.core import CORE_KINDS
 from ..api.kinds import KINDS, KindInfo
 
 GROUP = "nodus.dev"
@@ -20,8 +21,15 @@ SERVER_VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.0+nodus.0.1.
 
 
 def api_versions() -> dict[str, Any]:
-    # No core group: kubectl then never asks /api/v1, and `secrets` resolves to secrets.nodus.dev.
-    return {"kind": "APIVersions", "versions": [], "serverAddressByClientCIDRs": []}
+    # The core group serves Events alone (api/core.py), so `secrets` still resolves to secrets.nodus.dev.
+    return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+
+
+def core_resource_list() -> dict[str, Any]:
+    return {"kind": "APIResourceList", "groupVersion": "v1",
+            "resources": [{"name": info.plural, "singularName": info.singular, "namespaced": info.namespaced,
+                           "kind": info.kind, "verbs": ["get", "list", "watch"], "shortNames": list(info.short_names),
+                           "storageVersionHash": ""} for info in CORE_KINDS]}
 
 
 def _gv(version: str) -> dict[str, str]:

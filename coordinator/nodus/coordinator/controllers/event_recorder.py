@@ -1,0 +1,114 @@
+"""Writes the Events (controllers/events.py) a Job and its Attempts imply, and drops them after a TTL.
+
+Each change of a Job or an Attempt queues its Job; a worker writes the Events not written yet, each a
+create under its derived name, so a restart (which loads the names already stored) or a retry writes
+none twice. Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import orjson
+
+from ..clock import Clock, parse
+from ..errors import NodusError
+from ..store.base import Store
+from . import events
+from .cache import ATTEMPTS, JOBS, Cache, owner_of
+from .workqueue import WorkQueue, run_workers
+
+log = logging.getLogger("nodus.controllers.events")
+
+PREFIX = "events/"
+"""Events' keys: events/<project>/<name>, where the resource service reads core v1 Events."""
+EVENT_TTL = 3600.0
+RESYNC_SECONDS = 60.0
+SWEEP_SECONDS = 60.0
+
+
+def event_key(project: str, name: str) -> str:
+    return f"{PREFIX}{project}/{name}"
+
+
+class EventRecorder:
+    def __init__(self, cache: Cache, store: Store, clock: Clock, *, ttl: float = EVENT_TTL, workers: int = 2) -> None:
+        self.cache, self.store, self.clock, self.ttl, self.workers = cache, store, clock, ttl, workers
+        self.queue: WorkQueue[str] = WorkQueue()
+        self._written: dict[str, float] = {}
+        """The key of every stored Event and when it happened (its TTL counts from then)."""
+        cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        cache.listen(ATTEMPTS, self._on_attempt)
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        obj = new or old
+        if obj is not None:
+            project, job = owner_of(obj)
+            self.queue.add(f"{JOBS}{project}/{job}")
+
+    async def run(self) -> None:
+        await self.cache.synced.wait()
+        await self._load()
+        sweeper = asyncio.create_task(self._sweep_loop(), name="events-ttl")
+        try:
+            await run_workers(self.queue, self.reconcile, workers=self.workers, resync=self.resync,
+                              resync_seconds=RESYNC_SECONDS, log=log, name="events")
+        finally:
+            sweeper.cancel()
+
+    async def _load(self) -> None:
+        result = await self.store.list(PREFIX)
+        for rec in result.records:
+            obj = orjson.loads(rec.value)
+            self._written[rec.key] = parse(obj.get("lastTimestamp")) or self.clock.now()
+
+    def resync(self) -> None:
+        for key, _ in self.cache.under(JOBS):
+            self.queue.add(key)
+
+    async def reconcile(self, key: str) -> None:
+        job = self.cache.get(key)
+        if job is None:
+            return
+        project, name = key[len(JOBS):].split("/", 1)
+        happened = events.of_job(job)
+        for attempt in sorted(self.cache.attempts_of(project, name), key=lambda a: a["metadata"]["name"]):
+            happened.extend(events.of_attempt(attempt))
+        now = self.clock.now()
+        for h in happened:
+            obj = events.event(job, h, str(uuid.uuid4()))
+            ekey = event_key(project, obj["metadata"]["name"])
+            at = parse(h.time) or now
+            if ekey in self._written or at + self.ttl <= now:
+                continue
+            try:
+                await self.store.create(ekey, orjson.dumps(obj))
+            except NodusError as e:
+                if e.reason != "AlreadyExists":
+                    raise
+            self._written[ekey] = at
+
+    async def sweep(self) -> int:
+        """Deletes the Events older than the TTL; returns how many."""
+        cutoff = self.clock.now() - self.ttl
+        expired = [key for key, at in self._written.items() if at <= cutoff]
+        for key in expired:
+            try:
+                await self.store.delete(key)
+            except NodusError as e:
+                if e.reason != "NotFound":
+                    raise
+            self._written.pop(key, None)
+        return len(expired)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next sweep retries
+                log.exception("deleting expired events failed")
