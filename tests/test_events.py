@@ -114,6 +114,16 @@ def test_kubectl_describe_and_get_events_show_a_jobs_story(coordinator: Coordina
     refused = coordinator.run("kubectl", "delete", "event", name, check=False)
     assert refused.returncode != 0 and "read-only" in refused.stderr, refused.stderr
 
+    # nodus describe job: status, conditions, attempts and events on one screen.
+    screen = coordinator.run("nodus", "describe", "job", "story").stdout
+    assert "Phase:        Succeeded" in screen and "Completions:  1/1" in screen, screen
+    attempts_part = screen[screen.index("Attempts:"):screen.index("Events:")]
+    assert "story-0-1" in attempts_part and "node-a" in attempts_part and "Succeeded" in attempts_part, screen
+    assert [line.split()[1] for line in screen[screen.index("Events:"):].splitlines()[2:]] == [
+        "Placed", "Started", "Succeeded"], screen
+    wrong = coordinator.run("nodus", "describe", "secret", "x", check=False)
+    assert wrong.returncode == 1 and "nodus describe shows Jobs" in wrong.stderr, wrong.stderr
+
     coordinator.stop()
     coordinator.start()
     assert [e["metadata"]["name"] for e in job_events(coordinator, "story")] == [e["metadata"]["name"] for e in story]

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, budgets, cancel, checkpoint, credits, data, estimate, images, pricebook, sweeps, up
+from . import attempts, budgets, cancel, checkpoint, credits, data, describe, estimate, images, pricebook, sweeps, up
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     budgets.add_parser(sub)  # monthly budgets: operators set and remove them
     estimate.add_parser(sub)  # a Job's estimate and its ETag
     cancel.add_parser(sub)  # a Job stopped for good
+    describe.add_parser(sub)  # a Job's status, conditions, attempts and events
     images.add_parser(sub)  # image push / ls: the project's images in the operator's registry
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
