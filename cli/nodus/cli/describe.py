@@ -46,8 +46,9 @@ def render(job: dict[str, Any], attempt_list: list[dict[str, Any]], events: list
         lines.append(f"Message:      {status['message']}")
     lines.append(f"Completions:  {status.get('succeeded') or 0}/{spec.get('completions') or 1}")
     if progress:
-        total = f"/{progress['unitsTotal']}" if progress.get("unitsTotal") else ""
-        lines.append(f"Progress:     {progress.get('stage') or ''} {progress.get('unitsCompleted', 0)}{total}".rstrip())
+        units = progress.get("units") or {}
+        total = f"/{units['total']}" if units.get("total") else ""
+        lines.append(f"Progress:     {units.get('completed', 0)}{total} units {progress.get('stage') or ''}".rstrip())
     if cost:
         lines.append(f"Cost:         ${cost.get('totalUSD', '0')}" + (f" (held ${cost['heldUSD']})" if cost.get("heldUSD")
                                                                     else ""))

@@ -173,6 +173,17 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"allowWatchBookmarks": "false"}
     if args.name:
         params["fieldSelector"] = f"metadata.name={args.name}"
+    if args.progress is None:  # a bar on a terminal for one Job, lines elsewhere (pipes, logs)
+        args.progress = sys.stdout.isatty() and not args.output
+    if args.progress:
+        if r.plural != "jobs" or not args.name:
+            raise CliError("--progress follows one Job", "run `nodus watch job NAME --progress`")
+        from rich.console import Console
+        from .progress_view import follow
+        try:
+            return follow(args.name, client.watch(r, namespace, params), Console())
+        except KeyboardInterrupt:
+            return 130
     first = True
     try:
         for event in client.watch(r, namespace, params, table=args.output not in ("json", "yaml")):
@@ -242,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("name", nargs="?")
     w.add_argument("-o", "--output", choices=["json", "yaml", "wide"])
     w.add_argument("-A", "--all-projects", action="store_true")
+    w.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a live progress bar of one Job until it ends, exit 0 if it succeeded "
+                        "(default: on a terminal)")
     w.set_defaults(func=cmd_watch)
 
     data.add_parsers(sub)  # outputs, logs, volume
