@@ -69,6 +69,7 @@ from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.clock import SystemClock, rfc3339
 from nodus.coordinator.controllers.cache import Cache
 from nodus.coordinator.controllers.fleet import Fleet as ResourceFleet
+from nodus.coordinator.heap import HeapSettings, settle
 from nodus.coordinator.identity import SYSTEM, Identity
 from nodus.coordinator.money.books import PriceBooks
 from nodus.coordinator.money.pricebook import parse
@@ -134,8 +135,10 @@ async def latency(args: argparse.Namespace) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         priced, a, ca = await service(Path(tmp) / "priced", args.nodes, True)
         plain, b, cb = await service(Path(tmp) / "plain", args.nodes, False)
+        frozen = settle(HeapSettings.of(args.gc_freeze))  # what nodus-coordinator does once its cache has synced
         try:
-            times: dict[str, list[float]] = {"priced": [], "plain": [], "priced-gc": [], "plain-gc": []}
+            times: dict[str, list[float]] = {"priced": [], "plain": [], "priced-gc": [], "plain-gc": [],
+                                             "frozen": [float(frozen)]}
             for _ in range(args.runs):
                 for name, svc in (("priced", priced), ("plain", plain)):
                     full = gc.get_stats()[2]["collections"]
@@ -168,6 +171,7 @@ def run(args: argparse.Namespace) -> None:
               f"{f' (median {statistics.median(gp):.2f} ms)' if gp else ''}, without a book {len(gl)}"
               f"{f' (median {statistics.median(gl):.2f} ms)' if gl else ''}; at p50 pricing adds "
               f"{statistics.median(pr) - statistics.median(pl):.2f} ms")
+        print(f"  --gc-freeze {args.gc_freeze} (as nodus-coordinator after start-up): {times['frozen'][0]:.0f} objects frozen")
         report_accuracy(args, jobs, minutes)
 
 
@@ -578,6 +582,8 @@ def main() -> None:
     ap.add_argument("--guesses", default="3,4,5,6,8,10,12", help="the expectedDuration minutes guesses are drawn from")
     ap.add_argument("--interruptions-per-hour", default="4",
                     help="the interruptible offering's interruptionsPerHour, and the rate the bench reclaims it at")
+    ap.add_argument("--gc-freeze", choices=("on", "off"), default="on",
+                    help="settle the heap after the stores and caches are up as nodus-coordinator --gc-freeze does")
     ap.add_argument("--spot-nodes", type=int, default=2)
     ap.add_argument("--on-demand-nodes", type=int, default=2)
     ap.add_argument("--settle-limit", type=float, default=20.0,

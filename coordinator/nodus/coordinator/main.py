@@ -30,6 +30,7 @@ from .api import units
 from .blobs import BlobStore
 from .clock import OffsetClock, SystemClock
 from .errors import NodusError
+from .heap import HeapSettings, settle as settle_heap
 from .api.limits import AdmissionLimits
 from .controllers.gang import GangConfig
 from .plane import ControlPlane
@@ -73,6 +74,7 @@ DEFAULTS = {
     "free_storage": "10Gi",
     "retention_interval": "1m",
     "event_ttl": "1h",
+    "gc_freeze": "on",
     "price_book": "",
     "image_registry": "",
     "image_registry_auth_file": "",
@@ -203,6 +205,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                           f"https://{_client_host(http_host)}:{bound_http}")
     await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc)
     write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
+    # Start-up is done and the cache has synced: its heap leaves the collector's generations (heap.py).
+    settle_heap(_heap_settings(args))
     gateway.ready = True
     grpc_server.set_serving()
     log.info("nodus-coordinator ready: REST %s, gRPC %s, data %s", endpoints.http, endpoints.grpc, data_dir)
@@ -318,6 +322,13 @@ def _image_resolver(args: argparse.Namespace) -> ImageResolver:
     return ImageResolver(insecure=insecure, operator=operator)
 
 
+def _heap_settings(args: argparse.Namespace) -> HeapSettings:
+    try:
+        return HeapSettings.of(args.gc_freeze)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
 def _event_ttl(args: argparse.Namespace) -> float:
     try:
         ttl = units.parse_duration_ns(str(args.event_ttl)) / units.NS_PER_SECOND
@@ -387,6 +398,9 @@ def parser() -> argparse.ArgumentParser:
                    "credentials (plain HTTP when --insecure-registry names the host)")
     p.add_argument("--image-registry-auth-file", help="docker config JSON (what `skopeo login --authfile FILE` "
                    "writes) holding the login for --image-registry; customers never see it")
+    p.add_argument("--gc-freeze", choices=("on", "off"),
+                   help="after start-up, move the synced cache out of the garbage collector's generations so full "
+                        "collections do not rescan it (default on; docs/adr/0035-gc-freeze.md)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p
