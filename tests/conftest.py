@@ -134,3 +134,19 @@ def job(name: str, **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"command": ["python3", "-c", "print('hi')"]}
     body.update(spec)
     return {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": name}, "spec": body}
+
+
+# -- parallel runs (scripts/test: pytest-xdist, --dist loadgroup) --------------------------------------
+# Each module runs whole on one worker (its module-scoped daemons start once). The modules that use the
+# host's own network (namespaces, bridges, veths named by slot, nftables), runc pods or the session's
+# OCI registries share one group, so none of them runs beside another.
+HOST_MODULES = ("test_oci_", "test_netns", "test_gang_netns", "test_image_", "test_benches")
+
+
+def xdist_group(module: str) -> str:
+    return "host" if module.startswith(HOST_MODULES) else module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.module.__name__ if item.module else "")))
