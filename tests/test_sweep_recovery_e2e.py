@@ -15,6 +15,7 @@ from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, JOBS, attempts_of, get_job, joined
 from test_node_loss import kill_workload
+from nodus.coordinator.clock import parse
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,8 @@ def test_a_customer_failure_ends_the_sweep_failed_naming_the_cell_after_the_othe
             assert "broken-0" in done["message"] and "broken-1" not in done["message"], done["message"]
             failed = next(cond for cond in done["conditions"] if cond["type"] == "Failed")
             assert failed["status"] == "True" and failed["reason"] == "CellsFailed" and "broken-0" in failed["message"]
-            ends = [get_job(c, f"broken-{i}")["status"]["completionTime"] for i in range(3)]
-            assert ends[0] <= ends[1] <= ends[2] <= done["completionTime"], (ends, done["completionTime"])
+            # As instants, not strings: RFC 3339 drops trailing zeros ("29.04Z" is before "29.042Z").
+            ends = [parse(get_job(c, f"broken-{i}")["status"]["completionTime"]) for i in range(3)]
+            assert ends[0] <= ends[1] <= ends[2] <= parse(done["completionTime"]), (ends, done["completionTime"])
             assert get_job(c, "broken-0")["status"]["reason"] == "BackoffLimitExceeded"
             assert [line[0] for line in starts(log)] == ["broken-0", "broken-1", "broken-2"], "each cell ran once"
