@@ -421,6 +421,28 @@ def distributed_rules(spec: dict[str, Any], at: str, limits: AdmissionLimits) ->
     return causes
 
 
+_NOT_IN_RELEASE = {"fromWorkspace": "no Workspace kind exists in this release",
+                   "fromStage": "no Pipeline kind exists in this release"}
+"""Input kinds the spec names whose owning kind is not built yet: refused, never admitted to be skipped."""
+
+
+def input_rules(spec: dict[str, Any], at: str) -> list[Cause]:
+    """What each input needs beyond its schema: a kind this release can provide (a Job never starts
+    without an input, docs/adr/0037)."""
+    causes: list[Cause] = []
+    inputs = spec.get("inputs")
+    for i, item in enumerate(inputs if isinstance(inputs, list) else []):
+        if not isinstance(item, dict):
+            continue
+        for kind, missing in _NOT_IN_RELEASE.items():
+            if kind in item:
+                causes.append(errors.forbidden(
+                    f"{at}.inputs[{i}].{kind}",
+                    f"{missing}, so this input could never be provided: use a url, bucket, output or volume "
+                    "input instead"))
+    return causes
+
+
 def spec_rules(spec: dict[str, Any], limits: AdmissionLimits, at: str = "spec") -> list[Cause]:
     """The Job spec's cross-field rules; `at` is where the spec sits (Sweep: spec.template.spec)."""
     causes: list[Cause] = []
@@ -434,6 +456,7 @@ def spec_rules(spec: dict[str, Any], limits: AdmissionLimits, at: str = "spec") 
     if egress.get("allow") and egress.get("policy") != "AllowList":
         causes.append(errors.forbidden(f"{at}.network.egress.allow", "allowed only with policy AllowList"))
     causes += distributed_rules(spec, at, limits)
+    causes += input_rules(spec, at)
     return causes
 
 
