@@ -27,21 +27,21 @@ Figures (see bench/README.md), each beside the floor measured in the same run an
      namespaces itself where the agent's pod joins ones made beforehand. Timed
      from the spawn of `runc run` to the container's process running: its command is
      `sh -c 'echo > /ready'` with /ready a FIFO bound in from the host, and the time is when this process
-     reads that byte. Not spawn→exit, because the agent reports Running once `runc start` returns, before
+     reads that byte. Not spawn→exit, because the agent reports Running once `runc run --detach` returns, before
      the program ends, and runc's teardown (the cgroup, the namespaces) comes after; spawn→exit is printed
      beside it. The agent's per-Job work that runc run does not do (the supervisor, the pod's namespaces,
-     the overlay mount, create and start as two runc calls) is in what the 30 ms allow.
+     the overlay mount, the detached run) is in what the 30 ms allow.
   anchor  Kubernetes' pod-startup SLO: 5 s at p99
 Targets: p50 ≤ 50 ms, p99 ≤ 200 ms, ≥ 50 indexes/s, idle agent ≤ 60 MB RSS and ≤ 1 % of a core; image Jobs
 p50 ≤ the runc floor + 30 ms.
 Below the table, where the time goes: medians over each phase's Jobs of create's 201 → the Attempt's
 provisioningTime (placed), → its inputsReadyTime (the agent has it, its image and its inputs), → its
 startTime (the spec written, the supervisor forked from the zygote, its RUNNING: for an image, once
-`runc start` returned), → the Running watch event, on this host's wall clock (the Attempt's timestamps
+`runc run --detach` returned), → the Running watch event, on this host's wall clock (the Attempt's timestamps
 have millisecond resolution). Then the steps an image attempt's supervisor takes that a process
 attempt's does not, each run here --jobs times with the agent's own functions: importing
 nodus.agent.supervisor.containers in a fork of an interpreter holding what the zygote preloads, the pod's
-namespaces (oci.pod.create_namespaces), its writable layer (mount_layer), `runc create`, `runc start`.
+namespaces (oci.pod.create_namespaces), its writable layer (mount_layer), `runc run --detach` (Runc.run).
 
 The image figures need root, runc, skopeo, umoci and docker-registry; without them the image phase is
 printed as skipped.
@@ -352,8 +352,7 @@ print(os.read(r, 100).decode())
 def agent_steps(layout: Path, work: Path, runs: int) -> dict[str, float]:
     """The steps an image attempt's supervisor takes that a process attempt's does not, each run here `runs`
     times with the agent's own functions (medians, ms): importing its container runtime (in a fork of an
-    interpreter holding what the zygote preloads), the pod's namespaces, the writable layer, runc create,
-    runc start."""
+    interpreter holding what the zygote preloads), the pod's namespaces, the writable layer, `runc run --detach`."""
     from nodus.agent.oci.bundle import ID_SLOTS, IdRange, Process, runtime_spec
     from nodus.agent.oci.pod import create_namespaces, mount_layer, remove_namespaces, unmount_layer
     from nodus.agent.oci.runc import Runc
@@ -364,7 +363,7 @@ def agent_steps(layout: Path, work: Path, runs: int) -> dict[str, float]:
                    capture_output=True, timeout=120)
     ids = IdRange.for_slot(ID_SLOTS - 2)
     runc = Runc(work / "runc")
-    steps: dict[str, list[float]] = {k: [] for k in ("import", "namespaces", "layer", "create", "start")}
+    steps: dict[str, list[float]] = {k: [] for k in ("import", "namespaces", "layer", "run")}
     for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", IMPORT_CONTAINERS], check=True, capture_output=True, text=True,
                              timeout=60)
@@ -387,16 +386,13 @@ def agent_steps(layout: Path, work: Path, runs: int) -> dict[str, float]:
                     spec = runtime_spec(Process(("/bin/true",), ("PATH=/bin",), "/", 0, 0), str(merged), hostname=cid,
                                         ids=ids, namespaces=ns, cgroups_path=f"/{cid}")
                     (layer / "config.json").write_text(json.dumps(spec))
-                    runc.create(cid, layer, log_file.fileno())
+                    runc.run(cid, layer, log_file.fileno())  # run --detach, as Pod.start does
                     t3 = time.perf_counter()
-                    runc.start(cid)
-                    t4 = time.perf_counter()
                 finally:
                     runc.delete(cid, force=True)
                     unmount_layer(layer)
                     remove_namespaces(pod / "ns")
-                for key, (a, b) in zip(("namespaces", "layer", "create", "start"),
-                                       ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
+                for key, (a, b) in zip(("namespaces", "layer", "run"), ((t0, t1), (t1, t2), (t2, t3))):
                     steps[key].append((b - a) * 1000)
     finally:
         if runc.root.exists():
@@ -633,12 +629,12 @@ def main() -> None:
             print(f"  {kind:<9}  {placed:>12.1f}   {ready:>21.1f}   {started:>22.1f}   {reported:>22.1f}")
         print("  placed = the Attempt's provisioningTime; inputs ready = its inputsReadyTime (the agent accepted it,")
         print("  pulled its image: a cache hit, and made its inputs); started = its startTime, the supervisor's RUNNING")
-        print("  (for an image, once `runc start` returned)")
+        print("  (for an image, once `runc run --detach` returned)")
         if steps:
-            extra = steps["namespaces"] + steps["layer"] + steps["create"] + steps["start"]
+            extra = steps["namespaces"] + steps["layer"] + steps["run"]
             print("an image attempt's supervisor steps a process attempt's does not take, each run here with the agent's")
             print(f"own functions (medians over {args.jobs}, ms): pod namespaces {steps['namespaces']:.1f}, writable "
-                  f"layer {steps['layer']:.1f}, runc create {steps['create']:.1f}, runc start {steps['start']:.1f}; "
+                  f"layer {steps['layer']:.1f}, runc run --detach {steps['run']:.1f}; "
                   f"sum {extra:.1f} (import nodus.agent.supervisor.containers in a fresh process "
                   f"{steps['import']:.1f}: off the attempt's path, the zygote preloads it)")
             if stuck:

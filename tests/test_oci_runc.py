@@ -421,7 +421,7 @@ def test_a_failing_init_container_and_a_command_missing_from_the_image_fail_the_
     assert status["message"] == "no schema" and "never" not in log
     status, log = supervise(node, "sup-e", {"command": ["/bin/train", "--fast"]})
     assert (status["phase"], status["reason"], status["exit_code"]) == ("FAILED", "Error", 127), status
-    assert status["message"].startswith("command could not start: /bin/train: main: runc create"), status
+    assert status["message"].startswith("command could not start: /bin/train: main: runc run"), status
     assert "no such file or directory" in status["message"]
     assert node.runc.list() == []
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import re
 import select
-import shutil
 import signal
+import socket
+import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from . import disk
 from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
                      resolve_process, runtime_spec)
 from .egress import Egress, NodeNetwork, PodEgress, Policy
+from .mounts import MountError, bind, libc, mount_layer, unmount, unmount_layer
 from .runc import ContainerState, ContainerStatus, Runc, RuncError
 
 NAMESPACES = ("user", "net", "ipc")
@@ -34,7 +38,7 @@ KILL_WAIT = 5.0
 """Seconds to wait for a container's init after SIGKILL before runc delete --force."""
 
 
-class PodError(Exception):
+class PodError(MountError):
     """The pod's namespaces, id range or a container's writable layer could not be set up."""
 
 
@@ -119,13 +123,13 @@ def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False)
         for ns in kinds:
             target = directory / ns
             target.touch()
-            _bind(f"/proc/{holder.pid}/ns/{ns}", target)
+            bind(f"/proc/{holder.pid}/ns/{ns}", target)
         if paths.network is not None:
-            up = subprocess.run(["nsenter", f"--net={paths.network}", "--", "ip", "link", "set", "lo", "up"],
-                                capture_output=True, text=True)
-            if up.returncode != 0:
+            try:
+                loopback_up(paths.network)
+            except OSError as e:
                 remove_namespaces(directory)
-                raise PodError(f"could not bring up loopback in the pod's network namespace: {up.stderr.strip()}")
+                raise PodError(f"could not bring up loopback in the pod's network namespace: {e}") from e
     finally:
         holder.stdin.close()  # the holder's `read` ends: it exits, the bind mounts keep the namespaces
         try:
@@ -136,102 +140,46 @@ def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False)
     return paths
 
 
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+IFREQ = "16sH22x"
+"""struct ifreq with its flags member (40 bytes, what the kernel copies)."""
+
+
+def loopback_up(netns: str) -> None:
+    """Brings `lo` up in the network namespace bound at `netns` (SIOCSIFFLAGS on a socket made inside it),
+    from a short-lived thread that enters it: setns moves only the calling thread, and no `ip` program is
+    started on the pod's way to running. Host root may: it holds CAP_NET_ADMIN over every pod's namespaces."""
+    failed: list[OSError] = []
+
+    def enter_and_raise() -> None:
+        try:
+            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc().setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns {netns}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                flags = struct.unpack(IFREQ, fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack(IFREQ, b"lo", 0)))[1]
+                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack(IFREQ, b"lo", flags | IFF_UP))
+        except OSError as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=enter_and_raise, name="pod-loopback")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
 def remove_namespaces(directory: Path) -> None:
     for ns in NAMESPACES:
         target = directory / ns
         if os.path.ismount(target):
-            _unmount(target)
+            unmount(target)
         target.unlink(missing_ok=True)
-
-
-def _bind(source: str, target: Path) -> None:
-    done = subprocess.run(["mount", "--bind", source, str(target)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise PodError(f"mount --bind {source} {target}: {done.stderr.strip()}")
-
-
-def _unmount(target: Path) -> None:
-    done = subprocess.run(["umount", str(target)], capture_output=True, text=True)
-    if done.returncode != 0:
-        subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
-
-
-def mount_layer(image_rootfs: Path, directory: Path, owner: int, userns: str | None = None) -> Path:
-    """The container's root: the image's read-only tree with the container's writable layer over it
-    (overlayfs; upper and work dirs in `directory`, owned by the pod's root so its writes land).
-
-    With `userns` the image tree is seen through an idmapped mount of the pod's id map, so the image's
-    root-owned files are the pod root's (and a uid-1000 tree is the pod's uid 1000); without, or where
-    the kernel refuses idmapped mounts, they show as nobody and only read.
-    """
-    merged = directory / "rootfs"
-    if os.path.ismount(merged):
-        return merged
-    for name in ("upper", "work", "rootfs"):
-        (directory / name).mkdir(parents=True, exist_ok=True)
-    for name in ("upper", "work"):
-        os.chown(directory / name, owner, owner)
-    lower = image_rootfs
-    if userns is not None and idmapped_view(image_rootfs, directory / "lower", userns):
-        lower = directory / "lower"
-    options = f"lowerdir={lower},upperdir={directory / 'upper'},workdir={directory / 'work'}"
-    done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        raise PodError(f"could not mount the writable layer over {image_rootfs}: {done.stderr.strip()}")
-    return merged
-
-
-def unmount_layer(directory: Path) -> None:
-    for name in ("rootfs", "lower"):
-        if _mounted(directory / name):
-            _unmount(directory / name)
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def _mounted(path: Path) -> bool:
-    """Whether something is mounted at `path` (os.path.ismount misses a bind mount within one filesystem)."""
-    target = os.path.realpath(path)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            points = (line.split()[4] for line in f)
-            return any(p.encode().decode("unicode_escape") == target for p in points)
-    except OSError:
-        return os.path.ismount(path)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
-
-
-SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64 share these numbers
-OPEN_TREE_CLONE = 1
-AT_FDCWD = -100
-AT_EMPTY_PATH = 0x1000
-MOUNT_ATTR_RDONLY = 0x1
-MOUNT_ATTR_IDMAP = 0x100000
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
-
-
-def idmapped_view(source: Path, target: Path, userns: str) -> bool:
-    """A read-only copy of the mount of `source` at `target` whose ids go through `userns`'s map;
-    False where the kernel or the filesystem cannot (Linux < 5.12, some filesystems)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, str(source).encode(), OPEN_TREE_CLONE | os.O_CLOEXEC)
-    if tree < 0:
-        return False
-    ns = os.open(userns, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, 0, 0, ns)
-        if libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-            return False
-        target.mkdir(parents=True, exist_ok=True)
-        return bool(libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, str(target).encode(), MOVE_MOUNT_F_EMPTY_PATH) == 0)
-    finally:
-        os.close(ns)
-        os.close(tree)
 
 
 @dataclass(slots=True)
@@ -355,14 +303,18 @@ class Pod:
                             devices=devices, hooks=hooks)
         (directory / "config.json").write_text(json.dumps(spec))
         container_id = self.container_id(name)
-        pid = self.runc.create(container_id, directory, stdout)
+        try:
+            # one runc call, not create + start: a runc process fewer on every container's way to running
+            # (its init is this subreaper's child all the same; the pidfd is opened on it, a zombie included)
+            pid = self.runc.run(container_id, directory, stdout)
+        except RuncError:
+            try:
+                self.runc.delete(container_id, force=True)  # what a failed run left (a container half made)
+            except RuncError:
+                pass  # the run's own error is the one to tell
+            raise
         proc = ContainerProcess.of(container_id, pid)
         self.started.append(name)
-        try:
-            self.runc.start(container_id)
-        except RuncError:
-            self.runc.delete(container_id, force=True)
-            raise
         return proc
 
     def find(self) -> dict[str, ContainerState]:

@@ -1,6 +1,6 @@
 """A thin typed wrapper over the runc CLI, with its own `--root` under the agent's state dir.
 
-Containers are created detached (`runc create` then `runc start`): the container's init is then
+Containers are run detached (`runc run --detach`, or `runc create` then `runc start`): the container's init is then
 a child of the caller only if the caller is a child subreaper (`become_subreaper`), which is how
 the supervisor waits for a container's exit code like any child's. The container's stdio is
 runc's own, so `create` hands it the attempt's log; runc's own errors go to a JSON log file
@@ -105,19 +105,27 @@ class Runc:
     def create(self, container_id: str, bundle: Path, stdout: int) -> int:
         """Creates the container (its process waits for `start`) with `stdout` as its stdout and
         stderr; returns its init's host pid."""
+        return self._detached("create", container_id, bundle, stdout)
+
+    def run(self, container_id: str, bundle: Path, stdout: int) -> int:
+        """Creates and starts the container in one runc call (`run --detach`: one runc process fewer than
+        create + start, the container running when it returns); returns its init's host pid."""
+        return self._detached("run", container_id, bundle, stdout, "--detach")
+
+    def _detached(self, op: str, container_id: str, bundle: Path, stdout: int, *flags: str) -> int:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         log, pid_file = bundle / "runc.log", bundle / "init.pid"
         log.unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)
-        argv = self._argv("create", "--bundle", str(bundle), "--pid-file", str(pid_file), container_id, log=log)
+        argv = self._argv(op, *flags, "--bundle", str(bundle), "--pid-file", str(pid_file), container_id, log=log)
         try:
             # runc's stdio becomes the container's, so it must not be a pipe this call reads to its end.
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout, timeout=RUNC_TIMEOUT)
         except FileNotFoundError as e:
-            raise RuncMissing("create", container_id, f"{self.binary} is not installed ({e.strerror})") from e
+            raise RuncMissing(op, container_id, f"{self.binary} is not installed ({e.strerror})") from e
         if done.returncode != 0:
             text = log.read_text() if log.exists() else ""
-            raise _error("create", container_id, _last_error(text) or f"exit code {done.returncode}")
+            raise _error(op, container_id, _last_error(text) or f"exit code {done.returncode}")
         return int(pid_file.read_text())
 
     def start(self, container_id: str) -> None:
