@@ -66,7 +66,7 @@ def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floo
                                      rf"({NUM}) ms\s+(?:ok|MISSED)\s+runc run p50 ({NUM}) ms",
         "image p99 beside runc run": rf"^create→Running p99 \(image, warm cache\)\s+({NUM}) ms\s+runc run p99 ({NUM}) ms",
         "image time split": rf"^  image\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})$",
-        "image steps": rf"pod namespaces ({NUM}), writable layer ({NUM}), runc create ({NUM}), runc start ({NUM}); "
+        "image steps": rf"pod namespaces ({NUM}), writable layer ({NUM}), runc run --detach ({NUM}); "
                        rf"sum ({NUM}) \(import nodus\.agent\.supervisor\.containers in a fresh process ({NUM}):",
     })
 
@@ -144,6 +144,17 @@ def test_placement_bench_reports_a_priced_pass_beside_one_without_a_book() -> No
     figures(run_tiny("placement"), {
         "priced beside unpriced": rf"^priced pass ms\s+({NUM})\s+without a book\s+({NUM}) ms$",
         "per node per attempt": rf"^pricing adds\s+({NUM}) µs per node per attempt$",
+    })
+
+
+def test_backlog_bench_reports_a_waiting_queue_beside_an_idle_coordinator() -> None:
+    figures(run_tiny("backlog"), {
+        "CPU beside idle": rf"^coordinator CPU \(% of a core\)\s+({NUM}) %\s+({NUM}) %\s+<= 5 %$",
+        "GET p99 beside idle": rf"^GET p99 during a burst\s+({NUM}) ms\s+({NUM}) ms\s+<= 20 ms$",
+        "watch p99 beside idle": rf"^watch p99 during a burst \(\d+ w\.\)\s+({NUM}) ms\s+({NUM}) ms\s+<= 50 ms$",
+        "drain": rf"^drain: attempts placed/s\s+({NUM})/s\s+({NUM}) in ({NUM})s\s+>= 200/s$",
+        "missed events": rf"^  burst \(queue\): ({NUM}) GETs \(({NUM}) errors\), ({NUM}) creates; watch p50 ({NUM}) ms, "
+                         rf"({NUM}) missed",
     })
 
 

@@ -6,7 +6,7 @@ took per offering, and how long comparable Jobs of a project ran. Answering them
 or by walking every Attempt, made a create cost O(Attempts) and a queue of waiting Jobs quadratic. The
 fleet answers from indexes that cache listeners maintain as objects change (each event costs O(1)):
 
-- reservations: per live placed attempt, what it holds on its node;
+- reservations: per live placed attempt, what it holds on its node (and the same by node);
 - start samples: per offering, provisioning → start seconds of each attempt that started there;
 - run history: per (project, image digest) and (project, command), the run seconds of each Job that
   succeeded, and per project how long each ran against its declared expectedDuration.
@@ -17,7 +17,8 @@ from the store through the cache; nothing is written.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any, Sequence
 
@@ -126,6 +127,13 @@ class Fleet:
         self.cache, self.clock = cache, clock
         self._books = PriceBooks(cache.store)
         self._held: dict[str, Reservation] = {}
+        self._held_on: dict[str, dict[str, Reservation]] = defaultdict(dict)
+        """The same reservations by node."""
+        self._sum_on: dict[str, Amount] = {}
+        self._gpus_on: dict[str, Counter[int]] = defaultdict(Counter)
+        """Per node, what its reservations hold together (placement reads one Reservation per node)."""
+        self._views: dict[str, tuple[int | None, int | None, NodeView]] = {}
+        """Per node: the node's and its lease's revisions, and the view built from them."""
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
         self._overruns: dict[str, dict[str, Decimal]] = defaultdict(dict)
@@ -136,10 +144,22 @@ class Fleet:
     # -- indexes ----------------------------------------------------------------------------------
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         held = reservation_of(new) if new is not None else None
-        if held is None:
-            self._held.pop(key, None)
-        else:
+        was = self._held.pop(key, None)
+        if was is not None:
+            self._held_on[was.node].pop(key, None)
+            self._sum_on[was.node] = self._sum_on.get(was.node, Amount()) - was.amount
+            gpus = self._gpus_on[was.node]
+            gpus.subtract(was.gpu_indexes)
+            for i in was.gpu_indexes:
+                if gpus[i] <= 0:
+                    del gpus[i]
+            if not self._held_on[was.node]:
+                del self._held_on[was.node], self._sum_on[was.node], self._gpus_on[was.node]
+        if held is not None:
             self._held[key] = held
+            self._held_on[held.node][key] = held
+            self._sum_on[held.node] = self._sum_on.get(held.node, Amount()) + held.amount
+            self._gpus_on[held.node].update(held.gpu_indexes)
         if (before := _start_seconds(old)) is not None:
             self._starts[before[0]].pop(key, None)
         if (after := _start_seconds(new)) is not None:
@@ -188,14 +208,40 @@ class Fleet:
                 for _, j in self.cache.under(f"{JOBS}{project}/") if j.get("metadata", {}).get("uid")}
 
     def nodes(self) -> list[NodeView]:
-        """What the scheduler sees of every node, by name."""
+        """What the scheduler sees of every node, by name. A view is built once per revision of the node
+        and its lease (a node of a thousand GPUs is a thousand Gpu values); only readiness moves with time."""
         now = self.clock.now()
-        return sorted((node_view(doc, self.cache.get(LEASES + doc["name"]), now)
-                       for _, doc in self.cache.under(NODES)), key=lambda v: v.name)
+        out = []
+        for key, doc in self.cache.under(NODES):
+            name = doc["name"]
+            lease = self.cache.get(LEASES + name)
+            revisions = (self.cache.revision(key), self.cache.revision(LEASES + name))
+            hit = self._views.get(name)
+            if hit is None or hit[:2] != revisions:
+                view = node_view(doc, lease, now)
+                self._views[name] = (*revisions, view)
+            else:
+                view = hit[2]
+                if view.ready != (ready := lease_fresh(lease, now)):
+                    view = replace(view, ready=ready)
+            out.append(view)
+        if len(self._views) > len(out):
+            present = {v.name for v in out}
+            self._views = {k: v for k, v in self._views.items() if k in present}
+        return sorted(out, key=lambda v: v.name)
 
     def reservations(self) -> list[Reservation]:
         """What every live placed attempt holds."""
         return list(self._held.values())
+
+    def held(self) -> list[Reservation]:
+        """What the live placed attempts hold, one Reservation per node (their sum, and every GPU index
+        they hold): what `scheduler.free_on` makes of `reservations()`, in O(nodes) values."""
+        return [Reservation(node, amount, tuple(self._gpus_on.get(node, ()))) for node, amount in self._sum_on.items()]
+
+    def reservations_on(self, node: str) -> list[Reservation]:
+        """What the live placed attempts on `node` hold."""
+        return list(self._held_on.get(node, {}).values())
 
     def warm(self, now: float) -> list[Reservation]:
         """The nodes kept warm now (`warm_holds`)."""

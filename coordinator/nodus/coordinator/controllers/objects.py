@@ -70,7 +70,8 @@ class Objects:
         re-reads the store."""
         cached = self.cache.get(key)
         revision = self.cache.revision(key)
-        current = (copy.deepcopy(cached), revision) if cached is not None and revision is not None else None
+        # The cache's value is only read here (the mutation gets its own copy), so one copy per try.
+        current = (cached, revision) if cached is not None and revision is not None else None
         for _ in range(_RETRIES):
             if current is None:
                 current = await self.read(key)

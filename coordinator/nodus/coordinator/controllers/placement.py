@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any, Callable, Iterable, TypeGuard
@@ -42,8 +43,9 @@ from ..money.budget_store import Budgets
 from ..money.budgets import refusal as budget_refusal
 from ..money.holds import first_hold
 from .billing import UNFUNDED_RECHECK_S
-from .cache import ATTEMPTS, LEASES, NODES, Cache, job_key
+from .cache import ATTEMPTS, BOOKS, JOBS, LEASES, NODES, SWEEPS, Cache, attempt_key, job_key, owner_of
 from .objects import Objects
+from .placement_queue import RETRY_SECONDS, PlacementQueue
 from .reasons import AttemptReason
 from .views import AttemptView
 
@@ -63,8 +65,31 @@ def _holding(obj: dict[str, Any] | None) -> bool:
 
 RECHECK_SECONDS = 1.0
 """How long a pass waits at most while a warm hold is pending."""
+BIND_RETRY_SECONDS = 1.0
+"""When an attempt whose binding lost to a concurrent write is decided again."""
 POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile", "pool")
 """What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
+
+
+PASS_CHUNK = 200
+"""Attempts decided per `place_all` call: between calls, what they took is folded into one Reservation
+per node, so that a pass over thousands of attempts costs in proportion to them (free_on reads every
+reservation it is given)."""
+
+
+def fold(held: Iterable[Reservation]) -> list[Reservation]:
+    """The same reservations, one per node (their amounts summed, their GPUs together); warm holds
+    kept as they are."""
+    sums: dict[str, Amount] = {}
+    gpus: dict[str, list[int]] = {}
+    warm = []
+    for r in held:
+        if r.warm_for:
+            warm.append(r)
+        else:
+            sums[r.node] = sums.get(r.node, Amount()) + r.amount
+            gpus.setdefault(r.node, []).extend(r.gpu_indexes)
+    return [Reservation(node, amount, tuple(gpus[node])) for node, amount in sums.items()] + warm
 
 
 def _request(attempt: AttemptView, job: dict[str, Any] | None = None, now: float = 0.0) -> Request:
@@ -167,6 +192,11 @@ def bind(placement: Placement, now: float, node: NodeView | None = None, pricebo
     return mutate
 
 
+def _explained(obj: dict[str, Any] | None) -> str | None:
+    """The explain an attempt carries (None: none written)."""
+    return (((obj or {}).get("status") or {}).get("placement") or {}).get("explain")
+
+
 def explain(placement: Placement) -> Any:
     def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
         status = dict(obj.get("status") or {})
@@ -179,49 +209,96 @@ def explain(placement: Placement) -> Any:
 
 
 class PlacementController:
-    def __init__(self, registry: Any, objects: Objects, clock: Clock) -> None:
+    """Places waiting attempts; those that fit nowhere wait in `queue`'s unschedulable set until an
+    event that can change their answer (placement_queue.py, docs/adr/0038)."""
+
+    def __init__(self, registry: Any, objects: Objects, clock: Clock, retry_seconds: float = RETRY_SECONDS) -> None:
         self.registry, self.objects, self.clock = registry, objects, clock
         self.ledger = Ledger(objects.store)
         self.budgets = Budgets(objects.store, self.ledger)
         self.cache = registry.cache
-        self._waiting: set[str] = set()
+        self.queue = PlacementQueue(retry_seconds)
+        self.tried = 0
+        """How many attempt decisions the passes made (what the queue saves shows here)."""
+        self._nodes: set[str] = set()
+        """Nodes whose capacity may have grown since the last pass: their fitting parked attempts wake."""
         self._dirty = asyncio.Event()
         self._release: float | None = None
         """When the earliest warm hold of the last pass ends (None: no hold pending)."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
-        self.cache.listen(NODES, lambda key, old, new: self._dirty.set())
+        self.cache.listen(NODES, self._on_node)
         self.cache.listen(LEASES, self._on_lease)
+        self.cache.listen(JOBS, self._on_job)
+        self.cache.listen(SWEEPS, self._on_sweep)
+        self.cache.listen(BOOKS, self._on_book)
 
+    # -- events: each wakes only what it can change --------------------------------------------------
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if _waiting(new):
-            if key not in self._waiting:
-                self._waiting.add(key)
+            if self.queue.add(key):
                 self._dirty.set()
+                if (new.get("spec") or {}).get("gang"):
+                    project, job = owner_of(new)  # a gang is placed whole: its parked members try again with it
+                    self.queue.wake_job(project, job, self._keys_of(project, job))
         else:
-            self._waiting.discard(key)
+            self.queue.forget(key)
             if _holding(old) and not _holding(new):
-                self._dirty.set()  # capacity came free
+                assert old is not None
+                self._capacity_on(str(old["spec"]["node"]))  # capacity came free
+
+    def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is not None:
+            self._capacity_on(key.removeprefix(NODES))
 
     def _on_lease(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         leases = self.registry.leases
-        if leases.fresh(old) != leases.fresh(new):
+        if leases.fresh(old) != leases.fresh(new) or (old or {}).get("gpuUnhealthy") != (new or {}).get("gpuUnhealthy"):
+            self._capacity_on(key.removeprefix(LEASES))
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if old is not None and new is not None and old.get("spec") != new.get("spec"):
+            project, name = key.removeprefix(JOBS).split("/", 1)
+            if self.queue.wake_job(project, name, self._keys_of(project, name)):
+                self._dirty.set()
+
+    def _on_sweep(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if (old or {}).get("spec") != (new or {}).get("spec"):  # a shared cap moved
+            if self.queue.wake_project(key.removeprefix(SWEEPS).split("/", 1)[0]):
+                self._dirty.set()
+
+    def _on_book(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if self.queue.wake_all():
             self._dirty.set()
 
+    def _capacity_on(self, node: str) -> None:
+        if self.queue.parked:
+            self._nodes.add(node)
+            self._dirty.set()
+
+    def _keys_of(self, project: str, job: str) -> list[str]:
+        return [attempt_key(project, a["metadata"]["name"]) for a in self.cache.attempts_of(project, job)]
+
+    # -- the loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
         await self.cache.synced.wait()
         for key, obj in self.cache.under(ATTEMPTS):
             self._on_attempt(key, None, obj)
         self._dirty.set()
         while True:
-            if self._release is None:
-                await self._dirty.wait()
-            else:
-                wait = min(max(self._release - self.clock.now(), 0.0), RECHECK_SECONDS)
-                try:
-                    await asyncio.wait_for(self._dirty.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+            waits = []
+            if self._release is not None:
+                waits.append(min(max(self._release - self.clock.now(), 0.0), RECHECK_SECONDS))
+            if (due := self.queue.next_due()) is not None:
+                waits.append(max(due - time.monotonic(), 0.0))
+            try:
+                await asyncio.wait_for(self._dirty.wait(), min(waits) if waits else None)
+            except asyncio.TimeoutError:
+                pass
             self._dirty.clear()
+            self.queue.due(time.monotonic())
+            if self._release is not None and self.clock.now() >= self._release:
+                self._release = None
+                self.queue.wake_all()  # a warm hold ended: what it kept from others may fit now
             try:
                 await self.place()
             except asyncio.CancelledError:
@@ -229,62 +306,102 @@ class PlacementController:
             except Exception:  # noqa: BLE001 - the next change retries
                 log.exception("placement pass failed")
                 await asyncio.sleep(0.5)
+                self.queue.wake_all()
                 self._dirty.set()
 
     async def place(self) -> None:
-        """One pass over every waiting attempt, oldest first; a gang's members as one unit (all or nothing)."""
+        """One pass over the active attempts (new ones, and parked ones an event woke), oldest first; a
+        gang's members as one unit (all or nothing). What fits nowhere is parked again."""
         cache: Cache = self.cache
-        self._release = None  # holds are derived afresh each pass; only a waiting attempt needs a wake-up
-        waiting = [(key, a) for key in list(self._waiting) if (a := cache.attempt_view(key)) is not None
+        if not self.queue.active and not self._nodes:
+            return
+        nodes = self.registry.views()
+        book: PriceBook | None = self.registry.fleet.book()
+        now = self.clock.now()
+        warm: list[Reservation] = []
+        if book is not None:
+            warm = self.registry.fleet.warm(now)
+            self._release = min((h.until for h in warm), default=None)
+        if self._nodes:
+            fleet = self.registry.fleet
+            for node in nodes:
+                if node.name in self._nodes:
+                    kept = [w for w in warm if w.node == node.name]
+                    if kept:  # a hold began: what waits for other projects is told the node is kept (rare)
+                        self.queue.wake_all()
+                    self.queue.wake_fitting(node, fleet.reservations_on(node.name) + kept, book)
+            self._nodes.clear()
+        waiting = [(key, a) for key in self.queue.take() if (a := cache.attempt_view(key)) is not None
                    and not a.placed and not a.stop_requested and not a.phase.terminal]
         if not waiting:
             return
+        self.tried += len(waiting)
         waiting.sort(key=lambda kv: (kv[1].created or 0.0, kv[1].project, kv[1].job, kv[1].index, kv[1].number,
                                      kv[1].rank))
-        nodes, held = self.registry.views(), list(self.registry.reservations())
-        book: PriceBook | None = self.registry.fleet.book()
-        now = self.clock.now()
-        if book is not None:
-            warm = self.registry.fleet.warm(now)
-            held.extend(warm)
-            self._release = min((h.until for h in warm), default=None)
+        held = self.registry.fleet.held() + warm
         decisions: dict[str, Placement] = {}
+        requests: dict[str, Request] = {}
         singles: list[tuple[str, Request]] = []
         gangs: dict[tuple[str, str, int], list[tuple[str, AttemptView]]] = {}
         for key, a in waiting:
             if a.in_gang:
                 gangs.setdefault((a.project, a.job_uid, a.epoch), []).append((key, a))
             else:
-                singles.append((key, _request(a, cache.job(a.project, a.job), now)))
+                requests[key] = _request(a, cache.job(a.project, a.job), now)
+                singles.append((key, requests[key]))
         # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
         # would starve behind a stream of single attempts otherwise.
-        for (project, uid, _epoch), members in gangs.items():
+        mono = time.monotonic()
+        for gang, members in gangs.items():
             size = members[0][1].gang_size or len(members)
-            if len(members) < size:
-                continue  # the rest of the epoch is being created: place it whole
-            job = cache.job_view(project, members[0][1].job)
+            job = cache.job_view(gang[0], members[0][1].job)
             network = job.network if job is not None else "Regional"
-            requests = [(key, _request(a, cache.job(a.project, a.job), now)) for key, a in members]
-            placed = place_gang(requests, nodes, held, network, book=book)
+            for key, a in members:
+                requests[key] = _request(a, cache.job(a.project, a.job), now)
+            if len(members) < size:
+                for key, a in members:  # the rest of the epoch is being created: placed whole when it is
+                    self.queue.park(key, a.project, a.job, requests[key], mono, gang)
+                continue
+            placed = place_gang([(key, requests[key]) for key, _ in members], nodes, held, network, book=book)
             decisions.update(placed)
-            for key, request in requests:
+            for key, _ in members:
                 p = placed[key]
                 if p.node is not None:
                     if p.warm_reuse:  # taken: from now on the member's own attempt holds it
                         held = [r for r in held if not (r.warm_for and r.node == p.node)]
-                    held.append(Reservation(p.node, request.amount, p.gpu_indexes))
-        decisions.update(place_all(singles, nodes, held, book=book))
+                    held.append(Reservation(p.node, requests[key].amount, p.gpu_indexes))
+        for start in range(0, len(singles), PASS_CHUNK):
+            chunk = place_all(singles[start:start + PASS_CHUNK], nodes, held, book=book)
+            decisions.update(chunk)
+            for key, p in chunk.items():
+                if p.node is not None:
+                    if p.warm_reuse:
+                        held = [r for r in held if not (r.warm_for and r.node == p.node)]
+                    held.append(Reservation(p.node, requests[key].amount, p.gpu_indexes))
+            held = fold(held)
+        unfunded: set[str] = set()
         if book is not None:
-            decisions = await self._hold(decisions, dict(waiting), now)
+            priced = await self._hold(decisions, dict(waiting), now)
+            unfunded = {k for k, p in priced.items() if p.node is None and decisions[k].node is not None}
+            decisions = priced
+        views = dict(waiting)
+        for key, p in decisions.items():
+            if p.node is None:
+                a = views[key]
+                self.queue.park(key, a.project, a.job, requests[key], mono,
+                                (a.project, a.job_uid, a.epoch) if a.in_gang else None,
+                                UNFUNDED_RECHECK_S if key in unfunded else None)
         by_name = {n.name: n for n in nodes}
         version = book.version if book is not None else ""
-        writes = [self.objects.mutate(str(key), bind(p, now, by_name.get(p.node), version) if p.node else explain(p))
-                  for key, p in decisions.items()]
-        bound = await asyncio.gather(*writes)
-        views = dict(waiting)
+        writes = {key: self.objects.mutate(key, bind(p, now, by_name.get(p.node), version) if p.node else explain(p))
+                  for key, p in decisions.items() if p.node or _explained(cache.get(key)) != p.explain}
+        bound = dict(zip(writes, await asyncio.gather(*writes.values())))
+        for key, p in decisions.items():
+            if p.node and bound.get(key) is None and _waiting(cache.get(key)):
+                a = views[key]  # lost its binding to a concurrent write: decided again shortly
+                self.queue.park(key, a.project, a.job, requests[key], mono, None, BIND_RETRY_SECONDS)
         jobs = {job_key(views[key].project, views[key].job): (p, by_name.get(p.node or ""))
-                for (key, p), written in zip(decisions.items(), bound)
-                if written is not None and p.node and book is not None}
+                for key, p in decisions.items() if bound.get(key) is not None and p.node and book is not None}
         await asyncio.gather(*(self.objects.mutate(k, placed_on(p, n)) for k, (p, n) in jobs.items()))
 
     async def _fit_budgets(self, a: AttemptView, request: LedgerRequest, now: float) -> None:
@@ -341,6 +458,4 @@ class PlacementController:
             a = views[key]
             if a.in_gang and (a.project, a.job_uid, a.epoch) in refused and p.node is not None:
                 out[key] = Placement(None, explain="another member of the gang waits for its hold")
-        if any(p.node is None and decisions[k].node is not None for k, p in out.items()):
-            self._release = min(self._release or float("inf"), now + UNFUNDED_RECHECK_S)
         return out
