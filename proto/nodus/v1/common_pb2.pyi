@@ -83,6 +83,7 @@ class AttemptReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTEMPT_REASON_IMAGE_PULL_FAILED: _ClassVar[AttemptReason]
     ATTEMPT_REASON_IMAGE_PULL_NODE_FAULT: _ClassVar[AttemptReason]
     ATTEMPT_REASON_INSUFFICIENT_CREDITS: _ClassVar[AttemptReason]
+    ATTEMPT_REASON_WAITING_FOR_INPUT: _ClassVar[AttemptReason]
 
 class Launcher(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -162,6 +163,7 @@ ATTEMPT_REASON_LEASE_EXPIRED: AttemptReason
 ATTEMPT_REASON_IMAGE_PULL_FAILED: AttemptReason
 ATTEMPT_REASON_IMAGE_PULL_NODE_FAULT: AttemptReason
 ATTEMPT_REASON_INSUFFICIENT_CREDITS: AttemptReason
+ATTEMPT_REASON_WAITING_FOR_INPUT: AttemptReason
 LAUNCHER_UNSPECIFIED: Launcher
 LAUNCHER_PLAIN: Launcher
 LAUNCHER_TORCHRUN: Launcher

@@ -19,6 +19,7 @@ from google.protobuf import duration_pb2
 from nodus.v1 import agent_pb2, common_pb2
 
 from ..clock import seconds
+from ..errors import NodusError
 from ..images import ImageRefused, RegistryCredentials, ResolvedImage, registry_of
 from ..operator_registry import OperatorRegistry
 from ..scheduler import Request
@@ -142,26 +143,38 @@ def _location(sha256: str) -> agent_pb2.Location:
 
 
 def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> list[agent_pb2.Input]:
+    """Every input as the agent fetches it. One that cannot be provided raises NodusError, which fails
+    the attempt naming it: an attempt never starts without an input (docs/adr/0037)."""
     pinned = {p.get("name"): p for p in status.get("inputs") or [] if isinstance(p, dict)}
     out = []
-    for item in spec.get("inputs") or []:
-        name = item["name"]
+    for i, item in enumerate(spec.get("inputs") or []):
+        name, at = item["name"], f"spec.inputs[{i}]"
         if item.get("url"):
             out.append(agent_pb2.Input(name=name, source=agent_pb2.Location(uri=item["url"]["url"]),
                                        sha256=item["url"].get("sha256", "")))
-        elif item.get("volume") and pinned.get(name, {}).get("sha256"):
-            sha = pinned[name]["sha256"]
+        elif item.get("volume"):
+            sha = (pinned.get(name) or {}).get("sha256")
+            if not sha:
+                raise NodusError("NotFound", f"input {name}: Volume {item['volume'].get('name')} ({at}.volume) has no "
+                                 "pinned revision with content in status.inputs", name=name, kind="jobs",
+                                 fix="create the Job again once the Volume has a Ready revision "
+                                     "(nodus volume push NAME DIR)")
             out.append(agent_pb2.Input(name=name, source=_location(sha), sha256=sha, archive=True))
         elif item.get("output"):
             ref = item["output"]
             found = outputs_of(ref["job"], ref["name"], int(ref.get("index") or 0))
-            if found is not None:
-                out.append(agent_pb2.Input(name=name, source=_location(found["sha256"]), sha256=found["sha256"],
-                                           size_bytes=int(found.get("size") or 0)))
-            else:
-                log.warning("input %s: output %s of Job %s is not committed", name, ref["name"], ref["job"])
+            if found is None:
+                raise NodusError("NotFound", f"input {name}: output {ref['name']} of Job {ref['job']} ({at}.output) is "
+                                 "not committed", name=name, kind="jobs",
+                                 fix=f"the Job waits for Job {ref['job']} to commit it before it creates an attempt; "
+                                     "this one was made before the output went away")
+            out.append(agent_pb2.Input(name=name, source=_location(found["sha256"]), sha256=found["sha256"],
+                                       size_bytes=int(found.get("size") or 0)))
         else:
-            log.warning("input %s: only url, volume and output inputs are materialized in this release", name)
+            kind = next((k for k in item if k != "name"), "?")
+            raise NodusError("BadRequest", f"input {name}: {kind} inputs ({at}.{kind}) cannot be provided by this "
+                             "release", name=name, kind="jobs",
+                             fix="use a url, output or volume input, and create the Job again")
     return out
 
 

@@ -25,6 +25,7 @@ from ..errors import REGISTRY
 from . import checkpoints as ckpt
 from . import recovery
 from .attempts import AttemptPhase, scrub
+from .job_inputs import input_gate
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .reasons import AttemptReason
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
@@ -36,6 +37,8 @@ from .views import JobView as JobView
 
 STOP_GRACE_SECONDS = 30
 """SIGTERM to SIGKILL for attempts the controller stops (Kubernetes' default grace period)."""
+INPUTS_READY = "InputsReady"
+"""The condition of a Job with `output` inputs: False (WaitingForInput) until every one is committed."""
 
 
 # -- ranges -------------------------------------------------------------------------------------------
@@ -173,9 +176,15 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             suspended_for += max(0.0, now - max(since, timeout_start))
         conditions = set_condition(conditions, "Suspended", "False", "Resumed", "", now, generation)
 
+    # Indexes that need a new attempt now, and whether the Job's output inputs let it make them.
+    wanted = _wanted(mine, live, succeeded, completions, parallelism)
+    gate = input_gate(job) if state is JobState.RUNNING and not phase.terminal else None
+
     if not phase.terminal:
         verdict = _verdict(job, mine, live, succeeded, failures, losses, completions, backoff_limit, max_attempts,
                            timeout, timeout_start, suspended_for, queue_timeout, state, now)
+        if verdict is None and gate is not None and gate.failed and wanted:
+            verdict = JobPhase.FAILED, AttemptReason.INPUT_FAILED, gate.message
         if extra_verdict is not None and (verdict is None or verdict[0] is JobPhase.FAILED):
             verdict = extra_verdict
         if verdict is not None:
@@ -229,20 +238,15 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             if condition(conditions, "Suspended") != "True":
                 conditions = set_condition(conditions, "Suspended", "True", reason, message, now, generation)
     else:
-        live_indexes = {a.index for a in live}
-        free = parallelism - len(live_indexes)
-        numbers = Counter[int]()
-        for a in mine:
-            numbers[a.index] = max(numbers[a.index], a.number)
-        for i in range(completions):
-            if free <= 0:
-                break
-            if i not in succeeded and i not in live_indexes:
-                creates.append(CreateAttempt(i, numbers[i] + 1))
-                free -= 1
+        creates = wanted if gate is None else []  # an input not committed yet: nothing starts without it
         actions.extend(creates)
         phase, reason, message = _running_phase(live, creates), "", ""
-        if phase is JobPhase.QUEUED:
+        if job.output_inputs and gate is None:
+            conditions = set_condition(conditions, INPUTS_READY, "True", "OutputsCommitted", "", now, generation)
+        if gate is not None and wanted:
+            reason, message = AttemptReason.WAITING_FOR_INPUT, gate.message
+            conditions = set_condition(conditions, INPUTS_READY, "False", reason, message, now, generation)
+        elif phase is JobPhase.QUEUED:
             waiting = [a for a in live if not a.placed]
             explain = next((a.placement_explain for a in waiting if a.placement_explain), "")
             message = f"waiting for capacity: {explain}" if explain else ""
@@ -295,6 +299,24 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     status["observedGeneration"] = generation
     future = [t for t in wake if t > now]
     return Decision(None if status == prev else status, tuple(actions), min(future) if future else None)
+
+
+def _wanted(mine: list[AttemptView], live: list[AttemptView], succeeded: set[int], completions: int,
+            parallelism: int) -> list[CreateAttempt]:
+    """The attempts to create now: the lowest indexes neither succeeded nor live, up to parallelism."""
+    live_indexes = {a.index for a in live}
+    free = parallelism - len(live_indexes)
+    numbers = Counter[int]()
+    for a in mine:
+        numbers[a.index] = max(numbers[a.index], a.number)
+    out: list[CreateAttempt] = []
+    for i in range(completions):
+        if free <= 0:
+            break
+        if i not in succeeded and i not in live_indexes:
+            out.append(CreateAttempt(i, numbers[i] + 1))
+            free -= 1
+    return out
 
 
 def _verdict(job: JobView, mine: list[AttemptView], live: list[AttemptView], succeeded: set[int],

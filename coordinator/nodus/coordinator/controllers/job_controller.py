@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any, Mapping, Protocol
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
@@ -22,7 +23,7 @@ from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
 from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide
 from .objects import Objects, new_uid
-from .views import AttemptView, JobView, topology
+from .views import AttemptView, JobView, Producer, topology
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.job")
@@ -144,8 +145,18 @@ class JobController:
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
         self.interruptions = interruptions or Interruptions(cache, clock)
-        cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        self._consumers: dict[str, set[str]] = {}
+        """A Job's key → the keys of the unfinished Jobs whose `output` inputs name it (decided again when it
+        changes, so a consumer starts once its producer commits). Rebuilt by reconciling: a restart loses nothing."""
+        self._producers_of: dict[str, frozenset[str]] = {}
+        """The inverse: a consumer's key → its producers' keys."""
+        cache.listen(JOBS, self._on_job)
         cache.listen(ATTEMPTS, self._on_attempt)
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        self.queue.add(key)
+        for consumer in self._consumers.get(key, ()):
+            self.queue.add(consumer)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         project, job = owner_of(new or old)  # type: ignore[arg-type]
@@ -170,8 +181,10 @@ class JobController:
         attempts = self.cache.attempt_views_of(project, name)
         now = self.clock.now()
         if job is None or view is None or view.deleting:
+            self._watch(key, frozenset())
             await self._execute(job, project, collect_orphans(attempts), now)
             return
+        view = self._with_producers(key, view)
         mtbi = self._mtbi(view, attempts)
         prev = job.get("status") or {}
         if view.gang:
@@ -189,6 +202,33 @@ class JobController:
             self.queue.add(key)  # and then its attempts, as orphans
         if decision.wake_at is not None:
             self.queue.add_after(key, decision.wake_at - self.clock.now())
+
+    def _with_producers(self, key: str, view: JobView) -> JobView:
+        """The view with the Jobs its `output` inputs name, as the cache has them now (decide reads them
+        there); a Job being deleted counts as gone. Watches them while the consumer is unfinished."""
+        if not view.output_inputs:
+            self._watch(key, frozenset())
+            return view
+        names = {ref.job for ref in view.output_inputs}
+        self._watch(key, frozenset() if view.phase.terminal else frozenset(job_key(view.project, n) for n in names))
+        found = {n: p for n in names if (p := self.cache.job_view(view.project, n)) is not None and not p.deleting}
+        return replace(view, producers={n: Producer.of(p) for n, p in found.items()})
+
+    def _watch(self, consumer: str, producers: frozenset[str]) -> None:
+        before = self._producers_of.get(consumer, frozenset())
+        if before == producers:
+            return
+        for gone in before - producers:
+            waiting = self._consumers.get(gone, set())
+            waiting.discard(consumer)
+            if not waiting:
+                self._consumers.pop(gone, None)
+        for added in producers - before:
+            self._consumers.setdefault(added, set()).add(consumer)
+        if producers:
+            self._producers_of[consumer] = producers
+        else:
+            self._producers_of.pop(consumer, None)
 
     def _mtbi(self, job: JobView, attempts: list[AttemptView]) -> float | None:
         """The measured MTBI of the offering the Job last ran on, for an `auto` checkpoint cadence: the

@@ -107,6 +107,8 @@ class AttemptReason(enum.StrEnum):
     """Lost capacity: the node could not pull the image (disk full, registry unreachable from it)."""
     INSUFFICIENT_CREDITS = enum.auto()
     """Cancel: the project's credits cannot renew the Job's hold (a grant resumes it)."""
+    WAITING_FOR_INPUT = enum.auto()
+    """No end: the Job waits for an output input its producer has not committed yet."""
 
     @property
     def proto(self) -> common_pb2.AttemptReason:

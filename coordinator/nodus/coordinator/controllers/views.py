@@ -218,6 +218,52 @@ def _tariff(spec: Mapping[str, Any]) -> Tariff | None:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputInput:
+    """One `output` input of a Job's spec.inputs: a committed output of another Job of its project."""
+
+    name: str
+    """spec.inputs[i].name: where it lands (/nodus/inputs/<name>)."""
+    position: int
+    """i, for the field path spec.inputs[i] in messages."""
+    job: str
+    """output.job: the producing Job."""
+    output: str
+    """output.name: the producer's output."""
+    index: int
+    """output.index: the producer's index (0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """What a consumer's decision reads of a Job one of its `output` inputs names: whether that output
+    is committed, could still be, or never will be (the Job controller reads it from the cache)."""
+
+    phase: JobPhase
+    committed: frozenset[tuple[str, int]]
+    """(output, index) of every output committed with a digest."""
+    declared: frozenset[str]
+    """The output names it can commit: spec.outputs and the default `outputs`."""
+    completions: int
+
+    @classmethod
+    def of(cls, view: JobView) -> Producer:
+        return cls(phase=view.phase,
+                   committed=frozenset((str(o.get("name")), int(o.get("index") or 0)) for o in view.outputs
+                                       if o.get("sha256")),
+                   declared=frozenset(view.declared_outputs) | {"outputs"}, completions=view.completions)
+
+
+def _output_inputs(spec: Mapping[str, Any]) -> tuple[OutputInput, ...]:
+    out = []
+    for i, item in enumerate(_dicts(spec.get("inputs"))):
+        ref = _dict(item.get("output"))
+        if ref:
+            out.append(OutputInput(name=str(item.get("name") or ""), position=i, job=str(ref.get("job") or ""),
+                                   output=str(ref.get("name") or ""), index=int(ref.get("index") or 0)))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     """The parts of a Job object the decisions read, with the spec's defaults applied."""
 
@@ -296,6 +342,13 @@ class JobView:
     """(reason, message) of a False Funded condition, which the money controller (billing.py) writes:
     MaxCostReached or InsufficientCredits. A Running Job is then suspended as if spec.state said so,
     and resumes once Funded turns True."""
+    output_inputs: tuple[OutputInput, ...] = ()
+    """spec.inputs that name another Job's output: no attempt is created before each is committed."""
+    declared_outputs: tuple[str, ...] = ()
+    """spec.outputs[].name: what a consumer of this Job may name (besides the default `outputs`)."""
+    producers: Mapping[str, Producer] = field(default_factory=dict)
+    """The Jobs `output_inputs` name, by name, as the Job controller read them (not from this object);
+    one that is absent does not exist (or is being deleted)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> JobView:
@@ -337,7 +390,8 @@ class JobView:
                    started=parse(status.get("startTime")), outputs=_dicts(status.get("outputs")),
                    gang_status=_dict(status.get("gang")),
                    spec_state=JobState.parse(spec.get("state")), money_stop=money_stop,
-                   stop_by=parse(status.get("stopByTime")))
+                   stop_by=parse(status.get("stopByTime")), output_inputs=_output_inputs(spec),
+                   declared_outputs=tuple(str(o.get("name")) for o in _dicts(spec.get("outputs"))))
 
 
 def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
