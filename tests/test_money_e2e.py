@@ -15,6 +15,7 @@ import contextlib
 import json
 import textwrap
 import time
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator
@@ -200,7 +201,9 @@ def test_running_out_of_credits_suspends_before_stop_by_time_and_a_grant_resumes
                          what="the lean Job to suspend")
     (first,) = [a for a in lean.get(c.url("/apis/nodus.dev/v1/namespaces/lean/attempts")).json()["items"]]
     assert first["status"].get("checkpoints"), "it checkpointed before it stopped"
-    assert first["status"]["finishTime"] <= stop_by, "suspended before the funded edge"
+    # instants, not strings: RFC 3339 drops trailing zeros, so "29.04Z" sorts after "29.042Z"
+    assert datetime.fromisoformat(first["status"]["finishTime"]) <= datetime.fromisoformat(stop_by), \
+        "suspended before the funded edge"
     assert Decimal(suspended["cost"]["totalUSD"]) <= Decimal("1.30")
 
     grant(c, "5.00", project="lean")
