@@ -74,3 +74,13 @@ def test_grpc_refuses_with_the_same_reason_and_field(shared_coordinator: Coordin
     assert info.reason == "Invalid"
     assert [v.field for v in bad.field_violations] == ["spec.inputs[0].fromWorkspace"]
     assert "no Workspace kind exists in this release" in bad.field_violations[0].description
+
+
+def test_a_bucket_input_must_name_its_connection(shared_coordinator: Coordinator) -> None:
+    c = shared_coordinator
+    bare = {"name": "data", "bucket": {"uri": "s3://datasets/train.csv"}}
+    found = causes(c.session().post(c.url(JOBS), json=job("bucket-bare", inputs=[bare])))
+    cause = found["spec.inputs[0].bucket.connection"]
+    assert cause["reason"] == "FieldValueRequired" and "S3 Connection" in cause["message"]
+    named = {"name": "data", "bucket": {"uri": "s3://datasets/train.csv", "connection": "datasets"}}
+    assert c.session().post(c.url(JOBS), json=job("bucket-named", inputs=[named])).status_code == 201

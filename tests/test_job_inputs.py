@@ -160,6 +160,7 @@ def test_a_committed_output_becomes_an_input_and_an_uncommitted_one_a_reason() -
     ({"name": "w", "fromWorkspace": {"name": "home"}}, "input w: fromWorkspace inputs (spec.inputs[0].fromWorkspace)"),
     ({"name": "s", "fromStage": {"stage": "a", "output": "b"}}, "input s: fromStage inputs"),
     ({"name": "v", "volume": {"name": "ds"}}, "input v: Volume ds (spec.inputs[0].volume) has no pinned revision"),
+    ({"name": "b", "bucket": {"uri": "s3://x/y"}}, "input b: spec.inputs[0].bucket names no S3 Connection"),
 ])
 def test_an_input_that_cannot_be_provided_fails_the_assignment(item: dict[str, Any], fragment: str) -> None:
     with pytest.raises(NodusError) as e:

@@ -2,9 +2,11 @@
 
 Every input lands at $NODUS_INPUTS_DIR/<name>, read-only: a file as it came, an archive (volume
 revision, a Job's directory output) unpacked into a directory. Sources: `https://` (sha256 checked
-at end of stream when the input names one), `blob://sha256/<hex>` (BlobService.Get, always checked
-against the digest the URI names) and `file://` (a path on this host, for development). A digest
-that does not match fails the attempt with InputFailed, naming the input and both digests.
+at end of stream when the input names one), `s3://bucket/key` (a bucket input, streamed with the keys
+of its Connection that the Location carries, sha256 checked at end of stream when named),
+`blob://sha256/<hex>` (BlobService.Get, always checked against the digest the URI names) and
+`file://` (a path on this host, for development). A digest that does not match, a missing object or
+refused keys fail the attempt with InputFailed, naming the input and the cause.
 """
 from __future__ import annotations
 
@@ -73,6 +75,56 @@ def _download_https(url: str, dest: Path, ca_file: str | None, timeout: float) -
     return digest.hexdigest(), size
 
 
+S3_REFUSED = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                        "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "403"})
+"""S3 error codes that say the Connection's keys (or their rights) were refused."""
+S3_MISSING = frozenset({"NoSuchKey", "NoSuchBucket", "404"})
+
+
+def _download_s3(uri: str, credentials: dict[str, str], dest: Path) -> tuple[str, int]:
+    """Streams s3://bucket/key into `dest` with a Connection's fields (accessKeyId, secretAccessKey,
+    sessionToken, endpoint, region: the checkpoint store's names), hashing as it goes."""
+    from nodus.checkpoint.stores import parse_s3_url
+    from nodus.checkpoint.stores.s3 import S3Store  # boto3 is imported only for S3
+
+    bucket, key = parse_s3_url(uri)
+    if not key:
+        raise ValueError(f"{uri} names no object (use s3://BUCKET/KEY)")
+    client = S3Store.at(f"s3://{bucket}", credentials).client
+    digest = hashlib.sha256()
+    size = 0
+    body = client.get_object(Bucket=bucket, Key=key)["Body"]
+    try:
+        with open(dest, "wb") as f:
+            for chunk in body.iter_chunks(CHUNK):
+                f.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        body.close()
+    return digest.hexdigest(), size
+
+
+def _describe_s3(e: Exception, uri: str, credentials: dict[str, str]) -> str:
+    """Why reading `uri` failed, in the customer's words; never a credential."""
+    error = (getattr(e, "response", None) or {}).get("Error") or {}
+    code = str(error.get("Code") or "")
+    detail = str(error.get("Message") or e)
+    if code in S3_MISSING:
+        what = "the bucket does not exist" if code == "NoSuchBucket" else "the object does not exist"
+        text = f"{uri}: {what} ({code})"
+    elif code in S3_REFUSED:
+        text = f"the keys of its Connection were refused reading {uri} ({code}: {detail})"
+    else:
+        text = f"reading {uri} failed: {code or type(e).__name__}: {detail}"
+    for value in credentials.values():
+        if len(value) >= 8:
+            text = text.replace(value, "***")
+    return text[:400]
+
+
 def _copy_file(src: Path, dest: Path) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
@@ -121,6 +173,13 @@ class Materializer:
                 got, _ = await asyncio.to_thread(_download_https, uri, dest, self.ca_file, self.timeout)
             except Exception as e:  # noqa: BLE001 - any transport failure is an input failure
                 raise InputError(f"{what}: download from {redact(uri)} failed: {_describe(e, uri)}") from e
+        elif uri.startswith("s3://"):
+            credentials = dict(location.credentials)
+            try:
+                got, _ = await asyncio.to_thread(_download_s3, uri, credentials, dest)
+            except Exception as e:  # noqa: BLE001 - a missing object, refused keys, an unreachable endpoint
+                dest.unlink(missing_ok=True)
+                raise InputError(f"{what}: {_describe_s3(e, uri, credentials)}") from e
         elif uri.startswith("http://"):
             raise InputError(f"{what}: {redact(uri)} is not https:// (only HTTPS downloads are allowed)")
         elif (named := blob_digest(uri)) is not None:
@@ -140,7 +199,7 @@ class Materializer:
                 raise InputError(f"{what}: {src}: {e.strerror or e}") from e
         else:
             scheme = uri.split(":", 1)[0] if ":" in uri else uri
-            raise InputError(f"{what}: unsupported location {scheme!r} (https, blob and file are supported)")
+            raise InputError(f"{what}: unsupported location {scheme!r} (https, s3, blob and file are supported)")
         if expected and got != expected:
             dest.unlink(missing_ok=True)
             raise InputError(f"{what}: sha256 mismatch: expected {expected}, got {got}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from nodus.v1 import agent_pb2
 
 from . import checkpoints
+from .checkpoints.buckets import bucket_location
 from .agent_wire import cancel_message, lease_message, plan_message, probe_of, progress_of, report_of
 from .clock import parse
 from .controllers import assignment, desired
@@ -415,7 +416,7 @@ class Session:
         try:
             view = self._view(attempt)
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project),
-                                           self.service.image_registry)
+                                           self.service.image_registry, self._bucket_of(project, running))
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
@@ -456,6 +457,20 @@ class Session:
         key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
         view = self.cache.attempt_view(key) if self.cache.get(key) is attempt else None
         return view if view is not None else AttemptView.from_object(attempt)
+
+    def _bucket_of(self, project: str, running: bool) -> assignment.BucketLocator:
+        """Bucket inputs' objects with their Connections' keys as they are now. For a running attempt (FullState's
+        copy) whose Connection is gone by now it goes without the keys: its inputs are in place already."""
+        read = checkpoints.reader(self.service.objects)
+
+        async def locate(connection: str, uri: str, at: str) -> agent_pb2.Location:
+            try:
+                return await bucket_location(read, self.service.vault, project, connection, uri, at)
+            except NodusError:
+                if running:
+                    return agent_pb2.Location(uri=uri)
+                raise
+        return locate
 
     def _output_of(self, project: str) -> Any:
         def find(job: str, output: str, index: int) -> dict[str, Any] | None:

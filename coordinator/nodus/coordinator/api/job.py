@@ -428,7 +428,7 @@ _NOT_IN_RELEASE = {"fromWorkspace": "no Workspace kind exists in this release",
 
 def input_rules(spec: dict[str, Any], at: str) -> list[Cause]:
     """What each input needs beyond its schema: a kind this release can provide (a Job never starts
-    without an input, docs/adr/0037)."""
+    without an input), and the Connection a bucket input is read through (docs/adr/0037)."""
     causes: list[Cause] = []
     inputs = spec.get("inputs")
     for i, item in enumerate(inputs if isinstance(inputs, list) else []):
@@ -440,6 +440,11 @@ def input_rules(spec: dict[str, Any], at: str) -> list[Cause]:
                     f"{at}.inputs[{i}].{kind}",
                     f"{missing}, so this input could never be provided: use a url, bucket, output or volume "
                     "input instead"))
+        bucket = item.get("bucket")
+        if isinstance(bucket, dict) and not bucket.get("connection"):
+            causes.append(errors.required(f"{at}.inputs[{i}].bucket.connection",
+                                          "name the S3 Connection whose keys can read the object "
+                                          "(kubectl get connections)"))
     return causes
 
 

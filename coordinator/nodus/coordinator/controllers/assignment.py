@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from google.protobuf import duration_pb2
 
@@ -31,6 +31,9 @@ BLOB_URI = "blob://sha256/"
 SECRETS_DIR = "/nodus/secrets"
 """Where a mounted Secret's keys become files: /nodus/secrets/<secret>/<key>."""
 OUTPUTS_DIR = "/nodus/outputs"
+BucketLocator = Callable[[str, str, str], Awaitable[agent_pb2.Location]]
+"""(connection, s3://bucket/key, the field naming the connection) → the object's Location with that S3
+Connection's keys (the agent stream reads them, checkpoints/buckets.py); raises NodusError."""
 _EGRESS = {"Deny": agent_pb2.EGRESS_POLICY_DENY, "AllowList": agent_pb2.EGRESS_POLICY_ALLOW_LIST,
            "Open": agent_pb2.EGRESS_POLICY_OPEN}
 
@@ -142,7 +145,8 @@ def _location(sha256: str) -> agent_pb2.Location:
     return agent_pb2.Location(uri=BLOB_URI + sha256)
 
 
-def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> list[agent_pb2.Input]:
+async def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any,
+                  buckets: BucketLocator | None) -> list[agent_pb2.Input]:
     """Every input as the agent fetches it. One that cannot be provided raises NodusError, which fails
     the attempt naming it: an attempt never starts without an input (docs/adr/0037)."""
     pinned = {p.get("name"): p for p in status.get("inputs") or [] if isinstance(p, dict)}
@@ -160,6 +164,14 @@ def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> li
                                  fix="create the Job again once the Volume has a Ready revision "
                                      "(nodus volume push NAME DIR)")
             out.append(agent_pb2.Input(name=name, source=_location(sha), sha256=sha, archive=True))
+        elif item.get("bucket"):
+            bucket = item["bucket"]
+            if buckets is None or not bucket.get("connection"):
+                raise NodusError("BadRequest", f"input {name}: {at}.bucket names no S3 Connection to read "
+                                 f"{bucket.get('uri')} with", name=name, kind="jobs",
+                                 fix=f"set {at}.bucket.connection and create the Job again")
+            source = await buckets(bucket["connection"], bucket["uri"], f"{at}.bucket.connection")
+            out.append(agent_pb2.Input(name=name, source=source, sha256=bucket.get("sha256", "")))
         elif item.get("output"):
             ref = item["output"]
             found = outputs_of(ref["job"], ref["name"], int(ref.get("index") or 0))
@@ -174,7 +186,7 @@ def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any) -> li
             kind = next((k for k in item if k != "name"), "?")
             raise NodusError("BadRequest", f"input {name}: {kind} inputs ({at}.{kind}) cannot be provided by this "
                              "release", name=name, kind="jobs",
-                             fix="use a url, output or volume input, and create the Job again")
+                             fix="use a url, bucket, output or volume input, and create the Job again")
     return out
 
 
@@ -189,8 +201,10 @@ def operator_logins(spec: dict[str, Any], project: str,
 
 
 async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outputs_of: Any,
-                image_registry: OperatorRegistry | None = None) -> agent_pb2.Assignment:
-    """The Assignment for `attempt`. `outputs_of(job, output, index)` finds another Job's committed output.
+                image_registry: OperatorRegistry | None = None,
+                buckets: BucketLocator | None = None) -> agent_pb2.Assignment:
+    """The Assignment for `attempt`. `outputs_of(job, output, index)` finds another Job's committed output,
+    `buckets` a bucket input's object with its Connection's keys.
     It takes the stored objects, not views: it compiles the whole spec (and its pinned status) into the wire
     message field by field, which a view would only copy."""
     project = attempt["metadata"]["namespace"]
@@ -210,7 +224,7 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
                                        disk_bytes=request.disk_bytes, gpus=len(a.get("gpuIndexes") or [])),
         gpu_indexes=a.get("gpuIndexes") or [],
         secrets=[await secrets.mount(m["name"]) for m in spec.get("secrets") or []],
-        inputs=_inputs(spec, status, outputs_of),
+        inputs=await _inputs(spec, status, outputs_of, buckets),
         outputs=[agent_pb2.Output(name=o["name"], path=o["path"], all_ranks=o.get("fromRanks") == "All")
                  for o in spec.get("outputs") or []] + [agent_pb2.Output(name="outputs", path=OUTPUTS_DIR)],
         image_pull_credentials=await _pull_credentials(spec, secrets)
