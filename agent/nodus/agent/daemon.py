@@ -7,8 +7,9 @@ forwards progress, stops what it is told to stop, and stops everything when the 
 The parts, each given only what it uses: the attempt table and state.json (table.py), the
 conversation (session.py over link.py), the pure decisions (reconcile.py for desired state,
 decisions.py for time and acks), checkpoints (recovery.py), outputs and logs (shipping.py), gang
-members (gang.py). state.json is written on every change of stage, so a restarted agent re-adopts
-the supervisors still running.
+members (gang.py). state.json is written on every change of stage, off the loop and coalesced, and
+flushed where a crash must not lose the change (table.py), so a restarted agent re-adopts the
+supervisors still running.
 """
 from __future__ import annotations
 
@@ -125,6 +126,7 @@ class Agent:
             if stuck:  # never hang a stop: what they did is in state.json or redone after the restart
                 log.warning("%d tasks did not stop in time: %s", len(stuck), ", ".join(t.get_name() for t in stuck))
         self.table.persist()
+        await self.table.close()
         for layout in self._doomed:
             self._remove_dir(layout)
         self._doomed = []
@@ -277,7 +279,8 @@ class Agent:
             await asyncio.to_thread(self.runtime.write_spec, a, layout)
             att.stage = Stage.SUPERVISED
             v.spawning = True
-            self.table.persist()  # before the spawn: a restart then finds the lock or knows nothing ran
+            self.table.persist()  # on disk before the spawn: a restart then finds the lock or knows nothing ran
+            await self.table.flush()
             try:
                 v.proc = (await asyncio.to_thread(self.runtime.spawn, a, layout)).proc
             finally:
@@ -352,7 +355,7 @@ class Agent:
             self._send_progress(att, v, force=True)
             v.log_wake.set()
         self.table.persist()
-        self.report(att)
+        self.table.after_flush(lambda: self.report(att))  # never report an end a crash could make us forget
 
     def log_shipped(self, att: Attempt) -> None:
         att.log_done = True
@@ -473,6 +476,11 @@ class Agent:
             self._sweeper = None  # cancelled (shutdown): what is doomed stays for shutdown to remove
         doomed, self._doomed = self._doomed, []
         self.table.persist()
+        try:
+            await self.table.flush()  # the tombstones on disk before the directories go
+        except asyncio.CancelledError:
+            self._doomed.extend(doomed)  # for shutdown to remove, once it has flushed
+            raise
         if doomed:
             await asyncio.to_thread(self._remove_dirs, doomed)
 

@@ -294,8 +294,10 @@ class Gangs:
             self.host.stop(att.id, Reason.LAUNCH_FAILED, 0, L.FAILED)
             return
         m.release()  # the program binds the rendezvous port now
+        # Atomic for the supervisor that waits for it, not fsynced (on the event loop): a crash of the
+        # host that could lose it ends the supervisor too, and the attempt is replaced.
         write_json(layout.launch, GangLaunch(steps, rendezvous.endpoint, member.startup_timeout_s).to_json(),
-                   mode=0o600)
+                   mode=0o600, durable=False)
         g["done"] = GangStep.START.value
         self.table.persist()
         self.host.report(att)

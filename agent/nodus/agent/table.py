@@ -5,6 +5,18 @@ It owns every attempt the agent knows (`Attempt`, persisted), what it holds of e
 the tombstones of attempts it forgot (so an assignment sent again is never run twice) and the
 lease's expiry. state.json (never a secret) is written atomically (statefile.py) by `persist` only,
 so a restarted agent re-adopts the supervisors still running and keeps its lease.
+
+The rule of state.json (ADR 0036): `persist` only asks for a write and returns; a writer thread
+writes the latest state (the persists made while a write is in flight become one more write, one
+fsync), so the event loop never waits on the disk, and the file only ever moves forward. A change
+the agent must not lose in a crash before it acts on it is followed by `await flush()` (or
+`after_flush`), which returns once a write holding it is fsynced: the SUPERVISED stage before the
+supervisor is spawned (a restart then finds it and re-adopts it, else knows nothing ran), an end
+before it is reported (the coordinator never hears of an end the agent could forget), the
+tombstones before the forgotten attempts' directories go, and everything at shutdown. Every other
+persist (an acceptance, a stop asked, a lease renewal, a gang step, an output uploaded) may be lost
+to a kill -9 within one write's time, and a restarted agent redoes or re-derives it (the
+supervisor's status.json and the coordinator's desired state hold the rest).
 """
 from __future__ import annotations
 
@@ -15,7 +27,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from nodus.v1 import agent_pb2
 
@@ -23,7 +35,7 @@ from .attempts import Attempt
 from .clock import Clock, deadline_of, wall_of
 from .decisions import AttemptFacts
 from .progress_tail import ProgressTail
-from .statefile import read_json, write_json
+from .statefile import StateWriter, read_json
 
 log = logging.getLogger("nodus.agent")
 
@@ -59,6 +71,7 @@ class AttemptTable:
         """Tombstones: attempt id → how it ended, for attempts forgotten after their end was acked."""
         self.lease_deadline: float | None = None
         """Monotonic; None until the first lease."""
+        self.writer = StateWriter(path, self._state)
 
     # -- lookups -----------------------------------------------------------------------------------
     def get(self, attempt_id: str) -> Attempt | None:
@@ -98,12 +111,28 @@ class AttemptTable:
 
     # -- state.json --------------------------------------------------------------------------------
     def persist(self, durable: bool = True) -> None:
-        """Writes state.json; `durable=False` where a crash losing the change is harmless."""
+        """Asks for state.json to be written and returns (written at once outside an event loop);
+        `durable=False` where a crash losing the change is harmless."""
+        self.writer.changed(durable)
+
+    async def flush(self) -> None:
+        """Returns once state.json durably holds every change persisted before the call."""
+        await self.writer.flush()
+
+    def after_flush(self, then: Callable[[], None]) -> None:
+        """Calls `then` once state.json durably holds every change persisted so far (at once if it
+        does already, and after a failed write too: the writer logs it)."""
+        self.writer.after_flush(then)
+
+    async def close(self) -> None:
+        """Writes what is left and stops the writer's thread."""
+        await self.writer.close()
+
+    def _state(self) -> dict[str, Any]:
         lease = None if self.lease_deadline is None else wall_of(self.clock, self.lease_deadline)
-        state = {"version": STATE_VERSION, "node": self.node,
-                 "attempts": {i: a.persisted() for i, a in self.attempts.items()},
-                 "finished": list(self.finished.items()), "lease_expires": lease}
-        write_json(self.path, state, durable=durable)
+        return {"version": STATE_VERSION, "node": self.node,
+                "attempts": {i: a.persisted() for i, a in self.attempts.items()},
+                "finished": list(self.finished.items()), "lease_expires": lease}
 
     def read(self) -> list[Attempt]:
         """What a previous agent process left: its tombstones and lease (taken), its attempts (returned,
