@@ -62,6 +62,7 @@ def test_a_consumer_waits_for_its_producer_then_runs_with_its_output(shared_coor
     produced = next(o for o in ended(c, "train")["status"]["outputs"] if o["name"] == "model")
     assert seen.read_bytes() == b"weights " * 1000, "the consumer read the producer's bytes"
     assert hashlib.sha256(seen.read_bytes()).hexdigest() == produced["sha256"]
+    assert done["inputs"] == [{"name": "data", "sha256": produced["sha256"]}], "status.inputs has the verified digest"
     assert next(x for x in done["conditions"] if x["type"] == "InputsReady")["status"] == "True"
 
 

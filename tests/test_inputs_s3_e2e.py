@@ -77,10 +77,10 @@ def bucket(shared_coordinator: Coordinator, moto: str, keys: dict[str, str]) -> 
 
 
 def bucket_job(c: Coordinator, name: str, uri: str, out: Path, connection_name: str = "data",
-               sha256: str | None = None) -> None:
+               sha256: str | None = None, *more: dict[str, Any]) -> None:
     ref = {"uri": uri, "connection": connection_name, **({"sha256": sha256} if sha256 else {})}
-    create(c, name, command=[sys.executable, "-c", CONSUME, str(out)], inputs=[{"name": "data", "bucket": ref}],
-           backoffLimit=0)
+    create(c, name, command=[sys.executable, "-c", CONSUME, str(out)],
+           inputs=[{"name": "data", "bucket": ref}, *more], backoffLimit=0)
 
 
 def failed_attempt(c: Coordinator, name: str) -> dict[str, Any]:
@@ -95,10 +95,14 @@ def test_the_program_reads_the_object_streamed_with_the_connections_keys(
         shared_coordinator: Coordinator, agent: AgentProcess, bucket: str, keys: dict[str, str],
         tmp_path: Path) -> None:
     c, out = shared_coordinator, tmp_path / "read"
-    bucket_job(c, "reads-bucket", f"s3://{bucket}/data/rows.txt", out, sha256=hashlib.sha256(DATA).hexdigest())
+    digest = hashlib.sha256(DATA).hexdigest()
+    unnamed = {"name": "again", "bucket": {"uri": f"s3://{bucket}/data/rows.txt", "connection": "data"}}
+    bucket_job(c, "reads-bucket", f"s3://{bucket}/data/rows.txt", out, "data", digest, unnamed)
     st = ended(c, "reads-bucket", timeout=90)["status"]
     assert st["phase"] == "Succeeded", st
     assert out.read_bytes() == DATA
+    # status.inputs: the digest the agent verified, and the one it computed where the Job named none.
+    assert sorted((i["name"], i["sha256"]) for i in st["inputs"]) == [("again", digest), ("data", digest)]
     listed = [c.session().get(c.url(p)).text for p in (ATTEMPTS, JOBS, f"{NS}/connections", f"{NS}/secrets")]
     assert_no_leak(keys, c.log.read_text(errors="replace"), agent.log_path.read_text(errors="replace"), *listed)
     agent_files = "\n".join(p.read_text(errors="replace") for p in agent.work_dir.rglob("*")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nodus.coordinator.controllers import assignment
+from nodus.coordinator.controllers.attempts import AttemptPhase
 from nodus.coordinator.controllers.job import CreateAttempt, JobPhase, JobView, decide
 from nodus.coordinator.controllers.job_controller import new_attempt
 from nodus.coordinator.controllers.job_inputs import input_gate
@@ -132,6 +133,30 @@ def test_every_waiting_input_is_named() -> None:
                                    "input b: waiting for output outputs (index 1) of Job prep")
     gate = input_gate(replace(JobView.from_object(w.job or {}), producers={"train": producer(), "prep": producer()}))
     assert gate is not None and gate.failed, "prep has one index only: index 1 can never come"
+
+
+# -- status.inputs: the digests the agents verified ------------------------------------------------------
+
+def test_status_inputs_keeps_the_pins_and_adds_what_the_newest_attempt_verified() -> None:
+    w = consumer({"name": "v", "volume": {"name": "ds"}}, {"name": "u", "url": {"url": "https://x.dev/f"}})
+    assert w.job is not None
+    w.job["status"] = {"inputs": [{"name": "v", "volumeRevision": 3, "sha256": SHA}]}
+    step(w, {})
+    [first] = w.attempts
+    w.run(first)
+    w.report(first, AttemptPhase.RUNNING, inputs=(("u", "11" * 32), ("v", SHA)), inputs_ready_time=w.clock.now())
+    w.report(first, AttemptPhase.RUNNING, inputs=(("u", "99" * 32), ("v", SHA)))  # a resent report changes nothing
+    assert w.attempts[first]["status"]["inputs"] == [{"name": "u", "sha256": "11" * 32}, {"name": "v", "sha256": SHA}]
+    step(w, {})
+    assert w.status["inputs"] == [{"name": "v", "volumeRevision": 3, "sha256": SHA}, {"name": "u", "sha256": "11" * 32}]
+    w.report(first, AttemptPhase.FAILED, exit_code=1)
+    step(w, {})
+    second = next(n for n in w.attempts if n != first)
+    w.run(second)
+    w.report(second, AttemptPhase.RUNNING, inputs=(("u", "22" * 32), ("v", SHA)))
+    d = step(w, {})
+    assert w.status["inputs"][1] == {"name": "u", "sha256": "22" * 32}, "the newest attempt's digest"
+    assert step(w, {}).status is None and d.status is not None, "deciding again changes nothing"
 
 
 # -- the assignment: every kind becomes an agent Input or a reason ---------------------------------------

@@ -113,6 +113,8 @@ class Attempt:
     start_time: float | None = None
     finish_time: float | None = None
     inputs_ready_time: float | None = None
+    inputs: dict[str, str] = field(default_factory=dict)
+    """The sha256 of each input by name, as materialized (reported with inputs_ready_time)."""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """OutputCommits uploaded so far (name, path, uri, sha256, size)."""
     stop: dict[str, Any] | None = None
@@ -136,7 +138,7 @@ class Attempt:
     supervisor_ended: bool = False
 
     PERSISTED = ("id", "job", "index", "number", "phase", "reason", "message", "exit_code", "oom_killed",
-                 "start_time", "finish_time", "inputs_ready_time", "outputs", "stop", "log_done", "restored_from_seq",
+                 "start_time", "finish_time", "inputs_ready_time", "inputs", "outputs", "stop", "log_done", "restored_from_seq",
                  "gang", "image_pull", "egress_denied")
 
     @classmethod
@@ -190,6 +192,7 @@ class Attempt:
             u.image_pull.CopyFrom(agent_pb2.ImagePull(bytes_done=self.image_pull[0], bytes_total=self.image_pull[1]))
         if self.egress_denied:
             u.egress_denied = self.egress_denied
+        u.input_sha256.update(self.inputs)
         if self.restored_from_seq:
             u.restored_from_seq = self.restored_from_seq
         for o in self.outputs:

@@ -267,7 +267,7 @@ class Agent:
             att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             att.phase = "MATERIALIZING"
             self.report(att)
-            await self.materializer.materialize(a, layout)
+            att.inputs = await self.materializer.materialize(a, layout)
             att.inputs_ready_time = self.clock.now()
             try:
                 att.restored_from_seq = await self.checkpoints.restore_before_start(a, layout)

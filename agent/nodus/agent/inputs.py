@@ -165,6 +165,11 @@ class Materializer:
 
     async def fetch(self, what: str, location: agent_pb2.Location, expected: str, tmp: Path) -> Path:
         """Fetches one location into a temp file under `tmp` and checks its digest."""
+        return (await self.fetch_verified(what, location, expected, tmp))[0]
+
+    async def fetch_verified(self, what: str, location: agent_pb2.Location, expected: str,
+                             tmp: Path) -> tuple[Path, str]:
+        """`fetch`, with the sha256 of what arrived (hex), computed at the end of the stream."""
         uri = location.uri.strip()
         dest = tmp / f"fetch-{os.urandom(6).hex()}"
         expected = expected.strip().lower()
@@ -203,7 +208,7 @@ class Materializer:
         if expected and got != expected:
             dest.unlink(missing_ok=True)
             raise InputError(f"{what}: sha256 mismatch: expected {expected}, got {got}")
-        return dest
+        return dest, got
 
     async def place(self, fetched: Path, dest: Path, archive: bool, what: str) -> None:
         if dest.is_dir() and not dest.is_symlink():
@@ -221,12 +226,14 @@ class Materializer:
             os.replace(fetched, dest)
         await asyncio.to_thread(make_read_only, dest)
 
-    async def materialize(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
-        """Inputs, then volumes, then code; raises InputError on the first failure."""
+    async def materialize(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> dict[str, str]:
+        """Inputs, then volumes, then code; raises InputError on the first failure. Returns the sha256 of
+        each input by name, as it arrived (the Job's status.inputs records them)."""
+        digests: dict[str, str] = {}
         for inp in a.inputs:
             name = _safe(inp.name)
             what = f"input {name}"
-            fetched = await self.fetch(what, inp.source, inp.sha256, layout.tmp)
+            fetched, digests[inp.name] = await self.fetch_verified(what, inp.source, inp.sha256, layout.tmp)
             await self.place(fetched, layout.inputs / name, inp.archive, what)
         for vol in a.volumes:
             if not vol.source.uri:
@@ -251,6 +258,7 @@ class Materializer:
                 fetched.unlink(missing_ok=True)
         elif a.HasField("source") and a.source.WhichOneof("source") == "git":
             await self._git(a, layout)
+        return digests
 
     async def _git(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
         git = a.source.git

@@ -80,7 +80,7 @@ def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:
                   oom_killed=u.oom_killed, time=seconds_of(u.time), inputs_ready_time=seconds_of(u.inputs_ready_time),
                   restored_from_seq=u.restored_from_seq,
                   image_pull=(u.image_pull.bytes_done, u.image_pull.bytes_total) if u.HasField("image_pull") else None,
-                  egress_denied=u.egress_denied,
+                  egress_denied=u.egress_denied, inputs=tuple(sorted(u.input_sha256.items())),
                   outputs=tuple({"name": o.name, "path": o.path, "rank": o.rank, "uri": o.uri, "sha256": o.sha256,
                                  "size": o.size_bytes} for o in u.outputs))
 

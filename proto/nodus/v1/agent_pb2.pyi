@@ -168,7 +168,14 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.Gpu, _Mapping]]] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
 
 class AttemptUpdate(_message.Message):
-    __slots__ = ("attempt_id", "phase", "exit_code", "reason", "message", "start_time", "finish_time", "oom_killed", "time", "inputs_ready_time", "restored_from_seq", "outputs", "gang", "image_pull", "egress_denied")
+    __slots__ = ("attempt_id", "phase", "exit_code", "reason", "message", "start_time", "finish_time", "oom_killed", "time", "inputs_ready_time", "restored_from_seq", "outputs", "gang", "image_pull", "egress_denied", "input_sha256")
+    class InputSha256Entry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +191,7 @@ class AttemptUpdate(_message.Message):
     GANG_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PULL_FIELD_NUMBER: _ClassVar[int]
     EGRESS_DENIED_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     phase: _common_pb2.AttemptPhase
     exit_code: int
@@ -199,7 +207,8 @@ class AttemptUpdate(_message.Message):
     gang: GangMemberReport
     image_pull: ImagePull
     egress_denied: int
-    def __init__(self, attempt_id: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.AttemptPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inputs_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored_from_seq: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[OutputCommit, _Mapping]]] = ..., gang: _Optional[_Union[GangMemberReport, _Mapping]] = ..., image_pull: _Optional[_Union[ImagePull, _Mapping]] = ..., egress_denied: _Optional[int] = ...) -> None: ...
+    input_sha256: _containers.ScalarMap[str, str]
+    def __init__(self, attempt_id: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.AttemptPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inputs_ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restored_from_seq: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[OutputCommit, _Mapping]]] = ..., gang: _Optional[_Union[GangMemberReport, _Mapping]] = ..., image_pull: _Optional[_Union[ImagePull, _Mapping]] = ..., egress_denied: _Optional[int] = ..., input_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ImagePull(_message.Message):
     __slots__ = ("bytes_done", "bytes_total")

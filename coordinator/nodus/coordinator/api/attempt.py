@@ -108,6 +108,11 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
     "startTime": _s("StartTime is when the main command started."),
     "finishTime": _s("FinishTime is when the attempt reached a terminal phase."),
     "inputsReadyTime": _s("InputsReadyTime is when declared inputs finished materializing."),
+    "inputs": List(description="Inputs are the inputs as the node agent materialized them.", items=Obj(
+        description="MaterializedInput is one input as it arrived.", fields={
+            "name": _s("Name is the input."),
+            "sha256": _s("SHA256 is the digest of what arrived, hex, computed at the end of the stream."),
+        })),
     "lostTime": _s("LostTime is when the coordinator recorded the attempt Lost."),
     "reportTime": _s("ReportTime is the agent's clock at its latest report (orders reports)."),
     "restoredFromSeq": _i("RestoredFromSeq is the checkpoint restored before the command; 0 if none."),

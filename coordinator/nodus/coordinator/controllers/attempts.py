@@ -41,6 +41,8 @@ class Report:
     time: float | None = None
     """Agent clock when observed: orders reports from one agent."""
     inputs_ready_time: float | None = None
+    inputs: tuple[tuple[str, str], ...] = ()
+    """(name, sha256) of each input as the agent materialized it."""
     restored_from_seq: int = 0
     outputs: tuple[dict[str, Any], ...] = ()
     """{name, path, rank, uri, sha256, size} per committed output."""
@@ -113,6 +115,8 @@ def fold_report(attempt: dict[str, Any], report: Report, now: float) -> dict[str
         status["finishTime"] = rfc3339(report.finish_time if report.finish_time is not None else now)
         if phase is AttemptPhase.LOST:
             status.setdefault("lostTime", rfc3339(now))
+    if report.inputs and "inputs" not in status:
+        status["inputs"] = [{"name": name, "sha256": sha} for name, sha in report.inputs]
     if report.restored_from_seq:
         status["restoredFromSeq"] = report.restored_from_seq
     if report.outputs:

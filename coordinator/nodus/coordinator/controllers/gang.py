@@ -222,7 +222,8 @@ def epoch_view(job_uid: str, epoch: int, members: Sequence[AttemptView], launche
                        outputs=tuple(outputs), checkpoints=tuple(checkpoints),
                        inputs_ready_time=status.get("inputsReadyTime", ""), id="", offering="", region_class="",
                        epoch=epoch, rank=0, in_gang=False, gang_size=0, gang_report={}, stop=stop,
-                       suspend_failed=status.get("suspendFailed"), restored_from_seq=rank0.restored_from_seq)
+                       suspend_failed=status.get("suspendFailed"), restored_from_seq=rank0.restored_from_seq,
+                       inputs=rank0.inputs)
 
 
 # -- decide --------------------------------------------------------------------------------------------

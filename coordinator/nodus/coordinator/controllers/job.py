@@ -25,7 +25,7 @@ from ..errors import REGISTRY
 from . import checkpoints as ckpt
 from . import recovery
 from .attempts import AttemptPhase, scrub
-from .job_inputs import input_gate
+from .job_inputs import input_gate, input_status
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .reasons import AttemptReason
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
@@ -290,6 +290,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     put(status, "checkpoint", None if released else recovery.job_checkpoint_status(job, mine, mtbi))
     put(status, "storage", recovery.storage_status(*recovery.storage_bytes(mine, status.get("outputs"), not released),
                                                     free=free_storage))
+    put(status, "inputs", input_status(job, mine))
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number)) if a.inputs_ready_time]
     if ready:
         status["inputsReadyTime"] = ready[-1].inputs_ready_time

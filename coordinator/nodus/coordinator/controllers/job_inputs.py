@@ -10,8 +10,9 @@ controller from its cache, so `decide` stays a function of what it is given.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
-from .views import JobView, OutputInput, Producer
+from .views import AttemptView, JobView, OutputInput, Producer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,18 @@ def _never(ref: OutputInput, producer: Producer | None, job: str) -> str:
     if producer.phase.terminal:
         return f"input {ref.name}: Job {ref.job} ended {producer.phase.value} without committing its {_output(ref)}"
     return ""
+
+
+def input_status(job: JobView, attempts: Sequence[AttemptView]) -> list[dict[str, Any]]:
+    """status.inputs: admission's pins (volumeRevision, sha256) and, for every input an attempt has
+    materialized, the sha256 its agent computed at the end of the stream (the newest attempt's, should
+    a URL have served other bytes to another attempt)."""
+    out = {str(p.get("name")): dict(p) for p in job.pinned_inputs}
+    for a in sorted(attempts, key=lambda a: (a.created or 0, a.number)):
+        for verified in a.inputs:
+            name = str(verified.get("name"))
+            out.setdefault(name, {"name": name})["sha256"] = verified.get("sha256")
+    return list(out.values())
 
 
 def input_gate(job: JobView) -> InputGate | None:

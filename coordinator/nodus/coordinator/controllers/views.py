@@ -170,6 +170,8 @@ class AttemptView:
     """spec.placement: where it may run (regions, offerings) and the node a gang rank prefers or avoids."""
     tariff: Tariff | None = None
     """How its allocation is charged, frozen at placement on a priced offering (None: not charged)."""
+    inputs: tuple[Mapping[str, Any], ...] = ()
+    """status.inputs: {name, sha256} of each input as its agent materialized it."""
 
     @property
     def placed(self) -> bool:
@@ -205,7 +207,8 @@ class AttemptView:
                    suspend_failed=_dict(status.get("suspendFailed")) or None,
                    restored_from_seq=int(status.get("restoredFromSeq") or 0),
                    resources=_dict(spec.get("resources")), image=spec.get("image") or "",
-                   constraints=_dict(spec.get("placement")), tariff=_tariff(spec))
+                   constraints=_dict(spec.get("placement")), tariff=_tariff(spec),
+                   inputs=_dicts(status.get("inputs")))
 
 
 def _tariff(spec: Mapping[str, Any]) -> Tariff | None:
@@ -344,6 +347,8 @@ class JobView:
     and resumes once Funded turns True."""
     output_inputs: tuple[OutputInput, ...] = ()
     """spec.inputs that name another Job's output: no attempt is created before each is committed."""
+    pinned_inputs: tuple[Mapping[str, Any], ...] = ()
+    """status.inputs as last written: admission's volume pins, and the digests attempts verified."""
     declared_outputs: tuple[str, ...] = ()
     """spec.outputs[].name: what a consumer of this Job may name (besides the default `outputs`)."""
     producers: Mapping[str, Producer] = field(default_factory=dict)
@@ -391,6 +396,7 @@ class JobView:
                    gang_status=_dict(status.get("gang")),
                    spec_state=JobState.parse(spec.get("state")), money_stop=money_stop,
                    stop_by=parse(status.get("stopByTime")), output_inputs=_output_inputs(spec),
+                   pinned_inputs=_dicts(status.get("inputs")),
                    declared_outputs=tuple(str(o.get("name")) for o in _dicts(spec.get("outputs"))))
 
 
