@@ -12,11 +12,13 @@ import pytest
 
 from nodus.coordinator.controllers import assignment
 from nodus.coordinator.controllers.attempts import AttemptPhase
+from nodus.coordinator.controllers.gang import CreateMember, decide_gang
 from nodus.coordinator.controllers.job import CreateAttempt, JobPhase, JobView, decide
 from nodus.coordinator.controllers.job_controller import new_attempt
 from nodus.coordinator.controllers.job_inputs import input_gate
 from nodus.coordinator.controllers.views import AttemptView, Producer
 from nodus.coordinator.errors import NodusError
+from test_gang_decisions import T0, gang_job
 from test_job_controller import World
 
 SHA = "ab" * 32
@@ -133,6 +135,19 @@ def test_every_waiting_input_is_named() -> None:
                                    "input b: waiting for output outputs (index 1) of Job prep")
     gate = input_gate(replace(JobView.from_object(w.job or {}), producers={"train": producer(), "prep": producer()}))
     assert gate is not None and gate.failed, "prep has one index only: index 1 can never come"
+
+
+def test_a_gang_waits_for_its_input_before_any_rank_exists() -> None:
+    job = gang_job()
+    job["spec"]["inputs"] = [{"name": "data", "output": {"job": "train", "name": "model"}}]
+    view = JobView.from_object(job)
+    waiting = decide_gang(replace(view, producers={"train": producer()}), [], T0, prev={})
+    assert waiting.actions == () and waiting.status is not None
+    assert (waiting.status["phase"], waiting.status["reason"]) == ("Pending", "WaitingForInput")
+    ready = decide_gang(replace(view, producers={"train": producer(committed=(("model", 0),))}), [], T0, prev={})
+    assert sorted(a.rank for a in ready.actions if isinstance(a, CreateMember)) == [0, 1]
+    gone = decide_gang(view, [], T0, prev={})
+    assert gone.status is not None and gone.status["reason"] == "InputFailed" and gone.actions == ()
 
 
 # -- status.inputs: the digests the agents verified ------------------------------------------------------
