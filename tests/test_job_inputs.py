@@ -73,6 +73,7 @@ def test_a_consumer_waits_pending_until_the_producer_commits_then_runs() -> None
     st = w.status
     assert st["phase"] == "Pending" and st["reason"] == "WaitingForInput"
     assert st["message"] == "input data: waiting for output model of Job train"
+    assert "starts by itself" in st["fix"], "the user is told the wait ends by itself"
     ready = w.condition("InputsReady")
     assert ready is not None and (ready["status"], ready["reason"], ready["message"]) == \
         ("False", "WaitingForInput", st["message"])
@@ -98,6 +99,7 @@ def test_a_producer_that_never_will_commit_fails_the_consumer(producers: dict[st
     st = w.status
     assert st["phase"] == "Failed" and st["reason"] == "InputFailed", st
     assert fragment in st["message"]
+    assert "spec.inputs[i]" in st["fix"], "the fix says which field to correct"
     assert w.condition("Failed")["reason"] == "InputFailed"  # type: ignore[index]
 
 

@@ -82,6 +82,15 @@ _CODES = (
     Code("MaxAttemptsExceeded", 503, "UNAVAILABLE",
          "capacity was lost more often than spec.recovery.maxAttempts allows: create the Job again, raise "
          "recovery.maxAttempts, or widen placement"),
+    Code("InputFailed", 422, "FAILED_PRECONDITION",
+         "the message names the input (spec.inputs[i]) and why it cannot be provided: correct that input (its URL, "
+         "bucket object, sha256 or Connection), or create the producing Job it names, then create this Job again"),
+    Code("WaitingForInput", 409, "FAILED_PRECONDITION",
+         "nothing to do: the Job starts by itself once the producing Job the message names commits that output "
+         "(`nodus get job PRODUCER` shows its progress); delete this Job to stop waiting"),
+    Code("SuspendFailed", 409, "FAILED_PRECONDITION",
+         "the suspend checkpoint failed (`nodus describe job NAME` shows why): set spec.state to Suspended again to "
+         "retry it, or to Running to keep the Job running"),
     Code("Cancelled", 409, "CANCELLED", "the Job was cancelled (spec.state Cancelled); create it again to run it"),
     Code("Suspended", 409, "FAILED_PRECONDITION", "set spec.state to Running to resume the Job"),
     Code("StaleSession", 409, "FAILED_PRECONDITION",
