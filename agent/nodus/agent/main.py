@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 from nodus import config as daemon_config
 
 from .oci.egress import EgressError, PodLink, preset_table
+from .settings import DEFAULT_ATTEMPT_UIDS
 
 if TYPE_CHECKING:  # the daemon (grpc, psutil) is imported only once the flags are good
     from .settings import AgentConfig
@@ -57,6 +59,7 @@ DEFAULTS = {
     "reconnect_base": 0.2,
     "reconnect_max": 10.0,
     "workload_user": "",
+    "attempt_uids": DEFAULT_ATTEMPT_UIDS,
     "zygote": True,
     "simulate_gpus": "",
     "log_level": "INFO",
@@ -116,7 +119,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--coordinator-ca", help="CA bundle to reach the coordinator over TLS (default: plaintext)")
     p.add_argument("--reconnect-base", type=float, help="first reconnect delay in seconds (default 0.2)")
     p.add_argument("--reconnect-max", type=float, help="longest reconnect delay in seconds (default 10)")
-    p.add_argument("--workload-user", help="run attempts as this user (default: the agent's own user)")
+    p.add_argument("--workload-user", help="run every attempt as this one user; --attempt-uids is then not used "
+                   "(default: each attempt its own uid when the agent is root, else the agent's own user)")
+    p.add_argument("--attempt-uids", metavar="START:COUNT|off",
+                   help=f"uids (and gids) the agent owns, one per attempt, so attempts cannot read, signal or ptrace "
+                        f"each other; no passwd or group entry may lie inside (default {DEFAULT_ATTEMPT_UIDS}; off: "
+                        f"attempts run as the agent's own user; needs root, ignored with --workload-user)")
     p.add_argument("--zygote", type=_bool, help="fork supervisors from a warm process (default true; false "
                    "starts a Python interpreter per attempt)")
     p.add_argument("--simulate-gpus", metavar="MODEL:COUNT[:MEMORY]",
@@ -185,13 +193,27 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
         poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
-        workload_user=str(args.workload_user or ""), zygote=_bool(args.zygote), simulate_gpus=simulated,
+        workload_user=str(args.workload_user or ""), attempt_uids=attempt_uids(args.attempt_uids),
+        zygote=_bool(args.zygote), simulate_gpus=simulated,
         image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
         egress_presets=presets, egress_range=str(args.egress_range),
         egress_interface_prefix=str(args.egress_interface_prefix),
         egress_uplinks=tuple(str(i) for i in uplinks) if uplinks else None,
         insecure_registries=tuple(str(h) for h in registries),
         cdi_dirs=tuple(Path(d) for d in cdi_dirs) or CDI_DIRS)
+
+
+def attempt_uids(value: object) -> str:
+    """--attempt-uids as the runtime takes it: "off" or START:COUNT (checked for form here, for clashes in main)."""
+    from .uids import OFF, UidRange
+
+    text = str(value).strip()
+    if text.lower() == OFF:
+        return OFF
+    try:
+        return str(UidRange.parse(text))
+    except ValueError as e:
+        raise SystemExit(f"nodus-agent: --attempt-uids: {e}") from e
 
 
 def egress_presets(value: object) -> dict[str, tuple[str, ...]]:
@@ -222,6 +244,12 @@ def main(argv: list[str] | None = None) -> None:
             WorkloadUser.lookup(cfg.workload_user)
         except ValueError as e:
             raise SystemExit(f"nodus-agent: --workload-user: {e}") from e
+    elif cfg.attempt_uids != "off" and os.geteuid() == 0:
+        from .uids import UidRange
+        try:
+            UidRange.parse(cfg.attempt_uids).check()
+        except ValueError as e:
+            raise SystemExit(f"nodus-agent: --attempt-uids: {e}") from e
     asyncio.run(_run(cfg))
 
 

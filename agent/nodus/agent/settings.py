@@ -17,6 +17,9 @@ _SIZES = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 """The CDI spec directories a host's toolkit writes to (oci/cdi.py's SPEC_DIRS; here so main.py stays light)."""
 
+DEFAULT_ATTEMPT_UIDS = "200000:65536"
+"""--attempt-uids: the uids (gids) the agent gives attempts, one each (uids.py, ADR 0040)."""
+
 RUNTIME_TOOLS = ("runc", "skopeo", "umoci")
 """What the node needs on its PATH to run images (Debian packages of the same names)."""
 
@@ -91,6 +94,8 @@ class AgentConfig:
     reconnect_base: float = 0.2
     reconnect_max: float = 10.0
     workload_user: str = ""
+    attempt_uids: str = DEFAULT_ATTEMPT_UIDS
+    """START:COUNT, or "off"; not used with workload_user, nor when the agent is not root."""
     zygote: bool = True
     simulate_gpus: SimulatedGpus | None = None
     """Report these GPUs, marked simulated, instead of what NVML sees."""

@@ -1,0 +1,161 @@
+"""A uid (and the gid of the same number) per attempt, from a range the agent owns (ADR 0040).
+
+The process runtime runs each attempt under its own uid so that the kernel's ordinary rules keep
+attempts apart: another uid cannot open an attempt's 0700 directories and 0400 secret files, signal
+its processes or ptrace them. The range (`--attempt-uids START:COUNT`, default 200000:65536) must be
+the agent's alone: a passwd or group entry inside it, or the pods' user-namespace ids, is refused at
+start.
+
+The allocator records which attempt directory holds which uid in `<work>/uids.json` (temp file,
+fsync, rename) before the uid owns anything, so a restarted agent gives a re-adopted attempt the
+same uid. A uid is released when its attempt's directory is removed, and handed out again only
+after every other uid of the range had its turn (round robin) and only when no process runs under
+it any more (a program that left the attempt's cgroup with --cgroups false, say).
+"""
+from __future__ import annotations
+
+import grp
+import logging
+import pwd
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .oci.bundle import ID_BASE, ID_RANGE, ID_SLOTS
+from .settings import DEFAULT_ATTEMPT_UIDS as DEFAULT_RANGE
+from .statefile import read_json, write_json
+
+log = logging.getLogger("nodus.agent.uids")
+
+# DEFAULT_RANGE lies above the usual 100000:65536 subuid block of the first host user, below the pods' ids.
+OFF = "off"
+"""`--attempt-uids off`: attempts run as the agent's own user (or --workload-user), as before ADR 0040."""
+MAX_ID = (1 << 32) - 2
+"""The last valid id ((uid_t)-1 is "no change" to setresuid)."""
+
+
+class UidsExhausted(Exception):
+    """Every uid of the range is held by an attempt or still runs a process."""
+
+
+@dataclass(frozen=True, slots=True)
+class UidRange:
+    """START:COUNT: the uids (and gids) START … START+COUNT-1."""
+
+    start: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "UidRange":
+        """A ValueError names what is wrong and shows the form."""
+        start, sep, count = str(text).strip().partition(":")
+        if not sep or not start.isdigit() or not count.isdigit():
+            raise ValueError(f"{text!r} is not START:COUNT (or {OFF}), for example {DEFAULT_RANGE}")
+        rng = cls(int(start), int(count))
+        if rng.start < 1 or rng.count < 1:
+            raise ValueError(f"{text!r}: START and COUNT must be at least 1, for example {DEFAULT_RANGE}")
+        if rng.last > MAX_ID:
+            raise ValueError(f"{text!r}: the range ends at {rng.last}, past the last valid id {MAX_ID}")
+        return rng
+
+    @property
+    def last(self) -> int:
+        return self.start + self.count - 1
+
+    def __contains__(self, uid: object) -> bool:
+        return isinstance(uid, int) and self.start <= uid <= self.last
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.count}"
+
+    def clashes(self, users: Iterable[tuple[str, int]] | None = None,
+                groups: Iterable[tuple[str, int]] | None = None) -> list[str]:
+        """What else on the host owns ids inside the range: passwd users, groups, the pods' user namespaces."""
+        users = [(p.pw_name, p.pw_uid) for p in pwd.getpwall()] if users is None else users
+        groups = [(g.gr_name, g.gr_gid) for g in grp.getgrall()] if groups is None else groups
+        found = [f"user {name} (uid {uid})" for name, uid in users if uid in self]
+        found += [f"group {name} (gid {gid})" for name, gid in groups if gid in self]
+        pods_last = ID_BASE + ID_SLOTS * ID_RANGE - 1
+        if self.start <= pods_last and ID_BASE <= self.last:
+            found.append(f"the oci runtime's pod ids ({ID_BASE}-{pods_last})")
+        return found
+
+    def check(self) -> None:
+        """Raises ValueError when the range is not the agent's alone (main.py turns it into a start error)."""
+        found = self.clashes()
+        if found:
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            raise ValueError(f"{self} overlaps {', '.join(found[:3])}{more}; give a range no passwd or group entry "
+                             f"uses, such as {DEFAULT_RANGE}")
+
+
+def uids_with_processes() -> set[int]:
+    """Every real, effective and saved uid of a process on the host now."""
+    import psutil  # here: main.py checks --attempt-uids before the daemon's heavy imports
+
+    seen: set[int] = set()
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None:
+            seen.update(uids)
+    return seen
+
+
+class AttemptUids:
+    """Which attempt directory holds which uid of the range; safe to call from several threads."""
+
+    def __init__(self, rng: UidRange, state_path: Path, attempts_dir: Path,
+                 live: Callable[[], set[int]] = uids_with_processes) -> None:
+        self.range = rng
+        self.state_path = state_path
+        self.attempts_dir = attempts_dir
+        self.live = live
+        """The uids that still run a process (the host's /proc; tests pass their own)."""
+        self._lock = threading.Lock()
+        raw = read_json(state_path) or {}
+        held = raw.get("attempts") or {}
+        self.held: dict[str, int] = {str(k): int(v) for k, v in held.items()}
+        """Attempt directory name -> its uid (the gid is the same number)."""
+        self.next = int(raw.get("next") or rng.start)
+        if self.next not in rng:
+            self.next = rng.start
+        gone = [name for name in self.held if not (attempts_dir / name).exists()]
+        for name in gone:  # removed before the release reached the disk (a crash in between)
+            del self.held[name]
+        if gone:
+            self._save()
+
+    def uid_of(self, name: str) -> int | None:
+        with self._lock:
+            return self.held.get(name)
+
+    def allocate(self, name: str) -> int:
+        """The uid of attempt directory `name`: the one it holds, else the next free one (recorded on disk
+        before it is returned). Raises UidsExhausted."""
+        with self._lock:
+            if name in self.held:
+                return self.held[name]
+            taken = set(self.held.values())
+            live = self.live()
+            rng = self.range
+            for i in range(rng.count):
+                uid = rng.start + (self.next - rng.start + i) % rng.count
+                if uid not in taken and uid not in live:
+                    break
+            else:
+                raise UidsExhausted(f"all {rng.count} uids of --attempt-uids {rng} are held by attempts or still "
+                                    f"run processes; widen the range")
+            self.held[name] = uid
+            self.next = uid + 1 if uid < rng.last else rng.start
+            self._save()
+            return uid
+
+    def release(self, name: str) -> None:
+        """Attempt directory `name` is gone: its uid may go to another attempt (once nothing of it runs)."""
+        with self._lock:
+            if self.held.pop(name, None) is not None:
+                self._save()
+
+    def _save(self) -> None:
+        write_json(self.state_path, {"range": str(self.range), "next": self.next, "attempts": self.held}, mode=0o600)
