@@ -8,7 +8,7 @@ instead of hoped for under load.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -37,13 +37,23 @@ class Service:
         self.identity = Identity()
         self.streaming = asyncio.Event()
 
-    async def watch(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        async def events() -> AsyncIterator[Any]:
-            self.streaming.set()
-            await asyncio.Event().wait()
-            yield None  # never reached: the watch waits until it is ended
+    async def watch(self, *args: Any, **kwargs: Any) -> Stream:
+        return Stream(self.streaming)
 
-        return events()
+
+class Stream:
+    """A watch stream (watches.WatchStream's interface) whose first batch never comes."""
+
+    def __init__(self, streaming: asyncio.Event) -> None:
+        self.streaming = streaming
+
+    async def next_batch(self) -> list[Any]:
+        self.streaming.set()
+        await asyncio.Event().wait()
+        return []  # never reached: the watch waits until it is ended
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def _with_client(test: Any) -> None:

@@ -192,7 +192,7 @@ class ResourceServicer(resource_pb2_grpc.ResourceServiceServicer):
             yield resource_pb2.WatchEvent(type="ERROR", object=to_struct(e.to_status(rid)))
         finally:
             WATCHERS.labels("grpc").dec()
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
 
     @rpc("create")
     async def Create(self, caller: Caller, request: Any, context: Any) -> struct_pb2.Struct:

@@ -12,7 +12,7 @@ import secrets as pysecrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import jsonpatch
 import orjson
@@ -28,7 +28,7 @@ from .selectors import FieldSelector, LabelSelector
 from .store.base import Record, Store
 from .strategies import KindStrategy, strategies
 from .vault import Vault
-from .watches import WatchEvent, stream
+from .watches import EventCache, WatchStream
 
 _MAX_PATCH_RETRIES = 8
 _MAX_PAGE = 1 << 31
@@ -129,7 +129,7 @@ class ResourceService:
         self.store, self.identity, self.vault, self._now = store, identity, vault, now
         self._lookup = _Lookup(self)
         self._strategies = strategies(vault, images, self._lookup, store, fleet)  # Jobs: digests, estimates
-        self.bookmark_seconds = bookmark_seconds
+        self.bookmark_seconds, self._watch_cache = bookmark_seconds, EventCache()  # one decode per event
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""
 
@@ -231,7 +231,7 @@ class ResourceService:
     # -- watch ------------------------------------------------------------------------------------
     async def watch(self, caller: Caller, info: KindInfo, project: str | None, *,
                     labels: LabelSelector, fields: FieldSelector, resource_version: str = "",
-                    send_initial_events: bool = False, allow_bookmarks: bool = False) -> AsyncIterator[WatchEvent]:
+                    send_initial_events: bool = False, allow_bookmarks: bool = False) -> WatchStream:
         """Events after `resource_version`; with "" or "0" (or send_initial_events) first an ADDED for
         every current object. Raises Expired (410) for a compacted version."""
         if project:
@@ -244,9 +244,9 @@ class ResourceService:
             start = int(page.resource_version)
         elif start < self.store.compacted_revision:
             raise NodusError("Expired", f"too old resource version: {start} ({self.store.compacted_revision})")
-        return stream(self.store, caller, info, project, labels, fields, start, initial,
-                      send_initial_events=send_initial_events, allow_bookmarks=allow_bookmarks,
-                      bookmark_seconds=self.bookmark_seconds)
+        return WatchStream(self.store, caller, info, project, labels, fields, start, initial,
+                           send_initial_events=send_initial_events, allow_bookmarks=allow_bookmarks,
+                           bookmark_seconds=self.bookmark_seconds, cache=self._watch_cache)
 
     # -- writes -----------------------------------------------------------------------------------
     def _check_body(self, info: KindInfo, project: str, obj: Any) -> dict[str, Any]:

@@ -4,15 +4,16 @@ of `sendInitialEvents`. The resource service starts one; the transports (REST, g
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 import orjson
 
 from .api.kinds import KindInfo
 from .identity import Caller, Role
 from .selectors import FieldSelector, LabelSelector
-from .store.base import EventType, Store
+from .store.base import Event, EventType, Store
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -30,65 +31,156 @@ def bookmark(info: KindInfo, revision: int, initial_end: bool = False) -> WatchE
         meta["annotations"] = {INITIAL_EVENTS_END: "true"}
     return WatchEvent("BOOKMARK", {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta})
 
-async def stream(store: Store, caller: Caller, info: KindInfo, project: str | None, labels: LabelSelector,
+INITIAL_BATCH = 256
+"""Initial ADDED events go out in batches of at most this many."""
+LIVE_BATCH = 512
+"""At most this many live events are taken into one batch."""
+
+
+class WatchStream:
+    """One watch: `initial` as ADDED events, then the store's events under the kind's prefix after
+    `start`, as the caller may see them through its selectors; a BOOKMARK after each quiet
+    `bookmark_seconds` when asked for.
+
+    Read it event by event (`async for`) or batch by batch (`next_batch`): a batch is every event
+    that is ready when it is asked for, so a transport can send what piled up while it was busy in one
+    write (with a hundred watchers, one TLS write per event and watcher is what held the loop).
+    Either way each event comes exactly once, in revision order."""
+
+    def __init__(self, store: Store, caller: Caller, info: KindInfo, project: str | None, labels: LabelSelector,
                  fields: FieldSelector, start: int, initial: list[dict[str, Any]], *, send_initial_events: bool,
-                 allow_bookmarks: bool, bookmark_seconds: float) -> AsyncIterator[WatchEvent]:
-    """`initial` as ADDED events, then the store's events under the kind's prefix after `start`,
-    as the caller may see them through its selectors; a BOOKMARK after each quiet `bookmark_seconds`
-    when asked for."""
-    for obj in initial:
-        yield WatchEvent("ADDED", obj)
-    if send_initial_events:
-        yield bookmark(info, start, initial_end=True)
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-    events = store.watch(f"{info.plural}/{project}/" if project else f"{info.plural}/", start)
+                 allow_bookmarks: bool, bookmark_seconds: float, cache: EventCache | None = None) -> None:
+        self._cache = cache or EventCache()
+        self._batches = self._run(store, caller, info, project, labels, fields, start, initial,
+                                  send_initial_events, allow_bookmarks, bookmark_seconds, self._cache)
+        self._pending: deque[WatchEvent] = deque()
 
-    async def pump() -> None:
-        try:
-            async for ev in events:
-                await queue.put(ev)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            await queue.put(e)
+    def __aiter__(self) -> WatchStream:
+        return self
 
-    task = asyncio.create_task(pump())
-    last = start
-    name = fields.name()
-    try:
-        while True:
+    async def __anext__(self) -> WatchEvent:
+        while not self._pending:
+            self._pending.extend(await self._batches.__anext__())
+        return self._pending.popleft()
+
+    async def next_batch(self) -> list[WatchEvent]:
+        """Every event ready now (at least one); raises StopAsyncIteration at the end."""
+        if self._pending:
+            out = list(self._pending)
+            self._pending.clear()
+            return out
+        return await self._batches.__anext__()
+
+    def json_line(self, ev: WatchEvent) -> bytes:
+        """`ev` as a line of a JSON watch stream (shared by every watcher of the service)."""
+        return self._cache.json_line(ev)
+
+    async def aclose(self) -> None:
+        await self._batches.aclose()
+
+    @staticmethod
+    async def _run(store: Store, caller: Caller, info: KindInfo, project: str | None, labels: LabelSelector,
+                   fields: FieldSelector, start: int, initial: list[dict[str, Any]], send_initial_events: bool,
+                   allow_bookmarks: bool, bookmark_seconds: float,
+                   cache: EventCache) -> AsyncGenerator[list[WatchEvent], None]:
+        for i in range(0, len(initial), INITIAL_BATCH):
+            yield [WatchEvent("ADDED", obj) for obj in initial[i:i + INITIAL_BATCH]]
+        if send_initial_events:
+            yield [bookmark(info, start, initial_end=True)]
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
+        events = store.watch(f"{info.plural}/{project}/" if project else f"{info.plural}/", start)
+
+        async def pump() -> None:
             try:
-                ev = await asyncio.wait_for(queue.get(), bookmark_seconds)
-            except asyncio.TimeoutError:
-                if allow_bookmarks:
-                    yield bookmark(info, last)
-                continue
-            if isinstance(ev, BaseException):
-                raise ev
-            last = ev.revision
-            if name and not ev.key.endswith("/" + name):
-                continue
-            out = translate(caller, project, labels, fields, ev)
-            if out is not None:
-                yield out
-    finally:
-        task.cancel()
+                async for ev in events:
+                    await queue.put(ev)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                await queue.put(e)
+
+        task = asyncio.create_task(pump())
+        last = start
+        name = fields.name()
         try:
-            await events.aclose()  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001
-            pass
+            while True:
+                try:
+                    got = [await asyncio.wait_for(queue.get(), bookmark_seconds)]
+                except asyncio.TimeoutError:
+                    if allow_bookmarks:
+                        yield [bookmark(info, last)]
+                    continue
+                while len(got) < LIVE_BATCH and not queue.empty():
+                    got.append(queue.get_nowait())
+                out: list[WatchEvent] = []
+                for ev in got:
+                    if isinstance(ev, BaseException):
+                        if out:
+                            yield out
+                        raise ev
+                    last = ev.revision
+                    if name and not ev.key.endswith("/" + name):
+                        continue
+                    translated = translate(caller, project, labels, fields, ev, cache)
+                    if translated is not None:
+                        out.append(translated)
+                if out:
+                    yield out
+        finally:
+            task.cancel()
+            try:
+                await events.aclose()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class EventCache:
+    """Every store event decoded once for all the watchers that see it (a hundred watchers of one kind
+    parsed each object a hundred times). Keyed by revision, which is store-wide and never reused; the
+    decoded objects are shared, so watch consumers read them and never change them."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._entries: OrderedDict[int, tuple[dict[str, Any], dict[str, Any] | None]] = OrderedDict()
+        self._lines: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+
+    def decode(self, ev: Event) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The event's object (its resourceVersion set to the event's revision) and the one before it."""
+        hit = self._entries.get(ev.revision)
+        if hit is not None:
+            return hit
+        obj = orjson.loads(ev.value)
+        obj["metadata"]["resourceVersion"] = str(ev.revision)
+        entry = obj, (orjson.loads(ev.prev_value) if ev.prev_value is not None else None)
+        self._entries[ev.revision] = entry
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return entry
+
+    def json_line(self, ev: WatchEvent) -> bytes:
+        """The event as one line of a JSON watch stream, encoded once for every watcher sent it."""
+        if ev.type == "BOOKMARK":
+            return _line(ev)
+        key = ev.type, str(ev.object["metadata"].get("resourceVersion", ""))
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = _line(ev)
+            if len(self._lines) > self._size:
+                self._lines.popitem(last=False)
+        return line
+
+
+def _line(ev: WatchEvent) -> bytes:
+    return orjson.dumps({"type": ev.type, "object": ev.object}) + b"\n"
+
 
 def translate(caller: Caller, project: str | None, labels: LabelSelector, fields: FieldSelector,
-              ev: Any) -> WatchEvent | None:
+              ev: Event, cache: EventCache) -> WatchEvent | None:
     """One store event as a watch event of the caller's selection (None: not theirs to see): an object
     that enters the selection is ADDED, one that leaves it DELETED."""
-    obj = orjson.loads(ev.value)
-    obj["metadata"]["resourceVersion"] = str(ev.revision)
+    obj, prev = cache.decode(ev)
     if not project and not caller.can(obj["metadata"]["namespace"], Role.VIEWER):
         return None
     now_match = labels.matches(obj["metadata"].get("labels")) and fields.matches(obj)
-    prev_match = False
-    if ev.prev_value is not None:
-        prev = orjson.loads(ev.prev_value)
-        prev_match = labels.matches(prev["metadata"].get("labels")) and fields.matches(prev)
+    prev_match = prev is not None and labels.matches(prev["metadata"].get("labels")) and fields.matches(prev)
     if ev.type is EventType.DELETE:
         return WatchEvent("DELETED", obj) if (now_match or prev_match) else None
     if now_match and prev_match:

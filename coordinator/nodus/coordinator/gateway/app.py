@@ -339,8 +339,13 @@ class Gateway:
             assert stream is not None
             try:
                 async with asyncio.timeout(timeout):
-                    async for ev in stream:
-                        await response.write(self._event_bytes(info, ev, as_table))
+                    while True:  # what piled up while the last write waited goes out in one write
+                        try:
+                            batch = await stream.next_batch()
+                        except StopAsyncIteration:
+                            break
+                        await response.write(b"".join(self._table_line(info, ev) if as_table
+                                                      else stream.json_line(ev) for ev in batch))
             except TimeoutError:
                 pass
             except NodusError as e:
@@ -350,13 +355,14 @@ class Gateway:
         finally:
             WATCHERS.labels("rest").dec()
             if stream is not None:
-                await stream.aclose()  # type: ignore[attr-defined]
+                await stream.aclose()
         return response
 
     @staticmethod
-    def _event_bytes(info: KindInfo, ev: WatchEvent, as_table: bool) -> bytes:
+    def _table_line(info: KindInfo, ev: WatchEvent) -> bytes:
+        """`ev` with its object as a one-row Table (kubectl get -w)."""
         obj = ev.object
-        if as_table and ev.type != "BOOKMARK":
+        if ev.type != "BOOKMARK":
             obj = tables.table(info, [obj], {"resourceVersion": obj["metadata"].get("resourceVersion", "")})
         return orjson.dumps({"type": ev.type, "object": obj}) + b"\n"
 

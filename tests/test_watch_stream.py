@@ -1,0 +1,99 @@
+"""A watch stream hands a transport every event that piled up in one batch, each event once and in
+revision order, whether it is read event by event or batch by batch, and the watchers of one service
+share one decode and one JSON encoding of each event (what a hundred watchers used to pay a hundred
+times; bench/api.py's watch figure)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nodus.coordinator.api.kinds import resolve
+from nodus.coordinator.identity import Caller, Role
+from nodus.coordinator.selectors import parse_field_selector, parse_label_selector
+from nodus.coordinator.store import SqliteStore
+from nodus.coordinator.watches import EventCache, WatchStream
+
+JOBS = resolve("jobs")
+ADMIN = Caller("test", "*", Role.ADMIN)
+
+
+def job(name: str, team: str, n: int = 0) -> bytes:
+    return orjson.dumps({"apiVersion": "nodus.dev/v1", "kind": "Job",
+                         "metadata": {"name": name, "namespace": "default", "labels": {"team": team}},
+                         "spec": {"n": n}})
+
+
+def open_stream(store: SqliteStore, start: int, cache: EventCache, labels: str = "") -> WatchStream:
+    return WatchStream(store, ADMIN, JOBS, "default", parse_label_selector(labels), parse_field_selector(""),
+                       start, [], send_initial_events=False, allow_bookmarks=False, bookmark_seconds=30.0,
+                       cache=cache)
+
+
+def run(test: Any) -> Any:
+    async def bounded() -> Any:
+        return await asyncio.wait_for(test(), 30)
+    return asyncio.run(bounded())
+
+
+def test_events_that_piled_up_come_in_one_batch_in_order_each_once(tmp_path: Path) -> None:
+    async def test() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            start = store.revision
+            cache = EventCache()
+            batched, single = open_stream(store, start, cache), open_stream(store, start, cache)
+            for i in range(40):
+                await store.create(f"jobs/default/j{i:02d}", job(f"j{i:02d}", "a"))
+            record = await store.get("jobs/default/j00")
+            assert record is not None
+            await store.update("jobs/default/j00", job("j00", "a", 1), record.revision)
+            await store.delete("jobs/default/j01", None)
+
+            got: list[tuple[str, str]] = []
+            batches = 0
+            while len(got) < 42:
+                batch = await batched.next_batch()
+                batches += 1
+                got += [(ev.type, ev.object["metadata"]["name"]) for ev in batch]
+            assert batches < 42, "events that piled up while the consumer was away come together"
+            assert got == [("ADDED", f"j{i:02d}") for i in range(40)] + [("MODIFIED", "j00"), ("DELETED", "j01")]
+            one_by_one = [await anext(single) for _ in range(42)]
+            assert [(ev.type, ev.object["metadata"]["name"]) for ev in one_by_one] == got
+            revisions = [int(ev.object["metadata"]["resourceVersion"]) for ev in one_by_one]
+            assert revisions == sorted(set(revisions)), "revision order, no event twice"
+
+            # Both watchers were sent the same encoded line, and it is the event as the wire carries it.
+            line = batched.json_line(one_by_one[40])
+            assert line is single.json_line(one_by_one[40])
+            assert orjson.loads(line) == {"type": "MODIFIED", "object": one_by_one[40].object}
+            assert one_by_one[40].object["spec"] == {"n": 1}
+            await batched.aclose()
+            await single.aclose()
+        finally:
+            await store.close()
+    run(test)
+
+
+def test_a_label_change_enters_and_leaves_a_selection(tmp_path: Path) -> None:
+    """The shared decode keeps each watcher's own selection: the object that enters team=b is ADDED
+    for its watcher while the team=a watcher sees it DELETED."""
+    async def test() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            cache = EventCache()
+            first = await store.create("jobs/default/x", job("x", "a"))
+            a, b = open_stream(store, first.revision, cache, "team=a"), open_stream(store, first.revision, cache,
+                                                                                      "team=b")
+            await store.update("jobs/default/x", job("x", "b"), first.revision)
+            [left] = await a.next_batch()
+            [entered] = await b.next_batch()
+            assert (left.type, entered.type) == ("DELETED", "ADDED")
+            assert entered.object["metadata"]["labels"] == {"team": "b"}
+            await a.aclose()
+            await b.aclose()
+        finally:
+            await store.close()
+    run(test)
