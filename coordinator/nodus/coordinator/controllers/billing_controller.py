@@ -18,8 +18,8 @@ import orjson
 
 from ..clock import Clock, parse, rfc3339, seconds
 from ..errors import NodusError
-from ..money.budget_store import Budgets
-from ..money.ledger import Request
+from ..money.budget_store import BudgetGuard, Budgets
+from ..money.ledger import Kind, Request
 from ..money.ledger_cost import Cost
 from ..money.ledger_store import Ledger
 from ..money.storage import Accrual, decide_storage
@@ -117,7 +117,10 @@ class BillingController:
         decision = decide_billing(bill, accounts, postings, now)
         verdict = decision.verdict
         if decision.posts:
-            verdict = await self._post(project, decision.posts, verdict, now)
+            guard = await self.budgets.guard(project, self.fleet.labels_of(project), labels or {},
+                                             f"the renewal of Job {job.name if job is not None else uid}'s hold") \
+                if any(p.kind is Kind.RENEW for p in decision.posts) else None
+            verdict = await self._post(project, decision.posts, verdict, now, guard, labels)
             accounts = await self.ledger.accounts(project)
             postings = await self.ledger.postings(project, owner=uid)
         if job is not None and stored is not None:
@@ -181,12 +184,16 @@ class BillingController:
                 until = min(until, provisioned)
         return until
 
-    async def _post(self, project: str, posts: tuple[Request, ...], verdict: Verdict, now: float) -> Verdict:
-        """Posts in order; a charge or renewal the credits cannot cover stops there and turns the Job
-        unfunded (what was not posted is decided again on the next pass)."""
+    async def _post(self, project: str, posts: tuple[Request, ...], verdict: Verdict, now: float,
+                    guard: BudgetGuard | None, labels: dict[str, str] | None) -> Verdict:
+        """Posts in order; a charge or renewal the credits (or, for a renewal, a Budget: `guard`, checked
+        inside the ledger's CAS) cannot cover stops there and turns the Job unfunded (what was not posted
+        is decided again on the next pass). A renewal is booked with the Job's labels."""
         for request in posts:
+            if request.kind is Kind.RENEW and labels is not None:
+                request = replace(request, labels=labels)
             try:
-                await self.ledger.post(project, request, rfc3339(now))
+                await self.ledger.post(project, request, rfc3339(now), guard)
             except NodusError as e:
                 if e.reason != "InsufficientCredits":
                     raise

@@ -2,11 +2,13 @@
 
     _budgets/<project>/<name>    one Budget (amountUSD, selector), written by operators
 
-Everything a controller needs is in the store: placement and the money controller read the Budgets
-and the ledger here before a hold or a renewal, admission before a create.
+Everything a controller needs is in the store. A hold or a renewal is checked against the Budgets
+inside the ledger's compare-and-swap (`BudgetGuard`, passed to Ledger.post), so holds taken at once
+by several coordinators never overfill one; admission reads the rooms here before a create.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Mapping
 
@@ -15,6 +17,7 @@ import orjson
 from ..errors import NodusError
 from ..store.base import Store
 from .budgets import Budget, Room, budget_of, matching, refusal, rooms
+from .ledger import Accounts, Kind, Request
 from .ledger_store import Ledger
 
 PREFIX = "_budgets/"
@@ -22,6 +25,27 @@ PREFIX = "_budgets/"
 
 def _key(project: str, name: str) -> str:
     return f"{PREFIX}{project}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetGuard:
+    """The Budgets one object counts towards, checked by Ledger.post on the state a hold or renewal
+    of it commits on (charges and releases pass: the hold a charge draws on was fitted when taken)."""
+
+    budgets: tuple[Budget, ...]
+    labels: Mapping[str, Mapping[str, str]]
+    """The labels of the project's objects by uid, as the caller knows them (budgets.rooms)."""
+    what: str
+    """The hold, in the refusal's words ("the first hold of Job train")."""
+
+    async def check(self, ledger: Ledger, accounts: Accounts, request: Request, now: str) -> None:
+        if not self.budgets or request.kind not in (Kind.HOLD, Kind.RENEW) or request.amount is None:
+            return
+        postings = await ledger.postings_through(accounts.project, accounts.seq)
+        found = rooms(self.budgets, accounts, postings, self.labels, now[:7])
+        over = refusal(found, request.amount, self.what)
+        if over is not None:
+            raise over
 
 
 class Budgets:
@@ -65,6 +89,13 @@ class Budgets:
             if not page.more:
                 return out
             after = page.records[-1].key
+
+    async def guard(self, project: str, labels: Mapping[str, Mapping[str, str]], of: Mapping[str, str],
+                    what: str) -> BudgetGuard:
+        """The check a hold or renewal of an object labelled `of` must pass inside the ledger's CAS
+        (Ledger.post's guard): the room of every Budget it counts towards. The Budgets themselves are
+        read here, once: an operator's change to one applies from the next hold."""
+        return BudgetGuard(tuple(b for b in await self.of_project(project) if b.matches(of)), labels, what)
 
     async def rooms(self, project: str, labels: Mapping[str, Mapping[str, str]], month: str,
                     of: Mapping[str, str] | None = None, *, only_matching: bool = True) -> list[Room]:

@@ -92,11 +92,16 @@ def rooms(budgets: Iterable[Budget], accounts: Accounts, postings: Sequence[Post
           labels: Mapping[str, Mapping[str, str]], month: str) -> list[Room]:
     """The room each Budget leaves in `month` ("2026-12"): `postings` are the project's (charges are
     counted by the object they are listed under, a Job for its attempts), `accounts` its balances (the
-    live holds), `labels` the labels of the objects by uid."""
+    live holds), `labels` the labels of the objects by uid as the caller knows them; an object it does
+    not know counts with the labels its last hold was booked with (Request.labels)."""
     charged: dict[str, Decimal] = {}
+    booked: dict[str, Mapping[str, str]] = {}
     for p in postings:
         if p.kind is Kind.CHARGE and p.time[:7] == month:
             charged[p.owner] = charged.get(p.owner, ZERO) + p.amount
+        elif p.kind in (Kind.HOLD, Kind.RENEW) and p.labels is not None:
+            booked[p.obj] = p.labels
+    labels = {**booked, **labels}
     holding = {k[len("held/"):]: v for k, v in accounts.balances.items() if k.startswith("held/") and v > 0}
     out = []
     for budget in budgets:

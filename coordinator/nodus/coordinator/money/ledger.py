@@ -120,6 +120,9 @@ class Request:
     """Who granted and why; shown in the posting list."""
     payer: str = ""
     """The object whose hold a charge draws on (a Job's hold pays for its attempts); empty: its own."""
+    labels: Mapping[str, str] | None = None
+    """A hold's or renewal's object's labels, booked with it so that every coordinator's Budget check
+    knows which Budgets the hold counts towards (budgets.rooms), even for a Job its cache has not seen."""
 
     def same_as(self, posting: Posting) -> bool:
         """Whether `posting` was made for this request (a replay), not for another under the same key.
@@ -147,6 +150,8 @@ class Posting:
     """Position in the project's ledger, from 1."""
     payer: str = ""
     """As in Request: whose hold a charge drew on, when not the object's own."""
+    labels: Mapping[str, str] | None = None
+    """As in Request: the labels of a hold's object when it was booked (None: not recorded)."""
 
     @property
     def owner(self) -> str:
@@ -158,10 +163,14 @@ class Posting:
         return sum((leg.amount for leg in self.legs), ZERO)
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "kind": self.kind.value, "object": self.obj, "seq": self.seq, "time": self.time,
-                "requestedUSD": None if self.requested is None else str(self.requested),
-                "segment": self.segment.value, "note": self.note, "payer": self.payer,
-                "legs": [{"from": leg.source, "to": leg.target, "amountUSD": str(leg.amount)} for leg in self.legs]}
+        doc: dict[str, Any] = {
+            "key": self.key, "kind": self.kind.value, "object": self.obj, "seq": self.seq, "time": self.time,
+            "requestedUSD": None if self.requested is None else str(self.requested),
+            "segment": self.segment.value, "note": self.note, "payer": self.payer,
+            "legs": [{"from": leg.source, "to": leg.target, "amountUSD": str(leg.amount)} for leg in self.legs]}
+        if self.labels is not None:
+            doc["labels"] = dict(sorted(self.labels.items()))
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Posting:
@@ -169,7 +178,7 @@ class Posting:
         return cls(doc["key"], Kind(doc["kind"]), doc["object"], None if requested is None else Decimal(requested),
                    tuple(Leg(leg["from"], leg["to"], Decimal(leg["amountUSD"])) for leg in doc["legs"]),
                    doc["time"], Segment(doc["segment"]), doc.get("note", ""), int(doc["seq"]),
-                   doc.get("payer", ""))
+                   doc.get("payer", ""), None if doc.get("labels") is None else dict(doc["labels"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,8 +284,9 @@ def decide(accounts: Accounts, request: Request, now: str) -> Posting:
             raise insufficient(project, rest, accounts.available, f"a charge of {amount} USD to {obj} beyond its hold")
         legs = tuple(leg for leg in (Leg(hold, spent(obj), from_hold), Leg(AVAILABLE, spent(obj), rest))
                      if leg.amount > 0)
+    labels = None if request.labels is None else dict(request.labels)
     return Posting(request.key, request.kind, obj, amount, legs, now, request.segment, request.note, accounts.seq + 1,
-                   request.payer)
+                   request.payer, labels)
 
 
 def fold(project: str, postings: list[Posting]) -> Accounts:

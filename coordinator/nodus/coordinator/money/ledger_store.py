@@ -18,8 +18,16 @@ the append first, and no writer commits while a posting is pending, so every boo
 before the next commit. A writer checks its key after reading an accounts record without `pending`,
 and commits with that record's revision: a concurrent commit of the same key changes the record and
 fails the CAS, and the retry then finds the key. So a retried or replayed posting is never booked twice.
+
+A hold may have to fit more than the credits: a `Guard` (budget_store.BudgetGuard: every Budget the
+object counts towards) is checked inside the same loop, on the accounts record the commit is
+compare-and-swapped on and the postings through its seq. Whatever another writer books in between
+changes that record, fails the CAS, and the retry checks again on the new state: two coordinators
+taking holds at once can never both fit a room that takes only one (ADR 0031).
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import orjson
 
@@ -44,6 +52,14 @@ def _idempotency_key(project: str, key: str) -> str:
 
 def _owner_prefix(project: str, owner: str) -> str:
     return f"{PREFIX}{project}/objects/{owner}/"
+
+
+class Guard(Protocol):
+    """A limit besides the credits that a posting must fit, checked on the state it commits on."""
+
+    async def check(self, ledger: Ledger, accounts: Accounts, request: Request, now: str) -> None:
+        """Raises (InsufficientCredits, naming the limit) when `request` does not fit `accounts`, the
+        project's balances after its first `accounts.seq` postings (`ledger.postings_through`)."""
 
 
 class Ledger:
@@ -114,10 +130,25 @@ class Ledger:
                 return out
             after = page.records[-1].key
 
-    async def post(self, project: str, request: Request, now: str) -> tuple[Posting, bool]:
+    async def postings_through(self, project: str, seq: int) -> list[Posting]:
+        """The project's first `seq` postings (all appended once its accounts record at `seq` has no
+        posting pending), for a Guard checking against that record."""
+        out: list[Posting] = []
+        after = None
+        while len(out) < seq:
+            page = await self.store.list(f"{PREFIX}{project}/postings/", limit=min(500, seq - len(out)),
+                                         start_after=after)
+            out += [Posting.from_json(orjson.loads(r.value)) for r in page.records]
+            if not page.more:
+                break
+            after = page.records[-1].key
+        return [p for p in out if p.seq <= seq]
+
+    async def post(self, project: str, request: Request, now: str, guard: Guard | None = None) -> tuple[Posting, bool]:
         """Books `request` once: (the posting, True) when booked now, (the earlier posting, False) when
         its key was booked before. A key booked for a different request is refused (AlreadyExists);
-        a hold or charge the credits cannot cover is refused (InsufficientCredits) and books nothing."""
+        a hold or charge the credits cannot cover, or that `guard` refuses on the state it would commit
+        on, is refused (InsufficientCredits) and books nothing. A replay needs no room."""
         while True:
             rec, accounts, pending = await self._head(project)
             if rec is not None and pending is not None:
@@ -133,6 +164,8 @@ class Ledger:
                         fix="retry with exactly the same request, or use a new request id for a new posting")
                 return earlier, False
             posting = decide(accounts, request, now)
+            if guard is not None:
+                await guard.check(self, accounts, request, now)
             booked = accounts.apply(posting)
             value = orjson.dumps({"accounts": booked.to_json(), "pending": posting.to_json()})
             try:
