@@ -39,8 +39,7 @@ from ..money.ledger import Kind
 from ..money.ledger import Request as LedgerRequest
 from ..money.ledger_store import Ledger
 from .attempt_machine import AttemptPhase, Placed, Refusal, phase_of, transition
-from ..money.budget_store import Budgets
-from ..money.budgets import refusal as budget_refusal
+from ..money.budget_store import BudgetGuard, Budgets
 from ..money.holds import first_hold
 from .billing import UNFUNDED_RECHECK_S
 from .cache import ATTEMPTS, BOOKS, JOBS, LEASES, NODES, SWEEPS, Cache, attempt_key, job_key, owner_of
@@ -404,17 +403,13 @@ class PlacementController:
                 for key, p in decisions.items() if bound.get(key) is not None and p.node and book is not None}
         await asyncio.gather(*(self.objects.mutate(k, placed_on(p, n)) for k, (p, n) in jobs.items()))
 
-    async def _fit_budgets(self, a: AttemptView, request: LedgerRequest, now: float) -> None:
-        """Refuses (InsufficientCredits, naming the Budget) a first hold that a Budget the Job counts
-        towards cannot take this month; a hold booked before (a replay) needs no room."""
-        assert request.amount is not None
-        if await self.ledger.find(a.project, request.key) is not None:
-            return
+    async def _budget_guard(self, a: AttemptView) -> tuple[dict[str, str], BudgetGuard]:
+        """The Job's labels and the Budgets its first hold must fit, checked inside the ledger's CAS
+        (Ledger.post), so a hold another coordinator takes at once cannot overfill one."""
         labels = ((self.cache.job(a.project, a.job) or {}).get("metadata") or {}).get("labels") or {}
-        rooms = await self.budgets.rooms(a.project, self.registry.fleet.labels_of(a.project), rfc3339(now)[:7], labels)
-        over = budget_refusal(rooms, request.amount, f"the first hold of Job {a.job}")
-        if over is not None:
-            raise over
+        guard = await self.budgets.guard(a.project, self.registry.fleet.labels_of(a.project), labels,
+                                         f"the first hold of Job {a.job}")
+        return dict(labels), guard
 
     async def _hold(self, decisions: dict[str, Placement], views: dict[str, AttemptView],
                     now: float) -> dict[str, Placement]:
@@ -424,8 +419,8 @@ class PlacementController:
         back, since a grant is no event it hears); a gang whose member cannot pay waits whole."""
         out = dict(decisions)
         refused: set[tuple[str, str, int]] = set()
-        # The Budget check and the hold of one project are serialized, so two holds of a pass never
-        # both fit a room that takes only one.
+        # The Budget check runs inside the ledger's CAS (money/budget_store.BudgetGuard); the holds of
+        # one project are serialized here too, so a pass's holds do not retry each other's CAS.
         locks: dict[str, asyncio.Lock] = {}
 
         async def take(key: str, p: Placement) -> None:
@@ -439,11 +434,12 @@ class PlacementController:
                 why = (f"{AttemptReason.MAX_COST_REACHED}: the Job's spec.maxCostUSD (or its Sweep's shared cap) leaves "
                        "nothing for a new start on this offering; raise it to resume")
             else:
-                request = LedgerRequest(f"{a.job_uid}/hold/{a.id or a.name}", Kind.HOLD, a.job_uid, amount)
+                labels, guard = await self._budget_guard(a)
+                request = LedgerRequest(f"{a.job_uid}/hold/{a.id or a.name}", Kind.HOLD, a.job_uid, amount,
+                                        labels=labels)
                 try:
                     async with locks.setdefault(a.project, asyncio.Lock()):
-                        await self._fit_budgets(a, request, now)
-                        await self.ledger.post(a.project, request, rfc3339(now))
+                        await self.ledger.post(a.project, request, rfc3339(now), guard)
                 except NodusError as e:
                     if e.reason != "InsufficientCredits":
                         raise
