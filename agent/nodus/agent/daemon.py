@@ -455,7 +455,7 @@ class Agent:
         now = self.clock.monotonic()
         if not progress_due(now, v.progress_sent, tail.changed, force):
             return
-        msg = tail.message(att.id)
+        msg = tail.message(att.id, self.clock.now())
         if msg is None:
             return
         if self.link.send(progress=msg) is not None:

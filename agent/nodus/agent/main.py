@@ -62,6 +62,7 @@ DEFAULTS = {
     "attempt_uids": DEFAULT_ATTEMPT_UIDS,
     "zygote": True,
     "simulate_gpus": "",
+    "clock_offset_file": "",
     "log_level": "INFO",
 }
 
@@ -117,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=float, help="seconds between status polls (default 0.5)")
     p.add_argument("--input-ca-file", help="extra CA bundle for https:// inputs")
     p.add_argument("--coordinator-ca", help="CA bundle to reach the coordinator over TLS (default: plaintext)")
+    p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to every time the "
+                   "agent and its supervisors report (as nodus-coordinator's --clock-offset-file; re-read every 50 ms)")
     p.add_argument("--reconnect-base", type=float, help="first reconnect delay in seconds (default 0.2)")
     p.add_argument("--reconnect-max", type=float, help="longest reconnect delay in seconds (default 10)")
     p.add_argument("--workload-user", help="run every attempt as this one user; --attempt-uids is then not used "
@@ -193,6 +196,7 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
         poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
+        clock_offset_file=str(args.clock_offset_file or ""),
         workload_user=str(args.workload_user or ""), attempt_uids=attempt_uids(args.attempt_uids),
         zygote=_bool(args.zygote), simulate_gpus=simulated,
         image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
@@ -254,11 +258,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _run(cfg: "AgentConfig") -> None:
+    from .clock import agent_clock
     from .daemon import Agent
     from .nvml import SimulatedNvml
 
     nvml = SimulatedNvml(cfg.simulate_gpus) if cfg.simulate_gpus else None
-    await Agent(cfg, nvml=nvml).run()  # built inside the loop: the gRPC channel binds to the running loop
+    clock = agent_clock(cfg.work_dir, cfg.clock_offset_file)
+    await Agent(cfg, nvml=nvml, clock=clock).run()  # built inside the loop: the gRPC channel binds to the running loop
 
 
 if __name__ == "__main__":

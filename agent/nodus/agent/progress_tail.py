@@ -104,12 +104,16 @@ class ProgressTail:
             s["tokensPerSecond"] = _decimal(obj["tokensPerSecond"])
         return json.dumps(s, sort_keys=True, default=str) != before
 
-    def message(self, attempt_id: str) -> agent_pb2.Progress | None:
+    def message(self, attempt_id: str, now: float | None = None) -> agent_pb2.Progress | None:
+        """The Progress to send, stamped `now` (the agent clock's Unix seconds; None: the host's)."""
         s = self.state
         if not s:
             return None
         ts = Timestamp()
-        ts.GetCurrentTime()
+        if now is None:
+            ts.GetCurrentTime()
+        else:
+            ts.FromNanoseconds(int(now * 1e9))
         return agent_pb2.Progress(
             attempt_id=attempt_id, stage=s.get("stage", ""), units_completed=s.get("completed", 0),
             units_total=s.get("total", 0), metrics=s.get("metrics", {}), step=s.get("step", 0),

@@ -93,6 +93,8 @@ class AgentConfig:
     coordinator_ca: bytes | None = None
     reconnect_base: float = 0.2
     reconnect_max: float = 10.0
+    clock_offset_file: str = ""
+    """--clock-offset-file: seconds added to every reported time (clock.agent_clock); empty: none."""
     workload_user: str = ""
     attempt_uids: str = DEFAULT_ATTEMPT_UIDS
     """START:COUNT, or "off"; not used with workload_user, nor when the agent is not root."""

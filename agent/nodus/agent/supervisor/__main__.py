@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..clock import SystemClock
+from ..clock import supervisor_clock
 from ..layout import AttemptLayout
 from ..statefile import read_json
 from .lifecycle import Supervisor
@@ -33,7 +33,8 @@ def _from_zygote(request: dict[str, Any], lock_fd: int) -> None:
     if spec is None:
         print(f"no spec at {layout.spec}", file=sys.stderr)
         return
-    Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")), SystemClock()).run()
+    Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")),
+               supervisor_clock(layout.root)).run()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     if spec is None:
         print(f"no spec at {layout.spec}", file=sys.stderr)
         sys.exit(2)
-    Supervisor(layout, spec, secrets, _notify_address(args.notify), SystemClock()).run()
+    Supervisor(layout, spec, secrets, _notify_address(args.notify), supervisor_clock(layout.root)).run()
 
 
 if __name__ == "__main__":
