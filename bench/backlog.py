@@ -64,7 +64,7 @@ class Fleet:
         self.root, self.c = root, c
         self.agent: subprocess.Popen[bytes] | None = None
         self.gpu_nodes: list[str] = []
-        self.channel = grpc.insecure_channel(c.grpc)
+        self.channel = grpc.secure_channel(c.grpc, grpc.ssl_channel_credentials((c.data / "tls" / "ca.crt").read_bytes()))
         self.nodes = node_pb2_grpc.NodeServiceStub(self.channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.md = (("authorization", f"Bearer {c.token}"),)
@@ -74,7 +74,8 @@ class Fleet:
             self.agent = subprocess.Popen(
                 [str(BIN / "nodus-agent"), "--coordinator", self.c.grpc, "--node", "no-gpus", "--work-dir",
                  str(self.root / "agent"), "--join-token-file", str(self.c.data / "join-token"), "--runtime",
-                 "process", "--advertise-address", "127.0.0.1", "--log-level", "WARNING"],
+                 "process", "--advertise-address", "127.0.0.1", "--coordinator-ca", str(self.c.data / "tls" / "ca.crt"),
+                 "--log-level", "WARNING"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def listed(self) -> list[node_pb2.Node]:

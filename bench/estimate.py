@@ -316,7 +316,7 @@ class Fleet:
         self.session.verify = str(started.ca)
         self.token = started.token  # the operator's: Reclaim, ListNodes
         self.session.headers["Authorization"] = "Bearer " + self.token
-        self.channel = grpc.insecure_channel(self.grpc)
+        self.channel = grpc.secure_channel(self.grpc, grpc.ssl_channel_credentials((data / "tls" / "ca.crt").read_bytes()))
         token = self.root / "join-token"
         shutil.copy(data / "join-token", token)
         shim = self.root / "clock-shim"
@@ -330,6 +330,7 @@ class Fleet:
                     [str(BIN / "nodus-agent"), "--coordinator", self.grpc, "--node", name, "--work-dir",
                      str(self.root / name), "--join-token-file", str(token), "--log-level", "WARNING",
                      "--runtime", "process", "--poll-interval", "0.1", "--stop-grace", "3",
+                     "--coordinator-ca", str(data / "tls" / "ca.crt"),
                      "--simulate-gpus", "A100:1:80Gi", "--offering", offering, "--region", "us",
                      "--interruptible", "true" if offering == SPOT else "false"],
                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

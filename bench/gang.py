@@ -145,7 +145,8 @@ class Cluster:
                 self.agents.append(subprocess.Popen(
                     [str(BIN / "nodus-agent"), "--coordinator", self.grpc, "--node", f"bench-{i}", "--work-dir",
                      str(self.root / f"agent-{i}"), "--join-token-file", str(token), "--advertise-address",
-                     "127.0.0.1", "--reconnect-max", "1", "--log-level", "INFO"],
+                     "127.0.0.1", "--reconnect-max", "1", "--coordinator-ca", str(self.data / "tls" / "ca.crt"),
+                     "--log-level", "INFO"],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
 
     def url(self, path: str) -> str:

@@ -117,6 +117,7 @@ class Cluster:
             self.agent = subprocess.Popen(
                 [str(BIN / "nodus-agent"), "--coordinator", ep["grpc"], "--node", "bench", "--work-dir",
                  str(self.root / "agent"), "--join-token-file", str(token), "--log-level", "WARNING",
+                 "--coordinator-ca", str(data / "tls" / "ca.crt"),
                  *self.agent_args],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

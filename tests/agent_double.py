@@ -334,7 +334,14 @@ class AgentProcess:
         return [str(Path(sys.executable).parent / "nodus-agent"), "--coordinator", self.coordinator,
                 "--node", self.node, "--work-dir", str(self.work_dir), "--join-token-file", str(self.token_file),
                 "--reconnect-base", "0.05", "--reconnect-max", "0.5", "--poll-interval", "0.1",
-                "--stop-grace", "3", "--runtime", "process", *self.extra_args]  # as before auto; --runtime oci overrides
+                "--stop-grace", "3", "--runtime", "process", *self.tls_args(), *self.extra_args]
+        # (--runtime process as before auto; --runtime oci in extra_args overrides)
+
+    def tls_args(self) -> list[str]:
+        """--coordinator-ca for a real coordinator's address (conftest.GrpcAddress knows its CA), else
+        plaintext: a FakeCoordinator, or a coordinator run with --grpc-insecure."""
+        ca = getattr(self.coordinator, "ca", None)
+        return ["--coordinator-ca", str(ca)] if ca is not None else ["--coordinator-insecure"]
 
     def start(self) -> "AgentProcess":
         import os

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
 import orjson
 import pytest
 import requests
@@ -19,8 +20,26 @@ import yaml
 # The OCI registry fixtures (session-scoped: one registry of each kind for the whole run).
 from registry import oci_registry, private_oci_registry  # noqa: F401
 
+# Agents started by the suite (and its benches) run attempts as their own user, as before ADR 0040:
+# the suite's programs are this venv's interpreter (under /root, 0700 here) writing into pytest's 0700
+# directories, which no attempt uid reaches. tests/test_attempt_uids_e2e.py runs agents with the range.
+os.environ.setdefault("NODUS_ATTEMPT_UIDS", "off")
+
 
 BIN = Path(sys.executable).parent
+
+
+class GrpcAddress(str):
+    """A coordinator's gRPC HOST:PORT that also knows how to reach it: `ca` is the CA its TLS
+    certificate is verified with (DATA_DIR/tls/ca.crt), None when it runs with --grpc-insecure.
+    Agents started on it (agent_double.AgentProcess) take it as --coordinator-ca, centrally."""
+
+    ca: Path | None
+
+    def __new__(cls, address: str, ca: Path | None) -> "GrpcAddress":
+        self = super().__new__(cls, address)
+        self.ca = ca
+        return self
 
 
 @dataclass
@@ -30,7 +49,7 @@ class Coordinator:
     data_dir: Path
     proc: subprocess.Popen[bytes] | None = None
     http: str = ""
-    grpc: str = ""
+    grpc: GrpcAddress = GrpcAddress("", None)
     token: str = ""
     ca: Path = field(default_factory=Path)
     log: Path = field(default_factory=Path)
@@ -63,12 +82,28 @@ class Coordinator:
                 raise RuntimeError(f"coordinator did not start:\n{self.log.read_text()}")
             time.sleep(0.05)
         ep = orjson.loads(endpoints.read_bytes())
-        self.http, self.grpc = ep["http"], ep["grpc"]
+        self.http = ep["http"]
+        self.grpc = GrpcAddress(ep["grpc"], self.data_dir / "tls" / "ca.crt" if ep.get("grpcTls") else None)
         config = yaml.safe_load(self.kubeconfig.read_text())
         self.token = config["users"][0]["user"]["token"]
         self.ca = self.data_dir / "ca-for-tests.crt"
         self.ca.write_bytes(base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]))
         return self
+
+    @property
+    def grpc_ca(self) -> Path | None:
+        """The CA that verifies the gRPC port (None: plaintext, --grpc-insecure)."""
+        return self.grpc.ca
+
+    def channel(self) -> grpc.Channel:
+        """A gRPC channel to the coordinator, TLS verified with its CA (as agents, nodus and grpcurl connect)."""
+        if self.grpc.ca is None:
+            return grpc.insecure_channel(self.grpc)
+        return grpc.secure_channel(self.grpc, grpc.ssl_channel_credentials(self.grpc.ca.read_bytes()))
+
+    def grpcurl_tls(self) -> list[str]:
+        """grpcurl's flags for this coordinator's gRPC port: -cacert DATA_DIR/tls/ca.crt, or -plaintext."""
+        return ["-plaintext"] if self.grpc.ca is None else ["-cacert", str(self.grpc.ca)]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:

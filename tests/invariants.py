@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-import grpc
 
 from agent_double import AgentProcess
 from conftest import Coordinator
@@ -29,7 +28,7 @@ def _items(c: Coordinator, plural: str) -> list[dict[str, Any]]:
 
 
 def _nodes(c: Coordinator) -> list[node_pb2.Node]:
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         return list(node_pb2_grpc.NodeServiceStub(channel).ListNodes(
             node_pb2.ListNodesRequest(), metadata=(("authorization", f"Bearer {c.token}"),), timeout=10).nodes)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import grpc
 
 from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
@@ -44,7 +43,7 @@ class Clock:
         names = {a.node for a in self.agents if a.proc is not None}
 
         def fresh() -> bool:
-            with grpc.insecure_channel(c.grpc) as channel:
+            with c.channel() as channel:
                 nodes = node_pb2_grpc.NodeServiceStub(channel).ListNodes(
                     node_pb2.ListNodesRequest(), metadata=(("authorization", f"Bearer {c.token}"),), timeout=10).nodes
             return all(n.last_heartbeat_time.ToNanoseconds() / 1e9 >= since for n in nodes if n.name in names)

@@ -48,7 +48,7 @@ class FakeAgent:
         self._call: Any = None
         self.error: grpc.RpcError | None = None
         self._beating = threading.Event()
-        self._channel = grpc.insecure_channel(c.grpc)
+        self._channel = c.channel()
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
 
     @property
@@ -64,7 +64,7 @@ class FakeAgent:
         """The coordinator came back elsewhere (a restart picks new ports): same session, new channel."""
         self.close()
         self.c = c
-        self._channel = grpc.insecure_channel(c.grpc)
+        self._channel = c.channel()
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
 
     def connect(self, observations: list[agent_pb2.AttemptObservation] | None = None,

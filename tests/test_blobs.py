@@ -223,7 +223,7 @@ def c(shared_coordinator: Coordinator) -> Coordinator:
 
 @pytest.fixture(scope="module")
 def stub(c: Coordinator) -> Iterator[blob_pb2_grpc.BlobServiceStub]:
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         yield blob_pb2_grpc.BlobServiceStub(channel)
 
 
@@ -319,9 +319,9 @@ def test_grpc_append_log_idempotent_and_gap(c: Coordinator, stub: Any) -> None:
 
 
 def test_blob_service_is_reflected_and_serving(c: Coordinator) -> None:
-    services = c.run("grpcurl", "-plaintext", c.grpc, "list").stdout.split()
+    services = c.run("grpcurl", *c.grpcurl_tls(), c.grpc, "list").stdout.split()
     assert "nodus.v1.BlobService" in services
-    out = c.run("grpcurl", "-plaintext", "-d", '{"service": "nodus.v1.BlobService"}', c.grpc,
+    out = c.run("grpcurl", *c.grpcurl_tls(), "-d", '{"service": "nodus.v1.BlobService"}', c.grpc,
                 "grpc.health.v1.Health/Check").stdout
     assert "SERVING" in out and "NOT_SERVING" not in out
 

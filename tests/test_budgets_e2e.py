@@ -38,7 +38,7 @@ def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordi
 
 
 def grpcurl(c: Coordinator, method: str, body: dict[str, Any], token: str) -> dict[str, Any]:
-    out = c.run("grpcurl", "-plaintext", "-format-error", "-H", f"authorization: Bearer {token}",
+    out = c.run("grpcurl", *c.grpcurl_tls(), "-format-error", "-H", f"authorization: Bearer {token}",
                 "-d", json.dumps(body), c.grpc, f"{PS}/{method}", timeout=30)
     return dict(json.loads(out.stdout))
 
@@ -113,7 +113,7 @@ def test_a_budget_stops_a_job_refuses_a_create_and_a_raise_resumes_it(c: Coordin
     # A customer's token may read its budgets but not set them; rm removes one.
     token = c.grpc_token(PROJECT, "admin")
     assert {b["name"] for b in grpcurl(c, "ListBudgets", {}, token)["budgets"]} == {"monthly", "team-b"}
-    denied = c.run("grpcurl", "-plaintext", "-format-error", "-H", f"authorization: Bearer {token}", "-d",
+    denied = c.run("grpcurl", *c.grpcurl_tls(), "-format-error", "-H", f"authorization: Bearer {token}", "-d",
                    json.dumps({"project": PROJECT, "name": "monthly", "amount_usd": "99.00"}), c.grpc,
                    f"{PS}/SetBudget", check=False, timeout=30)
     assert denied.returncode != 0 and "not a cluster operator" in denied.stderr, denied

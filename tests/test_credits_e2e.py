@@ -96,7 +96,7 @@ def test_a_kill_9_in_the_middle_of_granting_books_each_request_once(tmp_path: Pa
     acknowledged: set[str] = set()
 
     def grant(request_id: str) -> None:
-        with grpc.insecure_channel(c.grpc) as channel:
+        with c.channel() as channel:
             try:
                 project_pb2_grpc.ProjectServiceStub(channel).GrantCredits(
                     project_pb2.GrantCreditsRequest(project="default", amount_usd="0.10", request_id=request_id),

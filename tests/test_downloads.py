@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import grpc
 import pytest
 import zstandard
 
@@ -56,7 +55,7 @@ def agent(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 @pytest.fixture(scope="module")
 def stub(c: Coordinator) -> Iterator[blob_pb2_grpc.BlobServiceStub]:
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         yield blob_pb2_grpc.BlobServiceStub(channel)
 
 

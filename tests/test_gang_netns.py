@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import grpc
 import psutil
 import pytest
 
@@ -97,7 +96,7 @@ def agents(lab: Lab, c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _nodes(c: Coordinator, method: str, request: Any) -> Any:
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         rpc = getattr(node_pb2_grpc.NodeServiceStub(channel), method)
         return rpc(request, metadata=(("authorization", f"Bearer {c.token}"),), timeout=10)
 

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import grpc
 import psutil
 import pytest
 
@@ -135,7 +134,7 @@ def test_reclaiming_a_members_node_checkpoints_the_whole_gang_and_restarts_it_el
     by_id = {a["spec"]["id"]: a for a in attempts_of(c, "reclaim-dcp")}
     rank1 = next(m for m in running["status"]["gang"]["members"] if m["rank"] == 1)
     reclaimed = by_id[rank1["attempt"]]["spec"]["node"]
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         nodes = node_pb2_grpc.NodeServiceStub(channel)
         md = (("authorization", f"Bearer {c.token}"),)
         nodes.Reclaim(node_pb2.ReclaimRequest(name=reclaimed, grace_seconds=60, message="spot reclaim"), metadata=md,

@@ -131,7 +131,7 @@ def test_operators_raise_the_gang_size_cap(c: Coordinator) -> None:
 def test_gang_service_shows_the_gang_to_operators(c: Coordinator, agents: list[AgentProcess]) -> None:
     create(c, "svc-pair", command=["true"], distributed={"nodes": 2})
     ended(c, "svc-pair")
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         stub = gang_pb2_grpc.GangServiceStub(channel)
         md = (("authorization", f"Bearer {c.token}"),)
         gang = stub.GetGang(gang_pb2.GetGangRequest(project="default", job="svc-pair"), metadata=md, timeout=10)

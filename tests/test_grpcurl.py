@@ -27,7 +27,7 @@ INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED = 3, 5, 7, 16
 
 def grpcurl(c: Coordinator, method: str, body: dict[str, Any] | None = None, token: str | None = None,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-    args = ["grpcurl", "-plaintext", "-format-error"]
+    args = ["grpcurl", *c.grpcurl_tls(), "-format-error"]
     if token is not None:
         args += ["-H", f"authorization: Bearer {token}"]
     if body is not None:
@@ -80,7 +80,7 @@ class Stream:
         self.out_path, self.err_path = tmp_path / "stream.out", tmp_path / "stream.err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [str(BIN / "grpcurl"), "-plaintext", "-format-error", "-H", f"authorization: Bearer {token}",
+                [str(BIN / "grpcurl"), *c.grpcurl_tls(), "-format-error", "-H", f"authorization: Bearer {token}",
                  "-d", json.dumps(body), c.grpc, method],
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
@@ -138,7 +138,7 @@ def test_list_shows_every_service(shared_coordinator: Coordinator) -> None:
     for service in ("nodus.v1.ResourceService", "nodus.v1.ProjectService", "nodus.v1.AgentService",
                     "nodus.v1.NodeService", "nodus.v1.GangService", "grpc.health.v1.Health"):
         assert service in services, services
-    described = shared_coordinator.run("grpcurl", "-plaintext", shared_coordinator.grpc, "list", RS).stdout.split()
+    described = shared_coordinator.run("grpcurl", *shared_coordinator.grpcurl_tls(), shared_coordinator.grpc, "list", RS).stdout.split()
     assert {f"{RS}.{m}" for m in ("Get", "List", "Watch", "Create", "Update", "Patch", "Delete")} <= set(described)
 
 

@@ -102,7 +102,7 @@ def _grpc_calls(stub: Any) -> list[tuple[str, Any]]:
 
 
 def test_project_a_token_gets_nothing_of_project_b_over_grpc(c: Coordinator, a_admin: str) -> None:
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         stub = resource_pb2_grpc.ResourceServiceStub(channel)
         for name, call in _grpc_calls(stub):
             with pytest.raises(grpc.RpcError) as e:
@@ -127,7 +127,7 @@ def test_project_a_token_gets_nothing_of_project_b_over_grpc(c: Coordinator, a_a
 
 def test_revoked_and_expired_tokens_stop_working(c: Coordinator) -> None:
     admin = (("authorization", f"Bearer {c.token}"),)
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         projects = project_pb2_grpc.ProjectServiceStub(channel)
         token = projects.CreateToken(project_pb2.CreateTokenRequest(project="a", role="viewer"), metadata=admin)
         assert c.session(token.secret).get(c.url("/apis/nodus.dev/v1/namespaces/a/jobs")).status_code == 200

@@ -184,7 +184,7 @@ def test_a_private_repository_needs_its_pull_secret_which_the_assignment_carries
 def test_grpc_create_is_refused_with_the_same_reason_and_field(c: Coordinator, busybox: tuple[str, str]) -> None:
     body = struct_pb2.Struct()
     body.update(image_job("grpc-unknown", busybox[0].replace(":v1", ":nope")))
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         stub = resource_pb2_grpc.ResourceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as e:
             stub.Create(resource_pb2.CreateRequest(kind="jobs", project="default", object=body),

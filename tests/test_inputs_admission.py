@@ -60,7 +60,7 @@ def test_grpc_refuses_with_the_same_reason_and_field(shared_coordinator: Coordin
     c = shared_coordinator
     body = struct_pb2.Struct()
     body.update(job("grpc-workspace", inputs=[WORKSPACE]))
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         stub = resource_pb2_grpc.ResourceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as e:
             stub.Create(resource_pb2.CreateRequest(kind="jobs", project="default", object=body),

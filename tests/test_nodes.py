@@ -33,7 +33,7 @@ from test_agent_service import CANCELLED, RUNNING, FakeAgent, agent_pb2, phase_i
 
 class Operator:
     def __init__(self, c: Coordinator, token: str | None = None) -> None:
-        self.channel = grpc.insecure_channel(c.grpc)
+        self.channel = c.channel()
         self.stub = node_pb2_grpc.NodeServiceStub(self.channel)
         self.md = (("authorization", f"Bearer {token or c.token}"),)
 
@@ -57,7 +57,7 @@ def two_nodes(coordinator: Coordinator) -> Iterator[tuple[FakeAgent, FakeAgent]]
 
 
 def test_agent_and_node_services_are_serving(coordinator: Coordinator) -> None:
-    with grpc.insecure_channel(coordinator.grpc) as channel:
+    with coordinator.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("nodus.v1.AgentService", "nodus.v1.NodeService"):
             answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)

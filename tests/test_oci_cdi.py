@@ -256,7 +256,6 @@ def test_a_stale_spec_marks_the_nodes_gpus_unhealthy_and_the_job_goes_to_the_oth
         coordinator: Any, host: Path) -> None:
     """Real coordinator, two agents' streams (test_agent_service.FakeAgent) carrying the readings of the
     agent's own SimulatedNvml after its check against a spec that names a device the host lacks."""
-    import grpc
     from e2e import create
     from test_agent_service import FakeAgent
 
@@ -286,7 +285,7 @@ def test_a_stale_spec_marks_the_nodes_gpus_unhealthy_and_the_job_goes_to_the_oth
         agents[name] = agent
     try:
         # Operators see it as NodeService shows the node (grpcurl, nodus): the GPU's reason and message.
-        with grpc.insecure_channel(coordinator.grpc) as channel:
+        with coordinator.channel() as channel:
             listed = node_pb2_grpc.NodeServiceStub(channel).GetNode(
                 node_pb2.GetNodeRequest(name="node-a"), metadata=(("authorization", f"Bearer {coordinator.token}"),),
                 timeout=10)

@@ -22,7 +22,6 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-import grpc
 import pytest
 
 import netns
@@ -223,7 +222,7 @@ def test_a_killed_supervisor_leaves_no_link_or_nat_table_and_the_job_is_replaced
            network={"egress": {"policy": "Open"}})
     wait_for(lambda: netns.residue(prefix) and nat in tables(), 120, what="the Open pod's link and NAT table")
     # No replacement may take the slot (and remake its table) before the test has looked: the node is cordoned.
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         nodes = node_pb2_grpc.NodeServiceStub(channel)
         auth = (("authorization", f"Bearer {c.token}"),)
         nodes.Cordon(node_pb2.CordonRequest(name="egress-n0", message="hold the replacement"), metadata=auth, timeout=10)

@@ -101,7 +101,6 @@ def node_of(c: Coordinator, name: str, number: int) -> str:
 
 def test_reclaim_with_grace_checkpoints_then_replaces_elsewhere(cluster: tuple[Coordinator, dict[str, AgentProcess]],
                                                                 tmp_path: Path) -> None:
-    import grpc
 
     from nodus.v1 import node_pb2, node_pb2_grpc
 
@@ -111,7 +110,7 @@ def test_reclaim_with_grace_checkpoints_then_replaces_elsewhere(cluster: tuple[C
                                                                         "50"])).status_code == 201
     wait_job(c, "reclaimed", lambda j: units(j) >= 8, what="the counter to pass 8")
     first_node = node_of(c, "reclaimed", 1)
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         node_pb2_grpc.NodeServiceStub(channel).Reclaim(
             node_pb2.ReclaimRequest(name=first_node, grace_seconds=20, message="spot capacity reclaimed"),
             metadata=(("authorization", f"Bearer {c.token}"),), timeout=10)

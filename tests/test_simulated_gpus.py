@@ -61,7 +61,7 @@ def _register(c: Coordinator, node: str, offering: str, gpus: int) -> grpc.RpcEr
         host=common_pb2.HostInventory(cpus=psutil.cpu_count() or 1, memory_bytes=psutil.virtual_memory().total),
         gpus=[common_pb2.Gpu(index=i, name="NVIDIA A100-SXM4-40GB", memory_bytes=40 << 30, simulated=True)
               for i in range(gpus)])
-    with grpc.insecure_channel(c.grpc) as channel:
+    with c.channel() as channel:
         with pytest.raises(grpc.RpcError) as raised:
             agent_pb2_grpc.AgentServiceStub(channel).Register(
                 agent_pb2.RegisterRequest(node_name=node, inventory=inventory), metadata=agent_md(c), timeout=10)

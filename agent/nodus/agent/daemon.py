@@ -63,10 +63,11 @@ class Agent:
         self.notices = SupervisorNotices(notify_address(cfg.work_dir), self.wake)
         self.runtime = node_runtime(cfg, self.notices.address, len(self.nvml.handles), self.clock, self.nvml)
         self.table = AttemptTable(cfg.work_dir / "state.json", cfg.node, self.clock)
-        channel, metadata = open_channel(cfg.coordinator, cfg.token, cfg.coordinator_ca)
+        channel, metadata = open_channel(cfg.coordinator, cfg.token, cfg.coordinator_ca, cfg.coordinator_insecure)
         self.blobs = BlobClient(channel, metadata)
         self.link = Link(self, channel, metadata, cfg.coordinator, clock=self.clock,
-                         backoff=Backoff(base=cfg.reconnect_base, cap=cfg.reconnect_max))
+                         backoff=Backoff(base=cfg.reconnect_base, cap=cfg.reconnect_max),
+                         tls=not cfg.coordinator_insecure)
         self.materializer = Materializer(self.blobs, cfg.input_ca_file)
         self.checkpoints = Checkpoints(self.runtime, self.blobs, self.link, self.table, self, self.clock,
                                        cfg.stop_grace)

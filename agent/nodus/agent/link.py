@@ -44,13 +44,34 @@ def _seconds(d: Any) -> float:
 Metadata = tuple[tuple[str, str], ...]
 
 
-def open_channel(target: str, token: str, tls_ca: bytes | None = None) -> tuple[grpc.aio.Channel, Metadata]:
-    """The one channel to the coordinator (AgentService and BlobService share it) and its call metadata."""
+def open_channel(target: str, token: str, tls_ca: bytes | None = None,
+                 insecure: bool = False) -> tuple[grpc.aio.Channel, Metadata]:
+    """The one channel to the coordinator (AgentService and BlobService share it) and its call
+    metadata: TLS verified with `tls_ca` (the coordinator's DATA_DIR/tls/ca.crt; None: the system's
+    roots, for a certificate the operator brought), plaintext only when `insecure`."""
     metadata = (("authorization", f"Bearer {token}"),)
-    if tls_ca is not None:
-        creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-        return grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS), metadata
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS), metadata
+    if insecure:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS), metadata
+    creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+    return grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS), metadata
+
+
+def unavailable(target: str, details: str, tls: bool) -> tuple[str, int]:
+    """What to log when the coordinator cannot be reached, and how loudly: a TLS mismatch is a setting
+    to fix, not an outage to wait out."""
+    text = f"coordinator {target} unavailable: {details}"
+    lowered = details.lower()
+    if tls and ("certificate_verify_failed" in lowered or "certificate verify failed" in lowered):
+        return (f"{text}; the coordinator's TLS certificate is not trusted: pass --coordinator-ca FILE, the "
+                "coordinator's DATA_DIR/tls/ca.crt", logging.ERROR)
+    if tls and ("wrong_version_number" in lowered or "ssl handshake failed" in lowered
+                or "handshake" in lowered):
+        return (f"{text}; the TLS handshake failed: check that the coordinator serves TLS (it does unless it "
+                "runs with --grpc-insecure) and that --coordinator-ca is its DATA_DIR/tls/ca.crt", logging.ERROR)
+    if not tls:
+        return (f"{text} (this agent speaks plaintext, --coordinator-insecure; a coordinator without "
+                "--grpc-insecure serves TLS: pass --coordinator-ca DATA_DIR/tls/ca.crt instead)", logging.WARNING)
+    return text, logging.WARNING
 
 
 class Node(Protocol):
@@ -73,8 +94,9 @@ class Node(Protocol):
 
 class Link:
     def __init__(self, node: Node, channel: grpc.aio.Channel, metadata: Metadata, target: str, *, backoff: Backoff,
-                 clock: Clock, register_timeout: float = 15.0) -> None:
+                 clock: Clock, register_timeout: float = 15.0, tls: bool = True) -> None:
         self.node = node
+        self.tls = tls
         self.target = target
         self.metadata = metadata
         self.channel = channel
@@ -130,7 +152,7 @@ class Link:
                     self._note(f"the coordinator refused the join token: {e.details()}", logging.ERROR)
                     self.session = None
                 else:
-                    self._note(f"coordinator {self.target} unavailable: {code.name}: {e.details()}")
+                    self._note(*unavailable(self.target, f"{code.name}: {e.details()}", self.tls))
             except StreamEnded as e:
                 self._note(str(e))
             finally:

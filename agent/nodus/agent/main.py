@@ -1,6 +1,7 @@
 """`nodus-agent`: the node daemon's entry point (one per host, under systemd).
 
     nodus-agent --coordinator HOST:PORT --node NAME --work-dir DIR --join-token-file FILE
+                [--coordinator-ca DATA_DIR/tls/ca.crt | --coordinator-insecure]
                 [--runtime process|oci|auto] [--image-cache DIR] [--image-disk-budget SIZE]
                 [--insecure-registry HOST:PORT …] [--cdi-dir DIR …]
                 [--region CLASS] [--offering ID] [--pool PROJECT/NAME]
@@ -56,6 +57,7 @@ DEFAULTS = {
     "poll_interval": 0.5,
     "input_ca_file": "",
     "coordinator_ca": "",
+    "coordinator_insecure": False,
     "reconnect_base": 0.2,
     "reconnect_max": 10.0,
     "workload_user": "",
@@ -117,7 +119,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL when nobody says (default 10)")
     p.add_argument("--poll-interval", type=float, help="seconds between status polls (default 0.5)")
     p.add_argument("--input-ca-file", help="extra CA bundle for https:// inputs")
-    p.add_argument("--coordinator-ca", help="CA bundle to reach the coordinator over TLS (default: plaintext)")
+    p.add_argument("--coordinator-ca", help="CA bundle the coordinator's gRPC certificate is verified with: its "
+                   "DATA_DIR/tls/ca.crt (default: the system's roots, for a certificate the operator brought)")
+    p.add_argument("--coordinator-insecure", type=_bool, nargs="?", const=True,
+                   help="speak plaintext gRPC, to a coordinator run with --grpc-insecure on loopback (default false)")
     p.add_argument("--clock-offset-file", help="for drills and tests: a file holding seconds added to every time the "
                    "agent and its supervisors report (as nodus-coordinator's --clock-offset-file; re-read every 50 ms)")
     p.add_argument("--reconnect-base", type=float, help="first reconnect delay in seconds (default 0.2)")
@@ -162,7 +167,16 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         simulated = SimulatedGpus.parse(args.simulate_gpus) if args.simulate_gpus else None
     except ValueError as e:
         raise SystemExit(f"nodus-agent: --simulate-gpus: {e}") from e
-    ca = Path(args.coordinator_ca).read_bytes() if args.coordinator_ca else None
+    insecure = _bool(args.coordinator_insecure)
+    if insecure and args.coordinator_ca:
+        raise SystemExit("nodus-agent: --coordinator-insecure and --coordinator-ca contradict each other: plaintext "
+                         "has no certificate to verify; keep --coordinator-ca unless the coordinator runs with "
+                         "--grpc-insecure")
+    try:
+        ca = Path(args.coordinator_ca).read_bytes() if args.coordinator_ca else None
+    except OSError as e:
+        raise SystemExit(f"nodus-agent: --coordinator-ca {args.coordinator_ca}: {e.strerror or e} (copy the "
+                         "coordinator's DATA_DIR/tls/ca.crt to this host)") from e
     try:
         runtime = choose_runtime(str(args.runtime))
     except ValueError as e:
@@ -195,6 +209,7 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         advertise_address=args.advertise_address or "", interruptible=_bool(args.interruptible),
         cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
         poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
+        coordinator_insecure=insecure,
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
         clock_offset_file=str(args.clock_offset_file or ""),
         workload_user=str(args.workload_user or ""), attempt_uids=attempt_uids(args.attempt_uids),

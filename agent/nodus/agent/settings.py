@@ -91,6 +91,9 @@ class AgentConfig:
     poll_interval: float = 0.5
     input_ca_file: str | None = None
     coordinator_ca: bytes | None = None
+    """The CA the coordinator's gRPC certificate is verified with; None: the system's roots."""
+    coordinator_insecure: bool = False
+    """Plaintext gRPC, for a coordinator run with --grpc-insecure (loopback only)."""
     reconnect_base: float = 0.2
     reconnect_max: float = 10.0
     clock_offset_file: str = ""

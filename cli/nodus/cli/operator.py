@@ -43,6 +43,37 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
+def _grpc_extension(config: dict[str, Any]) -> dict[str, Any]:
+    for ext in _current(config, "clusters", "cluster").get("extensions") or []:
+        if isinstance(ext, dict) and ext.get("name") == GRPC_EXTENSION and isinstance(ext.get("extension"), dict):
+            found: dict[str, Any] = ext["extension"]
+            return found
+    return {}
+
+
+def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """How the gRPC port is reached: TLS verified with the kubeconfig cluster's CA (the coordinator's
+    DATA_DIR/tls/ca.crt, as REST is verified), the system's roots when it names none; None
+    (plaintext) only where the coordinator wrote that it runs with --grpc-insecure."""
+    import base64
+    try:
+        path, config = _kubeconfig(args)
+    except CliError:
+        return grpc.ssl_channel_credentials()
+    if _grpc_extension(config).get("insecure") is True:
+        return None
+    cluster = _current(config, "clusters", "cluster")
+    if cluster.get("certificate-authority-data"):
+        return grpc.ssl_channel_credentials(base64.b64decode(cluster["certificate-authority-data"]))
+    if cluster.get("certificate-authority"):
+        ca = Path(str(cluster["certificate-authority"]))
+        try:
+            return grpc.ssl_channel_credentials((ca if ca.is_absolute() else path.parent / ca).read_bytes())
+        except OSError as e:
+            raise CliError(f"cannot read the kubeconfig's certificate-authority {ca}: {e.strerror}") from None
+    return grpc.ssl_channel_credentials()
+
+
 def target(args: argparse.Namespace) -> str:
     """The coordinator's gRPC address: --coordinator, else $NODUS_COORDINATOR, else the kubeconfig's
     nodus.dev/grpc cluster extension (the coordinator writes it), else endpoints.json beside the
@@ -55,11 +86,9 @@ def target(args: argparse.Namespace) -> str:
         path, config = _kubeconfig(args)
     except CliError:
         return DEFAULT_TARGET  # the token lookup says what is wrong with the kubeconfig
-    for ext in _current(config, "clusters", "cluster").get("extensions") or []:
-        if isinstance(ext, dict) and ext.get("name") == GRPC_EXTENSION:
-            address = (ext.get("extension") or {}).get("address")
-            if address:
-                return str(address)
+    address = _grpc_extension(config).get("address")
+    if address:
+        return str(address)
     try:
         import orjson
         return str(orjson.loads((path.parent / "endpoints.json").read_bytes())["grpc"])
@@ -71,7 +100,8 @@ def call(args: argparse.Namespace, method: str, request: Any,
          stub_class: Any = project_pb2_grpc.ProjectServiceStub) -> dict[str, Any]:
     """One operator RPC with the kubeconfig's token; a failure becomes a CliError with the server's fix."""
     address = target(args)
-    with grpc.insecure_channel(address) as channel:
+    creds = credentials(args)
+    with (grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)) as channel:
         stub = stub_class(channel)
         try:
             reply = getattr(stub, method)(request, metadata=(("authorization", f"Bearer {_token(args)}"),),
@@ -84,6 +114,9 @@ def call(args: argparse.Namespace, method: str, request: Any,
                 fix = rest.rsplit("; requestId:", 1)[0]
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 fix = f"start the coordinator or pass --coordinator HOST:PORT (tried {address})"
+                if "certificate" in message.lower() or "handshake" in message.lower():
+                    fix = (f"the TLS handshake with {address} failed: use the kubeconfig the coordinator wrote "
+                           "(DATA_DIR/kubeconfig carries its CA)")
             raise CliError(message, fix) from None
     return json_format.MessageToDict(reply, preserving_proto_field_name=True)
 

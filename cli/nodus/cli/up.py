@@ -1,6 +1,7 @@
 """`nodus up`: the development all-in-one — a coordinator and one local agent on loopback.
 
-Embedded SQLite, the process runtime, HTTPS REST and gRPC on loopback; it prints the kubeconfig to
+Embedded SQLite, the process runtime, HTTPS REST and TLS gRPC on loopback (the agent verifies the
+coordinator with its DATA_DIR/tls/ca.crt, as anywhere else); it prints the kubeconfig to
 use and stays in the foreground until Ctrl-C (or SIGTERM), then stops both daemons.
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _banner(node: str, data: Path, kubeconfig: Path, endpoints: dict[str, str]) 
         "  nodus apply -f examples/job.yaml && nodus watch job hello",
         "  nodus get jobs                      (or: kubectl get jobs.nodus.dev)",
         "  nodus logs -f hello",
-        f"  grpcurl -plaintext -H 'authorization: Bearer {token}' {endpoints['grpc']} list",
+        f"  grpcurl -cacert {kubeconfig.parent / 'tls' / 'ca.crt'} -H 'authorization: Bearer {token}' "
+        f"{endpoints['grpc']} list",
         "Ctrl-C stops both daemons.",
     ))
 
@@ -68,7 +70,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         agent = subprocess.Popen(
             [str(bin_dir / "nodus-agent"), "--coordinator", grpc, "--node", args.node,
              "--work-dir", str(data / "agent"), "--join-token-file", str(data / "coordinator" / "join-token"),
-             "--runtime", "process", *node_flags],
+             "--coordinator-ca", str(data / "coordinator" / "tls" / "ca.crt"), "--runtime", "process", *node_flags],
             stdout=open(agent_log, "ab"), stderr=subprocess.STDOUT)
         procs.append(agent)
         kubeconfig = data / "coordinator" / "kubeconfig"

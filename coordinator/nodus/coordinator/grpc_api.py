@@ -388,8 +388,9 @@ class GrpcServer:
 
 async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
                 servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
-                clock: Clock = SystemClock()) -> GrpcServer:
-    """Starts the server (health NOT_SERVING until `set_serving`).
+                clock: Clock = SystemClock(), credentials: grpc.ServerCredentials | None = None) -> GrpcServer:
+    """Starts the server (health NOT_SERVING until `set_serving`): TLS with `credentials`, plaintext
+    without (main.py allows that on loopback only, --grpc-insecure).
 
     `servicers` are (full service name, function that adds it to the server), for the services built
     outside this module (AgentService, NodeService)."""
@@ -408,7 +409,7 @@ async def start(service: ResourceService, listen: str, blobs: BlobStore | None =
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     reflection.enable_server_reflection(SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                                          reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
+    port = server.add_insecure_port(listen) if credentials is None else server.add_secure_port(listen, credentials)
     if port == 0:
         raise SystemExit(f"--grpc-listen {listen}: cannot bind")
     for name in ("",) + SERVICE_NAMES:

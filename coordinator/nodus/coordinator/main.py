@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import shutil
@@ -49,7 +50,7 @@ from .store.base import Store
 from .store.copy import copy_sqlite_to_postgres
 from .store.postgres import PostgresStore
 from .store.sqlite import SqliteStore
-from .tls import TlsFiles, ensure_tls, write_private
+from .tls import TlsFiles, ensure_tls, grpc_credentials, write_private
 from .vault import Vault, load_or_create_key
 
 log = logging.getLogger("nodus.coordinator")
@@ -61,6 +62,7 @@ DEFAULTS = {
     "store_url": "",
     "tls_cert": "",
     "tls_key": "",
+    "grpc_insecure": False,
     "compact_interval": 300.0,
     "lease_duration": "15s",
     "heartbeat_interval": "3s",
@@ -101,13 +103,16 @@ GRPC_EXTENSION = "nodus.dev/grpc"
 of the `nodus` CLI find it (kubectl and the Kubernetes clients ignore extensions they do not know)."""
 
 
-def kubeconfig(server: str, ca_pem: bytes | None, token: str, grpc: str = "") -> dict[str, Any]:
+def kubeconfig(server: str, ca_pem: bytes | None, token: str, grpc: str = "",
+               grpc_insecure: bool = False) -> dict[str, Any]:
     import base64
     cluster: dict[str, Any] = {"server": server}
     if ca_pem:
         cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     if grpc:
-        cluster["extensions"] = [{"name": GRPC_EXTENSION, "extension": {"address": grpc}}]
+        # gRPC is verified with the cluster's CA, as REST is; `insecure` only for --grpc-insecure.
+        extension: dict[str, Any] = {"address": grpc, **({"insecure": True} if grpc_insecure else {})}
+        cluster["extensions"] = [{"name": GRPC_EXTENSION, "extension": extension}]
     return {
         "apiVersion": "v1", "kind": "Config", "preferences": {},
         "clusters": [{"name": "nodus", "cluster": cluster}],
@@ -117,7 +122,8 @@ def kubeconfig(server: str, ca_pem: bytes | None, token: str, grpc: str = "") ->
     }
 
 
-async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFiles, grpc: str = "") -> None:
+async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFiles, grpc: str = "",
+                    grpc_insecure: bool = False) -> None:
     """Idempotent: projects, the admin kubeconfig and the agent join token."""
     await identity.ensure_project(DEFAULT_PROJECT, "Default project")
     await identity.ensure_project(CATALOG_PROJECT, "Managed catalog")
@@ -133,7 +139,8 @@ async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFil
     if not token:
         token, _ = await identity.create_token(ALL_PROJECTS, Role.ADMIN, subject="admin")
     ca_pem = tls.ca.read_bytes() if tls.ca is not None else None
-    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token, grpc), sort_keys=False).encode())
+    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token, grpc, grpc_insecure),
+                                       sort_keys=False).encode())
     join = data_dir / "join-token"
     if not join.exists():
         write_private(join, (await identity.create_join_token()).encode() + b"\n")
@@ -186,13 +193,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
     grpc_host, grpc_port = _split(args.grpc_listen)
     http_host, http_port = _split(args.http_listen)
+    grpc_insecure = _grpc_insecure(args, grpc_host)
     if args.tls_cert and args.tls_key:
         tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), None)
     else:
-        tls = ensure_tls(data_dir, [http_host])
+        tls = ensure_tls(data_dir, [http_host, grpc_host])
 
     grpc_server = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
-                                                   servicers=plane.servicers(), clock=clock)
+                                       servicers=plane.servicers(), clock=clock,
+                                       credentials=None if grpc_insecure else grpc_credentials(tls))
     app, gateway = make_app(service)
     app[downloads.BLOBS] = blobs
     app[image_routes.IMAGES] = ImagePushService(resolver.operator, resolver, data_dir / "image-uploads")
@@ -203,13 +212,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     bound_http = http_port or runner.addresses[0][1]
     endpoints = Endpoints(f"{_client_host(grpc_host)}:{grpc_server.port}",
                           f"https://{_client_host(http_host)}:{bound_http}")
-    await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc)
-    write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http}))
+    await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc, grpc_insecure)
+    write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http,
+                                                             "grpcTls": not grpc_insecure}))
     # Start-up is done and the cache has synced: its heap leaves the collector's generations (heap.py).
     settle_heap(_heap_settings(args))
     gateway.ready = True
     grpc_server.set_serving()
-    log.info("nodus-coordinator ready: REST %s, gRPC %s, data %s", endpoints.http, endpoints.grpc, data_dir)
+    log.info("nodus-coordinator ready: REST %s, gRPC %s (%s), data %s", endpoints.http, endpoints.grpc,
+             "plaintext, --grpc-insecure" if grpc_insecure else "TLS", data_dir)
     print(f"nodus-coordinator ready: REST {endpoints.http} gRPC {endpoints.grpc} "
           f"kubeconfig {data_dir / 'kubeconfig'}", flush=True)
     _notify("READY=1")
@@ -265,6 +276,34 @@ def _store_copy(argv: list[str]) -> None:
         raise SystemExit(f"store copy: --to: cannot write the PostgreSQL store: {e}") from e
     print(f"copied {copied.keys} keys and {copied.history} history entries at revision {copied.revision} "
           f"(compacted {copied.compacted})")
+
+
+def _grpc_insecure(args: argparse.Namespace, host: str) -> bool:
+    """--grpc-insecure: plaintext gRPC, allowed only on a loopback --grpc-listen (what crosses it:
+    tokens, the join token, Secret values in Assignments)."""
+    if not _bool_setting(args.grpc_insecure):
+        return False
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise SystemExit(f"--grpc-insecure serves gRPC in plaintext and is allowed only on a loopback "
+                         f"--grpc-listen (127.0.0.1, ::1 or localhost), not {args.grpc_listen}: drop --grpc-insecure "
+                         f"(agents then take --coordinator-ca DATA_DIR/tls/ca.crt) or listen on loopback")
+    return True
+
+
+def _bool_setting(value: object) -> bool:
+    """A boolean flag as the command line (True), the config file (a bool) or NODUS_* (text) gives it."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"--grpc-insecure: expected true or false, got {value!r}")
 
 
 def _lease_settings(args: argparse.Namespace) -> tuple[float, float]:
@@ -365,6 +404,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store-url", help="postgresql://… (default: SQLite in the data dir)")
     p.add_argument("--tls-cert", help="serving certificate (PEM); default: one signed by a CA made in the data dir")
     p.add_argument("--tls-key", help="its private key (PEM)")
+    p.add_argument("--grpc-insecure", action="store_const", const=True,
+                   help="serve gRPC in plaintext (development on loopback only: refused on any other --grpc-listen; "
+                        "default: TLS with the serving certificate REST uses)")
     p.add_argument("--compact-interval", type=float, help="seconds of watch history kept (default 300)")
     p.add_argument("--lease-duration", help="how long a node's lease lasts without a heartbeat, as a duration "
                    "(default 15s); past it the node is NotReady and its attempts are replaced")
