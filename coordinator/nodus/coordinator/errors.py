@@ -93,6 +93,15 @@ _CODES = (
          "retry it, or to Running to keep the Job running"),
     Code("Cancelled", 409, "CANCELLED", "the Job was cancelled (spec.state Cancelled); create it again to run it"),
     Code("Suspended", 409, "FAILED_PRECONDITION", "set spec.state to Running to resume the Job"),
+    Code("NodeEnrolled", 403, "PERMISSION_DENIED",
+         "another key holds this node name: start this host under another --node, or have an operator re-admit the "
+         "name (`nodus node readmit NAME`, NodeService.ReadmitNode) so the next enrolment takes it"),
+    Code("NodeRevoked", 403, "PERMISSION_DENIED",
+         "an operator revoked this node: it may join again only once re-admitted (`nodus node readmit NAME`, "
+         "NodeService.ReadmitNode), then it enrols with the join token"),
+    Code("NodeCertificateRequired", 401, "UNAUTHENTICATED",
+         "enrol with the join token (AgentService.Enrol on the TLS port) and call the agent port with the node "
+         "certificate (nodus-agent does both with --coordinator-ca DATA_DIR/tls/ca.crt)"),
     Code("StaleSession", 409, "FAILED_PRECONDITION",
          "register again: a newer registration of this node superseded the session (the agent does this itself)"),
     Code("DigestMismatch", 422, "DATA_LOSS",
