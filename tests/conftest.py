@@ -25,6 +25,11 @@ from registry import oci_registry, private_oci_registry  # noqa: F401
 # directories, which no attempt uid reaches. tests/test_attempt_uids_e2e.py runs agents with the range.
 os.environ.setdefault("NODUS_ATTEMPT_UIDS", "off")
 
+# Agents started by the suite (and its benches) run attempts as their own user, as before ADR 0040:
+# the suite's programs are this venv's interpreter (under /root, 0700 here) writing into pytest's 0700
+# directories, which no attempt uid reaches. tests/test_attempt_uids_e2e.py runs agents with the range.
+os.environ.setdefault("NODUS_ATTEMPT_UIDS", "off")
+
 
 BIN = Path(sys.executable).parent
 

@@ -82,7 +82,7 @@ def test_example_configuration_is_accepted(tmp_path: Path) -> None:
     from nodus.coordinator.main import parser as coordinator_parser
 
     agent = daemon_config.resolve(agent_parser(), ["--config", str(SYSTEMD / "agent.yaml")])
-    assert agent.coordinator == "coordinator.internal:7070" and agent.workload_user == "nodus-work"
+    assert agent.coordinator == "coordinator.internal:7070" and not agent.workload_user
     assert agent.labels == "rack=r12,fabric=ib" and agent.interruptible is False
     coordinator = daemon_config.resolve(coordinator_parser(), ["--config", str(SYSTEMD / "coordinator.yaml")])
     assert coordinator.grpc_listen == "0.0.0.0:7070" and coordinator.lease_duration == "15s"

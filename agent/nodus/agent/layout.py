@@ -12,10 +12,17 @@
         run/ready/<name>             NODUS_READY_FILE of the main command and of each sidecar
         run/secrets/<name>/<key>     secret mounts, 0400, removed when the attempt ends
         run/collected/<output>       outputs as uploaded (directories as tar.zst)
+
+Under an attempt's own uid (ADR 0040, `own`): the attempt directory is root's with the attempt's
+group, 01770 (no other uid enters it; the program adds files but cannot move what Nodus put there);
+state/, outputs/, run/tmp, run/ready, run/checkpoint and run/progress.jsonl are the attempt's, 0700
+(0600); run/ is 0711 (the program reaches its own entries, lists nothing); run/secrets is the
+attempt's, 0500 with 0400 files; the agent, as root, reads and writes all of it.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +131,35 @@ class AttemptLayout:
             d.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
         self.run.chmod(0o700)
+
+    @property
+    def handshake(self) -> Path:
+        """The checkpoint handshake's request and answer files (checkpointing.handshake_dir)."""
+        return self.run / "checkpoint"
+
+    def own(self, uid: int, gid: int) -> None:
+        """Gives the attempt's directories to the user its programs run as (the module docstring's modes).
+
+        The attempt directory stays root's: an owner could rename run/ and have the root supervisor
+        write its status through a link of the program's choosing."""
+        os.chown(self.root, 0, gid)
+        self.root.chmod(0o1770)
+        self.run.chmod(0o711)
+        self.handshake.mkdir(exist_ok=True)
+        for d in (self.state, self.outputs, self.tmp, self.ready, self.handshake):
+            os.chown(d, uid, gid)
+            d.chmod(0o700)
+        self.progress.touch()
+        os.chown(self.progress, uid, gid)
+        self.progress.chmod(0o600)
+
+    @staticmethod
+    def own_tree(path: Path, uid: int, gid: int) -> None:
+        """`path` and everything under it (links themselves, never their targets) to uid:gid."""
+        os.lchown(path, uid, gid)
+        for root, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(root, name), uid, gid)
 
     def translate(self, path: str) -> Path:
         """Maps the container paths of the contract (/nodus/state, …) onto this attempt's directories."""

@@ -171,7 +171,7 @@ class Checkpoints:
         """restore_before_start, after keeping the assignment's checkpoint store for the attempt's own
         checkpoints (remember_store)."""
         self.remember_store(a, layout)
-        return await restore_before_start(self.blobs, self.runtime.user, a, layout)
+        return await restore_before_start(self.blobs, self.runtime.user_of(layout), a, layout)
 
     async def checkpoint(self, attempt_id: str, seq: int, reason: agent_pb2.CheckpointReason) -> agent_pb2.CheckpointCommit:
         """Takes, uploads and reports one checkpoint of a running attempt. Raises CheckpointFailed."""

@@ -239,13 +239,13 @@ class OciRuntime(ProcessRuntime):
             remove_link(link)  # the node's NAT table outlives the pod's namespace
         slots.release(pod_id)
 
-    def remove(self, layout: AttemptLayout) -> None:  # type: ignore[override]
+    def remove(self, layout: AttemptLayout) -> None:
         with self._pull_lock:  # one stopped between its pull and its spec
             for attempt_id in [k for k in self._pulled if self.layout(k).root == layout.root]:
                 self._pulled.pop(attempt_id, None)
         if (layout.run / "pod").exists():
             self.close_pod(layout)  # never remove a tree through a layer still mounted
-        ProcessRuntime.remove(layout)
+        super().remove(layout)
 
 
 def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock,
@@ -253,7 +253,8 @@ def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, c
     """The runtime `cfg.runtime` names (main.py resolved auto already; oci without its tools fails here too)."""
     process: dict[str, Any] = {"notify_address": notify_address, "cgroup_root": cfg.cgroup_root, "cgroups": cfg.cgroups,
                                "stop_grace": cfg.stop_grace, "host_gpus": host_gpus,
-                               "workload_user": cfg.workload_user, "zygote": cfg.zygote}
+                               "workload_user": cfg.workload_user, "attempt_uids": cfg.attempt_uids,
+                               "zygote": cfg.zygote}
     if choose_runtime(cfg.runtime) != "oci":
         return ProcessRuntime(cfg.work_dir, **process)
     return OciRuntime(cfg.work_dir, image_cache=cfg.image_cache or cfg.work_dir / "images",

@@ -30,6 +30,7 @@ from ..inputs import working_dir
 from ..layout import AttemptLayout, safe_name
 from ..reasons import Reason
 from ..statefile import read_json, write_json
+from ..uids import OFF, AttemptUids, UidRange, UidsExhausted
 from ..zygote import Zygote, ZygoteError
 
 log = logging.getLogger("nodus.agent.runtime")
@@ -91,7 +92,7 @@ def attempt_env(a: agent_pb2.Assignment, layout: AttemptLayout, base: Mapping[st
 
 @dataclass(frozen=True, slots=True)
 class WorkloadUser:
-    """The account attempts run as (the agent runs as root to manage cgroups)."""
+    """The account an attempt runs as: --workload-user's for every attempt, or the attempt's own uid."""
 
     name: str
     uid: int
@@ -107,6 +108,11 @@ class WorkloadUser:
         except KeyError:
             raise ValueError(f"workload user {name!r} does not exist on this host") from None
         return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+
+    @classmethod
+    def of_attempt(cls, uid: int) -> "WorkloadUser":
+        """An attempt's own uid (ADR 0040): no passwd entry, its gid the same number, no other groups."""
+        return cls(f"nodus-attempt-{uid}", uid, uid, ())
 
     def as_spec(self) -> dict[str, Any]:
         return {"name": self.name, "uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
@@ -198,7 +204,7 @@ class ProcessRuntime:
     def __init__(self, work_dir: Path, *, notify_address: str | None = None, cgroup_root: str = "nodus",
                  cgroups: bool = True, stop_grace: float = 10.0, python: str = sys.executable,
                  host_gpus: int = 0, base_env: Mapping[str, str] | None = None, workload_user: str = "",
-                 zygote: bool = True) -> None:
+                 attempt_uids: str = OFF, zygote: bool = True) -> None:
         self.work_dir = work_dir
         self.notify_address = notify_address
         self.cgroup_root = cgroup_root
@@ -208,13 +214,34 @@ class ProcessRuntime:
         self.host_gpus = host_gpus
         self.base_env = dict(base_env if base_env is not None else os.environ)
         self.user = WorkloadUser.lookup(workload_user) if workload_user else None
+        """--workload-user: every attempt runs as it (the uid range is then not used)."""
+        self.uids = self._attempt_uids(attempt_uids) if self.user is None else None
+        """Each image-less attempt's own uid (ADR 0040); None: attempts run as the agent's own user."""
         # Attempt ids are unique in a cluster, not on a host that runs agents of several clusters
         # (tests, development): the work dir's digest keeps their cgroups apart.
         self.scope = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:8]
         self.zygote = Zygote(python, self._supervisor_env(), work_dir / "zygote.log") if zygote else None
 
+    def _attempt_uids(self, text: str) -> AttemptUids | None:
+        if text == OFF:
+            return None
+        rng = UidRange.parse(text)
+        if os.geteuid() != 0:
+            log.error("attempts run as the agent's own user (uid %d), all under one uid: only root can give each "
+                      "attempt its own uid from --attempt-uids %s, so attempts on this node can read and signal "
+                      "each other", os.geteuid(), rng)
+            return None
+        return AttemptUids(rng, self.work_dir / "uids.json", self.work_dir / "attempts")
+
     def layout(self, attempt_id: str) -> AttemptLayout:
         return AttemptLayout.of(self.work_dir, attempt_id)
+
+    def user_of(self, layout: AttemptLayout) -> WorkloadUser | None:
+        """Who the attempt's programs run as: --workload-user, its own uid, or None (the agent's user)."""
+        if self.user is not None:
+            return self.user
+        uid = self.uids.uid_of(layout.root.name) if self.uids is not None else None
+        return WorkloadUser.of_attempt(uid) if uid is not None else None
 
     def check(self, a: agent_pb2.Assignment) -> None:
         """Raises Refused for what the process runtime cannot run."""
@@ -244,21 +271,26 @@ class ProcessRuntime:
         layout.make()
         layout.progress.touch()
         handshake_dir(layout).mkdir(exist_ok=True)
-        if self.user is not None:
-            # The attempt directory is the default working directory: the workload may create files
-            # there, but (sticky bit) not move or remove what the agent put there.
-            os.chown(layout.root, 0, self.user.gid)
-            layout.root.chmod(0o1770)
-            layout.run.chmod(0o711)  # the workload reaches its own entries in run/, lists nothing
-            for d in (layout.state, layout.outputs, layout.tmp, layout.ready, layout.progress, handshake_dir(layout)):
-                os.chown(d, self.user.uid, self.user.gid)
+        user = self.user
+        if user is None and self.uids is not None and not a.image:  # an image's pod has its user namespace
+            try:
+                user = WorkloadUser.of_attempt(self.uids.allocate(layout.root.name))
+            except UidsExhausted as e:
+                raise Refused(Reason.AGENT_FAULT, str(e), "LOST") from e
+        if user is not None:
+            layout.own(user.uid, user.gid)
         return layout
 
     def write_spec(self, a: agent_pb2.Assignment, layout: AttemptLayout) -> None:
-        write_secret_mounts(a, layout, self.user)
+        user = self.user_of(layout)
+        write_secret_mounts(a, layout, user)
+        if user is not None:
+            for vol in a.volumes:  # what the agent materialized as root, the program writes to
+                if not vol.read_only and (layout.volumes / vol.volume).exists():
+                    layout.own_tree(layout.volumes / vol.volume, user.uid, user.gid)
         env = attempt_env(a, layout, self.base_env, self.host_gpus)
         spec = supervisor_spec(a, layout, env, cgroup_root=self.cgroup_root, cgroup_name=self.cgroup_name(layout),
-                               cgroups=self.cgroups, stop_grace=self.stop_grace, user=self.user)
+                               cgroups=self.cgroups, stop_grace=self.stop_grace, user=user)
         # Not fsynced: the supervisor reads it at once, and a host crash ends the attempt anyway.
         write_json(layout.spec, spec, mode=0o600, durable=False)
 
@@ -402,9 +434,8 @@ class ProcessRuntime:
         cg.kill_all()
         cg.remove()
 
-    @staticmethod
-    def remove(layout: AttemptLayout) -> None:
-        """Forgets an ended attempt: what still runs in its cgroup, the cgroup, then its directory."""
+    def remove(self, layout: AttemptLayout) -> None:
+        """Forgets an ended attempt: what still runs in its cgroup, the cgroup, its directory, then its uid."""
         sweep_cgroup(layout)
 
         def onerror(func: Any, path: str, exc: Any) -> None:
@@ -420,6 +451,11 @@ class ProcessRuntime:
             except OSError:
                 pass
         shutil.rmtree(layout.root, onerror=onerror)
+        if self.uids is not None:
+            if layout.root.exists():
+                log.warning("attempt %s: its directory could not be removed; its uid stays held", layout.root.name)
+            else:
+                self.uids.release(layout.root.name)
 
 
 def sweep_cgroup(layout: AttemptLayout) -> None:

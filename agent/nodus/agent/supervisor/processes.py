@@ -11,6 +11,7 @@ output, stops and the status file are the same path for both.
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import selectors
 import signal
@@ -26,6 +27,10 @@ MESSAGE_LINES = 3
 LINE_LIMIT = 400
 STOP_CHECK_INTERVAL = 0.5
 """Seconds between looks for a stop request while waiting (a signal is noticed at once)."""
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+"""prctl(2): <linux/prctl.h>."""
+_LIBC = ctypes.CDLL(None, use_errno=True)
+"""Loaded before any fork: a child between fork and exec must not dlopen."""
 
 
 class StepProcess(Protocol):
@@ -256,7 +261,11 @@ class ForkExec:
             if user:
                 os.setgroups(user.get("groups") or [])
                 os.setgid(user["gid"])
-                os.setuid(user["uid"])
+                os.setuid(user["uid"])  # real, effective and saved: the kernel's uid rules now apply
+                # setuid away from 0 empties every capability set unless securebits keep them (a unit's
+                # SecureBits=keep-caps): the ambient set is what would survive exec then.
+                if _LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+                    raise OSError(ctypes.get_errno(), "the ambient capabilities could not be cleared")
 
         return subprocess.Popen(argv, env=env, cwd=self.procs.cwd, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
