@@ -18,6 +18,7 @@ import jsonpatch
 import orjson
 
 from .api.admission import admit_create, admit_status, admit_update
+from .api.jsondoc import copy_json
 from .api.kinds import KindInfo, resolve
 from .api.limits import BETA, AdmissionLimits
 from .controllers.fleet import Fleet
@@ -261,7 +262,7 @@ class ResourceService:
             raise NodusError("BadRequest", f"the namespace of the provided object ({ns}) does not match "
                              f"the namespace sent on the request ({project})",
                              fix="drop metadata.namespace from the object or send it to that project")
-        return copy.deepcopy(obj)
+        return copy_json(obj)
 
     async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
                      dry_run: bool = False, field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -346,7 +347,7 @@ class ResourceService:
             old = _decode(old_rec)
             if old is None or old_rec is None:
                 raise self._not_found(info, name)
-            base = copy.deepcopy(old)
+            base = copy_json(old)
             if not subresource:
                 await self._strategy(info).readable(project, name, old, base)
             if patch_type == "merge":
@@ -400,14 +401,14 @@ class ResourceService:
         values: dict[str, str] | None = None
         if subresource == "status":
             admitted = admit_status(info, new, field_validation=field_validation)
-            result = copy.deepcopy(old)
+            result = copy_json(old)
             result["status"] = admitted.object.get("status", {})
             warnings = admitted.warnings
         elif subresource:
             raise NodusError("NotFound", f'the server could not find the requested resource ({info.plural}/{subresource})')
         else:
             new.pop("status", None)
-            old_for_admission = copy.deepcopy(old)
+            old_for_admission = copy_json(old)
             admitted = await admit_update(info, old_for_admission, new, self._lookup, project=project,
                                           field_validation=field_validation, limits=self.limits)
             result = admitted.object

@@ -7,7 +7,6 @@ per-field rules of the kind's schema tree, cross-field rules, then references to
 """
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 from .. import errors
 from ..errors import Cause, NodusError
 from .attempt import ATTEMPT
+from .jsondoc import copy_json
 from .connection import CONNECTION
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
 from .kinds import KindInfo
@@ -183,7 +183,7 @@ def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: s
     if project is not None and namespace is not None and namespace != project:
         ctx.causes.append(errors.invalid_value("metadata.namespace", namespace,
                                                f'does not match the project of the request ("{project}")'))
-    raw = copy.deepcopy({k: v for k, v in obj.items() if k not in _ENVELOPE})
+    raw = copy_json({k: v for k, v in obj.items() if k not in _ENVELOPE})
     fold_causes = ks.fold(raw)
     body = decode(ks.body, raw, "", ctx)
     if not isinstance(body, dict):  # pragma: no cover - raw is always a dict
@@ -240,7 +240,7 @@ async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, p
     p = _decode_object(info, obj, mode, project=project, limits=limits)
     if ks.create_rules is not None:
         _add_unique(p.ctx.causes, ks.create_rules(p.body))
-    status = copy.deepcopy(obj.get("status"))  # passed through: the resource service decides
+    status = copy_json(obj.get("status"))  # passed through: the resource service decides
     if ks.resolve is not None:
         resolution = await ks.resolve(p.body, lookup, project)
         _add_unique(p.ctx.causes, resolution.causes)
@@ -270,14 +270,14 @@ async def admit_update(info: KindInfo, old: dict[str, Any], new: dict[str, Any],
     for path in ks.raise_only:
         _add_unique(p.ctx.causes, _raise_only(path, get(old_body, path), get(p.body, path)))
     _raise_if_invalid(info, new, p.ctx.causes)
-    status = copy.deepcopy(new.get("status"))
+    status = copy_json(new.get("status"))
     old_status = old.get("status")
     if not isinstance(old_status, dict):
         old_status = {}
     for key in ("secretVersions", "secretVersionIDs"):
         if key in old_status:
             status = dict(status) if isinstance(status, dict) else {}
-            status[key] = copy.deepcopy(old_status[key])
+            status[key] = copy_json(old_status[key])
     if ks.finish is not None:
         ks.finish(p.body)
     return Admitted(_assemble(info, p.metadata, p.body, status), tuple(p.ctx.warnings))

@@ -21,6 +21,7 @@ import orjson
 from .. import errors
 from ..errors import Cause
 from . import units
+from .jsondoc import copy_json
 from .limits import BETA, AdmissionLimits
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ def decode(node: Node, value: Any, path: str, ctx: Decoding) -> Any:
             return _type_error(ctx, path, value, "object")
         if ctx.checks and node.max_bytes is not None and len(orjson.dumps(value)) > node.max_bytes:
             ctx.causes.append(errors.too_long(path, node.max_bytes))
-        return _run_checks(node, copy.deepcopy(value), path, ctx)
+        return _run_checks(node, copy_json(value), path, ctx)
     if isinstance(node, Any_):
         return value
     raise TypeError(f"unknown schema node {node!r}")  # pragma: no cover

@@ -13,12 +13,12 @@ other's changes. Each durable result goes into the cache at once (read-your-writ
 """
 from __future__ import annotations
 
-import copy
 import uuid
 from typing import Any, Awaitable, Callable
 
 import orjson
 
+from ..api.jsondoc import copy_json
 from ..errors import NodusError
 from ..store.base import Store
 from .cache import Cache, decode
@@ -78,7 +78,7 @@ class Objects:
                 if current is None:
                     return None
             value, revision = current
-            new = mutation(copy.deepcopy(value))
+            new = mutation(copy_json(value))
             if new is None or new == value:
                 return None
             try:
@@ -97,7 +97,7 @@ class Objects:
         """Creates or updates `key` from its current value (None when absent)."""
         for _ in range(_RETRIES):
             current = await self.read(key)
-            new = mutation(copy.deepcopy(current[0]) if current else None)
+            new = mutation(copy_json(current[0]) if current else None)
             try:
                 if current is None:
                     rec = await self.store.create(key, encode(new))
