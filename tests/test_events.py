@@ -114,6 +114,9 @@ def test_kubectl_describe_and_get_events_show_a_jobs_story(coordinator: Coordina
     name = story[0]["metadata"]["name"]
     refused = coordinator.run("kubectl", "delete", "event", name, check=False)
     assert refused.returncode != 0 and "read-only" in refused.stderr, refused.stderr
+    assert "events are read-only" in refused.stderr and "events." not in refused.stderr, refused.stderr
+    missing = coordinator.run("kubectl", "get", "event", "no-such-event", check=False)
+    assert 'events "no-such-event" not found' in missing.stderr, "the core group is named as kubectl names it"
 
     # nodus describe job: status, conditions, attempts and events on one screen.
     screen = coordinator.run("nodus", "describe", "job", "story").stdout

@@ -142,7 +142,7 @@ class ResourceService:
         if not caller.can(project, needed):
             raise NodusError(
                 "Forbidden",
-                f'{info.plural}.{info.group} is forbidden: User "{caller.subject}" cannot {verb} resource '
+                f'{info.resource} is forbidden: User "{caller.subject}" cannot {verb} resource '
                 f'"{info.plural}" in API group "{info.group}" in the namespace "{project}"',
                 kind=info.plural, group=info.group,
                 fix=f"use a token with the {needed.name.lower()} role in project {project}")
@@ -151,14 +151,14 @@ class ResourceService:
     def _refuse_read_only(caller: Caller, info: KindInfo, verb: str) -> None:
         """Attempts are written by the coordinator alone; anyone else may only read them."""
         if info.read_only and caller is not SYSTEM:
-            raise NodusError("MethodNotAllowed", f"{info.plural}.{info.group} are read-only: the coordinator "
+            raise NodusError("MethodNotAllowed", f"{info.resource} are read-only: the coordinator "
                              f"{'creates' if verb == 'create' else 'writes'} them; {verb} is not allowed",
                              kind=info.plural, group=info.group,
                              fix=f"change the owning Job instead (for example spec.state or spec.parallelism); "
                                  f"get, list and watch {info.plural} to follow them")
 
     def _not_found(self, info: KindInfo, name: str) -> NodusError:
-        return NodusError("NotFound", f'{info.plural}.{info.group} "{name}" not found',
+        return NodusError("NotFound", f'{info.resource} "{name}" not found',
                           name=name, kind=info.plural, group=info.group)
 
     # -- reads ------------------------------------------------------------------------------------
@@ -305,7 +305,7 @@ class ResourceService:
         return _decode(rec), admitted.warnings  # type: ignore[return-value]
 
     def _already_exists(self, info: KindInfo, name: str) -> NodusError:
-        return NodusError("AlreadyExists", f'{info.plural}.{info.group} "{name}" already exists',
+        return NodusError("AlreadyExists", f'{info.resource} "{name}" already exists',
                           name=name, kind=info.plural, group=info.group,
                           fix="choose another name, or change it with `kubectl apply` / `nodus apply`")
 
@@ -388,7 +388,7 @@ class ResourceService:
         raise self._conflict(info, name)
 
     def _conflict(self, info: KindInfo, name: str) -> NodusError:
-        return NodusError("Conflict", f'Operation cannot be fulfilled on {info.plural}.{info.group} "{name}": '
+        return NodusError("Conflict", f'Operation cannot be fulfilled on {info.resource} "{name}": '
                           "the object has been modified; please apply your changes to the latest version "
                           "and try again", name=name, kind=info.plural, group=info.group)
 

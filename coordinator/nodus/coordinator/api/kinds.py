@@ -46,6 +46,12 @@ class KindInfo:
     """Fields a fieldSelector may name beyond those every kind has (selectors.FIELDS)."""
 
     @property
+    def resource(self) -> str:
+        """plural.group as Kubernetes names the resource in messages ("jobs.nodus.dev"); the bare plural
+        for the core group ("events")."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
     def api_version(self) -> str:
         """group/version, or the bare version for the core group (an Event's "v1")."""
         return f"{self.group}/{self.version}" if self.group else self.version
@@ -81,6 +87,9 @@ def _completions(obj: dict[str, Any]) -> str:
 
 
 def _sweep_cells(obj: dict[str, Any]) -> str:
+    counts = _get(obj, "status.cellCounts")  # the summary every Sweep stores (a large one has no stored rows)
+    if isinstance(counts, dict) and counts:
+        return f"{int(counts.get('Succeeded') or 0)}/{sum(int(n or 0) for n in counts.values())}"
     cells = _get(obj, "status.cells")
     if isinstance(cells, list) and cells:
         done = sum(1 for c in cells if isinstance(c, dict) and c.get("phase") == "Succeeded")

@@ -391,7 +391,7 @@ class Gateway:
             if patch_type is None:
                 raise NodusError(
                     "UnsupportedMediaType",
-                    f"the patch content type {request.content_type!r} is not supported for {info.plural}.{info.group}",
+                    f"the patch content type {request.content_type!r} is not supported for {info.resource}",
                     fix="use a merge patch (kubectl patch --type merge) or a JSON patch (--type json)")
             obj, warnings = await self.service.patch(
                 caller, info, project, name, patch_type, await request.read(), subresource=sub,
