@@ -21,6 +21,7 @@ from .api.admission import Lookup
 from .api.references import not_found, secret_version
 from .clock import parse, rfc3339
 from .controllers.fleet import Fleet
+from .controllers.sweep import CELL_LABEL, SWEEP_LABEL
 from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
@@ -132,10 +133,7 @@ class JobStrategy(KindStrategy):
     def refuse(self, obj: dict[str, Any]) -> None:
         """A create whose first hold the project's credits cannot take is refused with the words its
         estimate's blockingReasons show (a dry run still answers, with them)."""
-        for blocking in ((obj.get("status") or {}).get("estimate") or {}).get("blockingReasons") or []:
-            if blocking.get("code") == "InsufficientCredits":
-                raise errors.NodusError("InsufficientCredits", blocking["message"], name=obj["metadata"]["name"],
-                                        kind="jobs", group="nodus.dev", fix=blocking.get("fix", ""))
+        refuse_unfunded(obj, "jobs")
 
     async def _pin_images(self, images: ImageResolver, project: str, obj: dict[str, Any]) -> None:
         spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
@@ -219,16 +217,34 @@ class SweepStrategy(KindStrategy):
         for values in (matrix.get("params") or {}).values():
             same *= max(len(values or []), 1)
         cells = []
-        for gpu in matrix.get("gpu") or [None]:
-            for region in matrix.get("regions") or [None]:
+        regions = matrix.get("regions") or [None]
+        for g, gpu in enumerate(matrix.get("gpu") or [None]):
+            for r, region in enumerate(regions):
                 cell = dict(template)
                 if gpu is not None:
                     cell["resources"] = {**(cell.get("resources") or {}), "gpu": gpu}
                 if region is not None:
                     cell["placement"] = {**(cell.get("placement") or {}), "regions": [region]}
-                cells.append((await self.estimates.estimate(project, cell, {}), same))
+                # Its first hold must fit the Budgets the cell Jobs count towards: those of the group's
+                # first cell's labels (controllers/sweep.py: index = (gpu · R + region) · same + …).
+                labels = {SWEEP_LABEL: str((obj.get("metadata") or {}).get("name") or ""),
+                          CELL_LABEL: str((g * len(regions) + r) * same)}
+                cells.append((await self.estimates.estimate(project, cell, {}, labels), same))
         estimate = quote.combine(cells, int(spec.get("maxParallel") or 4))
         obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "sweeps", self.estimates.sign)
+
+    def refuse(self, obj: dict[str, Any]) -> None:
+        """A Sweep whose cells' first holds cannot be taken (the credits, or a Budget its cells count
+        towards) is refused as a Job would be, rather than admitted with cells that every create refuses."""
+        refuse_unfunded(obj, "sweeps")
+
+
+def refuse_unfunded(obj: dict[str, Any], plural: str) -> None:
+    """Raises the InsufficientCredits of the estimate's blockingReasons (credits or a Budget), if any."""
+    for blocking in ((obj.get("status") or {}).get("estimate") or {}).get("blockingReasons") or []:
+        if blocking.get("code") == "InsufficientCredits":
+            raise errors.NodusError("InsufficientCredits", blocking["message"], name=obj["metadata"]["name"],
+                                    kind=plural, group="nodus.dev", fix=blocking.get("fix", ""))
 
 
 def _login_for(image: str, credentials: list[RegistryCredentials]) -> RegistryCredentials | None:
