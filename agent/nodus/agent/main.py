@@ -264,11 +264,16 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as e:
             raise SystemExit(f"nodus-agent: --workload-user: {e}") from e
     elif cfg.attempt_uids != "off" and os.geteuid() == 0:
-        from .uids import UidRange
+        from .uids import UidRange, blocked_ancestor
         try:
             UidRange.parse(cfg.attempt_uids).check()
         except ValueError as e:
             raise SystemExit(f"nodus-agent: --attempt-uids: {e}") from e
+        if (blocked := blocked_ancestor(cfg.work_dir)) is not None:
+            raise SystemExit(f"nodus-agent: --attempt-uids: the attempts' uids cannot reach the work dir "
+                             f"{cfg.work_dir}: {blocked} lets only its owner through (mode "
+                             f"{blocked.stat().st_mode & 0o7777:o}); chmod o+x {blocked}, choose a --work-dir "
+                             f"under /var/lib, or run --attempt-uids off")
     asyncio.run(_run(cfg))
 
 

@@ -6,17 +6,18 @@ its processes or ptrace them. The range (`--attempt-uids START:COUNT`, default 2
 the agent's alone: a passwd or group entry inside it, or the pods' user-namespace ids, is refused at
 start.
 
-The allocator records which attempt directory holds which uid in `<work>/uids.json` (temp file,
-fsync, rename) before the uid owns anything, so a restarted agent gives a re-adopted attempt the
-same uid. A uid is released when its attempt's directory is removed, and handed out again only
-after every other uid of the range had its turn (round robin) and only when no process runs under
-it any more (a program that left the attempt's cgroup with --cgroups false, say).
+The allocator records which attempt directory holds which uid in `<work>/uids.json` (temp file and
+rename) before the uid owns anything, so a restarted agent gives a re-adopted attempt the same uid.
+A uid is released when its attempt's directory is removed, and handed out again only after every
+other uid of the range had its turn (round robin) and only when no process runs under it any more
+(a program that left the attempt's cgroup with --cgroups false, say).
 """
 from __future__ import annotations
 
 import grp
 import logging
 import pwd
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,19 @@ class UidRange:
                              f"uses, such as {DEFAULT_RANGE}")
 
 
+def blocked_ancestor(work_dir: Path) -> Path | None:
+    """The first directory above `work_dir` that a uid other than its owner cannot pass through (no o+x):
+    an attempt uid could not reach its own directory under it. None when every one lets it through."""
+    for parent in work_dir.resolve().parents:
+        try:
+            mode = parent.stat().st_mode
+        except FileNotFoundError:
+            continue  # made by the agent (0755)
+        if not mode & stat.S_IXOTH:
+            return parent
+    return None
+
+
 def uids_with_processes() -> set[int]:
     """Every real, effective and saved uid of a process on the host now."""
     import psutil  # here: main.py checks --attempt-uids before the daemon's heavy imports
@@ -111,19 +125,30 @@ class AttemptUids:
         self.state_path = state_path
         self.attempts_dir = attempts_dir
         self.live = live
-        """The uids that still run a process (the host's /proc; tests pass their own)."""
+        """The uids that still run a process (the host's /proc, a scan of ~30 ms; tests pass their own)."""
         self._lock = threading.Lock()
         raw = read_json(state_path) or {}
-        held = raw.get("attempts") or {}
-        self.held: dict[str, int] = {str(k): int(v) for k, v in held.items()}
+        self.held: dict[str, int] = {str(k): int(v) for k, v in (raw.get("attempts") or {}).items()}
         """Attempt directory name -> its uid (the gid is the same number)."""
         self.next = int(raw.get("next") or rng.start)
+        """Where the round robin goes on."""
+        self.wrapped = bool(raw.get("wrapped")) or (bool(raw) and raw.get("range") != str(rng))
+        """Whether uids at or past `next` were handed out before (the round robin went round, or the range
+        changed): only then may a process still run under one, and only then is /proc scanned."""
         if self.next not in rng:
             self.next = rng.start
-        gone = [name for name in self.held if not (attempts_dir / name).exists()]
-        for name in gone:  # removed before the release reached the disk (a crash in between)
-            del self.held[name]
-        if gone:
+        changed = False
+        for name in [n for n in self.held if not (attempts_dir / n).exists()]:
+            del self.held[name]  # removed before its release reached the disk
+            changed = True
+        for d in attempts_dir.iterdir() if attempts_dir.is_dir() else ():
+            # A host crash can lose the latest record (it is not fsynced: the attempts died with the host);
+            # the directory's group still names the uid until the directory goes.
+            gid = d.stat().st_gid
+            if d.name not in self.held and gid in rng and gid not in self.held.values():
+                self.held[d.name] = gid
+                changed = True
+        if changed:
             self._save()
 
     def uid_of(self, name: str) -> int | None:
@@ -131,23 +156,31 @@ class AttemptUids:
             return self.held.get(name)
 
     def allocate(self, name: str) -> int:
-        """The uid of attempt directory `name`: the one it holds, else the next free one (recorded on disk
-        before it is returned). Raises UidsExhausted."""
+        """The uid of attempt directory `name`: the one it holds, else the next free one (recorded before it
+        is returned). Raises UidsExhausted."""
         with self._lock:
             if name in self.held:
                 return self.held[name]
             taken = set(self.held.values())
-            live = self.live()
             rng = self.range
+            live: set[int] | None = None
             for i in range(rng.count):
                 uid = rng.start + (self.next - rng.start + i) % rng.count
-                if uid not in taken and uid not in live:
-                    break
+                if uid in taken:
+                    continue
+                if self.wrapped or uid < self.next:  # handed out before: nothing of it may run any more
+                    live = self.live() if live is None else live
+                    if uid in live:
+                        continue
+                break
             else:
                 raise UidsExhausted(f"all {rng.count} uids of --attempt-uids {rng} are held by attempts or still "
                                     f"run processes; widen the range")
             self.held[name] = uid
-            self.next = uid + 1 if uid < rng.last else rng.start
+            if uid < rng.last:
+                self.next = uid + 1
+            else:
+                self.next, self.wrapped = rng.start, True
             self._save()
             return uid
 
@@ -158,4 +191,7 @@ class AttemptUids:
                 self._save()
 
     def _save(self) -> None:
-        write_json(self.state_path, {"range": str(self.range), "next": self.next, "attempts": self.held}, mode=0o600)
+        # Atomic, not fsynced: an agent killed keeps what the kernel has; a host crash ends the attempts,
+        # and the directories' groups restore what it lost (__init__).
+        write_json(self.state_path, {"range": str(self.range), "next": self.next, "wrapped": self.wrapped,
+                                     "attempts": self.held}, mode=0o600, durable=False)

@@ -231,7 +231,10 @@ class ProcessRuntime:
                       "attempt its own uid from --attempt-uids %s, so attempts on this node can read and signal "
                       "each other", os.geteuid(), rng)
             return None
-        return AttemptUids(rng, self.work_dir / "uids.json", self.work_dir / "attempts")
+        attempts = self.work_dir / "attempts"
+        attempts.mkdir(parents=True, exist_ok=True)
+        attempts.chmod(0o711)  # each uid passes through to its own directory; none lists the others' ids
+        return AttemptUids(rng, self.work_dir / "uids.json", attempts)
 
     def layout(self, attempt_id: str) -> AttemptLayout:
         return AttemptLayout.of(self.work_dir, attempt_id)
