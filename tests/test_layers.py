@@ -52,7 +52,9 @@ def tree_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
      "The coordinator's layers point one way"),
     ("coordinator/nodus/coordinator/api/_bad.py", "from ..controllers import objects",
      "The coordinator's layers point one way"),
-    ("cli/nodus/cli/_bad.py", "from nodus.agent import layout", "The CLI imports neither daemon"),
+    ("cli/nodus/cli/_bad.py", "from nodus.agent import layout", "The CLI and the Python client import neither daemon"),
+    ("cli/nodus/client/_bad.py", "from nodus.coordinator import errors",
+     "The CLI and the Python client import neither daemon"),
     ("checkpoint/nodus/checkpoint/_bad.py", "import nodus.launchers.model", "checkpoint imports nothing of ours"),
     ("launchers/nodus/launchers/_bad.py", "from nodus.v1 import common_pb2", "launchers import nothing of ours"),
 ])

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nodus.agent", "nodus.coordinator", "nodus.checkpoint", "nodus.launchers", "nodus.cli",
+PACKAGES = ("nodus.agent", "nodus.coordinator", "nodus.checkpoint", "nodus.launchers", "nodus.cli", "nodus.client",
             "nodus.config", "nodus.progress", "nodus.handshake", "nodus.hf")
 
 
