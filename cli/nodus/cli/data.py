@@ -2,7 +2,7 @@
 
     nodus outputs get JOB OUTPUT [--index I] [--rank R] [-o FILE|-]
     nodus outputs list JOB
-    nodus logs JOB [--index I] [--attempt N] [--rank R] [-f]
+    nodus logs JOB [--index I] [--attempt N] [--rank R] [-f [--progress]]
     nodus volume push NAME DIR
 """
 from __future__ import annotations
@@ -126,6 +126,10 @@ def cmd_outputs_list(client: Client, args: argparse.Namespace) -> int:
 # -- logs --------------------------------------------------------------------------------------------
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    if args.progress is None:  # a bar below a followed log on a terminal; plain bytes into pipes and files
+        args.progress = args.follow and sys.stdout.isatty()
+    if args.progress and not args.follow:
+        raise CliError("--progress shows the Job's progress while its log is followed", "add -f")
     path = JOBS.format(ns=namespace_of(client, args), name=args.job) + "/log"
     params: dict[str, Any] = {"index": args.index}
     if args.attempt is not None:
@@ -144,6 +148,17 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
             print(f"waiting for job {args.job} index {args.index} to get an attempt…", file=sys.stderr)
             waited = True
         time.sleep(1.0)
+    if args.progress:
+        from rich.console import Console
+
+        from .progress_view import follow_log
+        events = client.watch(client.for_kind("Job", "nodus.dev/v1"), namespace_of(client, args),
+                              {"fieldSelector": f"metadata.name={args.job}"})
+        try:
+            follow_log(args.job, resp.iter_content(None), events, Console())
+        except KeyboardInterrupt:
+            return 130
+        return 0
     out = sys.stdout.buffer
     try:
         for data in resp.iter_content(None):
@@ -207,6 +222,8 @@ def add_parsers(sub: Any) -> None:
     logs.add_argument("--attempt", type=int, help="the attempt number (default: the latest; a gang's epoch)")
     logs.add_argument("--rank", type=int, help="a gang member's rank (default 0)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the attempt ends")
+    logs.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="with -f, a bar of the Job's progress below the log (default: on a terminal)")
     logs.set_defaults(func=cmd_logs)
 
     volume = sub.add_parser("volume", help="datasets with immutable revisions")
