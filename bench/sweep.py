@@ -16,7 +16,8 @@ over and the expansion measures the controllers, not a workload. Figures, each b
      over the cells' phase changes (each cell Job write whose status.phase differs from its last);
      the plain Jobs' writes per phase change beside it (from their first create to 2 s after the last:
      10,000 queued plain Jobs take the Job controller many minutes to fail), and the Sweep's status
-     bytes written
+     bytes written (a Sweep of more than 256 cells stores its summary only, ADR 0028)
+  4  GET of the running Sweep (its status.cells built from the cell Jobs) beside GET of a plain Job
 A benchmark, not a test: it asserts nothing. Each coordinator is started through bench/daemons.py.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import aiohttp
@@ -80,6 +82,8 @@ class Writes:
     by_kind: Counter[str]
     phase_changes: int
     sweep_bytes: int
+    sweep_last: int = 0
+    """Bytes of the Sweep's last stored write."""
 
     @property
     def total(self) -> int:
@@ -93,18 +97,19 @@ def writes(data: Path, after: int, sweep: str = "") -> Writes:
     try:
         kinds: Counter[str] = Counter()
         last: dict[str, str] = {}
-        changes = sweep_bytes = 0
+        changes = sweep_bytes = sweep_last = 0
         for key, value in db.execute("SELECT key, value FROM log WHERE revision > ? ORDER BY revision", (after,)):
             kind = key.split("/", 1)[0]
             kinds[kind] += 1
             if kind == "sweeps" and key.endswith(f"/{sweep}"):
                 sweep_bytes += len(value)
+                sweep_last = len(value)
             if kind == "jobs":
                 phase = str((orjson.loads(value).get("status") or {}).get("phase") or "")
                 if phase != last.get(key, ""):
                     changes += 1
                 last[key] = phase
-        return Writes(kinds, changes, sweep_bytes)
+        return Writes(kinds, changes, sweep_bytes, sweep_last)
     finally:
         db.close()
 
@@ -117,16 +122,20 @@ def head(data: Path) -> int:
         db.close()
 
 
-async def wait_terminal(s: aiohttp.ClientSession, path: str, limit: float) -> dict[str, Any]:
+async def wait_terminal(s: aiohttp.ClientSession, path: str, limit: float,
+                        took: list[float]) -> dict[str, Any]:
+    """Polls `path` until its phase is terminal; the seconds of each GET go to `took`."""
     deadline = time.monotonic() + limit
     while True:
+        t0 = time.monotonic()
         async with s.get(path) as r:
             obj = orjson.loads(await r.read())
+        took.append(time.monotonic() - t0)
         if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
             return dict(obj)
         if time.monotonic() > deadline:
             raise RuntimeError(f"{path}: not finished after {limit:.0f} s: {str(obj.get('status'))[:300]}")
-        await asyncio.sleep(2.0)  # a 10,000-cell status is ~1 MB: the bench's own reads stay a small load
+        await asyncio.sleep(2.0)  # a 10,000-cell GET is ~1 MB built from the cell Jobs: the bench's reads stay a small load
 
 
 async def creation_times(s: aiohttp.ClientSession, selector: str) -> list[float]:
@@ -151,6 +160,8 @@ class SweepRun:
     finished_s: float
     writes: Writes
     status_bytes: int
+    gets: list[float]
+    """Seconds of each GET of the Sweep while it ran (its status.cells built from the cell Jobs)."""
 
 
 async def run_sweep(c: Coordinator, cells: int, max_parallel: int) -> SweepRun:
@@ -166,12 +177,13 @@ async def run_sweep(c: Coordinator, cells: int, max_parallel: int) -> SweepRun:
                 raise RuntimeError(f"the Sweep was refused: {r.status} {text[:500]!r}")
         admit = time.monotonic() - t0
         admitted_at = wall0 + admit
-        done = await wait_terminal(s, f"{NS}/sweeps/big", 1800)
+        gets: list[float] = []
+        done = await wait_terminal(s, f"{NS}/sweeps/big", 1800, gets)
         finished = time.monotonic() - t0
         created = await creation_times(s, "nodus.dev/sweep=big")
     status_bytes = len(orjson.dumps(done["status"]))
     return SweepRun(admit, len(created), max(created) - admitted_at, finished, writes(c.data, before, "big"),
-                    status_bytes)
+                    status_bytes, gets)
 
 
 @dataclass
@@ -180,6 +192,8 @@ class JobsRun:
     errors: int
     seconds: float
     writes: Writes
+    gets: list[float]
+    """Seconds of GETs of one plain Job after the creates (the anchor of the Sweep's GET)."""
 
 
 async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
@@ -209,7 +223,13 @@ async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
         await asyncio.gather(*(client() for _ in range(concurrency)))
         seconds = time.monotonic() - t0
         await asyncio.sleep(2.0)  # the writes the creates set off (a first status, an Attempt) land
-    return JobsRun(count - errors, errors, seconds, writes(c.data, before))
+        gets = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            async with s.get(f"{NS}/jobs/plain-0") as r:
+                await r.read()
+            gets.append(time.monotonic() - t0)
+    return JobsRun(count - errors, errors, seconds, writes(c.data, before), gets)
 
 
 def fresh(root: Path, name: str) -> Coordinator:
@@ -261,8 +281,12 @@ def main() -> None:
                   f"jobs {w.by_kind['jobs']}, attempts {w.by_kind['attempts']}, other "
                   f"{w.total - w.by_kind['sweeps'] - w.by_kind['jobs'] - w.by_kind['attempts']}; "
                   f"plain: {jobs.writes.total} writes over {jobs.writes.phase_changes} phase changes")
+            print(f"GET of the Sweep ({args.cells} cell rows from the Jobs) p50 {median(sw.gets) * 1000:.1f} ms, "
+                  f"max {max(sw.gets) * 1000:.1f} ms over {len(sw.gets)}   GET of a plain Job p50 "
+                  f"{median(jobs.gets) * 1000:.1f} ms")
             print(f"Sweep status writes per cell transition {w.by_kind['sweeps'] / max(w.phase_changes, 1):7.3f}   "
-                  f"status bytes written {w.sweep_bytes / 1e6:.1f} MB   final status {sw.status_bytes / 1e6:.2f} MB")
+                  f"status bytes written {w.sweep_bytes / 1e6:.1f} MB   final status served {sw.status_bytes / 1e6:.2f} MB, "
+                  f"stored {w.sweep_last / 1e3:.1f} KB")
     finally:
         stop_all([c.proc for c in started], [])
         shutil.rmtree(root, ignore_errors=True)

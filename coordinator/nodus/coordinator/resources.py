@@ -28,12 +28,11 @@ from .images import ImageResolver
 from .selectors import FieldSelector, LabelSelector
 from .store.base import Record, Store
 from .strategies import KindStrategy, strategies
+from .sweep_cells import SweepCellService, SweepSettings
 from .vault import Vault
 from .watches import EventCache, WatchStream
 
-_MAX_PATCH_RETRIES = 8
-_MAX_PAGE = 1 << 31
-_DEFAULT = KindStrategy()
+_MAX_PATCH_RETRIES, _MAX_PAGE, _DEFAULT = 8, 1 << 31, KindStrategy()
 
 
 def utc_now() -> str:
@@ -126,13 +125,14 @@ class ResourceService:
     def __init__(self, store: Store, identity: Identity, vault: Vault,
                  now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0,
                  limits: AdmissionLimits = BETA, images: ImageResolver | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, sweeps: SweepSettings = SweepSettings()) -> None:
         self.store, self.identity, self.vault, self._now = store, identity, vault, now
         self._lookup = _Lookup(self)
         self._strategies = strategies(vault, images, self._lookup, store, fleet)  # Jobs: digests, estimates
         self.bookmark_seconds, self._watch_cache = bookmark_seconds, EventCache()  # one decode per event
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""
+        self.sweep_cells = SweepCellService(fleet.cache if fleet is not None else None, sweeps)  # large Sweeps' rows
 
     def _strategy(self, info: KindInfo) -> KindStrategy:
         return self._strategies.get(info.kind, _DEFAULT)
@@ -167,7 +167,7 @@ class ResourceService:
         obj = _decode(await self.store.get(_key(info, project, name)))
         if obj is None:
             raise self._not_found(info, name)
-        return obj
+        return self.sweep_cells.served(info, obj)
 
     async def list(self, caller: Caller, info: KindInfo, project: str | None, *,
                    labels: LabelSelector, fields: FieldSelector, limit: int = 0,
@@ -218,7 +218,7 @@ class ResourceService:
                 if not project and not caller.can(obj["metadata"]["namespace"], Role.VIEWER):
                     continue
                 if labels.matches(obj["metadata"].get("labels")) and fields.matches(obj):
-                    items.append(obj)
+                    items.append(self.sweep_cells.served(info, obj))
                     if limit and len(items) >= limit:
                         break
             if limit and len(items) >= limit:
@@ -421,8 +421,7 @@ class ResourceService:
                 else:
                     meta.pop(system, None)
             meta["name"] = name
-            meta.pop("managedFields", None)
-            meta.pop("selfLink", None)
+            meta.pop("managedFields", None), meta.pop("selfLink", None)
             if "status" in old:
                 result["status"] = old["status"]
             else:

@@ -35,7 +35,9 @@ def _sweep_status() -> Obj:
         "best": Obj(description="SweepBest points at the best succeeded cells.", fields={
             "byCost": i("ByCost is the index of the cheapest succeeded cell."),
             "byThroughput": i("ByThroughput is the index of the succeeded cell with the most units per second.")}),
-        "cells": List(description="Cells has one entry per cell, in index order.", items=Obj(
+        "cells": List(description="Cells has one entry per cell, in index order. A Sweep of more cells than the "
+                                  "coordinator's summary threshold (256) stores only its summary and is served "
+                                  "this list built from its cell Jobs.", items=Obj(
             description="SweepCell is one cell of the matrix and what it measured.", fields={
                 "costUSD": s("CostUSD is what the cell has cost."),
                 "gpu": s("GPU is the cell’s GPU request, when the matrix sweeps GPUs."),
@@ -47,6 +49,8 @@ def _sweep_status() -> Obj:
                 "repetition": i("Repetition counts from 0."),
                 "unitsPerSecond": s("UnitsPerSecond is the throughput the program reported, as a decimal string."),
                 "wallSeconds": i("WallSeconds is the cell’s wall time from start to completion.")})),
+        "cellCounts": Map(description="CellCounts is how many cells are in each phase (Pending counts the cells "
+                                      "not created yet); a Sweep's summary, stored for every Sweep.", values=i()),
         "completionTime": s("CompletionTime is when the Sweep reached a terminal phase."),
         "conditions": List(description="Conditions are the Sweep’s conditions.", items=CONDITIONS.items),
         "cost": COST,

@@ -13,6 +13,13 @@ restarted coordinator (or a second pass) never creates a cell twice: it finds th
 At most `maxParallel` cells are active (created and not finished) at once; a finished cell frees its
 slot for the next in index order. `spec.state` propagates to every unfinished cell; lost capacity is
 the cell Job's own business (its recovery policy), so only a cell that ends Failed counts as failed.
+
+The decision reads the cells as a `SweepCells` (sweep_index.py), which keeps what it asks (the active
+cells, the count per phase, the cost, the failed cells, the best) as the Jobs change, so a pass costs
+O(active cells + cells it creates), not O(cells). A Sweep of more cells than
+`SweepSettings.summary_cells` gets its summary as its status (phase, reason, message, cellCounts, cost,
+best, conditions, times) and no `cells`: those rows are served from the cell Jobs on read
+(sweep_cells.py), built by the same `cell_row` as a small Sweep's stored rows.
 """
 from __future__ import annotations
 
@@ -25,12 +32,34 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
-from ..clock import parse, rfc3339
+from ..clock import rfc3339
 from .job_status import set_condition
+from .sweep_index import CELL_LABEL as CELL_LABEL
+from .sweep_index import SWEEP_LABEL as SWEEP_LABEL
+from .sweep_index import TERMINAL as TERMINAL
+from .sweep_index import CellJob as CellJob
+from .sweep_index import SweepCells as SweepCells
+from .sweep_index import sweep_owner as sweep_owner
 from .views import JobPhase, JobState
 
-SWEEP_LABEL, CELL_LABEL = "nodus.dev/sweep", "nodus.dev/cell"
-TERMINAL = frozenset({JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED})
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """How large Sweeps are kept: one value, given to the resource service (`ResourceService(sweeps=…)`),
+    that it (serving status.cells) and the Sweep controller (writing the status) share."""
+
+    summary_cells: int = 256
+    """A Sweep of more cells than this stores only its summary (phase, cellCounts, cost, best, conditions);
+    its status.cells is served from the cell Jobs on every read (ADR 0028)."""
+    summary_interval: float = 1.0
+    """The least seconds between two writes of a large Sweep's summary (a watcher's event each)."""
+
+    def __post_init__(self) -> None:
+        if self.summary_cells < 0 or self.summary_interval < 0:
+            raise ValueError(f"sweep summary settings must not be negative: {self!r}")
+
+    def large(self, cells: int) -> bool:
+        return cells > self.summary_cells
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +75,6 @@ class Cell:
     repetition: int
 
 
-def sweep_owner(job: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(sweep name, sweep uid) of a cell Job (its controller ownerReference); None for any other Job."""
-    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == "Sweep" and ref.get("controller"):
-            return str(ref.get("name")), str(ref.get("uid"))
-    return None
-
-
 def cells_in(jobs: Iterable[tuple[str, dict[str, Any]]], sweep: str) -> list[tuple[str, dict[str, Any]]]:
     """The cell Jobs of the Sweep named `sweep` among a project's (key, Job) pairs: labelled with it and
     owned by a Sweep of that name (a recreated Sweep's uid may differ: the controller tells them apart)."""
@@ -61,10 +82,10 @@ def cells_in(jobs: Iterable[tuple[str, dict[str, Any]]], sweep: str) -> list[tup
             and (sweep_owner(j) or ("",))[0] == sweep]
 
 
-def cells_of(spec: Mapping[str, Any]) -> list[Cell]:
-    """Every cell of a Sweep spec, in index order (the same list for the same matrix and repetitions:
+def cells_of(spec: Mapping[str, Any]) -> tuple[Cell, ...]:
+    """Every cell of a Sweep spec, in index order (the same tuple for the same matrix and repetitions:
     both are immutable, and a 10,000-cell Sweep is decided on every cell change)."""
-    return list(_cells(orjson.dumps({"m": spec.get("matrix") or {}, "r": spec.get("repetitions") or 1},
+    return (_cells(orjson.dumps({"m": spec.get("matrix") or {}, "r": spec.get("repetitions") or 1},
                                     option=orjson.OPT_SORT_KEYS)))
 
 
@@ -125,48 +146,6 @@ def cell_job(sweep: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class CellJob:
-    """What the decision reads of a cell's Job."""
-
-    name: str
-    index: int
-    phase: JobPhase
-    state: JobState
-    """Its spec.state."""
-    cost: Decimal
-    started: float | None
-    finished: float | None
-    units: int | None
-    """Units the program reported completed."""
-    money_stop: str = ""
-    """The reason of its False Funded condition (MaxCostReached: the shared cap), else ""."""
-
-    @classmethod
-    def of(cls, job: Mapping[str, Any]) -> CellJob:
-        meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
-        units = ((status.get("progress") or {}).get("units") or {}).get("completed")
-        return cls(meta.get("name", ""), int((meta.get("labels") or {}).get(CELL_LABEL, -1)),
-                   JobPhase.parse(status.get("phase")), JobState.parse(spec.get("state")),
-                   Decimal(str((status.get("cost") or {}).get("totalUSD") or "0.00")), parse(status.get("startTime")),
-                   parse(status.get("completionTime")), int(units) if units is not None else None,
-                   next((str(c.get("reason") or "") for c in status.get("conditions") or []
-                         if c.get("type") == "Funded" and c.get("status") == "False"), ""))
-
-    @property
-    def wall_seconds(self) -> float | None:
-        if self.started is None or self.finished is None:
-            return None
-        return max(self.finished - self.started, 0.0)
-
-    @property
-    def units_per_second(self) -> Decimal | None:
-        wall = self.wall_seconds
-        if not self.units or not wall:
-            return None
-        return (Decimal(self.units) / Decimal(str(round(wall, 3)))).quantize(Decimal("0.001"))
-
-
-@dataclass(frozen=True, slots=True)
 class CreateCell:
     cell: Cell
 
@@ -187,56 +166,65 @@ class SweepDecision:
     actions: tuple[SweepAction, ...] = field(default_factory=tuple)
 
 
-def decide_sweep(sweep: Mapping[str, Any], jobs: Sequence[CellJob], now: float) -> SweepDecision:
+def cell_row(sweep: str, cell: Cell, job: CellJob | None) -> dict[str, Any]:
+    """A cell's row of status.cells: the matrix's values and a projection of its Job (Pending, cost 0.00
+    before the Job exists). The stored list of a small Sweep and the served list of a large one are
+    both built here, so both have one shape."""
+    row: dict[str, Any] = {"index": cell.index, "object": cell_name(sweep, cell.index),
+                           "phase": (job.phase if job is not None else JobPhase.PENDING).value,
+                           "repetition": cell.repetition, "costUSD": str(job.cost if job is not None else "0.00")}
+    if cell.gpu is not None:
+        row["gpu"] = gpu_text(cell.gpu)
+    if cell.region:
+        row["region"] = cell.region
+    if cell.params:
+        row["params"] = dict(cell.params)
+    if job is not None and job.wall_seconds is not None:
+        row["wallSeconds"] = int(job.wall_seconds)
+    if job is not None and (ups := job.units_per_second) is not None:
+        row["unitsPerSecond"] = str(ups)
+    return row
+
+
+def cell_counts(total: int, cells: SweepCells) -> dict[str, int]:
+    """status.cellCounts: how many cells are in each phase (Pending counts the cells not created yet)."""
+    counts = dict(cells.counts)
+    counts[JobPhase.PENDING] = counts.get(JobPhase.PENDING, 0) + max(total - len(cells), 0)
+    return {phase.value: counts[phase] for phase in JobPhase if counts.get(phase)}
+
+
+def decide_sweep(sweep: Mapping[str, Any], jobs: Sequence[CellJob] | SweepCells, now: float,
+                 settings: SweepSettings = SweepSettings()) -> SweepDecision:
+    """O(active cells + cells created) for a large Sweep: `jobs` keeps its figures as its Jobs change,
+    and a large Sweep's status is its summary, without a row per cell (`SweepSettings`)."""
     spec, prev = sweep.get("spec") or {}, dict(sweep.get("status") or {})
+    name = sweep["metadata"]["name"]
     generation = int((sweep.get("metadata") or {}).get("generation") or 1)
     state = JobState.parse(spec.get("state"))
     cells = cells_of(spec)
-    by_index = {j.index: j for j in jobs}
+    have = jobs if isinstance(jobs, SweepCells) else SweepCells(jobs)
     actions: list[SweepAction] = []
     # The desired state reaches every cell that has not finished.
-    for job in jobs:
-        if job.phase not in TERMINAL and job.state is not state:
-            actions.append(SetCellState(job.name, state))
-    active = sum(1 for job in jobs if job.phase not in TERMINAL)
-    capped = _capped(spec, jobs)
+    for i in sorted(have.active):
+        if have.by_index[i].state is not state:
+            actions.append(SetCellState(have.by_index[i].name, state))
+    active = len(have.active)
+    capped = _capped(spec, have)
     if state is JobState.RUNNING and not capped:
         free = int(spec.get("maxParallel") or 4) - active
-        for cell in cells:
-            if free <= 0:
-                break
-            if cell.index not in by_index:
-                actions.append(CreateCell(cell))
-                free -= 1
-
-    rows, failed = [], []
-    for cell in cells:
-        j = by_index.get(cell.index)
-        row: dict[str, Any] = {"index": cell.index, "object": cell_name(sweep["metadata"]["name"], cell.index),
-                               "phase": (j.phase if j is not None else JobPhase.PENDING).value,
-                               "repetition": cell.repetition, "costUSD": str(j.cost if j is not None else "0.00")}
-        if cell.gpu is not None:
-            row["gpu"] = gpu_text(cell.gpu)
-        if cell.region:
-            row["region"] = cell.region
-        if cell.params:
-            row["params"] = dict(cell.params)
-        if j is not None and j.wall_seconds is not None:
-            row["wallSeconds"] = int(j.wall_seconds)
-        if j is not None and (ups := j.units_per_second) is not None:
-            row["unitsPerSecond"] = str(ups)
-        if j is not None and j.phase is JobPhase.FAILED:
-            failed.append(row["object"])
-        rows.append(row)
+        actions += [CreateCell(cells[i]) for i in have.missing(free, len(cells))]
 
     status = dict(prev)
-    status["cells"] = rows
-    status["cost"] = {"totalUSD": str(sum((job.cost for job in jobs), Decimal("0.00")))}
-    done = [by_index[c.index] for c in cells if c.index in by_index and by_index[c.index].phase in TERMINAL]
+    if settings.large(len(cells)):
+        status.pop("cells", None)  # served from the cell Jobs (sweep_cells.py)
+    else:
+        status["cells"] = [cell_row(name, cell, have.by_index.get(cell.index)) for cell in cells]
+    status["cellCounts"] = cell_counts(len(cells), have)
+    status["cost"] = {"totalUSD": str(have.cost)}
     conditions = [dict(c) for c in prev.get("conditions") or []]
-    if jobs and "startTime" not in status:
+    if len(have) and "startTime" not in status:
         status["startTime"] = rfc3339(now)
-    phase, reason, message = _phase(state, cells, by_index, done, failed, active)
+    phase, reason, message = _phase(state, name, len(cells), have)
     if capped and phase is JobPhase.RUNNING:
         phase, reason = JobPhase.SUSPENDED, "MaxCostReached"
         message = (f"the cells have spent {status['cost']['totalUSD']} USD of the shared spec.maxCostUSD "
@@ -254,52 +242,36 @@ def decide_sweep(sweep: Mapping[str, Any], jobs: Sequence[CellJob], now: float) 
             status.pop(key, None)
     if conditions:
         status["conditions"] = conditions
-    best = _best(cells, by_index)
+    best = have.best()
     if best:
         status["best"] = best
     return SweepDecision(None if status == prev else status, tuple(actions))
 
 
-def _capped(spec: Mapping[str, Any], jobs: Sequence[CellJob]) -> bool:
+def _capped(spec: Mapping[str, Any], cells: SweepCells) -> bool:
     """The shared cap is reached: what the cells spent covers it, or money stopped a cell for it."""
     cap = spec.get("maxCostUSD")
     if not cap:
         return False
-    spent = sum((job.cost for job in jobs), Decimal(0))
-    return spent >= Decimal(str(cap)) or any(job.money_stop == "MaxCostReached" and job.phase not in TERMINAL
-                                             for job in jobs)
+    return cells.cost >= Decimal(str(cap)) or bool(cells.capped)
 
 
-def _phase(state: JobState, cells: list[Cell], by_index: Mapping[int, CellJob], done: list[CellJob],
-           failed: list[str], active: int) -> tuple[JobPhase, str, str]:
-    if len(done) == len(cells) and cells:
-        if failed:
+def _phase(state: JobState, sweep: str, total: int, cells: SweepCells) -> tuple[JobPhase, str, str]:
+    active = len(cells.active)
+    if cells.done == total and total:
+        if cells.failed:
+            failed = [cell_name(sweep, i) for i in sorted(cells.failed)[:20]]
             return (JobPhase.FAILED, "CellsFailed",
-                    f"{len(failed)} of {len(cells)} cells failed: {', '.join(failed[:20])}"
-                    + (" …" if len(failed) > 20 else ""))
-        if any(by_index[c.index].phase is JobPhase.CANCELLED for c in cells):
+                    f"{len(cells.failed)} of {total} cells failed: {', '.join(failed)}"
+                    + (" …" if len(cells.failed) > 20 else ""))
+        if cells.counts.get(JobPhase.CANCELLED):
             return JobPhase.CANCELLED, "Cancelled", "cells were cancelled"
-        return JobPhase.SUCCEEDED, "", f"{len(cells)} of {len(cells)} cells succeeded"
+        return JobPhase.SUCCEEDED, "", f"{total} of {total} cells succeeded"
     if state is JobState.CANCELLED:
         return (JobPhase.CANCELLED, "Cancelled", "spec.state is Cancelled: every cell is stopped for good") \
             if active == 0 else (JobPhase.RUNNING, "", "cancelling the cells")
     if state is JobState.SUSPENDED:
         return JobPhase.SUSPENDED, "Suspended", "spec.state is Suspended: every running cell is suspended"
-    if not by_index:
+    if not len(cells):
         return JobPhase.PENDING, "", ""
-    return JobPhase.RUNNING, "", f"{len(done)} of {len(cells)} cells finished, {active} active"
-
-
-def _best(cells: list[Cell], by_index: Mapping[int, CellJob]) -> dict[str, int]:
-    """byCost: the cheapest succeeded cell per unit where units are reported, else per cell;
-    byThroughput: the succeeded cell with the most units per second."""
-    ok = [by_index[c.index] for c in cells if c.index in by_index and by_index[c.index].phase is JobPhase.SUCCEEDED]
-    if not ok:
-        return {}
-    def per_unit(j: CellJob) -> Decimal:
-        return j.cost / j.units if j.units else j.cost
-    out = {"byCost": min(ok, key=lambda j: (per_unit(j), j.index)).index}
-    fast = [(ups, -j.index, j) for j in ok if (ups := j.units_per_second) is not None]
-    if fast:
-        out["byThroughput"] = max(fast, key=lambda t: (t[0], t[1]))[2].index
-    return out
+    return JobPhase.RUNNING, "", f"{cells.done} of {total} cells finished, {active} active"

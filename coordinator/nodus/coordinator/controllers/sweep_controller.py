@@ -6,6 +6,10 @@ restart, a second pass) answers AlreadyExists and is left alone, since its name 
 Cell states are set with a merge patch of spec.state. A cell whose Sweep is gone (deleted, or
 recreated under its name) is deleted: deleting a Sweep deletes its cells. Driven by the cache: a
 Sweep changed, or a Job labelled with a Sweep changed; and by a periodic resync.
+
+The cells are read from the resource service's `SweepIndex` (kept from the cache's Job events), never
+by walking the project's Jobs, so a pass costs O(active cells + cells created), and a large Sweep's
+status is its summary, written at most once per `SweepSettings.summary_interval` (ADR 0028).
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from ..clock import Clock
 from ..errors import NodusError
 from ..identity import SYSTEM, Caller
 from .cache import JOBS, SWEEPS, Cache
-from .sweep import CellJob, CreateCell, SetCellState, cell_job, cells_in, decide_sweep, sweep_owner
+from .sweep import CreateCell, SetCellState, SweepSettings, cell_job, cells_of, decide_sweep, sweep_owner
+from .sweep_index import SweepIndex
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.sweep")
@@ -29,15 +34,23 @@ log = logging.getLogger("nodus.controllers.sweep")
 RESYNC_SECONDS = 30.0
 CONCURRENT = 64
 """How many cell creates (or state patches) one pass has in flight at once."""
-LARGE, STATUS_SHARE = 1000, 0.1
-"""The status of a Sweep of more than LARGE cells (a row each, ~110 bytes) is written at most STATUS_SHARE
-of the time: after a write that took t seconds the next waits t / STATUS_SHARE. Each write copies,
-validates and stores the whole list on the event loop the other controllers share, and the cells go on
-meanwhile (creating cells reads the cell Jobs, never the status)."""
+
+
+class CellSource(Protocol):
+    """The resource service's Sweep cells: the index it serves large Sweeps' rows from, and the settings."""
+
+    @property
+    def index(self) -> SweepIndex: ...
+
+    @property
+    def settings(self) -> SweepSettings: ...
 
 
 class Resources(Protocol):
     """What the controller asks of the resource service (it implements these)."""
+
+    @property
+    def sweep_cells(self) -> CellSource: ...
 
     async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
                      dry_run: bool = False,
@@ -60,8 +73,9 @@ class SweepController:
         self.cache, self.resources, self.clock = cache, resources, clock
         self.queue: WorkQueue[str] = WorkQueue()
         self.workers = workers
+        self.index, self.settings = resources.sweep_cells.index, resources.sweep_cells.settings
         self._written: dict[str, float] = {}
-        """When each large Sweep's status may next be written (monotonic): a rate limit, lost harmlessly on restart."""
+        """When each large Sweep's summary was last written (monotonic): a rate limit, lost harmlessly on restart."""
         self._jobs, self._sweeps = resolve("jobs"), resolve("sweeps")
         cache.listen(SWEEPS, lambda key, old, new: self.queue.add(key))
         cache.listen(JOBS, self._on_job)
@@ -79,37 +93,31 @@ class SweepController:
                           resync_seconds=RESYNC_SECONDS, log=log, name="sweep")
 
     def resync(self) -> None:
-        for key, _ in self.cache.under(SWEEPS):
+        for key in [k for k, _ in self.cache.under(SWEEPS)] + self.index.sweeps():
             self.queue.add(key)
-        for key, job in self.cache.under(JOBS):
-            self._on_job(key, None, job)
-
-    def _cells(self, project: str, name: str) -> list[dict[str, Any]]:
-        return [job for _, job in cells_in(self.cache.under(f"{JOBS}{project}/"), name)]
 
     async def reconcile(self, key: str) -> None:
-        project, _, name = key[len(SWEEPS):].partition("/")
+        project = key[len(SWEEPS):].partition("/")[0]
         sweep = self.cache.get(key)
-        cells = self._cells(project, name)
         uid = ((sweep or {}).get("metadata") or {}).get("uid")
-        orphans = [j for j in cells if (o := sweep_owner(j)) is not None and (sweep is None or o[1] != uid)]
-        for job in orphans:  # its Sweep was deleted (or recreated): the cell goes with it
-            await self._delete(project, job["metadata"]["name"])
+        groups = self.index.groups(key)
+        for owner, cells in groups.items():  # its Sweep was deleted (or recreated): the cells go with it
+            if sweep is None or owner != uid:
+                await self._each([self._delete(project, job.name) for job in list(cells.by_index.values())])
         if sweep is None or (sweep.get("metadata") or {}).get("deletionTimestamp"):
             self._written.pop(key, None)
             return
-        mine = [CellJob.of(j) for j in cells if j not in orphans]
-        decision = decide_sweep(sweep, mine, self.clock.now())
+        decision = decide_sweep(sweep, self.index.cells(key, str(uid)), self.clock.now(), self.settings)
         await self._each([self._create(project, cell_job(sweep, a.cell)) if isinstance(a, CreateCell)
                           else self._set_state(project, a.name, a.state.value) for a in decision.actions])
         if decision.status is not None:
-            wait = self._status_wait(key, len(decision.status.get("cells") or ()))
-            if wait > 0:  # a large status is rewritten at most STATUS_SHARE of the time; the cells went on above
+            large = self.settings.large(len(cells_of(sweep.get("spec") or {})))
+            wait = self._written.get(key, -1e9) + self.settings.summary_interval - time.monotonic()
+            if large and wait > 0:  # a large Sweep's summary at most once an interval; the cells went on above
                 self.queue.add_after(key, wait)
                 return
-            began = time.monotonic()
             try:
-                written, _ = await self.resources.replace(SYSTEM, self._sweeps, project, name,
+                written, _ = await self.resources.replace(SYSTEM, self._sweeps, project, sweep["metadata"]["name"],
                                                           {**sweep, "status": decision.status}, subresource="status")
             except NodusError as e:
                 if e.reason not in ("Conflict", "NotFound"):
@@ -117,14 +125,8 @@ class SweepController:
                 self.queue.add_after(key, 0.05)
                 return
             self.cache.apply(key, written, int(written["metadata"]["resourceVersion"]))
-            ended = time.monotonic()
-            self._written[key] = ended + (ended - began) * (1 / STATUS_SHARE - 1)
-
-    def _status_wait(self, key: str, cells: int) -> float:
-        """Seconds until the status of a Sweep with `cells` rows may be written again (0: now)."""
-        if cells <= LARGE or key not in self._written:
-            return 0.0
-        return max(self._written[key] - time.monotonic(), 0.0)
+            if large:
+                self._written[key] = time.monotonic()
 
     async def _each(self, calls: list[Coroutine[Any, Any, None]]) -> None:
         """Runs a pass's cell writes CONCURRENT at a time: the store commits writes that arrive together
