@@ -277,3 +277,50 @@ def test_a_torchrun_gang_runs_under_its_members_own_uids(base: Path, tmp_path: P
                 assert line.endswith("all_reduce gave 3.0"), log
                 uids.append(int(line.split("as uid ")[1].split(":")[0]))
             assert uids[0] in UidRange.parse(ranges[0]) and uids[1] in UidRange.parse(ranges[1]), uids
+
+
+PRODUCE = r"""
+import os
+fd = os.open(os.path.join(os.environ["NODUS_OUTPUTS_DIR"], "model.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
+os.write(fd, b"weights " * 1000)
+os.close(fd)
+"""
+CONSUME = r"""
+import errno, os
+inputs = os.environ["NODUS_INPUTS_DIR"]
+data = open(os.path.join(inputs, "data"), "rb").read()
+private = open(os.path.join(inputs, "ds", "private", "labels.txt"), "rb").read()  # 0600 in a 0700 dir
+try:
+    open(os.path.join(inputs, "data"), "ab")
+    wrote = "allowed"
+except OSError as e:
+    wrote = errno.errorcode[e.errno]
+print(f"read {len(data)} and {private.decode()} as uid {os.getuid()}, write {wrote}", flush=True)
+"""
+
+
+def test_inputs_with_private_modes_are_readable_by_the_consumers_uid(coordinator: Coordinator, agent: AgentProcess,
+                                                                      base: Path) -> None:
+    """Another Job's 0600 output file, and a Volume pushed from a 0700 directory of 0600 files, arrive as
+    the consumer's inputs (the agent materializes them as root): its uid reads them, and cannot write them."""
+    py = host_python()
+    c = coordinator
+    s = c.session()
+    pushed = base / "dataset"
+    (pushed / "private").mkdir(parents=True)
+    (pushed / "private" / "labels.txt").write_text("labels")
+    (pushed / "private" / "labels.txt").chmod(0o600)
+    (pushed / "private").chmod(0o700)
+    c.run("nodus", "volume", "push", "uid-ds", str(pushed))
+    model = [{"name": "model", "path": "/nodus/outputs/model.bin"}]
+    assert s.post(c.url(JOBS), json=job("uid-train", command=[py, "-c", PRODUCE], outputs=model)).status_code == 201
+    inputs = [{"name": "data", "output": {"job": "uid-train", "name": "model"}},
+              {"name": "ds", "volume": {"name": "uid-ds"}}]
+    r = s.post(c.url(JOBS), json=job("uid-eval", command=[py, "-c", CONSUME], inputs=inputs, backoffLimit=0))
+    assert r.status_code == 201, r.text
+    done = wait_job(c, "uid-eval", lambda j: j["status"].get("phase") in ("Succeeded", "Failed"), timeout=120,
+                    what="the consumer to finish")
+    assert done["status"]["phase"] == "Succeeded", (done["status"].get("message"), done["status"].get("reason"))
+    line = next(ln for ln in c.run("nodus", "logs", "uid-eval").stdout.splitlines() if ln.startswith("read "))
+    assert line.startswith("read 8000 and labels as uid ") and line.endswith(", write EACCES"), line
+    assert int(line.split("as uid ")[1].split(",")[0]) in RANGE

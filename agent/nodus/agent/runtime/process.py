@@ -288,9 +288,11 @@ class ProcessRuntime:
         user = self.user_of(layout)
         write_secret_mounts(a, layout, user)
         if user is not None:
-            for vol in a.volumes:  # what the agent materialized as root, the program writes to
-                if not vol.read_only and (layout.volumes / vol.volume).exists():
-                    layout.own_tree(layout.volumes / vol.volume, user.uid, user.gid)
+            # What the agent materialized as root, read-only where it must be: the attempt's own copies, so its
+            # uid reads them whatever modes the producer's archive carried (a 0700 outputs dir, 0600 files).
+            for top in (layout.inputs, layout.volumes):
+                for entry in top.iterdir() if top.is_dir() else ():
+                    layout.own_tree(entry, user.uid, user.gid)
         env = attempt_env(a, layout, self.base_env, self.host_gpus)
         spec = supervisor_spec(a, layout, env, cgroup_root=self.cgroup_root, cgroup_name=self.cgroup_name(layout),
                                cgroups=self.cgroups, stop_grace=self.stop_grace, user=user)
