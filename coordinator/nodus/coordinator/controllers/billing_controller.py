@@ -54,6 +54,9 @@ class BillingController:
         self.cache.listen(SWEEPS, self._on_sweep)  # its shared cap is each cell's: a raise lifts them
 
     def _on_sweep(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if (old or {}).get("spec") == (new or {}).get("spec") and \
+                ((old or {}).get("status") or {}).get("cost") == ((new or {}).get("status") or {}).get("cost"):
+            return  # neither the cap nor the cells' spend moved: what each cell may spend is as it was
         project, _, name = key[len(SWEEPS):].partition("/")
         for cell, _ in cells_in(self.cache.under(f"{JOBS}{project}/"), name):
             self.queue.add(cell)
