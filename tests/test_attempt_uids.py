@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -172,3 +173,36 @@ def test_the_agent_refuses_a_malformed_or_clashing_range_at_start(tmp_path: Path
     nobody = subprocess.run([*base, "--attempt-uids", "65530:10"], capture_output=True, text=True, timeout=60)
     assert nobody.returncode != 0, nobody.stderr
     assert "--attempt-uids: 65530:10 overlaps user nobody (uid 65534)" in nobody.stderr, nobody.stderr
+
+
+def test_the_runtime_gives_an_attempt_what_the_agent_materialized_for_it(tmp_path: Path) -> None:
+    """prepare → (the agent materializes inputs, volumes and code as root) → write_spec: the attempt's uid
+    owns its directories, inputs, volumes and code, and nothing of Nodus's own (run/, logs/)."""
+    if os.geteuid() != 0:
+        pytest.skip("LOUD SKIP: chown to an attempt uid needs root; the runtime's ownership is then untested here")
+    from nodus.agent.runtime.process import ProcessRuntime
+    from nodus.v1 import agent_pb2
+
+    rt = ProcessRuntime(tmp_path / "work", attempt_uids="300500:10", zygote=False, cgroups=False)
+    a = agent_pb2.Assignment(attempt_id="att-own", command=["true"])
+    a.source.blob.sha256 = "0" * 64
+    a.volumes.add(volume="ds", read_only=True)
+    a.secrets.add(name="db", version=1, data={"password": b"nodus-test-secret"})
+    layout = rt.prepare(a)
+    uid = rt.uids.uid_of("att-own") if rt.uids else None
+    assert uid == 300500 and stat.S_IMODE((tmp_path / "work" / "attempts").stat().st_mode) == 0o711
+    for made in (layout.inputs / "data" / "private", layout.volumes / "ds", layout.root / "src"):
+        made.mkdir(parents=True)
+        (made / "f").write_text("x")
+        (made / "f").chmod(0o400)
+        made.chmod(0o500)
+    rt.write_spec(a, layout)
+    owners = {p.relative_to(layout.root).as_posix(): p.lstat().st_uid for p in layout.root.rglob("*")}
+    theirs = {p for p, owner in owners.items() if owner == uid}
+    assert {"inputs/data", "inputs/data/private/f", "volumes/ds/f", "src", "src/f", "state", "outputs",
+            "run/tmp", "run/progress.jsonl", "run/secrets/db/password"} <= theirs, owners
+    assert not {p for p in theirs if p.startswith(("run/spec", "run/status", "logs"))}
+    assert json.loads(layout.spec.read_text())["user"] == {"name": "nodus-attempt-300500", "uid": 300500,
+                                                           "gid": 300500, "groups": []}
+    rt.remove(layout)
+    assert not layout.root.exists() and rt.uids is not None and rt.uids.uid_of("att-own") is None

@@ -194,12 +194,15 @@ def test_an_attempt_of_one_project_cannot_read_signal_or_ptrace_another_projects
 COUNTER = r"""
 import json, os, sys, time
 path = os.path.join(os.environ["NODUS_STATE_DIR"], "counter")
+extra = os.path.join(os.environ["NODUS_OUTPUTS_DIR"], "extra.txt")  # a checkpoint path outside state/
 n = int(open(path).read()) if os.path.exists(path) else 0
-print("start", n, "uid", os.getuid(), "owner", os.stat(path).st_uid if os.path.exists(path) else -1, flush=True)
+owners = [os.stat(p).st_uid if os.path.exists(p) else -1 for p in (path, extra)]
+print("start", n, "uid", os.getuid(), "owners", *owners, flush=True)
 while n < int(sys.argv[1]):
     n += 1
-    with open(path, "w") as f:  # in place: a restored file must be this attempt's to write
-        f.write(str(n))
+    for p in (path, extra):
+        with open(p, "w") as f:  # in place: a restored file must be this attempt's to write
+            f.write(str(n))
     with open(os.environ["NODUS_PROGRESS"], "a") as f:
         f.write(json.dumps({"stage": "count", "units": {"completed": n, "total": int(sys.argv[1])}}) + "\n")
     time.sleep(0.1)
@@ -210,7 +213,8 @@ print("reached", n, flush=True)
 def test_a_checkpoint_restores_into_the_next_attempts_uid(coordinator: Coordinator, agent: AgentProcess) -> None:
     py = host_python()
     c = coordinator
-    body = job("uid-count", command=[py, "-c", COUNTER, "40"])
+    body = job("uid-count", command=[py, "-c", COUNTER, "40"],
+               recovery={"checkpoint": {"paths": ["/nodus/state", "/nodus/outputs/extra.txt"]}})
     assert c.session().post(c.url(JOBS), json=body).status_code == 201
     wait_job(c, "uid-count", lambda j: units(j) >= 8, what="the counter to pass 8")
     first_uid = held(agent)[attempt_dir(agent, "default", "uid-count").name]
@@ -223,8 +227,8 @@ def test_a_checkpoint_restores_into_the_next_attempts_uid(coordinator: Coordinat
     assert j["status"]["checkpoint"]["restoredFromSeq"] == 1 and len(attempts_of(c, "uid-count")) == 2
     log = c.run("nodus", "logs", "uid-count").stdout
     start = next(ln for ln in log.splitlines() if ln.startswith("start ")).split()
-    restored, uid, owner = int(start[1]), int(start[3]), int(start[5])
-    assert restored >= 8 and uid in RANGE and owner == uid and uid != first_uid, log
+    restored, uid, owners = int(start[1]), int(start[3]), [int(x) for x in start[5:7]]
+    assert restored >= 8 and uid in RANGE and owners == [uid, uid] and uid != first_uid, log
     assert "reached 40" in log
 
 

@@ -293,19 +293,23 @@ def restore(layout: AttemptLayout, archive_path: Path, sha256: str, size: int | 
                 # The process runtime shares the host: a checkpoint never writes outside the attempt.
                 raise CheckpointFailed(f"checkpoint member {top.name}/ is outside {CONTRACT_ROOT}; the process "
                                        f"runtime restores only {CONTRACT_ROOT} paths")
+        restored: list[Path] = []
         for top in tops:
             for child in sorted(top.iterdir()):
-                _merge(child, physical(layout, f"{CONTRACT_ROOT}/{child.name}"))
+                restored.append(physical(layout, f"{CONTRACT_ROOT}/{child.name}"))
+                _merge(child, restored[-1])
     except CheckpointFailed:
         raise
     except Exception as e:  # noqa: BLE001 - DigestMismatch, UnsafeArchive, CorruptArchive, NoSpace …
         raise CheckpointFailed(f"{type(e).__name__}: {e}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    if chown is not None:
-        for root, dirs, files in os.walk(layout.state):
-            for n in [*dirs, *files]:
-                chown(Path(root) / n)
+    if chown is not None:  # every restored path, not only state/ (paths may name /nodus/outputs/…)
+        for path in restored:
+            chown(path)
+            for root, dirs, files in os.walk(path):
+                for n in [*dirs, *files]:
+                    chown(Path(root) / n)
 
 
 def _merge(src: Path, dst: Path) -> None:

@@ -186,6 +186,21 @@ def write_secret_mounts(a: agent_pb2.Assignment, layout: AttemptLayout, user: Wo
             os.chown(layout.secrets, user.uid, user.gid)
 
 
+def code_entries(a: agent_pb2.Assignment, layout: AttemptLayout) -> list[Path]:
+    """What the Job's source (spec.source) put in the attempt: its target directory, or, where that is the
+    attempt directory itself (the default), its entries other than Nodus's own."""
+    if not a.HasField("source") or not a.source.WhichOneof("source"):
+        return []
+    target = layout.translate(a.source.path) if a.source.path else working_dir(a, layout)
+    root = layout.root.resolve()
+    if not target.exists() or not target.resolve().is_relative_to(root):
+        return []  # outside the attempt (an absolute path of the host): not the attempt's to own
+    if target.resolve() != root:
+        return [target]
+    own = {p.name for p in (layout.state, layout.inputs, layout.outputs, layout.volumes, layout.run, layout.logs)}
+    return [entry for entry in target.iterdir() if entry.name not in own]
+
+
 @dataclass(slots=True)
 class Spawned:
     """A supervisor just started: our child (a cold spawn, to reap) or the zygote's (nothing to reap)."""
@@ -293,6 +308,8 @@ class ProcessRuntime:
             for top in (layout.inputs, layout.volumes):
                 for entry in top.iterdir() if top.is_dir() else ():
                     layout.own_tree(entry, user.uid, user.gid)
+            for entry in code_entries(a, layout):  # the Job's code, unpacked or checked out as root
+                layout.own_tree(entry, user.uid, user.gid)
         env = attempt_env(a, layout, self.base_env, self.host_gpus)
         spec = supervisor_spec(a, layout, env, cgroup_root=self.cgroup_root, cgroup_name=self.cgroup_name(layout),
                                cgroups=self.cgroups, stop_grace=self.stop_grace, user=user)
