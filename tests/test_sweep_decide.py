@@ -73,3 +73,26 @@ def test_a_failed_cell_fails_the_sweep_with_cells_failed_once_all_have_finished(
     # byCost per unit: 2.00/10 = 0.20 beats 1.00/4 = 0.25; byThroughput: 4 units in 2 s beats 10 in 10 s.
     assert d.status["best"] == {"byCost": 0, "byThroughput": 2}
     assert d.status["cost"] == {"totalUSD": "3.00"}
+
+
+def test_the_incremental_cell_figures_equal_those_built_from_scratch_after_any_changes() -> None:
+    import random
+
+    from nodus.coordinator.controllers.sweep import SweepCells
+    rng = random.Random(13)
+    phases = list(JobPhase)
+    kept = SweepCells()
+    for step in range(3000):
+        index = rng.randrange(40)
+        if rng.random() < 0.2:
+            kept.drop(index)
+        else:
+            kept.put(job(index, rng.choice(phases), cost=f"{rng.randrange(500) / 100:.2f}",
+                         units=rng.choice([None, rng.randrange(1, 50)]), started=0.0, finished=float(rng.randrange(1, 9))))
+        if step % 97 == 0:
+            kept.best()  # the best is kept between changes too, not only found at the end
+    fresh = SweepCells(kept.by_index.values())
+    assert (kept.counts, kept.cost, kept.active, kept.failed, kept.succeeded) == \
+        (fresh.counts, fresh.cost, fresh.active, fresh.failed, fresh.succeeded)
+    assert kept.best() == fresh.best() and kept.missing(5, 45) == fresh.missing(5, 45)
+    assert kept.missing(5, 45) == [i for i in range(45) if i not in kept.by_index][:5]

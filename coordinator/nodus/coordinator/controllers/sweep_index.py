@@ -210,7 +210,11 @@ class SweepIndex:
         if job.index < 0:
             return
         sweep = f"{SWEEPS}{key.split('/', 2)[1]}/{owner[0]}"
-        self._groups.setdefault(sweep, {}).setdefault(owner[1], SweepCells()).put(job)
+        groups = self._groups.setdefault(sweep, {})
+        cells = groups.get(owner[1])
+        if cells is None:
+            cells = groups[owner[1]] = SweepCells()
+        cells.put(job)
         self._where[key] = (sweep, owner[1], job.index)
 
     def groups(self, sweep: str) -> dict[str, SweepCells]:
