@@ -7,6 +7,7 @@ FILE.manifest.json beside it); any other path is a local store directory.
 
     nodus checkpoint ls --job JOB [--index I]
     nodus checkpoint get JOB [--index I] [--seq N] [--rank R] [-o FILE | --into DIR]
+    nodus checkpoint now JOB [--no-wait] [--timeout SECONDS]
 """
 from __future__ import annotations
 
@@ -242,6 +243,35 @@ def cmd_get(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+REQUESTED = "nodus.dev/checkpoint-requested-at"
+
+
+def cmd_now(client: Client, args: argparse.Namespace) -> int:
+    """Asks the Job for a checkpoint of every running attempt now (the annotation its controller acts
+    on); waits until status.handledRequests.checkpoint says it was taken, unless --no-wait."""
+    now = time.time()
+    value = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    path = JOBS.format(ns=namespace_of(client, args), name=args.job)
+    client.request("PATCH", path, body={"metadata": {"annotations": {REQUESTED: value}}},
+                   content_type="application/merge-patch+json")
+    print(f"checkpoint of job {args.job} requested at {value}", file=sys.stderr)
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        job = client.request("GET", path).json()
+        status = job.get("status") or {}
+        if (status.get("handledRequests") or {}).get("checkpoint") == value:
+            latest = status.get("checkpoint") or {}
+            seq = f" (checkpoint {latest['seq']})" if latest.get("seq") is not None else ""
+            print(f"job {args.job}: checkpoint taken{seq}")
+            return 0
+        time.sleep(0.5)
+    raise CliError(f"job {args.job} has not taken the checkpoint requested at {value} within {args.timeout:g}s",
+                   f"it is taken once its attempts run: `nodus describe job {args.job}`; "
+                   f"`nodus checkpoint ls --job {args.job}` lists what was taken")
+
+
 def add_parser(subparsers: Any) -> None:
     """Register `checkpoint` and its verbs on the top-level subparsers of `nodus`."""
     p = subparsers.add_parser("checkpoint", help="save, restore, verify and list checkpoints (tar.zst + manifest)",
@@ -297,3 +327,10 @@ def add_parser(subparsers: Any) -> None:
     out.add_argument("-o", "--output-file", help="write the archive here (default: the server's file name; - for stdout)")
     out.add_argument("--into", metavar="DIR", help="restore it under DIR instead (sha256 verified first)")
     g.set_defaults(func=cmd_get)
+
+    n = verbs.add_parser("now", help="take a checkpoint of a running Job now (and wait until it is taken)")
+    n.add_argument("job")
+    n.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                   help="wait until the checkpoint is taken (default; --no-wait returns once it is asked)")
+    n.add_argument("--timeout", type=float, default=600.0, help="how long to wait, in seconds (default 600)")
+    n.set_defaults(func=cmd_now)

@@ -38,6 +38,7 @@ class CheckpointReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKPOINT_REASON_PERIODIC: _ClassVar[CheckpointReason]
     CHECKPOINT_REASON_SUSPEND: _ClassVar[CheckpointReason]
     CHECKPOINT_REASON_PREEMPTION: _ClassVar[CheckpointReason]
+    CHECKPOINT_REASON_REQUESTED: _ClassVar[CheckpointReason]
 
 class EgressPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +61,7 @@ CHECKPOINT_REASON_UNSPECIFIED: CheckpointReason
 CHECKPOINT_REASON_PERIODIC: CheckpointReason
 CHECKPOINT_REASON_SUSPEND: CheckpointReason
 CHECKPOINT_REASON_PREEMPTION: CheckpointReason
+CHECKPOINT_REASON_REQUESTED: CheckpointReason
 EGRESS_POLICY_UNSPECIFIED: EgressPolicy
 EGRESS_POLICY_DENY: EgressPolicy
 EGRESS_POLICY_ALLOW_LIST: EgressPolicy

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from .. import errors
 from ..errors import Cause, NodusError
 from .attempt import ATTEMPT
+from . import job_annotations
 from .jsondoc import copy_json
 from .connection import CONNECTION
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
@@ -194,6 +195,8 @@ def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: s
         ks.inherit(old_body, body)
     ctx.causes[:0] = fold_causes
     _add_unique(ctx.causes, ks.rules(body, limits))
+    if info.kind == "Job":  # annotations the Job controller acts on
+        _add_unique(ctx.causes, job_annotations.causes(metadata, body))
     return _Pass(ctx, metadata, body)
 
 

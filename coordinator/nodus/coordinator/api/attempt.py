@@ -138,7 +138,7 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
                             "epoch": _i("Epoch is the gang epoch that wrote it."),
                             "paths": List(description="Paths are the saved paths.", items=Str()),
                             "pause": _s("Pause is how long the program was held for the local copy."),
-                            "reason": _s("Reason is Periodic, Suspend or Preemption."),
+                            "reason": _s("Reason is Periodic, Suspend, Preemption or Requested (nodus checkpoint now)."),
                             "format": _s("Format is Snapshot or Dcp."),
                             "rank": _i("Rank is the gang rank whose part of a Dcp checkpoint this is."),
                             "ranks": _i("Ranks is how many parts the Dcp checkpoint has (the gang's size)."),

@@ -1,4 +1,6 @@
-"""Periodic checkpoints: which CheckpointRequests fall due on a node now (each agent stream asks)."""
+"""Periodic and requested checkpoints: which CheckpointRequests fall due on a node now (each agent
+stream asks). A requested one is the Job's `nodus.dev/checkpoint-requested-at` annotation not handled
+yet (controllers/job_requests.py): asked of an attempt whose newest checkpoint is older than it."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -8,6 +10,7 @@ from nodus.v1 import agent_pb2
 from ..controllers import checkpoints as rules
 from ..controllers.attempts import AttemptPhase, phase_of
 from ..controllers.cache import Cache, attempt_key
+from ..controllers.job_requests import pending_checkpoint, taken_since
 
 Mtbi = Callable[[str], "float | None"]
 """An offering → its measured MTBI (controllers/interruptions.py `of_offering`), for `auto` cadences."""
@@ -19,8 +22,14 @@ def _offering(cache: Cache, attempt: dict[str, Any]) -> str:
     return view.offering if view is not None else ""
 
 
+def _requested(attempt: dict[str, Any], requested_at: float | None) -> bool:
+    """A checkpoint the Job's annotation asks for that `attempt` (running) has not taken yet."""
+    return (requested_at is not None and phase_of(attempt) is AttemptPhase.RUNNING
+            and not taken_since((attempt.get("status") or {}).get("checkpoints") or [], requested_at))
+
+
 def _gang_due(cache: Cache, spec: dict[str, Any], attempt: dict[str, Any], same: Sequence[dict[str, Any]],
-              now: float, mtbi: Mtbi) -> tuple[bool, int]:
+              now: float, mtbi: Mtbi, requested_at: float | None = None) -> tuple[bool, int]:
     """For one member of a Dcp gang: whether to ask it for a part now, and which seq (0: a new one). A
     seq some member of the epoch already stored is asked of the others (so the parts meet); otherwise
     a new seq, when rank 0's cadence is due."""
@@ -36,7 +45,7 @@ def _gang_due(cache: Cache, spec: dict[str, Any], attempt: dict[str, Any], same:
     if rank0 is None:
         return False, 0
     due, _ = rules.periodic_due(spec, rank0, same, now, mtbi(_offering(cache, rank0)))
-    return due and phase_of(attempt) is AttemptPhase.RUNNING, 0
+    return (due or _requested(rank0, requested_at)) and phase_of(attempt) is AttemptPhase.RUNNING, 0
 
 
 CADENCE_TICK = 5.0
@@ -45,7 +54,7 @@ CADENCE_TICK = 5.0
 
 def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int, float]],
                  mtbi: Mtbi = lambda offering: None) -> list[agent_pb2.CheckpointRequest]:
-    """Periodic CheckpointRequests due on `node` now. `asked` (attempt id → (seq, when)) is the
+    """Periodic and requested CheckpointRequests due on `node` now. `asked` (attempt id → (seq, when)) is the
     stream's memory of what it asked, so a request is repeated only when its checkpoint never came."""
     out = []
     for attempt in cache.attempts_on(node):
@@ -56,6 +65,10 @@ def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int
         job = cache.job(attempt["metadata"]["namespace"], spec["job"]) or {}
         if (job.get("metadata") or {}).get("uid") != spec.get("jobUID"):
             continue
+        job_spec = job.get("spec") or {}
+        requested_at = (pending_checkpoint((job.get("metadata") or {}).get("annotations") or {},
+                                           (job.get("status") or {}).get("handledRequests") or {})
+                        if rules.continuity(job_spec) == "Checkpointed" else None)
         siblings = cache.attempts_of(attempt["metadata"]["namespace"], spec["job"])
         same = rules.index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
         gang = spec.get("gang") or {}
@@ -67,13 +80,17 @@ def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int
             if not dcp and int(gang.get("rank") or 0):
                 asked.pop(spec["id"], None)
                 continue
-            if dcp:
-                due, seq = _gang_due(cache, job.get("spec") or {}, attempt, same, now, mtbi)
+            if dcp:  # every part of one seq, asked when rank 0 is due or has not taken the requested one
+                due, seq = _gang_due(cache, job_spec, attempt, same, now, mtbi, requested_at)
+                requested = due and requested_at is not None
+                due = due and not requested
             else:
-                due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now, own_mtbi)[0], 0
+                due, seq = rules.periodic_due(job_spec, attempt, siblings, now, own_mtbi)[0], 0
+                requested = _requested(attempt, requested_at)
         else:
-            due, seq = rules.periodic_due(job.get("spec") or {}, attempt, siblings, now, own_mtbi)[0], 0
-        if not due:
+            due, seq = rules.periodic_due(job_spec, attempt, siblings, now, own_mtbi)[0], 0
+            requested = _requested(attempt, requested_at)
+        if not (due or requested):
             continue
         seq = seq or rules.next_seq(same)  # only once due: it reads every committed checkpoint
         before = asked.get(spec["id"])
@@ -81,6 +98,6 @@ def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int
                                                                                          own_mtbi):
             continue
         asked[spec["id"]] = (seq, now)
-        out.append(agent_pb2.CheckpointRequest(attempt_id=spec["id"], reason=agent_pb2.CHECKPOINT_REASON_PERIODIC,
-                                               seq=seq))
+        why = agent_pb2.CHECKPOINT_REASON_REQUESTED if requested else agent_pb2.CHECKPOINT_REASON_PERIODIC
+        out.append(agent_pb2.CheckpointRequest(attempt_id=spec["id"], reason=why, seq=seq))
     return out

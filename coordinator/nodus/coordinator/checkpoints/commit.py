@@ -18,7 +18,7 @@ from .locations import BLOB_URI, connection_of, reader
 log = logging.getLogger("nodus.checkpoints")
 
 REASONS = {agent_pb2.CHECKPOINT_REASON_PERIODIC: "Periodic", agent_pb2.CHECKPOINT_REASON_SUSPEND: "Suspend",
-           agent_pb2.CHECKPOINT_REASON_PREEMPTION: "Preemption"}
+           agent_pb2.CHECKPOINT_REASON_PREEMPTION: "Preemption", agent_pb2.CHECKPOINT_REASON_REQUESTED: "Requested"}
 FORMATS = {agent_pb2.CHECKPOINT_FORMAT_DCP: "Dcp"}
 
 

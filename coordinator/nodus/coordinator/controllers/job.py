@@ -26,6 +26,7 @@ from . import checkpoints as ckpt
 from . import recovery
 from .attempts import AttemptPhase, scrub
 from .job_inputs import input_gate, input_status
+from .job_requests import CHECKPOINT, checkpoint_handled
 from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
 from .reasons import AttemptReason
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
@@ -291,6 +292,9 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     put(status, "storage", recovery.storage_status(*recovery.storage_bytes(mine, status.get("outputs"), not released),
                                                     free=free_storage))
     put(status, "inputs", input_status(job, mine))
+    handled = checkpoint_handled(job.checkpoint_requested, job.handled_requests, remaining, phase.terminal)
+    if handled is not None:
+        status["handledRequests"] = {**job.handled_requests, CHECKPOINT: handled}
     ready = [a for a in sorted(mine, key=lambda a: (a.created or 0, a.number)) if a.inputs_ready_time]
     if ready:
         status["inputsReadyTime"] = ready[-1].inputs_ready_time

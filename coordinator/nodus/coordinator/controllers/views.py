@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ..api.job_annotations import CHECKPOINT_REQUESTED
 from ..clock import parse, seconds
 from ..money.estimate import Tariff
 from .attempt_machine import AttemptPhase
@@ -354,6 +355,10 @@ class JobView:
     producers: Mapping[str, Producer] = field(default_factory=dict)
     """The Jobs `output_inputs` name, by name, as the Job controller read them (not from this object);
     one that is absent does not exist (or is being deleted)."""
+    checkpoint_requested: str = ""
+    """metadata.annotations["nodus.dev/checkpoint-requested-at"]: a checkpoint asked for (job_requests.py)."""
+    handled_requests: Mapping[str, Any] = field(default_factory=dict)
+    """status.handledRequests: the last value of each *-requested-at annotation that was carried out."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> JobView:
@@ -397,7 +402,9 @@ class JobView:
                    spec_state=JobState.parse(spec.get("state")), money_stop=money_stop,
                    stop_by=parse(status.get("stopByTime")), output_inputs=_output_inputs(spec),
                    pinned_inputs=_dicts(status.get("inputs")),
-                   declared_outputs=tuple(str(o.get("name")) for o in _dicts(spec.get("outputs"))))
+                   declared_outputs=tuple(str(o.get("name")) for o in _dicts(spec.get("outputs"))),
+                   checkpoint_requested=str(_dict(meta.get("annotations")).get(CHECKPOINT_REQUESTED) or ""),
+                   handled_requests=_dict(status.get("handledRequests")))
 
 
 def topology(spec: Mapping[str, Any], prev: Mapping[str, Any] | None = None) -> dict[str, Any]:
