@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from . import errors
+from . import errors, sources
 from .api.admission import Lookup
 from .api.references import not_found, secret_version
 from .clock import parse, rfc3339
@@ -122,6 +122,7 @@ class JobStrategy(KindStrategy):
         self.vault, self.images, self.lookup, self.estimates = vault, images, lookup, estimates
 
     async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
+        await _pin_source(obj)
         if self.images is not None:
             await self._pin_images(self.images, project, obj)
         if self.estimates is None:
@@ -264,6 +265,21 @@ def _raw(value: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         return value.encode()
+
+
+async def _pin_source(obj: dict[str, Any]) -> None:
+    """status.source.commit: the commit spec.source.git names now (sources.py); spec.source is immutable."""
+    git = ((obj.get("spec") or {}).get("source") or {}).get("git")
+    if not git:
+        return
+    try:
+        commit = await sources.resolve(git["repo"], git.get("ref") or "")
+    except sources.SourceRefused as e:
+        value = git["repo"] if e.field.endswith(".repo") else git.get("ref", "")
+        raise errors.invalid("Job", obj["metadata"]["name"], [errors.invalid_value(e.field, value, e.message)],
+                             fix="name a repository the coordinator can read and a branch, tag or full commit of it"
+                             ) from None
+    obj.setdefault("status", {})["source"] = {"commit": commit}
 
 
 def strategies(vault: Vault, images: ImageResolver | None = None, lookup: Lookup | None = None,

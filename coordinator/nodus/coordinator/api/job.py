@@ -356,8 +356,8 @@ JOB_SPEC = Obj(
                               "path": Str(description="Path is the checkout path (default workingDir)."),
                               "ref": Str(description="Ref is a branch, tag or commit."),
                               "repo": Str(description="Repo is owner/name or an https:// URL.",
-                                          pattern=r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+|https://\S+)$",
-                                          pattern_message="must be owner/name or an https:// URL"),
+                                          pattern=r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+|(https|git)://\S+)$",
+                                          pattern_message="must be owner/name, an https:// or a git:// URL"),
                           }),
                       }),
         "state": Str(description="State is the desired state: Running (the default), Suspended, or Cancelled, the "

@@ -23,6 +23,7 @@ from ..errors import NodusError
 from ..images import ImageRefused, RegistryCredentials, ResolvedImage, registry_of
 from ..operator_registry import OperatorRegistry
 from ..scheduler import Request
+from ..sources import repo_url
 from ..vault import Vault
 
 log = logging.getLogger("nodus.assignment")
@@ -250,7 +251,7 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
     source = spec.get("source") or {}
     if source.get("git"):
         git = source["git"]
-        repo = git["repo"] if git["repo"].startswith("https://") else f"https://github.com/{git['repo']}"
+        repo = repo_url(git["repo"])
         commit = (status.get("source") or {}).get("commit") or git.get("ref", "")
         out.source.CopyFrom(agent_pb2.Source(git=agent_pb2.GitSource(repo=agent_pb2.Location(uri=repo), commit=commit),
                                              path=git.get("path", "")))
