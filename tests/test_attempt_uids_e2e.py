@@ -328,3 +328,26 @@ def test_inputs_with_private_modes_are_readable_by_the_consumers_uid(coordinator
     line = next(ln for ln in c.run("nodus", "logs", "uid-eval").stdout.splitlines() if ln.startswith("read "))
     assert line.startswith("read 8000 and labels as uid ") and line.endswith(", write EACCES"), line
     assert int(line.split("as uid ")[1].split(",")[0]) in RANGE
+
+
+def test_a_program_its_uid_cannot_reach_fails_saying_why(coordinator: Coordinator, agent: AgentProcess,
+                                                          base: Path) -> None:
+    """A program under a directory only root may pass (as an interpreter under /root would be): exit 126,
+    and the message says the attempt's uid could not reach it."""
+    host_python()
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    program = closed / "train.sh"
+    program.write_text("#!/bin/sh\necho never\n")
+    program.chmod(0o755)
+    c = coordinator
+    assert c.session().post(c.url(JOBS), json=job("uid-unreachable", command=[str(program)],
+                                                  backoffLimit=0)).status_code == 201
+    done = wait_job(c, "uid-unreachable", lambda j: j["status"].get("phase") in ("Succeeded", "Failed"),
+                    what="the Job to fail")
+    (first,) = attempts_of(c, "uid-unreachable")
+    assert done["status"]["phase"] == "Failed" and first["status"]["exitCode"] == 126, first["status"]
+    message = first["status"]["message"]
+    assert f"command could not start: {program}: Permission denied (the attempt runs as uid " in message, message
+    assert "a directory such as /root lets only its owner through" in message, message

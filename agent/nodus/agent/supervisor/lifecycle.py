@@ -244,10 +244,11 @@ class Supervisor:
             main = self.procs.spawn("main", argv, env, None)
         except OSError as e:
             code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC) else 127
-            self.note(f"command could not start: {argv[:1]}: {e.strerror or e}")
+            why = f"{e.strerror or e}{self.denied_hint(e)}"
+            self.note(f"command could not start: {argv[:1]}: {why}")
             self._wind_down()
-            self.finish(P.FAILED, Reason.ERROR,
-                        f"command could not start: {argv[0] if argv else ''}: {e.strerror or e}", exit_code=code)
+            self.finish(P.FAILED, Reason.ERROR, f"command could not start: {argv[0] if argv else ''}: {why}",
+                        exit_code=code)
             return
         self.set(phase=P.RUNNING, start_time=self.clock.now(), main_pid=main.proc.pid)
         try:
@@ -283,6 +284,15 @@ class Supervisor:
                 self.finish(P.FAILED, Reason.OUTPUT_MISSING, problem, exit_code=code)
             else:
                 self.finish(P.SUCCEEDED, Reason.COMPLETED, "", exit_code=code, outputs=outputs)
+
+    def denied_hint(self, e: OSError) -> str:
+        """Why a program under an attempt's uid may be refused what root reached (ADR 0040)."""
+        user = self.spec.get("user")
+        if e.errno != errno.EACCES or not user:
+            return ""
+        return (f" (the attempt runs as uid {user['uid']}, which must be able to pass through every directory on "
+                f"the way to the program and its working directory; a directory such as /root lets only its owner "
+                f"through)")
 
     # -- a gang member -----------------------------------------------------------------------------
     def _await_launch(self) -> GangLaunch:
