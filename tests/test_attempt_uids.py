@@ -206,3 +206,18 @@ def test_the_runtime_gives_an_attempt_what_the_agent_materialized_for_it(tmp_pat
                                                            "gid": 300500, "groups": []}
     rt.remove(layout)
     assert not layout.root.exists() and rt.uids is not None and rt.uids.uid_of("att-own") is None
+
+
+def test_an_agent_that_is_not_root_says_so_at_error_level_and_runs_attempts_as_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from nodus.agent.runtime.process import ProcessRuntime
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with caplog.at_level(logging.ERROR, logger="nodus.agent.runtime"):
+        rt = ProcessRuntime(tmp_path / "work", attempt_uids="300500:10", zygote=False)
+    assert rt.uids is None and rt.user is None
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "attempts run as the agent's own user (uid 1000), all under one uid" in record.getMessage()
+    assert "--attempt-uids 300500:10" in record.getMessage()
