@@ -4,6 +4,7 @@
     nodus outputs list JOB
     nodus logs JOB [--index I] [--attempt N] [--rank R] [-f [--progress]]
     nodus volume push NAME DIR
+    nodus source push DIR
 """
 from __future__ import annotations
 
@@ -201,6 +202,34 @@ def cmd_volume_push(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- sources -----------------------------------------------------------------------------------------
+
+def push_source(client: Client, namespace: str, directory: str) -> dict[str, Any]:
+    """Uploads DIR as a Job's code (spec.source.blob) to the project; the coordinator's answer, whose
+    sha256 is `sha256:<hex>`. Pushing the same tree again stores nothing new."""
+    src = Path(directory)
+    if not src.is_dir():
+        raise CliError(f"{directory} is not a directory", "pass the directory holding the Job's code")
+    with tempfile.TemporaryFile(prefix="nodus-source-") as archive:
+        sha256, size, _ = pack(src, archive)
+        archive.seek(0)
+        resp = send(client, "POST", f"/apis/nodus.dev/v1/namespaces/{namespace}/sources", data=archive,
+                    headers={"Content-Type": "application/zstd", "X-Content-SHA256": sha256,
+                             "Content-Length": str(size)})
+    answer: dict[str, Any] = resp.json()
+    if answer.get("sha256") != f"sha256:{sha256}":
+        raise CliError(f"the coordinator stored {answer.get('sha256')}, not the archive's sha256:{sha256}", "push again")
+    return answer
+
+
+def cmd_source_push(client: Client, args: argparse.Namespace) -> int:
+    answer = push_source(client, namespace_of(client, args), args.dir)
+    verb = "pushed" if answer.get("created") else "unchanged (already pushed)"
+    print(f"source {verb}: {answer.get('files')} files, {answer.get('size')} bytes; use it in a Job as", file=sys.stderr)
+    print(answer["sha256"])
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
     """Registers `outputs`, `logs` and `volume` on the CLI's subparsers."""
     outputs = sub.add_parser("outputs", help="download a Job's committed outputs")
@@ -225,6 +254,12 @@ def add_parsers(sub: Any) -> None:
     logs.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="with -f, a bar of the Job's progress below the log (default: on a terminal)")
     logs.set_defaults(func=cmd_logs)
+
+    source = sub.add_parser("source", help="a Job's code, uploaded (spec.source.blob)")
+    source_sub = source.add_subparsers(dest="action", required=True)
+    spush = source_sub.add_parser("push", help="upload a directory; prints the sha256: for spec.source.blob")
+    spush.add_argument("dir")
+    spush.set_defaults(func=cmd_source_push)
 
     volume = sub.add_parser("volume", help="datasets with immutable revisions")
     volume_sub = volume.add_subparsers(dest="action", required=True)

@@ -63,11 +63,20 @@ def _documents(path: str) -> Iterable[dict[str, Any]]:
 
 
 def cmd_apply(client: Client, args: argparse.Namespace) -> int:
-    for doc in _documents(args.filename):
+    docs = list(_documents(args.filename))
+    pushed: dict[str, str] = {}  # --source DIR, pushed once per project that a Job of the file is in
+    if args.source and not any(d.get("kind") == "Job" for d in docs):
+        raise CliError(f"--source: {args.filename} holds no Job to run the code of {args.source}",
+                       "apply a file with a Job, or push the directory alone with `nodus source push DIR`")
+    for doc in docs:
         r = client.for_kind(doc.get("kind", ""), doc.get("apiVersion", ""))
         meta = doc.setdefault("metadata", {})
         name = meta.get("name")
         namespace = meta.get("namespace") or client.namespace
+        if args.source and doc.get("kind") == "Job":
+            if namespace not in pushed:
+                pushed[namespace] = data.push_source(client, namespace, args.source)["sha256"]
+            doc.setdefault("spec", {})["source"] = {"blob": pushed[namespace]}
         if not name:
             raise CliError(f"{args.filename}: a {doc.get('kind')} needs metadata.name to be applied",
                            "set metadata.name (or use kubectl create for generateName)")
@@ -232,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("apply", help="create or update objects from a file")
     a.add_argument("-f", "--filename", required=True, help="YAML or JSON file, or - for stdin")
     a.add_argument("--if-match", help="the ETag of `nodus estimate`: the create is bound to that estimate")
+    a.add_argument("--source", metavar="DIR", help="push DIR as the Jobs' code and set their spec.source.blob")
     a.set_defaults(func=cmd_apply)
 
     g = sub.add_parser("get", help="list objects or show one")

@@ -12,6 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from typing import Any
+
+import orjson
+
+from .errors import NodusError
+from .store.base import Store
 
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 LS_REMOTE_TIMEOUT = 20.0
@@ -68,3 +74,30 @@ async def resolve(repo: str, ref: str = "", timeout: float = LS_REMOTE_TIMEOUT) 
     raise SourceRefused("spec.source.git.ref",
                         f"{wanted!r} is no branch or tag of {_quiet(url)} (a commit must be written in full, "
                         "40 hexadecimal digits)")
+
+
+# -- uploaded sources (spec.source.blob) -------------------------------------------------------------
+# `nodus source push DIR` uploads a tar.zst of DIR into the blob store; the project's record of it,
+# `_sources/<project>/<sha256>`, is what admission checks (a blob another project pushed, or one never
+# pushed, is refused naming spec.source.blob) and what holds the blob against collection.
+
+def source_key(project: str, sha256: str) -> str:
+    return f"_sources/{project}/{sha256}"
+
+
+async def record_upload(store: Store, project: str, sha256: str, size: int, files: int, now: str) -> bool:
+    """Records that `project` pushed the source `sha256`; False when it already had."""
+    doc = {"sha256": f"sha256:{sha256}", "size": size, "files": files, "createTime": now}
+    try:
+        await store.create(source_key(project, sha256), orjson.dumps(doc))
+    except NodusError as e:
+        if e.reason != "AlreadyExists":
+            raise
+        return False
+    return True
+
+
+async def uploaded(store: Store, project: str, sha256: str) -> dict[str, Any] | None:
+    """The project's record of the pushed source `sha256`, or None."""
+    rec = await store.get(source_key(project, sha256))
+    return None if rec is None else dict(orjson.loads(rec.value))

@@ -118,11 +118,11 @@ class JobStrategy(KindStrategy):
     EstimateExpired when the ETag is no estimate of this exact spec."""
 
     def __init__(self, vault: Vault, images: ImageResolver | None, lookup: Lookup,
-                 estimates: Estimates | None = None) -> None:
-        self.vault, self.images, self.lookup, self.estimates = vault, images, lookup, estimates
+                 estimates: Estimates | None = None, store: Store | None = None) -> None:
+        self.vault, self.images, self.lookup, self.estimates, self.store = vault, images, lookup, estimates, store
 
     async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
-        await _pin_source(obj)
+        await _pin_source(obj, project, self.store)
         if self.images is not None:
             await self._pin_images(self.images, project, obj)
         if self.estimates is None:
@@ -267,9 +267,19 @@ def _raw(value: str) -> bytes:
         return value.encode()
 
 
-async def _pin_source(obj: dict[str, Any]) -> None:
-    """status.source.commit: the commit spec.source.git names now (sources.py); spec.source is immutable."""
-    git = ((obj.get("spec") or {}).get("source") or {}).get("git")
+async def _pin_source(obj: dict[str, Any], project: str, store: Store | None) -> None:
+    """status.source: the commit spec.source.git names now, or the blob the project pushed (sources.py);
+    spec.source is immutable, so this runs on create only."""
+    source = (obj.get("spec") or {}).get("source") or {}
+    if source.get("blob") and store is not None:
+        sha = str(source["blob"]).removeprefix("sha256:")
+        if await sources.uploaded(store, project, sha) is None:
+            raise errors.invalid("Job", obj["metadata"]["name"], [errors.invalid_value(
+                "spec.source.blob", source["blob"], f"no source with this sha256 was pushed to project {project}")],
+                fix="push the directory first (`nodus source push DIR` prints the sha256: to use), or apply the Job "
+                    "with `nodus apply -f JOB --source DIR`")
+        obj.setdefault("status", {})["source"] = {"blob": source["blob"]}
+    git = source.get("git")
     if not git:
         return
     try:
@@ -291,7 +301,7 @@ def strategies(vault: Vault, images: ImageResolver | None = None, lookup: Lookup
     estimates = Estimates(store, fleet, vault.signer(quote.ETAG_PURPOSE)) \
         if store is not None and fleet is not None else None
     if lookup is not None and (images is not None or estimates is not None):
-        own["Job"] = JobStrategy(vault, images, lookup, estimates)
+        own["Job"] = JobStrategy(vault, images, lookup, estimates, store)
     if estimates is not None:
         own["Sweep"] = SweepStrategy(estimates)
     return own

@@ -33,7 +33,8 @@ from ..checkpoints import listing
 from ..controllers.attempts import phase_of
 from ..errors import NodusError
 from ..identity import SYSTEM
-from ..resources import ResourceService
+from ..resources import ResourceService, utc_now
+from ..sources import record_upload
 from ..volumes import VolumeService
 from ..selectors import parse_field_selector, parse_label_selector
 from .params import query_bool
@@ -59,6 +60,7 @@ def add_routes(app: web.Application, gateway: Any) -> None:
     r.add_get(BASE + "/jobs/{name}/checkpoints", routes.checkpoints)
     r.add_get(BASE + "/jobs/{name}/checkpoints/{seq}", routes.checkpoint_archive)
     r.add_post(BASE + "/volumes/{name}/revisions", routes.push_revision)
+    r.add_post(BASE + "/sources", routes.push_source)
     r.add_get(BASE + "/volumes/{name}/revisions/{revision}", routes.revision_archive)
 
 
@@ -365,6 +367,30 @@ class Downloads:
         body = {"kind": "VolumeRevision", "apiVersion": info.api_version, "volume": name, "namespace": project,
                 **revision, "created": added, "volumeCreated": created_volume}
         return web.Response(body=orjson.dumps(body), status=201 if added else 200, content_type="application/json")
+
+    async def push_source(self, request: web.Request) -> web.Response:
+        """`nodus source push DIR`: a tar.zst of the Job's code, kept for the project; spec.source.blob
+        names it by the sha256 this answers."""
+        request["verb"], request["resource"] = "create", "sources"
+        blobs = self._blobs(request)
+        caller = await self.gateway.caller(request)
+        project = request.match_info["namespace"]
+        self.volumes.authorize_push(caller, project)  # the same rule: the editor role in the project
+        if request.content_type not in (ZSTD, "application/x-zstd"):
+            raise NodusError("UnsupportedMediaType", f"a source must be a tar.zst archive, not {request.content_type!r}",
+                             fix="send the archive with Content-Type: application/zstd (`nodus source push DIR`)")
+        ref, new_blob = await blobs.put(request.content.iter_chunked(CHUNK),
+                                        request.headers.get("X-Content-SHA256", ""), request.content_length or 0)
+        try:
+            files = await asyncio.to_thread(inspect_archive, blobs.path(ref.sha256))
+        except NodusError:
+            if new_blob:
+                await blobs.delete(ref.sha256)
+            raise
+        created = await record_upload(self.service.store, project, ref.sha256, ref.size, files, utc_now())
+        body = {"kind": "Source", "apiVersion": "nodus.dev/v1", "namespace": project, "sha256": f"sha256:{ref.sha256}",
+                "size": ref.size, "files": files, "created": created}
+        return web.Response(body=orjson.dumps(body), status=201 if created else 200, content_type="application/json")
 
     async def revision_archive(self, request: web.Request) -> web.StreamResponse:
         request["verb"], request["resource"] = "get", "volumes/revisions"

@@ -1,7 +1,9 @@
-"""A Job's source.git through the daemons, against a real repository served by `git daemon`: admission
-resolves the branch to the commit it names (status.source.commit), every attempt checks out exactly
-that commit even after the branch moved (a replacement of a failed attempt included), a tag resolves
-to its commit, and a ref or repository that cannot be read is refused at admission naming the field."""
+"""A Job's code through the daemons. source.git against a real repository served by `git daemon`:
+admission resolves the branch to the commit it names (status.source.commit), every attempt checks out
+exactly that commit even after the branch moved (a replacement of a failed attempt included), a tag
+resolves to its commit, and a ref or repository that cannot be read is refused at admission naming
+the field. source.blob: `nodus source push DIR` and `nodus apply -f JOB --source DIR` upload the
+code, the Job runs it, and a blob this project never pushed is refused naming spec.source.blob."""
 from __future__ import annotations
 
 import socket
@@ -106,3 +108,44 @@ def test_every_attempt_runs_the_commit_the_branch_named_at_admission(coordinator
         "apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "no-repo"},
         "spec": {"command": ["true"], "source": {"git": {"repo": url.replace("repo.git", "missing.git")}}}})
     assert r.status_code == 422 and r.json()["details"]["causes"][0]["field"] == "spec.source.git.repo", r.text
+
+
+def test_a_pushed_directory_is_the_jobs_code_and_an_unknown_one_is_refused(coordinator: Coordinator,
+                                                                          tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "main.py").write_text("from pkg.words import WORD\nprint(WORD)\n")
+    (code / "pkg" / "__init__.py").write_text("")
+    (code / "pkg" / "words.py").write_text("WORD = 'pushed code runs'\n")
+    pushed = coordinator.run("nodus", "source", "push", str(code))
+    sha = pushed.stdout.strip()
+    assert sha.startswith("sha256:") and len(sha) == 71, pushed.stdout
+    again = coordinator.run("nodus", "source", "push", str(code))
+    assert again.stdout.strip() == sha and "unchanged" in again.stderr, "the same tree is the same source"
+
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"""apiVersion: nodus.dev/v1
+kind: Job
+metadata:
+  name: from-dir
+spec:
+  command: ["{sys.executable}", "main.py"]
+""")
+    with start_agent(coordinator, tmp_path / "agent"):
+        coordinator.run("nodus", "apply", "-f", str(job_file), "--source", str(code))
+        final = ended(coordinator, "from-dir")
+        assert final["spec"]["source"] == {"blob": sha} and final["status"]["source"] == {"blob": sha}
+        assert final["status"]["phase"] == "Succeeded", final["status"]
+        assert coordinator.run("nodus", "logs", "from-dir").stdout == "pushed code runs\n"
+
+    unknown = "sha256:" + "0" * 64
+    r = coordinator.session().post(coordinator.url(JOBS), json={
+        "apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "no-blob"},
+        "spec": {"command": ["true"], "source": {"blob": unknown}}})
+    assert r.status_code == 422, r.text
+    assert r.json()["details"]["causes"][0]["field"] == "spec.source.blob" and "nodus source push" in r.json()["fix"]
+    coordinator.run("nodus", "project", "create", "other")
+    r = coordinator.session().post(coordinator.url(JOBS.replace("/default/", "/other/")), json={
+        "apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "theirs"},
+        "spec": {"command": ["true"], "source": {"blob": sha}}})
+    assert r.status_code == 422 and "pushed to project other" in r.text, "another project's push is not this one's"
