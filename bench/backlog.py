@@ -40,6 +40,7 @@ import orjson
 import api
 import record
 from daemons import BIN, Coordinator, start_coordinator, stop_all
+from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2, node_pb2, node_pb2_grpc
 
 TARGET_CPU = 5.0
@@ -99,8 +100,15 @@ class Fleet:
             host=common_pb2.HostInventory(cpus=64, memory_bytes=512 << 30, disk_bytes=4 << 40),
             gpus=[common_pb2.Gpu(index=i, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-bench-{name}-{i}",
                                  memory_bytes=80 << 30, simulated=True) for i in range(gpus)])
-        self.agents.Register(agent_pb2.RegisterRequest(node_name=name, inventory=inventory),
-                             metadata=(("authorization", f"Bearer {token}"),), timeout=60)
+        # As nodus-agent joins: enrol with the join token, then Register over mTLS with the certificate.
+        key = new_key()
+        answer = self.agents.Enrol(agent_pb2.EnrolRequest(node_name=name, csr_pem=csr_pem(key, name)),
+                                   metadata=(("authorization", f"Bearer {token}"),), timeout=60)
+        creds = grpc.ssl_channel_credentials((self.c.data / "tls" / "ca.crt").read_bytes(), key_pem(key),
+                                             answer.certificate_pem.encode())
+        with grpc.secure_channel(agent_address(self.c.grpc, answer.agent_port), creds) as channel:
+            agent_pb2_grpc.AgentServiceStub(channel).Register(
+                agent_pb2.RegisterRequest(node_name=name, inventory=inventory), timeout=60)
         self.gpu_nodes.append(name)
 
     def placed(self) -> int:

@@ -25,11 +25,6 @@ from registry import oci_registry, private_oci_registry  # noqa: F401
 # directories, which no attempt uid reaches. tests/test_attempt_uids_e2e.py runs agents with the range.
 os.environ.setdefault("NODUS_ATTEMPT_UIDS", "off")
 
-# Agents started by the suite (and its benches) run attempts as their own user, as before ADR 0040:
-# the suite's programs are this venv's interpreter (under /root, 0700 here) writing into pytest's 0700
-# directories, which no attempt uid reaches. tests/test_attempt_uids_e2e.py runs agents with the range.
-os.environ.setdefault("NODUS_ATTEMPT_UIDS", "off")
-
 
 BIN = Path(sys.executable).parent
 
@@ -55,6 +50,8 @@ class Coordinator:
     proc: subprocess.Popen[bytes] | None = None
     http: str = ""
     grpc: GrpcAddress = GrpcAddress("", None)
+    agent_address: str = ""
+    """The agents' mTLS port (endpoints.json "agent"); "" on a --grpc-insecure coordinator."""
     token: str = ""
     ca: Path = field(default_factory=Path)
     log: Path = field(default_factory=Path)
@@ -89,6 +86,7 @@ class Coordinator:
         ep = orjson.loads(endpoints.read_bytes())
         self.http = ep["http"]
         self.grpc = GrpcAddress(ep["grpc"], self.data_dir / "tls" / "ca.crt" if ep.get("grpcTls") else None)
+        self.agent_address = ep.get("agent", "")
         config = yaml.safe_load(self.kubeconfig.read_text())
         self.token = config["users"][0]["user"]["token"]
         self.ca = self.data_dir / "ca-for-tests.crt"
@@ -105,6 +103,26 @@ class Coordinator:
         if self.grpc.ca is None:
             return grpc.insecure_channel(self.grpc)
         return grpc.secure_channel(self.grpc, grpc.ssl_channel_credentials(self.grpc.ca.read_bytes()))
+
+    def enrol(self, node: str, key: Any, token: str | None = None) -> Any:
+        """AgentService.Enrol as nodus-agent calls it: the join token and a CSR for `key`; the answer."""
+        from nodus.agent.enrolment import csr_pem
+        from nodus.v1 import agent_pb2, agent_pb2_grpc
+        with self.channel() as channel:
+            return agent_pb2_grpc.AgentServiceStub(channel).Enrol(
+                agent_pb2.EnrolRequest(node_name=node, csr_pem=csr_pem(key, node)),
+                metadata=(("authorization", f"Bearer {token if token is not None else self.join_token}"),), timeout=10)
+
+    def node_channel(self, node: str, key: Any, token: str | None = None) -> grpc.Channel:
+        """A channel to the agent port over mTLS with a certificate for `node` and `key` (enrolled with
+        the join token, or `token`); on a --grpc-insecure coordinator, the plaintext port (the join
+        token authenticates there)."""
+        if self.grpc.ca is None:
+            return self.channel()
+        from nodus.agent.enrolment import key_pem
+        answer = self.enrol(node, key, token)
+        creds = grpc.ssl_channel_credentials(self.grpc.ca.read_bytes(), key_pem(key), answer.certificate_pem.encode())
+        return grpc.secure_channel(self.agent_address, creds)
 
     def grpcurl_tls(self) -> list[str]:
         """grpcurl's flags for this coordinator's gRPC port: -cacert DATA_DIR/tls/ca.crt, or -plaintext."""

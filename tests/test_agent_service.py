@@ -17,6 +17,7 @@ import e2e
 from conftest import Coordinator
 from e2e import ATTEMPTS, JOBS, MERGE, attempts_of, create, patch_state
 from nodus.cli.attempts import for_job
+from nodus.agent.enrolment import new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -28,6 +29,10 @@ def ts(t: float | None = None) -> timestamp_pb2.Timestamp:
     out = timestamp_pb2.Timestamp()
     out.FromNanoseconds(int((time.time() if t is None else t) * 1e9))
     return out
+
+
+NODE_KEYS: dict[str, Any] = {}
+"""Node name -> the key its FakeAgents hold."""
 
 
 class FakeAgent:
@@ -48,8 +53,21 @@ class FakeAgent:
         self._call: Any = None
         self.error: grpc.RpcError | None = None
         self._beating = threading.Event()
-        self._channel = c.channel()
+        self.key = NODE_KEYS.setdefault(name, new_key())
+        """The node's key, one per name: a FakeAgent of a name is that node's host coming back (a newer
+        registration, a restart), so it enrols with the same key; another key is another host."""
+        self._channel = self._node_channel(c)
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+
+    def _node_channel(self, c: Coordinator) -> grpc.Channel:
+        """The agent port with this node's certificate, as nodus-agent connects; the TLS port without one
+        when the join token is refused (Register then answers UNAUTHENTICATED, as for a stranger)."""
+        try:
+            return c.node_channel(self.name, self.key, self.token)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            return c.channel()
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -64,7 +82,7 @@ class FakeAgent:
         """The coordinator came back elsewhere (a restart picks new ports): same session, new channel."""
         self.close()
         self.c = c
-        self._channel = c.channel()
+        self._channel = self._node_channel(c)
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
 
     def connect(self, observations: list[agent_pb2.AttemptObservation] | None = None,

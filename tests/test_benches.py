@@ -182,3 +182,13 @@ def test_sweep_bench_reports_admission_expansion_and_store_writes_beside_plain_j
                                    rf"({NUM}) MB\s+final status ({NUM}) MB",
         "load beside the figures": rf"^load average \(1, 5, 15 min\)\s+before ({NUM}) ({NUM}) ({NUM})\s+after",
     })
+
+
+def test_grpc_tls_bench_reports_tls_and_mtls_calls_beside_plaintext() -> None:
+    figures(run_tiny("grpc_tls"), {
+        "operator plaintext": rf"^\s+operator plaintext\s+({NUM}) calls/s\s+\(anchor\)",
+        "operator TLS": rf"^\s+operator TLS\s+({NUM}) calls/s\s+costs\s+({NUM}) %",
+        "agent plaintext": rf"^\s+agent plaintext\s+({NUM}) calls/s\s+\(anchor\)",
+        "agent mTLS": rf"^\s+agent mTLS\s+({NUM}) calls/s\s+costs\s+({NUM}) %",
+        "handshake": rf"^\s+agent mTLS\s+({NUM}) ms$",
+    })

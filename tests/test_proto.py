@@ -48,6 +48,8 @@ SERVICES = {
         "ListBudgets": (False, False),
     },
     (agent_pb2, agent_pb2_grpc, "AgentService"): {
+        "Enrol": (False, False),
+        "Renew": (False, False),
         "Register": (False, False),
         "Connect": (True, True),
     },
@@ -59,6 +61,9 @@ SERVICES = {
         "Drain": (False, False),
         "Reclaim": (False, False),
         "ListAttempts": (False, False),
+        "RevokeNode": (False, False),
+        "ReadmitNode": (False, False),
+        "RotateJoinToken": (False, False),
     },
     (gang_pb2, gang_pb2_grpc, "GangService"): {
         "GetGang": (False, False),

@@ -18,10 +18,11 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from agent_double import AgentProcess, wait_for
-from conftest import BIN, Coordinator
-from e2e import agent_md, start_agent
+from conftest import BIN, Coordinator, GrpcAddress
+from e2e import start_agent
 from nodus.agent.nvml import SimulatedNvml
 from nodus.agent.settings import SimulatedGpus
+from nodus.agent.enrolment import new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from test_grpcurl import grpcurl
 
@@ -61,10 +62,10 @@ def _register(c: Coordinator, node: str, offering: str, gpus: int) -> grpc.RpcEr
         host=common_pb2.HostInventory(cpus=psutil.cpu_count() or 1, memory_bytes=psutil.virtual_memory().total),
         gpus=[common_pb2.Gpu(index=i, name="NVIDIA A100-SXM4-40GB", memory_bytes=40 << 30, simulated=True)
               for i in range(gpus)])
-    with c.channel() as channel:
+    with c.node_channel(node, new_key()) as channel:  # enrolled, as nodus-agent is before it registers
         with pytest.raises(grpc.RpcError) as raised:
             agent_pb2_grpc.AgentServiceStub(channel).Register(
-                agent_pb2.RegisterRequest(node_name=node, inventory=inventory), metadata=agent_md(c), timeout=10)
+                agent_pb2.RegisterRequest(node_name=node, inventory=inventory), timeout=10)
     return raised.value
 
 
@@ -140,7 +141,8 @@ def test_nodus_up_with_a_price_book_and_simulated_gpus(tmp_path: Path) -> None:
                  what="nodus up's agent to register")
         c = Coordinator(data / "coordinator")
         endpoints = json.loads((c.data_dir / "endpoints.json").read_text())
-        c.grpc, c.token = endpoints["grpc"], yaml.safe_load(c.kubeconfig.read_text())["users"][0]["user"]["token"]
+        c.grpc = GrpcAddress(endpoints["grpc"], c.data_dir / "tls" / "ca.crt")  # nodus up's gRPC is TLS
+        c.token = yaml.safe_load(c.kubeconfig.read_text())["users"][0]["user"]["token"]
         assert json.loads(grpcurl(c, "nodus.v1.PriceBookService/GetPriceBook", {}, token=c.token).stdout)[
             "version"] == "2026-12-01-dev"
         (node,) = json.loads(grpcurl(c, "nodus.v1.NodeService/ListNodes", {}, token=c.token).stdout)["nodes"]

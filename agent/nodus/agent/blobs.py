@@ -45,6 +45,11 @@ class BlobClient:
         self.stub = blob_pb2_grpc.BlobServiceStub(channel)
         self.metadata = tuple(metadata)
 
+    def use(self, channel: grpc.aio.Channel, metadata: Sequence[tuple[str, str]]) -> None:
+        """Later calls go over `channel` (the link's mTLS channel once the node holds a certificate)."""
+        self.stub = blob_pb2_grpc.BlobServiceStub(channel)
+        self.metadata = tuple(metadata)
+
     async def put(self, path: Path, sha256: str = "", size: int = 0, media_type: str = "") -> blob_pb2.BlobRef:
         async def parts() -> AsyncIterator[blob_pb2.PutRequest]:
             yield blob_pb2.PutRequest(header=blob_pb2.PutHeader(sha256=sha256, size=size, media_type=media_type))

@@ -1,4 +1,11 @@
-"""The agent's end of AgentService: Register, then one Connect stream at a time, for ever.
+"""The agent's end of AgentService: enrol once, Register, then one Connect stream at a time, for ever.
+
+Against a TLS coordinator the link first holds a node certificate (enrolment.py): it enrols with the
+join token over the TLS port when it has none that is still valid, then talks to the agent port over
+mTLS with it, and renews it at two thirds of its life (the channel is rebuilt with the new one; the
+old one closes once its calls finish). A certificate the coordinator refuses (revoked, re-admitted
+away) is dropped and the link enrols again, which the coordinator refuses until an operator
+re-admits the node.
 
 The conversation is agent.proto's header: Register (inventory) → Connect → Hello (full observed
 state) → the coordinator's FullState → changes both ways, every message numbered per stream and
@@ -11,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -20,6 +29,7 @@ from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 from .backoff import Backoff
 from .clock import Clock
+from .enrolment import Certificate, NodeCredentials, agent_address
 
 log = logging.getLogger("nodus.agent.link")
 
@@ -31,6 +41,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
 ]
 NOT_ACKED = ("ack", "lease_renewal")
+WALL = time.time
+"""Certificates are checked against the real wall clock (TLS does), never a test's offset clock."""
 
 
 class StreamEnded(Exception):
@@ -94,9 +106,20 @@ class Node(Protocol):
 
 class Link:
     def __init__(self, node: Node, channel: grpc.aio.Channel, metadata: Metadata, target: str, *, backoff: Backoff,
-                 clock: Clock, register_timeout: float = 15.0, tls: bool = True) -> None:
+                 clock: Clock, register_timeout: float = 15.0, tls: bool = True,
+                 identity_dir: Path | None = None, coordinator_ca: bytes | None = None,
+                 on_channel: Callable[[grpc.aio.Channel, Metadata], None] | None = None) -> None:
         self.node = node
         self.tls = tls
+        self.credentials = NodeCredentials(identity_dir, coordinator_ca) if tls and identity_dir else None
+        """The node certificate's keeper; None against a --grpc-insecure coordinator (the join token)."""
+        self.on_channel = on_channel
+        """Told of every new channel (the blob client shares it)."""
+        self.bootstrap = channel
+        """The TLS port's channel, where Enrol goes with the join token."""
+        self.join_metadata = metadata
+        self.certificate: Certificate | None = None
+        """The certificate the current channel presents; None while on the bootstrap channel."""
         self.target = target
         self.metadata = metadata
         self.channel = channel
@@ -134,10 +157,22 @@ class Link:
 
     async def close(self) -> None:
         await self.channel.close(grace=None)
+        if self.bootstrap is not self.channel:
+            await self.bootstrap.close(grace=None)
 
     async def run(self) -> None:
+        renewer = asyncio.create_task(self._renew_loop(), name="link-renew") if self.credentials else None
+        try:
+            await self._run()
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+
+    async def _run(self) -> None:
         while True:
             try:
+                if self.credentials is not None:
+                    await self._ensure_certificate()
                 if self.session is None:
                     await self._register()
                 await self._converse()
@@ -149,8 +184,12 @@ class Link:
                              self.session.session_id if self.session else "-", e.details())
                     self.session = None
                 elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    self._note(f"the coordinator refused the join token: {e.details()}", logging.ERROR)
+                    what = "the node certificate" if self.certificate is not None else "the join token"
+                    self._note(f"the coordinator refused {what}: {e.details()}", logging.ERROR)
                     self.session = None
+                    if self.certificate is not None and self.credentials is not None:
+                        self.credentials.forget()  # enrol again: refused until an operator re-admits it
+                        self._use(self.bootstrap, self.join_metadata, None)
                 else:
                     self._note(*unavailable(self.target, f"{code.name}: {e.details()}", self.tls))
             except StreamEnded as e:
@@ -167,6 +206,64 @@ class Link:
         if text != self._last_error:
             log.log(level, "%s", text)
             self._last_error = text
+
+    # -- the node certificate ---------------------------------------------------------------------
+    async def _ensure_certificate(self) -> None:
+        """A valid certificate on the mTLS channel: the one on disk, or a new enrolment."""
+        assert self.credentials is not None
+        if self.certificate is not None and self.certificate.not_after > WALL():
+            return
+        cert = self.credentials.load()
+        if cert is None or cert.not_after <= WALL():
+            stub = agent_pb2_grpc.AgentServiceStub(self.bootstrap)
+            answer = await stub.Enrol(agent_pb2.EnrolRequest(node_name=self.node.node_name,
+                                                             csr_pem=self.credentials.csr(self.node.node_name)),
+                                      metadata=self.join_metadata, timeout=self.register_timeout)
+            cert = self.credentials.save(answer)
+            log.info("enrolled node %s: certificate until %s", self.node.node_name,
+                     answer.expire_time.ToDatetime().isoformat())
+        self._use_certificate(cert)
+
+    def _use_certificate(self, cert: Certificate) -> None:
+        assert self.credentials is not None
+        channel = grpc.aio.secure_channel(agent_address(self.target, cert.agent_port),
+                                          self.credentials.channel_credentials(cert), options=CHANNEL_OPTIONS)
+        self._use(channel, (), cert)
+
+    def _use(self, channel: grpc.aio.Channel, metadata: Metadata, cert: Certificate | None) -> None:
+        old = self.channel
+        self.channel, self.metadata, self.certificate = channel, metadata, cert
+        self.stub = agent_pb2_grpc.AgentServiceStub(channel)
+        if self.on_channel is not None:
+            self.on_channel(channel, metadata)
+        if old is not channel and old is not self.bootstrap:
+            # Calls under way on the old channel (the stream, an upload) finish within the grace.
+            asyncio.get_running_loop().create_task(old.close(grace=30.0), name="link-old-channel")
+
+    async def _renew_loop(self) -> None:
+        """Renews the certificate at two thirds of its life, retrying until it runs out."""
+        assert self.credentials is not None
+        while True:
+            cert = self.certificate
+            if cert is None:
+                await asyncio.sleep(0.5)
+                continue
+            wait = cert.renew_time() - WALL()
+            if wait > 0:
+                await asyncio.sleep(min(wait, 60.0))
+                continue
+            try:
+                answer = await self.stub.Renew(agent_pb2.RenewRequest(csr_pem=self.credentials.csr(self.node.node_name)),
+                                               timeout=self.register_timeout)
+            except grpc.aio.AioRpcError as e:
+                self._note(f"renewing the node certificate failed: {e.code().name}: {e.details()}")
+                await asyncio.sleep(max(0.5, min(30.0, (cert.not_after - WALL()) / 10)))
+                continue
+            renewed = self.credentials.save(answer)
+            log.info("renewed the certificate of node %s: until %s", self.node.node_name,
+                     answer.expire_time.ToDatetime().isoformat())
+            if self.certificate is cert:
+                self._use_certificate(renewed)
 
     async def _register(self) -> None:
         inventory = await asyncio.to_thread(self.node.inventory)

@@ -9,7 +9,8 @@ from typing import Any, Iterable
 import orjson
 import yaml
 
-from . import attempts, budgets, cancel, checkpoint, credits, data, describe, estimate, images, pricebook, sweeps, up
+from . import (attempts, budgets, cancel, checkpoint, credits, data, describe, estimate, images, nodes, pricebook,
+               sweeps, up)
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_parser(sub)  # a Job stopped for good
     describe.add_parser(sub)  # a Job's status, conditions, attempts and events
     images.add_parser(sub)  # image push / ls: the project's images in the operator's registry
+    nodes.add_parsers(sub)  # operator: node ls / revoke / readmit, join-token rotate
 
     for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
         op = sub.add_parser(name, help=helptext)

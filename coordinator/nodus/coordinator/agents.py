@@ -1,7 +1,10 @@
 """AgentService, the coordinator's side of agent.proto: Register, and one Connect stream per node.
 
-Register checks the join token, creates or updates the node (a new session: epoch + 1) and renews its
-lease; a stream of an older session is closed with FAILED_PRECONDITION, so a stale agent cannot act.
+Enrol trades the join token for the node's client certificate and Renew replaces it (enrol.py).
+Register and Connect authenticate the node by that certificate over mTLS (the node's name is the
+certificate's), or, on a --grpc-insecure coordinator only, by the join token. Register creates or
+updates the node (a new session: epoch + 1) and renews its lease; a stream of an older session is
+closed with FAILED_PRECONDITION, so a stale agent cannot act.
 
 Connect expects Hello first (unknown or superseded session: FAILED_PRECONDITION, and the agent
 registers again), folds everything the Hello reports into the Attempts, and answers FullState: every
@@ -34,6 +37,7 @@ from .controllers.attempts import phase_of
 from .controllers.cache import ATTEMPTS, NODES, Cache
 from .controllers.interruptions import Interruptions
 from .controllers.objects import Objects
+from .enrol import Enrolments, Peer, peer_of
 from .errors import NodusError, new_request_id
 from .grpc_api import authorization, status_for
 from .identity import Identity
@@ -65,6 +69,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.cache: Cache = registry.cache
         self.interruptions = interruptions or Interruptions(self.cache, clock)
         self.sessions: dict[str, Session] = {}
+        self.enrolments: Enrolments | None = None
+        """Node certificates (a TLS coordinator); None: the join token authenticates (--grpc-insecure)."""
+        self.agent_port = 0
+        """The mTLS port, told to enrolling nodes."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, self._on_node)
 
@@ -87,17 +95,80 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if session is not None and (new is None or new.get("sessionId") != session.session_id):
             session.end(NodusError("StaleSession", "a newer registration of this node superseded the session"))
 
-    async def _auth(self, context: grpc.aio.ServicerContext) -> None:
+    async def _auth(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The node the call comes from: its certificate's name (checked against its enrolment), or
+        None where the join token authenticates (a --grpc-insecure coordinator)."""
+        peer = await self.peer(context)
+        if peer is not None:
+            return peer.node
+        if self.enrolments is not None:
+            raise NodusError("NodeCertificateRequired", "this call takes a node certificate (mTLS on the agent "
+                             "port), not the join token", fix="enrol with the join token (AgentService.Enrol), then "
+                             "call the agent port with the certificate; nodus-agent does both by itself")
         await self.identity.verify_join_token(authorization(context))
+        return None
+
+    async def peer(self, context: grpc.aio.ServicerContext) -> Peer | None:
+        """The node a verified client certificate names, its enrolment checked (revoked or re-admitted
+        away: NodeRevoked); None when the call presented none (or this coordinator issues none)."""
+        pem = peer_certificate(context)
+        if self.enrolments is None or pem is None:
+            return None
+        peer = peer_of(pem)
+        if peer is None:
+            raise NodusError("NodeCertificateRequired", "the client certificate is not a node certificate",
+                             fix="use the certificate AgentService.Enrol issued")
+        await self.enrolments.check(peer)
+        return peer
+
+    def _issued(self, issued: Any) -> agent_pb2.EnrolResponse:
+        return agent_pb2.EnrolResponse(node_name=issued.node, certificate_pem=issued.certificate_pem.decode(),
+                                       ca_pem=issued.ca_pem.decode(), expire_time=timestamp_of(issued.expire),
+                                       agent_port=self.agent_port)
+
+    async def Enrol(self, request: agent_pb2.EnrolRequest, context: grpc.aio.ServicerContext) -> Any:
+        rid = new_request_id()
+        try:
+            if self.enrolments is None:
+                raise NodusError("BadRequest", "this coordinator runs with --grpc-insecure: nodes register with the "
+                                 "join token and no certificate", fix="call Register with the join token")
+            _valid_name(request.node_name)
+            issued = await self.enrolments.enrol(authorization(context), request.node_name, request.csr_pem)
+        except NodusError as e:
+            await context.abort_with_status(status_for(e, rid))
+            raise  # unreachable: abort raises
+        log.info("node %s enrolled: certificate until %s", issued.node, issued.expire)
+        return self._issued(issued)
+
+    async def Renew(self, request: agent_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> Any:
+        rid = new_request_id()
+        try:
+            peer = await self.peer(context)
+            if peer is None or self.enrolments is None:
+                raise NodusError("NodeCertificateRequired", "Renew takes the node's current certificate (mTLS on "
+                                 "the agent port)", fix="enrol again with the join token (AgentService.Enrol)")
+            issued = await self.enrolments.renew(peer, request.csr_pem)
+        except NodusError as e:
+            await context.abort_with_status(status_for(e, rid))
+            raise  # unreachable: abort raises
+        log.info("node %s renewed its certificate: until %s", issued.node, issued.expire)
+        return self._issued(issued)
+
+    def cut_off(self, node: str, error: NodusError) -> None:
+        """Closes the node's stream at once (a revocation)."""
+        session = self.sessions.get(node)
+        if session is not None:
+            session.end(error)
 
     async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext) -> Any:
         rid = new_request_id()
         try:
-            await self._auth(context)
-            name = request.node_name
-            if not name or len(name) > 253 or not all(c.isalnum() or c in "-._" for c in name):
-                raise NodusError("BadRequest", f"node name {name!r} is not valid",
-                                 fix="use --node with letters, digits, '-', '.' or '_' (at most 253)")
+            certified = await self._auth(context)
+            name = request.node_name or certified or ""
+            if certified is not None and name != certified:
+                raise NodusError("Forbidden", f'the certificate is for node "{certified}", not "{name}"',
+                                 name=name, kind="nodes", fix=f"register as --node {certified}, the name it enrolled")
+            _valid_name(name)
             node = await self.registry.register(name, request.inventory)
         except NodusError as e:
             await context.abort_with_status(status_for(e, rid))
@@ -111,7 +182,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.CoordinatorMessage]:
         rid = new_request_id()
         try:
-            await self._auth(context)
+            certified = await self._auth(context)
             try:
                 first = await asyncio.wait_for(request_iterator.__anext__(), HELLO_TIMEOUT)
             except (StopAsyncIteration, asyncio.TimeoutError):
@@ -123,6 +194,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if node is None or node.get("sessionId") != hello.session_id or node.get("epoch") != hello.epoch:
                 raise NodusError("StaleSession", f"session {hello.session_id or '?'} (epoch {hello.epoch}) of node "
                                  f"{hello.node_id or '?'} is unknown or superseded")
+            if certified is not None and node["name"] != certified:
+                raise NodusError("Forbidden", f'the certificate is for node "{certified}", not "{node["name"]}"',
+                                 name=node["name"], kind="nodes", fix="open the stream of the node you enrolled")
         except NodusError as e:
             await context.abort_with_status(status_for(e, rid))
             return
@@ -149,6 +223,25 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 del self.sessions[session.node]
         if session.error is not None:
             await context.abort_with_status(status_for(session.error, rid))
+
+
+def peer_certificate(context: grpc.aio.ServicerContext) -> bytes | None:
+    """The client certificate TLS verified on this call (the agent port's mTLS); None without one."""
+    values = list((context.auth_context() or {}).get("x509_pem_cert") or ())
+    return bytes(values[0]) if values else None
+
+
+def timestamp_of(seconds: float) -> Any:
+    from google.protobuf import timestamp_pb2
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _valid_name(name: str) -> None:
+    if not name or len(name) > 253 or not all(c.isalnum() or c in "-._" for c in name):
+        raise NodusError("BadRequest", f"node name {name!r} is not valid",
+                         fix="use --node with letters, digits, '-', '.' or '_' (at most 253)")
 
 
 def add_to_server(server: grpc.aio.Server, servicer: AgentServicer) -> None:

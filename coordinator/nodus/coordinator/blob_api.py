@@ -45,11 +45,16 @@ class _Trailed(grpc.Status):
 
 
 class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
-    def __init__(self, blobs: BlobStore, identity: Identity) -> None:
+    def __init__(self, blobs: BlobStore, identity: Identity,
+                 node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None) -> None:
         self.blobs = blobs
         self.identity = identity
+        self.node_peer = node_peer
+        """The node a verified client certificate names (agents.AgentServicer.peer), or None without one."""
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        if self.node_peer is not None and await self.node_peer(context) is not None:
+            return  # a node's certificate, over the agent port's mTLS
         token = authorization(context)
         try:
             await self.identity.verify_join_token(token)

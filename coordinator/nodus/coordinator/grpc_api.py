@@ -379,6 +379,8 @@ class GrpcServer:
     health: health.aio.HealthServicer
     served: tuple[str, ...]
     """Health names marked SERVING by `set_serving`: the built-in services and those registered by `start`."""
+    agent_port: int = 0
+    """The agents' mTLS port (0: none, a --grpc-insecure coordinator)."""
 
     def set_serving(self) -> None:
         loop = asyncio.get_running_loop()
@@ -388,12 +390,16 @@ class GrpcServer:
 
 async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
                 servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
-                clock: Clock = SystemClock(), credentials: grpc.ServerCredentials | None = None) -> GrpcServer:
+                clock: Clock = SystemClock(), credentials: grpc.ServerCredentials | None = None,
+                agent_port: tuple[str, grpc.ServerCredentials] | None = None,
+                node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None) -> GrpcServer:
     """Starts the server (health NOT_SERVING until `set_serving`): TLS with `credentials`, plaintext
     without (main.py allows that on loopback only, --grpc-insecure).
 
     `servicers` are (full service name, function that adds it to the server), for the services built
-    outside this module (AgentService, NodeService)."""
+    outside this module (AgentService, NodeService). `agent_port` is (listen address, mTLS
+    credentials) of the agents' port, served by the same server; `node_peer` names the node of a
+    call's client certificate (BlobService takes it as it takes the join token)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
     resource_pb2_grpc.add_ResourceServiceServicer_to_server(ResourceServicer(service), server)
     project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(
@@ -402,7 +408,8 @@ async def start(service: ResourceService, listen: str, blobs: BlobStore | None =
         add(server)
     if blobs is not None:
         from .blob_api import BlobServicer  # it imports this module's error translation
-        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity), server)
+        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity, node_peer),
+                                                      server)
     from .pricebook_api import add_to_server as add_pricebook_service  # it imports this module's `rpc`
     add_pricebook_service(server, PriceBooks(service.store), service.identity, clock)
     checks = health.aio.HealthServicer()
@@ -412,8 +419,13 @@ async def start(service: ResourceService, listen: str, blobs: BlobStore | None =
     port = server.add_insecure_port(listen) if credentials is None else server.add_secure_port(listen, credentials)
     if port == 0:
         raise SystemExit(f"--grpc-listen {listen}: cannot bind")
+    bound_agent_port = 0
+    if agent_port is not None:
+        bound_agent_port = server.add_secure_port(*agent_port)
+        if bound_agent_port == 0:
+            raise SystemExit(f"--agent-listen {agent_port[0]}: cannot bind")
     for name in ("",) + SERVICE_NAMES:
         await checks.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     served = ("",) + SERVICE_NAMES[:2] + (BLOB_SERVICE, PRICEBOOK_SERVICE) + tuple(name for name, _ in servicers)
-    return GrpcServer(server, port, checks, served)
+    return GrpcServer(server, port, checks, served, bound_agent_port)

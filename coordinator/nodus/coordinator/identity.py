@@ -210,6 +210,15 @@ class Identity:
         await self._store.create(f"_identity/join-tokens/{token_id}", orjson.dumps(record))
         return f"nodusjoin_{token_id}_{secret}"
 
+    async def rotate_join_token(self) -> tuple[str, int]:
+        """A new join token; every older one is deleted, so it no longer enrols anyone (enrolled nodes
+        hold certificates and do not need it). Returns the token and how many were retired."""
+        old = await self._store.list("_identity/join-tokens/")
+        token = await self.create_join_token()
+        for rec in old.records:
+            await self._store.delete(rec.key)
+        return token, len(old.records)
+
     async def verify_join_token(self, authorization: str | None) -> str:
         """Checks an agent's `Bearer nodusjoin_…` value; returns the join token's id, or raises Unauthorized."""
         if not authorization:

@@ -50,7 +50,8 @@ from .store.base import Store
 from .store.copy import copy_sqlite_to_postgres
 from .store.postgres import PostgresStore
 from .store.sqlite import SqliteStore
-from .tls import TlsFiles, ensure_tls, grpc_credentials, write_private
+from .enrol import Enrolments
+from .tls import CertificateAuthority, TlsFiles, agent_credentials, ensure_tls, grpc_credentials, write_private
 from .vault import Vault, load_or_create_key
 
 log = logging.getLogger("nodus.coordinator")
@@ -63,6 +64,8 @@ DEFAULTS = {
     "tls_cert": "",
     "tls_key": "",
     "grpc_insecure": False,
+    "agent_listen": "",
+    "node_certificate_lifetime": "24h",
     "compact_interval": 300.0,
     "lease_duration": "15s",
     "heartbeat_interval": "3s",
@@ -194,14 +197,21 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     grpc_host, grpc_port = _split(args.grpc_listen)
     http_host, http_port = _split(args.http_listen)
     grpc_insecure = _grpc_insecure(args, grpc_host)
-    if args.tls_cert and args.tls_key:
-        tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), None)
-    else:
-        tls = ensure_tls(data_dir, [http_host, grpc_host])
+    agent_host, agent_port = _agent_listen(args, grpc_host, grpc_port)
+    own = ensure_tls(data_dir, [http_host, grpc_host, agent_host])  # the CA signs node certificates too
+    tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), None) if args.tls_cert and args.tls_key else own
+    agent_listen = None
+    if not grpc_insecure:  # node identity (docs/adr/0039-grpc-tls-and-node-identity.md)
+        # Certificates are stamped on the real clock (TLS checks them so), not --clock-offset-file's.
+        plane.agents.enrolments = Enrolments(store, identity, CertificateAuthority.load(data_dir / "tls"),
+                                             SystemClock(), _certificate_lifetime(args), data_dir / "join-token")
+        agent_listen = (f"{agent_host}:{agent_port}", agent_credentials(own))
 
     grpc_server = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
                                        servicers=plane.servicers(), clock=clock,
-                                       credentials=None if grpc_insecure else grpc_credentials(tls))
+                                       credentials=None if grpc_insecure else grpc_credentials(tls),
+                                       agent_port=agent_listen, node_peer=plane.agents.peer)
+    plane.agents.agent_port = grpc_server.agent_port
     app, gateway = make_app(service)
     app[downloads.BLOBS] = blobs
     app[image_routes.IMAGES] = ImagePushService(resolver.operator, resolver, data_dir / "image-uploads")
@@ -213,8 +223,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     endpoints = Endpoints(f"{_client_host(grpc_host)}:{grpc_server.port}",
                           f"https://{_client_host(http_host)}:{bound_http}")
     await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc, grpc_insecure)
-    write_private(data_dir / "endpoints.json", orjson.dumps({"grpc": endpoints.grpc, "http": endpoints.http,
-                                                             "grpcTls": not grpc_insecure}))
+    write_private(data_dir / "endpoints.json", orjson.dumps({
+        "grpc": endpoints.grpc, "http": endpoints.http, "grpcTls": not grpc_insecure,
+        **({"agent": f"{_client_host(agent_host)}:{grpc_server.agent_port}"} if grpc_server.agent_port else {})}))
     # Start-up is done and the cache has synced: its heap leaves the collector's generations (heap.py).
     settle_heap(_heap_settings(args))
     gateway.ready = True
@@ -292,6 +303,25 @@ def _grpc_insecure(args: argparse.Namespace, host: str) -> bool:
                          f"--grpc-listen (127.0.0.1, ::1 or localhost), not {args.grpc_listen}: drop --grpc-insecure "
                          f"(agents then take --coordinator-ca DATA_DIR/tls/ca.crt) or listen on loopback")
     return True
+
+
+def _agent_listen(args: argparse.Namespace, grpc_host: str, grpc_port: int) -> tuple[str, int]:
+    """--agent-listen, the agents' mTLS port: by default the gRPC host and the next port (any free
+    port when gRPC takes one, port 0)."""
+    if args.agent_listen:
+        return _split(str(args.agent_listen))
+    return grpc_host, grpc_port + 1 if grpc_port else 0
+
+
+def _certificate_lifetime(args: argparse.Namespace) -> float:
+    try:
+        lifetime = units.parse_duration_ns(str(args.node_certificate_lifetime)) / units.NS_PER_SECOND
+    except ValueError as e:
+        raise SystemExit(f"--node-certificate-lifetime: {e}") from None
+    if not 10 <= lifetime <= 366 * 24 * 3600:
+        raise SystemExit(f"--node-certificate-lifetime must be between 10s and 8784h (got "
+                         f"{args.node_certificate_lifetime})")
+    return lifetime
 
 
 def _bool_setting(value: object) -> bool:
@@ -404,6 +434,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store-url", help="postgresql://… (default: SQLite in the data dir)")
     p.add_argument("--tls-cert", help="serving certificate (PEM); default: one signed by a CA made in the data dir")
     p.add_argument("--tls-key", help="its private key (PEM)")
+    p.add_argument("--agent-listen", help="HOST:PORT of the agents' mTLS port, where enrolled nodes connect with "
+                   "their certificates (default: the --grpc-listen host, its port + 1)")
+    p.add_argument("--node-certificate-lifetime", help="how long a node certificate lasts, as a duration (default "
+                   "24h); agents renew at two thirds of it")
     p.add_argument("--grpc-insecure", action="store_const", const=True,
                    help="serve gRPC in plaintext (development on loopback only: refused on any other --grpc-listen; "
                         "default: TLS with the serving certificate REST uses)")

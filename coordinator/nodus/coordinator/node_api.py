@@ -1,8 +1,9 @@
 """NodeService, the operators' gRPC API over the node registry (nodes.py): it translates requests
-and answers to and from the proto; the registry and the checkpoint service do the work."""
+and answers to and from the proto; the registry, the checkpoint service and the enrolments
+(enrol.py: revoke, re-admit, join token rotation) do the work."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format, timestamp_pb2
@@ -19,6 +20,9 @@ from .controllers.fleet import amount_of, gpu_health, reservation_of
 from .nodes import NodeRegistry, no_node
 from .scheduler import Amount
 from .selectors import parse_label_selector
+
+if TYPE_CHECKING:
+    from .agents import AgentServicer
 
 
 def _ts(text: Any) -> timestamp_pb2.Timestamp | None:
@@ -80,12 +84,40 @@ def attempt_proto(obj: dict[str, Any], offering: str = "") -> node_pb2.Attempt:
     return out
 
 
+def with_enrolment(node: node_pb2.Node, enrolment: dict[str, Any] | None) -> node_pb2.Node:
+    """The node with what its enrolment says (enrolled, revoked, certificate expiry)."""
+    if enrolment is not None:
+        node.enrolled = True
+        node.revoked = bool(enrolment.get("revoked"))
+        if (expire := _ts(enrolment.get("expireTime"))) is not None:
+            node.certificate_expire_time.CopyFrom(expire)
+    return node
+
+
 class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     """Operators: admin tokens for every project (`*`), as the bootstrap kubeconfig holds."""
 
-    def __init__(self, registry: NodeRegistry, identity: Identity) -> None:
+    def __init__(self, registry: NodeRegistry, identity: Identity, agents: AgentServicer | None = None) -> None:
         self.registry = registry
         self.identity = identity
+        self.agents = agents
+
+    async def _enrolments(self) -> dict[str, dict[str, Any]]:
+        enrolments = self.agents.enrolments if self.agents is not None else None
+        return await enrolments.records() if enrolments is not None else {}
+
+    def _enrolling(self) -> Any:
+        enrolments = self.agents.enrolments if self.agents is not None else None
+        if enrolments is None:
+            raise NodusError("BadRequest", "this coordinator runs with --grpc-insecure: nodes hold no certificates "
+                             "to revoke, re-admit or rotate the join token for",
+                             fix="run the coordinator without --grpc-insecure")
+        return enrolments
+
+    async def _node(self, name: str) -> node_pb2.Node:
+        doc = self.registry.node(name)
+        node = node_proto(self.registry, doc) if doc is not None else node_pb2.Node(name=name)
+        return with_enrolment(node, (await self._enrolments()).get(name))
 
     def _get(self, name: str) -> dict[str, Any]:
         doc = self.registry.node(name)
@@ -97,7 +129,9 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     async def ListNodes(self, caller: Caller, request: Any, context: Any) -> Any:
         require_operator(caller)
         selector = parse_label_selector(request.label_selector)
-        nodes = [node_proto(self.registry, self._get(n)) for n in self.registry.names()]
+        enrolments = await self._enrolments()
+        nodes = [with_enrolment(node_proto(self.registry, self._get(n)), enrolments.get(n))
+                 for n in self.registry.names()]
         nodes = [n for n in nodes if selector.matches(dict(n.inventory.labels))
                  and (not request.phase or n.phase == request.phase)]
         return node_pb2.ListNodesResponse(nodes=nodes)
@@ -105,7 +139,34 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     @rpc("getnode")
     async def GetNode(self, caller: Caller, request: Any, context: Any) -> Any:
         require_operator(caller)
-        return node_proto(self.registry, self._get(request.name))
+        self._get(request.name)
+        return await self._node(request.name)
+
+    @rpc("revokenode")
+    async def RevokeNode(self, caller: Caller, request: Any, context: Any) -> Any:
+        """Refuses the node's certificate from now on and closes its stream: its lease runs out and its
+        attempts are Lost and replaced elsewhere, as for a node that died."""
+        require_operator(caller)
+        await self._enrolling().revoke(request.name, request.message)
+        assert self.agents is not None
+        self.agents.cut_off(request.name, NodusError("NodeRevoked", f'node "{request.name}" was revoked',
+                                                     name=request.name, kind="nodes"))
+        return await self._node(request.name)
+
+    @rpc("readmitnode")
+    async def ReadmitNode(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        await self._enrolling().readmit(request.name)
+        assert self.agents is not None
+        self.agents.cut_off(request.name, NodusError("NodeRevoked", f'the enrolment of node "{request.name}" was '
+                                                     're-admitted', name=request.name, kind="nodes"))
+        return await self._node(request.name)
+
+    @rpc("rotatejointoken")
+    async def RotateJoinToken(self, caller: Caller, request: Any, context: Any) -> Any:
+        require_operator(caller)
+        token, retired = await self._enrolling().rotate_join_token()
+        return node_pb2.RotateJoinTokenResponse(join_token=token, retired=retired)
 
     @rpc("cordon")
     async def Cordon(self, caller: Caller, request: Any, context: Any) -> Any:
@@ -158,5 +219,6 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             attempts=[attempt_proto(a, offerings.get(a["spec"].get("node", ""), "")) for a in chosen])
 
 
-def add_to_server(server: grpc.aio.Server, registry: NodeRegistry, identity: Identity) -> None:
-    node_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(registry, identity), server)
+def add_to_server(server: grpc.aio.Server, registry: NodeRegistry, identity: Identity,
+                  agents: AgentServicer | None = None) -> None:
+    node_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(registry, identity, agents), server)

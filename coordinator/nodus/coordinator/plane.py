@@ -62,7 +62,7 @@ class ControlPlane:
 
     def servicers(self) -> list[tuple[str, Callable[[grpc.aio.Server], None]]]:
         return [(AGENT_SERVICE, lambda server: add_agent_service(server, self.agents)),
-                (NODE_SERVICE, lambda server: add_node_service(server, self.registry, self._identity)),
+                (NODE_SERVICE, lambda server: add_node_service(server, self.registry, self._identity, self.agents)),
                 (GANG_SERVICE, lambda server: add_gang_service(server, self.cache, self._identity))]
 
     async def start(self, controllers: bool = True) -> None:

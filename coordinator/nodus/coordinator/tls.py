@@ -46,6 +46,14 @@ def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([files.key_pair()])
 
 
+def agent_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """The agent port's mTLS: the data dir's serving certificate, and a client certificate the same CA
+    signed required of every caller (the node certificates enrol.py issues)."""
+    assert files.ca is not None
+    return grpc.ssl_server_credentials([files.key_pair()], root_certificates=files.ca.read_bytes(),
+                                       require_client_auth=True)
+
+
 def write_private(path: Path, data: bytes) -> None:
     """Writes a secret file atomically (temp file, fsync, rename) with mode 0600 from the start."""
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -67,6 +67,34 @@ EGRESS_POLICY_DENY: EgressPolicy
 EGRESS_POLICY_ALLOW_LIST: EgressPolicy
 EGRESS_POLICY_OPEN: EgressPolicy
 
+class EnrolRequest(_message.Message):
+    __slots__ = ("node_name", "csr_pem")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    csr_pem: str
+    def __init__(self, node_name: _Optional[str] = ..., csr_pem: _Optional[str] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: str
+    def __init__(self, csr_pem: _Optional[str] = ...) -> None: ...
+
+class EnrolResponse(_message.Message):
+    __slots__ = ("node_name", "certificate_pem", "ca_pem", "expire_time", "agent_port")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    certificate_pem: str
+    ca_pem: str
+    expire_time: _timestamp_pb2.Timestamp
+    agent_port: int
+    def __init__(self, node_name: _Optional[str] = ..., certificate_pem: _Optional[str] = ..., ca_pem: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_port: _Optional[int] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("node_name", "inventory")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]

@@ -35,6 +35,16 @@ class AgentServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Enrol = channel.unary_unary(
+                '/nodus.v1.AgentService/Enrol',
+                request_serializer=nodus_dot_v1_dot_agent__pb2.EnrolRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_agent__pb2.EnrolResponse.FromString,
+                _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/nodus.v1.AgentService/Renew',
+                request_serializer=nodus_dot_v1_dot_agent__pb2.RenewRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_agent__pb2.EnrolResponse.FromString,
+                _registered_method=True)
         self.Register = channel.unary_unary(
                 '/nodus.v1.AgentService/Register',
                 request_serializer=nodus_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
@@ -50,6 +60,24 @@ class AgentServiceStub:
 class AgentServiceServicer:
     """AgentService is served by the coordinator and called by every nodus-agent.
     """
+
+    def Enrol(self, request, context):
+        """Enrol trades the join token and a certificate signing request for the node's client
+        certificate (TLS port, no client certificate). A name another key already enrolled is refused
+        (PERMISSION_DENIED naming the node; an operator re-admits it with NodeService.ReadmitNode); the
+        same key may enrol again, as an agent whose certificate ran out while it was down does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Renew(self, request, context):
+        """Renew issues a fresh certificate to a node that presents its current one (agent port, mTLS);
+        agents renew at two thirds of a certificate's life.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Register(self, request, context):
         """Register announces the host and its inventory and opens a new session.
@@ -68,6 +96,16 @@ class AgentServiceServicer:
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Enrol': grpc.unary_unary_rpc_method_handler(
+                    servicer.Enrol,
+                    request_deserializer=nodus_dot_v1_dot_agent__pb2.EnrolRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_agent__pb2.EnrolResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=nodus_dot_v1_dot_agent__pb2.RenewRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_agent__pb2.EnrolResponse.SerializeToString,
+            ),
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
                     request_deserializer=nodus_dot_v1_dot_agent__pb2.RegisterRequest.FromString,
@@ -89,6 +127,60 @@ def add_AgentServiceServicer_to_server(servicer, server):
 class AgentService:
     """AgentService is served by the coordinator and called by every nodus-agent.
     """
+
+    @staticmethod
+    def Enrol(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.AgentService/Enrol',
+            nodus_dot_v1_dot_agent__pb2.EnrolRequest.SerializeToString,
+            nodus_dot_v1_dot_agent__pb2.EnrolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.AgentService/Renew',
+            nodus_dot_v1_dot_agent__pb2.RenewRequest.SerializeToString,
+            nodus_dot_v1_dot_agent__pb2.EnrolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Register(request,

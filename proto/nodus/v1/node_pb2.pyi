@@ -31,7 +31,7 @@ NODE_PHASE_RECLAIMING: NodePhase
 NODE_PHASE_RECLAIMED: NodePhase
 
 class Node(_message.Message):
-    __slots__ = ("name", "id", "phase", "inventory", "capacity", "free", "lease_expire_time", "last_heartbeat_time", "epoch", "register_time", "message", "active_attempts")
+    __slots__ = ("name", "id", "phase", "inventory", "capacity", "free", "lease_expire_time", "last_heartbeat_time", "epoch", "register_time", "message", "active_attempts", "enrolled", "revoked", "certificate_expire_time")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,9 @@ class Node(_message.Message):
     REGISTER_TIME_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ENROLLED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     name: str
     id: str
     phase: NodePhase
@@ -56,7 +59,36 @@ class Node(_message.Message):
     register_time: _timestamp_pb2.Timestamp
     message: str
     active_attempts: int
-    def __init__(self, name: _Optional[str] = ..., id: _Optional[str] = ..., phase: _Optional[_Union[NodePhase, str]] = ..., inventory: _Optional[_Union[_common_pb2.NodeInventory, _Mapping]] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., epoch: _Optional[int] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., active_attempts: _Optional[int] = ...) -> None: ...
+    enrolled: bool
+    revoked: bool
+    certificate_expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[str] = ..., phase: _Optional[_Union[NodePhase, str]] = ..., inventory: _Optional[_Union[_common_pb2.NodeInventory, _Mapping]] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., epoch: _Optional[int] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., active_attempts: _Optional[int] = ..., enrolled: _Optional[bool] = ..., revoked: _Optional[bool] = ..., certificate_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RevokeNodeRequest(_message.Message):
+    __slots__ = ("name", "message")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    message: str
+    def __init__(self, name: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReadmitNodeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RotateJoinTokenRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RotateJoinTokenResponse(_message.Message):
+    __slots__ = ("join_token", "retired")
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    join_token: str
+    retired: int
+    def __init__(self, join_token: _Optional[str] = ..., retired: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("label_selector", "phase")

@@ -70,6 +70,21 @@ class NodeServiceStub:
                 request_serializer=nodus_dot_v1_dot_node__pb2.ListAttemptsRequest.SerializeToString,
                 response_deserializer=nodus_dot_v1_dot_node__pb2.ListAttemptsResponse.FromString,
                 _registered_method=True)
+        self.RevokeNode = channel.unary_unary(
+                '/nodus.v1.NodeService/RevokeNode',
+                request_serializer=nodus_dot_v1_dot_node__pb2.RevokeNodeRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_node__pb2.Node.FromString,
+                _registered_method=True)
+        self.ReadmitNode = channel.unary_unary(
+                '/nodus.v1.NodeService/ReadmitNode',
+                request_serializer=nodus_dot_v1_dot_node__pb2.ReadmitNodeRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_node__pb2.Node.FromString,
+                _registered_method=True)
+        self.RotateJoinToken = channel.unary_unary(
+                '/nodus.v1.NodeService/RotateJoinToken',
+                request_serializer=nodus_dot_v1_dot_node__pb2.RotateJoinTokenRequest.SerializeToString,
+                response_deserializer=nodus_dot_v1_dot_node__pb2.RotateJoinTokenResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -129,6 +144,32 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeNode(self, request, context):
+        """RevokeNode cuts a node off at once: its stream is closed and its certificate refused from then
+        on, so its lease runs out and its attempts are Lost and replaced elsewhere. Its name stays
+        taken until ReadmitNode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadmitNode(self, request, context):
+        """ReadmitNode forgets a node's enrolment (revoked or not): the next Enrol under its name, with the
+        join token and any key, takes it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateJoinToken(self, request, context):
+        """RotateJoinToken issues a new join token and refuses the old ones for new enrolments; enrolled
+        nodes keep their certificates and stay connected. The coordinator also writes it to
+        DATA_DIR/join-token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +207,21 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.ListAttempts,
                     request_deserializer=nodus_dot_v1_dot_node__pb2.ListAttemptsRequest.FromString,
                     response_serializer=nodus_dot_v1_dot_node__pb2.ListAttemptsResponse.SerializeToString,
+            ),
+            'RevokeNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeNode,
+                    request_deserializer=nodus_dot_v1_dot_node__pb2.RevokeNodeRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_node__pb2.Node.SerializeToString,
+            ),
+            'ReadmitNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadmitNode,
+                    request_deserializer=nodus_dot_v1_dot_node__pb2.ReadmitNodeRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_node__pb2.Node.SerializeToString,
+            ),
+            'RotateJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateJoinToken,
+                    request_deserializer=nodus_dot_v1_dot_node__pb2.RotateJoinTokenRequest.FromString,
+                    response_serializer=nodus_dot_v1_dot_node__pb2.RotateJoinTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +414,87 @@ class NodeService:
             '/nodus.v1.NodeService/ListAttempts',
             nodus_dot_v1_dot_node__pb2.ListAttemptsRequest.SerializeToString,
             nodus_dot_v1_dot_node__pb2.ListAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.NodeService/RevokeNode',
+            nodus_dot_v1_dot_node__pb2.RevokeNodeRequest.SerializeToString,
+            nodus_dot_v1_dot_node__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadmitNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.NodeService/ReadmitNode',
+            nodus_dot_v1_dot_node__pb2.ReadmitNodeRequest.SerializeToString,
+            nodus_dot_v1_dot_node__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nodus.v1.NodeService/RotateJoinToken',
+            nodus_dot_v1_dot_node__pb2.RotateJoinTokenRequest.SerializeToString,
+            nodus_dot_v1_dot_node__pb2.RotateJoinTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

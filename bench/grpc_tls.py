@@ -1,0 +1,156 @@
+"""What TLS and mTLS cost a gRPC call (ADR 0039), beside plaintext in the same run.
+
+Two real coordinators on loopback, one with --grpc-insecure (plaintext, the anchor) and one as
+deployed (TLS on the gRPC port, mTLS on the agent port). On each, N concurrent clients on one channel
+each make unary calls for a fixed time:
+- an operator call (ProjectService.ListProjects with the admin token): plaintext vs TLS;
+- an agent call (BlobService.Stat of a stored blob): plaintext with the join token vs mTLS with an
+  enrolled node's certificate.
+It also times a fresh connection's first call (the handshake) on each. Target: TLS costs at most 15 %
+of plaintext calls/s.
+
+    .venv/bin/python bench/grpc_tls.py [--seconds 5] [--clients 8] [--tiny] [--save]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import grpc
+import orjson
+
+import record
+from daemons import Coordinator, start_coordinator, stop_all
+from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
+from nodus.v1 import agent_pb2, agent_pb2_grpc, blob_pb2, blob_pb2_grpc, project_pb2, project_pb2_grpc
+
+
+async def rate(call: Callable[[], Awaitable[Any]], clients: int, seconds: float) -> float:
+    """Calls per second that `clients` concurrent loops of `call` sustain for `seconds`."""
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def loop() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await call()
+            done += 1
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    return done / (time.perf_counter() - started)
+
+
+async def first_call_ms(open_channel: Callable[[], grpc.aio.Channel], call: Callable[[grpc.aio.Channel],
+                        Awaitable[Any]], tries: int) -> float:
+    """The median time of a new channel's first call (connect, handshake, call)."""
+    times = []
+    for _ in range(tries):
+        channel = open_channel()
+        started = time.perf_counter()
+        await call(channel)
+        times.append((time.perf_counter() - started) * 1000)
+        await channel.close()
+    return statistics.median(times)
+
+
+def _join(c: Coordinator) -> str:
+    return (c.data / "join-token").read_text().strip()
+
+
+async def measure(plain: Coordinator, tls: Coordinator, args: argparse.Namespace) -> None:
+    ca = (tls.data / "tls" / "ca.crt").read_bytes()
+    admin = (("authorization", f"Bearer {plain.token}"),), (("authorization", f"Bearer {tls.token}"),)
+    server_auth = grpc.ssl_channel_credentials(ca)
+
+    # An enrolled node on the TLS coordinator, and a blob for both to Stat.
+    key = new_key()
+    async with grpc.aio.secure_channel(tls.grpc, server_auth) as boot:
+        answer = await agent_pb2_grpc.AgentServiceStub(boot).Enrol(agent_pb2.EnrolRequest(
+            node_name="bench-tls", csr_pem=csr_pem(key, "bench-tls")),
+            metadata=(("authorization", f"Bearer {_join(tls)}"),), timeout=30)
+    node_creds = grpc.ssl_channel_credentials(ca, key_pem(key), answer.certificate_pem.encode())
+    agent_port = agent_address(tls.grpc, answer.agent_port)
+    data = b"x" * 1024
+    digest = hashlib.sha256(data).hexdigest()
+    plain_join = (("authorization", f"Bearer {_join(plain)}"),)
+
+    def put(channel: grpc.aio.Channel, md: Any) -> Awaitable[Any]:
+        async def parts() -> Any:
+            yield blob_pb2.PutRequest(header=blob_pb2.PutHeader(sha256=digest, size=len(data)))
+            yield blob_pb2.PutRequest(data=data)
+        return blob_pb2_grpc.BlobServiceStub(channel).Put(parts(), metadata=md, timeout=30)
+
+    rows = []
+    async with grpc.aio.insecure_channel(plain.grpc) as p_op, grpc.aio.secure_channel(tls.grpc, server_auth) as t_op, \
+            grpc.aio.insecure_channel(plain.grpc) as p_ag, grpc.aio.secure_channel(agent_port, node_creds) as m_ag:
+        await put(p_ag, plain_join)
+        await put(m_ag, ())
+        p_list, t_list = project_pb2_grpc.ProjectServiceStub(p_op), project_pb2_grpc.ProjectServiceStub(t_op)
+        p_stat, m_stat = blob_pb2_grpc.BlobServiceStub(p_ag), blob_pb2_grpc.BlobServiceStub(m_ag)
+        request = blob_pb2.StatBlobRequest(sha256=digest)
+        for _ in range(args.rounds):  # alternate, so drift on a shared machine hits both alike
+            rows.append({
+                "operator plaintext": await rate(lambda: p_list.ListProjects(project_pb2.ListProjectsRequest(),
+                                                                             metadata=admin[0]), args.clients,
+                                                 args.seconds),
+                "operator TLS": await rate(lambda: t_list.ListProjects(project_pb2.ListProjectsRequest(),
+                                                                       metadata=admin[1]), args.clients, args.seconds),
+                "agent plaintext": await rate(lambda: p_stat.Stat(request, metadata=plain_join), args.clients,
+                                              args.seconds),
+                "agent mTLS": await rate(lambda: m_stat.Stat(request), args.clients, args.seconds),
+            })
+    first = {
+        "operator plaintext": await first_call_ms(lambda: grpc.aio.insecure_channel(plain.grpc), lambda ch: (
+            project_pb2_grpc.ProjectServiceStub(ch).ListProjects(project_pb2.ListProjectsRequest(), metadata=admin[0])),
+            args.tries),
+        "operator TLS": await first_call_ms(lambda: grpc.aio.secure_channel(tls.grpc, server_auth), lambda ch: (
+            project_pb2_grpc.ProjectServiceStub(ch).ListProjects(project_pb2.ListProjectsRequest(), metadata=admin[1])),
+            args.tries),
+        "agent mTLS": await first_call_ms(lambda: grpc.aio.secure_channel(agent_port, node_creds), lambda ch: (
+            blob_pb2_grpc.BlobServiceStub(ch).Stat(blob_pb2.StatBlobRequest(sha256=digest))), args.tries),
+    }
+    best = {k: max(r[k] for r in rows) for k in rows[0]}
+    print(f"gRPC unary calls/s, {args.clients} concurrent clients on one channel, best of {args.rounds} rounds of "
+          f"{args.seconds:g}s (each round measures all four, alternating)")
+    for label, anchor in (("operator TLS", "operator plaintext"), ("agent mTLS", "agent plaintext")):
+        cost = (1 - best[label] / best[anchor]) * 100
+        verdict = "meets" if cost <= 15 else "MISSES"
+        print(f"  {anchor:<20} {best[anchor]:8.0f} calls/s   (anchor)")
+        print(f"  {label:<20} {best[label]:8.0f} calls/s   costs {cost:5.1f} % ({verdict} the 15 % target)")
+    print(f"first call on a new channel (connect + handshake + call), median of {args.tries}:")
+    for label, ms in first.items():
+        print(f"  {label:<20} {ms:7.2f} ms")
+    print("raw rounds: " + orjson.dumps([{k: round(v) for k, v in r.items()} for r in rows]).decode())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--tries", type=int, default=20, help="new channels timed for the first call")
+    record.add_flags(ap)
+    args = record.shrink(ap.parse_args(), {"seconds": 0.3, "rounds": 1, "clients": 2, "tries": 2})
+    with tempfile.TemporaryDirectory(prefix="nodus-grpc-tls-") as tmp, record.Report("grpc_tls", args):
+        root = Path(tmp)
+        (root / "plain").mkdir()
+        (root / "tls").mkdir()
+        plain = start_coordinator(root / "plain", "--grpc-insecure", "--controllers", "off")
+        try:
+            tls = start_coordinator(root / "tls", "--controllers", "off")
+            try:
+                asyncio.run(measure(plain, tls, args))
+            finally:
+                stop_all([tls.proc], [])
+        finally:
+            stop_all([plain.proc], [])
+
+
+if __name__ == "__main__":
+    main()
