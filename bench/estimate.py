@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """What an estimate adds to a dry run, and how often the actual cost falls within it.
 
-    .venv/bin/python bench/estimate.py [--nodes 200] [--runs 300] [--jobs 30] [--seed 1] [--spread 0.3]
+    .venv/bin/python bench/estimate.py [--nodes 200] [--runs 300] [--record 200] [--jobs 30] [--seed 1] [--spread 0.3]
 
 Latency, in-process (the real resource service, no HTTP, no daemons): two stores on SQLite, each with
 the same fleet (`--nodes` one-GPU nodes, leases fresh, sold round-robin as bench/placement.py's six x1
 offerings), one with that price book active and one without. A dry run (`create(..., dry_run=True)` of
 a one-GPU Job with expectedDuration) runs `--runs` times on each, interleaved, so both see the same
-machine.
+machine. Both stores hold `--record` finished Jobs of the project, so the priced estimate sums its
+charge over their actual/declared record (money/quote.py spread), as a busy project's would.
 
 Accuracy, with real daemons: a `nodus-coordinator` with a two-offering book (a 1-vCPU/1Gi dev node
 with a simulated A100, interruptible at $1.10/h reclaimed `--interruptions-per-hour`, and on-demand at
@@ -25,8 +26,9 @@ when capacity of its kind is free. What the users guess and what really happens,
     after an exponential time of running, if it has not finished by then; the checkpoint keeps the work.
 A Job's program waits on a gate file the bench creates once the Job has run (over all its attempts, in
 coordinator time) its actual duration. The clock moves only while nothing is in transition, so boots,
-restores and teardowns take the real seconds they take; the agents' time.time follows the same offset
-(SHIM), as hosts keep their clocks in sync with the coordinator's. Each Job's estimate is the create response's
+restores and teardowns take the real seconds they take; the agents read the same offset file
+(nodus-agent --clock-offset-file: the times they and their supervisors report move with it), as hosts
+keep their clocks in sync with the coordinator's. Each Job's estimate is the create response's
 status.estimate.costUSD; its actual cost is status.cost.totalUSD once status.cost.final is true.
 
 Figures, each beside its target:
@@ -73,6 +75,7 @@ from nodus.coordinator.heap import HeapSettings, settle
 from nodus.coordinator.identity import SYSTEM, Identity
 from nodus.coordinator.money.books import PriceBooks
 from nodus.coordinator.money.pricebook import parse
+from nodus.coordinator.money.quote import SPREAD_POINTS
 from nodus.coordinator.resources import ResourceService
 from nodus.coordinator.store.sqlite import SqliteStore
 from nodus.coordinator.vault import Vault, load_or_create_key
@@ -84,11 +87,26 @@ JOB = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "quote"
                 "placement": {"interruptible": "Allow"}}}
 
 
-async def service(root: Path, nodes: int, priced: bool) -> tuple[ResourceService, SqliteStore, Cache]:
+def finished(record: int) -> list[dict[str, Any]]:
+    """`record` Jobs of the project that succeeded, each declared 2h and run 2h times a log-normal factor
+    (median 1, sigma 0.3, seed 0): the record a priced estimate reads its run's spread from."""
+    rng, t0, out = random.Random(0), 1_796_000_000.0, []
+    for i in range(record):
+        ran = 7200 * math.exp(rng.gauss(0, 0.3))
+        out.append({"apiVersion": "nodus.dev/v1", "kind": "Job",
+                    "metadata": {"name": f"done-{i:05d}", "namespace": "bench", "uid": f"uid-done-{i:05d}"},
+                    "spec": {"command": ["python3", "done.py"], "expectedDuration": "2h"},
+                    "status": {"phase": "Succeeded", "startTime": rfc3339(t0), "completionTime": rfc3339(t0 + ran)}})
+    return out
+
+
+async def service(root: Path, nodes: int, priced: bool, record: int) -> tuple[ResourceService, SqliteStore, Cache]:
     root.mkdir()
     store = await SqliteStore.open(root / "store.db")
     identity = Identity(store)
     await identity.ensure_project("bench", "bench")
+    for job in finished(record):  # in both stores: the same cache either way
+        await store.create(f"jobs/bench/{job['metadata']['name']}", orjson.dumps(job))
     offerings = parse(document()).offerings
     expire = rfc3339(time.time() + 86400)
     for i in range(nodes):
@@ -133,8 +151,8 @@ def p(samples: list[float], q: float) -> float:
 async def latency(args: argparse.Namespace) -> dict[str, list[float]]:
     info = resolve("jobs")
     with tempfile.TemporaryDirectory() as tmp:
-        priced, a, ca = await service(Path(tmp) / "priced", args.nodes, True)
-        plain, b, cb = await service(Path(tmp) / "plain", args.nodes, False)
+        priced, a, ca = await service(Path(tmp) / "priced", args.nodes, True, args.record)
+        plain, b, cb = await service(Path(tmp) / "plain", args.nodes, False, args.record)
         frozen = settle(HeapSettings.of(args.gc_freeze))  # what nodus-coordinator does once its cache has synced
         try:
             times: dict[str, list[float]] = {"priced": [], "plain": [], "priced-gc": [], "plain-gc": [],
@@ -148,7 +166,10 @@ async def latency(args: argparse.Namespace) -> dict[str, list[float]]:
                     times[name].append(elapsed)
                     if gc.get_stats()[2]["collections"] != full:  # a full collection ran inside this create
                         times[f"{name}-gc"].append(elapsed)
-                    assert obj["status"]["estimate"]["pricebookVersion"] == ("bench" if name == "priced" else "")
+                    estimate = obj["status"]["estimate"]
+                    assert estimate["pricebookVersion"] == ("bench" if name == "priced" else "")
+                    if name == "priced" and args.record:
+                        assert estimate["costUSD"]["p50"] != estimate["costUSD"]["p90"], "priced over the record"
         finally:
             await ca.stop()
             await cb.stop()
@@ -162,7 +183,9 @@ def run(args: argparse.Namespace) -> None:
     jobs, minutes = accuracy(args)
     with record.Report("estimate", args):
         pr, pl = times["priced"], times["plain"]
-        print(f"dry run of a one-GPU Job over {args.nodes} nodes, {args.runs} runs each, interleaved")
+        print(f"dry run of a one-GPU Job over {args.nodes} nodes, {args.runs} runs each, interleaved; the project has "
+              f"{args.record} finished Jobs, whose actual/declared record the priced estimate sums its charge over "
+              f"(at most {SPREAD_POINTS} points)")
         print(f"priced p50 / p99     {statistics.median(pr):8.2f} ms / {p(pr, 0.99):8.2f} ms    "
               f"without a book {statistics.median(pl):8.2f} ms / {p(pl, 0.99):8.2f} ms")
         print(f"pricing adds at p99  {p(pr, 0.99) - p(pl, 0.99):8.2f} ms    target <= 5 ms")
@@ -191,35 +214,6 @@ PROGRAM = ("import os, sys, time\n"
            "while not os.path.exists(sys.argv[1]):\n"
            "    time.sleep(0.2)\n")
 """A Job's work: it runs until the bench opens its gate (once its coordinator-time duration has run)."""
-
-
-SHIM = """\
-# bench/estimate.py's agents keep their hosts' clocks in step with the coordinator's moved clock.
-import time as _time
-
-_path = {path!r}
-if _path:
-    _real, _real_ns, _state = _time.time, _time.time_ns, [float("-inf"), 0.0]
-
-    def _offset() -> float:
-        now = _time.monotonic()
-        if now - _state[0] >= 0.05:
-            _state[0] = now
-            try:
-                with open(_path) as f:
-                    _state[1] = float(f.read().strip() or 0)
-            except (OSError, ValueError):
-                pass
-        return _state[1]
-
-    _time.time = lambda: _real() + _offset()
-    _time.time_ns = lambda: _real_ns() + int(_offset() * 1e9)
-"""
-"""A sitecustomize on the agents' PYTHONPATH (theirs and their attempt supervisors', which keep PYTHON*
-variables): time.time adds the offset in the same file as the coordinator's --clock-offset-file. A fleet's hosts keep their clocks in sync
-with the coordinator's, and the coordinator records an attempt's start and finish as its agent reports
-them; on the moved clock alone they would be behind by the offset, and every allocation would look
-released before it was bound. Deadlines use time.monotonic, which it leaves alone."""
 
 
 def log(msg: str) -> None:
@@ -319,18 +313,14 @@ class Fleet:
         self.channel = grpc.secure_channel(self.grpc, grpc.ssl_channel_credentials((data / "tls" / "ca.crt").read_bytes()))
         token = self.root / "join-token"
         shutil.copy(data / "join-token", token)
-        shim = self.root / "clock-shim"
-        shim.mkdir()
-        (shim / "sitecustomize.py").write_text(SHIM.format(path=str(self.offset_file)))
-        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-               "PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)}
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         for name, offering in self.kinds.items():
             with open(self.root / f"{name}.log", "ab") as out:
                 self.agents[name] = subprocess.Popen(
                     [str(BIN / "nodus-agent"), "--coordinator", self.grpc, "--node", name, "--work-dir",
                      str(self.root / name), "--join-token-file", str(token), "--log-level", "WARNING",
-                     "--runtime", "process", "--poll-interval", "0.1", "--stop-grace", "3",
-                     "--coordinator-ca", str(data / "tls" / "ca.crt"),
+                     "--runtime", "process", "--poll-interval", "0.1", "--stop-grace", "3", "--attempt-uids", "off",
+                     "--coordinator-ca", str(data / "tls" / "ca.crt"), "--clock-offset-file", str(self.offset_file),
                      "--simulate-gpus", "A100:1:80Gi", "--offering", offering, "--region", "us",
                      "--interruptible", "true" if offering == SPOT else "false"],
                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -554,8 +544,8 @@ def report_accuracy(args: argparse.Namespace, jobs: list[Planned], minutes: floa
     print(f"actual <= p90  {at90:4d} of {n:<4d} ({pct(at90, n)} %)    target >= 90 %")
     print(f"actual <= p50  {at50:4d} of {n:<4d} ({pct(at50, n)} %)    target 40-60 %")
     below = sum(1 for j in jobs if j.cost is not None and j.p50 is not None and j.cost < j.p50)
-    print(f"  actual < p50 {below:4d} of {n:<4d} ({pct(below, n)} %)    (costs come in whole increments: a median "
-          f"has at most half below it and at least half at or below it)")
+    print(f"  actual < p50 {below:4d} of {n:<4d} ({pct(below, n)} %)    (costs come in whole increments: the p50 is "
+          f"the charge whose modelled share at or below it is nearest a half, ADR 0026)")
     for label, kind in (("interruptible allowed", True), ("on-demand only", False)):
         part = [j for j in jobs if j.spot == kind]
         p90s = sum(1 for j in part if j.cost is not None and j.p90 is not None and j.cost <= j.p90)
@@ -576,6 +566,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--nodes", type=int, default=200)
     ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--record", type=int, default=200,
+                    help="finished Jobs of the project in the latency stores: the record the estimate's spread reads")
     ap.add_argument("--jobs", type=int, default=30, help="Jobs whose actual cost is compared with their estimate")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--spread", type=float, default=0.3,
@@ -591,7 +583,8 @@ def main() -> None:
                     help="wall seconds the clock waits for a boot, restore or teardown before it moves anyway")
     ap.add_argument("--wall-limit", type=float, default=3000.0, help="wall seconds the accuracy run may take")
     record.add_flags(ap)
-    args = record.shrink(ap.parse_args(), {"nodes": 12, "runs": 20, "jobs": 4, "guesses": "1,2", "wall_limit": 150.0})
+    args = record.shrink(ap.parse_args(), {"nodes": 12, "runs": 20, "record": 10, "jobs": 4, "guesses": "1,2",
+                                           "wall_limit": 150.0})
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the daemons and the temporary directory go too
     run(args)
 

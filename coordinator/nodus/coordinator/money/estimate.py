@@ -10,14 +10,16 @@ is the allocation's charge to the cent and no fraction of a cent is lost or coun
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from typing import Sequence
 
 from .pricebook import Offering
 
 CENT = Decimal("0.01")
 SECONDS_PER_HOUR = Decimal(3600)
-TAIL = Decimal("0.9999")
+TAIL = 0.9999
 """Restart counts are summed until this share of their probability is covered (the rest is negligible)."""
 MAX_RESTARTS = 1000
 
@@ -75,66 +77,116 @@ class Band:
     p90: Decimal
 
 
-def _poisson(mean: Decimal) -> list[Decimal]:
-    """P(N = k) for k = 0, 1, … until TAIL of the probability is covered."""
-    p = (-mean).exp()
-    out, total, k = [p], p, 0
-    while total < TAIL and k < MAX_RESTARTS:
-        k += 1
-        p = p * mean / k
+def _poisson(mean: float) -> list[float]:
+    """P(N = k) for k = 0, 1, … until TAIL of the probability is covered (probabilities are floats:
+    they weigh amounts, they are not amounts; each term from logs, so a large mean does not underflow)."""
+    if mean <= 0:
+        return [1.0]
+    log_mean = math.log(mean)
+    out: list[float] = []
+    total, k = 0.0, 0
+    while total < TAIL and k <= MAX_RESTARTS:
+        p = math.exp(k * log_mean - mean - math.lgamma(k + 1))
         out.append(p)
         total += p
+        k += 1
     return out
 
 
 def restarts_at(mean: Decimal, q: Decimal) -> int:
     """The number of reclaims not exceeded with probability `q`, when they are Poisson with `mean`."""
-    covered = Decimal(0)
-    probabilities = _poisson(mean)
+    covered = 0.0
+    probabilities = _poisson(float(mean))
     for k, p in enumerate(probabilities):
         covered += p
-        if covered >= q:
+        if covered >= float(q):
             return k
     return len(probabilities) - 1
 
 
-def _quantile(outcomes: list[tuple[Decimal, Decimal]], q: Decimal) -> Decimal:
-    """The smallest cost whose cumulative probability reaches `q`; outcomes are (cost, probability)."""
-    covered = Decimal(0)
-    total = sum((p for _, p in outcomes), Decimal(0))
-    for cost, p in sorted(outcomes):
-        covered += p
-        if covered >= q * total:
-            return cost
-    return max(c for c, _ in outcomes)
+def _cumulative(outcomes: list[tuple[Decimal, float]]) -> list[tuple[Decimal, float]]:
+    """(cost, P(charged <= cost)) for each distinct cost, cheapest first; outcomes are (cost, probability)."""
+    total = sum(p for _, p in outcomes)
+    merged: dict[Decimal, float] = {}
+    for cost, p in outcomes:
+        merged[cost] = merged.get(cost, 0.0) + p
+    out, covered = [], 0.0
+    for cost in sorted(merged):
+        covered += merged[cost]
+        out.append((cost, covered / total))
+    return out
+
+
+QUANTILE_SLACK = 1e-9
+"""Shares are sums of floats: a share of exactly 0.9 may add up to 0.8999999999999999."""
+
+
+def _quantile(steps: list[tuple[Decimal, float]], q: float) -> Decimal:
+    """The smallest cost whose cumulative probability reaches `q` (steps as `_cumulative` gives them)."""
+    return next((cost for cost, covered in steps if covered >= q - QUANTILE_SLACK), steps[-1][0])
+
+
+def _nearest_half(steps: list[tuple[Decimal, float]]) -> Decimal:
+    """The p50 of a charge: the cost c for which P(charged <= c) is nearest one half. Charges come in
+    whole increments, so the distribution is a staircase and its median (the first step at or past a
+    half) can hold far more than half at or below it: one increment may carry a third of the outcomes.
+    The step before it is reported when it is nearer a half (a tie goes to the median)."""
+    at = next((i for i, (_, covered) in enumerate(steps) if covered >= 0.5 - QUANTILE_SLACK), len(steps) - 1)
+    if at > 0 and 0.5 - steps[at - 1][1] < steps[at][1] - 0.5 - QUANTILE_SLACK:
+        return steps[at - 1][0]
+    return steps[at][0]
 
 
 def _outcomes(tariff: Tariff, duration_s: Decimal, startup_s: Decimal, interruptions_per_hour: Decimal,
-              restart_overhead_s: Decimal) -> list[tuple[Decimal, Decimal]]:
-    """(cost, probability) per number of reclaims, as `cost_band` describes."""
-    if duration_s < 0 or startup_s < 0 or interruptions_per_hour < 0 or restart_overhead_s < 0:
+              restart_overhead_s: Decimal, factors: Sequence[Decimal] = ()) -> list[tuple[Decimal, float]]:
+    """(cost, probability) per run length and number of reclaims, as `cost_band` describes."""
+    if duration_s < 0 or startup_s < 0 or interruptions_per_hour < 0 or restart_overhead_s < 0 or \
+            any(f < 0 for f in factors):
         raise ValueError("durations and rates must not be negative")
-    mean = interruptions_per_hour * (duration_s + startup_s) / SECONDS_PER_HOUR
-    outcomes = []
-    for restarts, probability in enumerate(_poisson(mean)):
-        allocations = restarts + 1
-        working = duration_s + restarts * restart_overhead_s
-        per_allocation = startup_s + working / allocations
-        outcomes.append((tariff.price(tariff.billed_seconds(per_allocation) * allocations), probability))
-    return outcomes
+    weight = 1.0 / len(factors) if factors else 1.0
+    increment, minimum = tariff.billing_increment_s, tariff.minimum_charge_s
+    # Whole microseconds, rounded up (integer arithmetic: an estimate sums hundreds of outcomes).
+    boot_us, redo_us, increment_us = _micros(startup_s), _micros(restart_overhead_s), increment * MICROS
+    duration_us, per_us = duration_s * MICROS, float(interruptions_per_hour) / float(SECONDS_PER_HOUR) / MICROS
+    billed: dict[int, float] = {}
+    """Seconds billed over all allocations -> probability."""
+    for run_us in [_ceil(duration_us * f) for f in factors] if factors else [_ceil(duration_us)]:
+        reclaims = _poisson(per_us * (run_us + boot_us)) if per_us > 0 else [1.0]
+        for restarts, probability in enumerate(reclaims):
+            allocations = restarts + 1
+            # each allocation boots, then does its even share of the work and of the restarts' redone work
+            increments = -(-(boot_us * allocations + run_us + restarts * redo_us) // (allocations * increment_us))
+            seconds = max(increments * increment, minimum) * allocations
+            billed[seconds] = billed.get(seconds, 0.0) + probability * weight
+    return [(tariff.price(seconds), p) for seconds, p in billed.items()]
+
+
+MICROS = 1_000_000
+
+
+def _micros(seconds: Decimal) -> int:
+    return _ceil(seconds * MICROS)
 
 
 def cost_band(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decimal(0),
-              interruptions_per_hour: Decimal = Decimal(0), restart_overhead_s: Decimal = Decimal(0)) -> Band:
-    """p50/p90 cost of work that runs `duration_s` once started, on one node.
+              interruptions_per_hour: Decimal = Decimal(0), restart_overhead_s: Decimal = Decimal(0),
+              factors: Sequence[Decimal] = ()) -> Band:
+    """p50/p90 of what work that runs `duration_s` once started, on one node, is charged.
 
-    Each allocation boots for `startup_s` before the work runs. On interruptible capacity the number of
-    reclaims over the run is Poisson with mean `interruptions_per_hour` × the run's hours; each reclaim
-    ends the allocation (its increments and minimum charge apply) and the replacement boots again and
-    redoes `restart_overhead_s` of work (restoring, and what ran since the last checkpoint). The work is
-    taken as split evenly between the allocations, and the billed seconds are priced once."""
-    outcomes = _outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s)
-    return Band(_quantile(outcomes, Decimal("0.5")), _quantile(outcomes, Decimal("0.9")))
+    Both are quantiles of the charge the model below gives (whole increments, the minimum charge, each
+    allocation's boot, the reclaims), not the charge of a typical run: the p90 is the smallest charge
+    at least 90 % of outcomes stay within, the p50 the one with the share at or below it nearest a half
+    (`_nearest_half`).
+
+    The run takes `duration_s` × one of `factors`, each as likely (the spread of this fleet's own record:
+    quote.Shape.factors); none: exactly `duration_s`. Each allocation boots for `startup_s` before the
+    work runs. On interruptible capacity the number of reclaims over the run is Poisson with mean
+    `interruptions_per_hour` × the run's hours; each reclaim ends the allocation (its increments and
+    minimum charge apply) and the replacement boots again and redoes `restart_overhead_s` of work
+    (restoring, and what ran since the last checkpoint). The work is taken as split evenly between the
+    allocations, and the billed seconds are priced once."""
+    steps = _cumulative(_outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s, factors))
+    return Band(_nearest_half(steps), _quantile(steps, 0.9))
 
 
 def expected_charge(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decimal(0),
@@ -142,5 +194,5 @@ def expected_charge(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal =
     """The mean cost over the same outcomes as `cost_band`, to the cent. Placement ranks by it: a p50
     would hide the restarts of a rarely reclaimed offering, the mean counts each at its probability."""
     outcomes = _outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s)
-    total = sum((p for _, p in outcomes), Decimal(0))
-    return cents(sum((c * p for c, p in outcomes), Decimal(0)) / total)
+    total = Decimal(sum(p for _, p in outcomes))
+    return cents(sum((c * Decimal(p) for c, p in outcomes), Decimal(0)) / total)

@@ -65,10 +65,12 @@ class Shape:
     max_cost_usd: Decimal | None = None
     topology: str = ""
     """A gang's resolved topology, in words."""
-    overrun_p90: Decimal = Decimal(1)
-    """How much longer than `duration_s` a run may take at the 90th percentile, from this fleet's own
-    record: for a declared duration, the project's finished Jobs' actual/declared ratios; for a duration
-    from history, the history's own spread (its p90 over its median). 1 without a record."""
+    factors: tuple[Decimal, ...] = ()
+    """The spread of the run around `duration_s`, from this fleet's own record (`spread`): a run takes
+    `duration_s` × one of these, each as likely. For a declared duration, the project's finished Jobs'
+    actual/declared ratios and the declaration itself (a 1: the user's word counts as one run, so one
+    odd Job does not outweigh it); for a duration from history, the history over its median. Empty
+    without a record: the run takes exactly `duration_s`."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = (),
@@ -88,18 +90,39 @@ class Shape:
         if dist.get("startupTimeout"):
             timeout = int(units.duration_seconds(str(dist["startupTimeout"])))
         retries = int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES)) if dist else 0
-        duration, source, overrun = None, DurationSource.NONE, Decimal(1)
+        duration, source = None, DurationSource.NONE
+        factors: tuple[Decimal, ...] = ()
         if spec.get("expectedDuration"):
             duration, source = units.duration_seconds(str(spec["expectedDuration"])), DurationSource.DECLARED
-            if overruns:
-                overrun = max(Decimal(1), _quantile(overruns, Decimal("0.9")))
+            factors = spread([*overruns, Decimal(1)]) if overruns else ()  # the declaration counts as one run
         elif history:
             duration, source = median_low(sorted(history)), DurationSource.HISTORY
             if duration > 0:
-                overrun = max(Decimal(1), _quantile(history, Decimal("0.9")) / duration)
+                factors = spread([h / duration for h in history])
         cap = units.parse_money(spec["maxCostUSD"]) if spec.get("maxCostUSD") else None
         return cls(completions, slots, members, timeout, retries, duration, source, cap, words or (
-            f"{members} nodes" if members > 1 else ""), overrun)
+            f"{members} nodes" if members > 1 else ""), factors)
+
+
+SPREAD_POINTS = 64
+"""A record is summed over at most this many of its order statistics (the estimate's latency stays flat
+however many Jobs a project ran)."""
+
+
+def spread(ratios: Sequence[Decimal]) -> tuple[Decimal, ...]:
+    """Run-length factors from a record of n ratios (actual over declared, or over the median), each as
+    likely: the record's order statistics and its largest once more. The next run is as likely to fall
+    in any of the n + 1 gaps the record leaves, the last of them beyond its largest (a run of n Jobs says
+    nothing about how much longer the next may take): so P(next <= the k-th smallest) = k / (n + 1), and
+    a p90 of few Jobs is their largest. A long record is thinned to SPREAD_POINTS evenly spaced ranks."""
+    ordered = sorted(r for r in ratios if r >= 0)
+    if not ordered:
+        return ()
+    n = len(ordered)
+    if n > SPREAD_POINTS - 1:
+        m = SPREAD_POINTS - 1
+        ordered = [ordered[min(n - 1, (2 * i + 1) * n // (2 * m))] for i in range(m)]
+    return (*ordered, ordered[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,13 +241,13 @@ def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) ->
         overhead = Band(Decimal(0), Decimal(0))
     else:
         run_s = shape.duration_s / offering.relative_speed
-        full = cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=offering.interruptions_per_hour,
-                         restart_overhead_s=RESTART_OVERHEAD_S)
-        bare = cost_band(tariff, run_s)
+        spot = offering.interruptions_per_hour
+        full = cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=spot,
+                         restart_overhead_s=RESTART_OVERHEAD_S, factors=shape.factors)
+        bare = cost_band(tariff, run_s, factors=shape.factors)
         p90 = full.p90
-        if shape.overrun_p90 > 1:  # runs here take longer than said: the p90 is a run that long
-            p90 = max(p90, cost_band(tariff, run_s * shape.overrun_p90, startup_s=boot_s,
-                                     interruptions_per_hour=offering.interruptions_per_hour,
+        if shape.factors:  # a record of runs shorter than said never narrows the p90 below the run said
+            p90 = max(p90, cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=spot,
                                      restart_overhead_s=RESTART_OVERHEAD_S).p90)
         cost = Band(full.p50 * allocations, p90 * allocations)
         overhead = Band(max(full.p50 - bare.p50, Decimal(0)) * allocations,

@@ -1,0 +1,109 @@
+"""The p50 and p90 of an estimate are quantiles of the charge the estimator models (whole increments,
+the minimum charge, each allocation's boot, the reclaims, and the run's spread from this fleet's own
+record): the p90 the smallest charge at least 90 % of outcomes stay within, the p50 the charge with the
+share at or below it nearest a half. Under the bench's model of users' guesses (the actual run is the
+guess times a log-normal factor) a record of earlier runs makes the p50 calibrated, which the true
+median of the charge is not: a whole increment can hold a third of the outcomes."""
+from __future__ import annotations
+
+import math
+import random
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodus.coordinator.money.estimate import Tariff, _cumulative, _outcomes, cost_band
+from nodus.coordinator.money.quote import SPREAD_POINTS, Shape, spread
+
+BY_THE_MINUTE = Tariff(Decimal("2.20"), 60, 60)  # bench/estimate.py's on-demand offering
+BOOT = Decimal(5)
+
+
+def share_at_or_below(tariff: Tariff, run_s: Decimal, factors: tuple[Decimal, ...], cost: Decimal,
+                      startup_s: Decimal = BOOT) -> float:
+    steps = _cumulative(_outcomes(tariff, run_s, startup_s, Decimal(0), Decimal(0), factors))
+    return max((covered for c, covered in steps if c <= cost), default=0.0)
+
+
+def test_the_p50_is_the_charge_with_a_share_nearest_a_half_not_the_median_increment() -> None:
+    # Ten earlier runs of this project against their guesses; the next is a 6-minute guess.
+    record = tuple(Decimal(r) for r in ("0.80", "0.88", "0.93", "0.97", "0.99", "1.02", "1.06", "1.12", "1.25", "1.45"))
+    factors = Shape.of({"expectedDuration": "6m"}, overruns=record).factors
+    band = cost_band(BY_THE_MINUTE, Decimal(360), startup_s=BOOT, factors=factors)
+    # 6 minutes of work and 5 s of boot bill 7 minutes when the run is exact: 0.26, the charge's median,
+    # with 9 of 12 outcomes at or below it (the record, the declaration as one run, the largest twice);
+    # 6 minutes (0.22) has 4 of 12, nearer a half.
+    assert band.p50 == Decimal("0.22") and BY_THE_MINUTE.charge(Decimal(365)) == Decimal("0.26")
+    assert share_at_or_below(BY_THE_MINUTE, Decimal(360), factors, Decimal("0.22")) == pytest.approx(4 / 12)
+    assert share_at_or_below(BY_THE_MINUTE, Decimal(360), factors, Decimal("0.26")) == pytest.approx(9 / 12)
+    # the p90: the largest run seen (1.45 × 6 min + boot: 9 minutes), as 10 of 12 stay within 8 minutes
+    assert band.p90 == BY_THE_MINUTE.charge(Decimal("527"))
+
+
+def test_without_a_record_the_run_is_as_declared_and_the_band_is_its_charge() -> None:
+    band = cost_band(BY_THE_MINUTE, Decimal(360), startup_s=BOOT)
+    assert band.p50 == band.p90 == BY_THE_MINUTE.charge(Decimal(365))
+    assert Shape.of({"expectedDuration": "6m"}).factors == ()
+
+
+def test_a_record_is_its_order_statistics_and_its_largest_once_more() -> None:
+    assert spread([]) == ()
+    assert spread([Decimal("1.2"), Decimal("0.9")]) == (Decimal("0.9"), Decimal("1.2"), Decimal("1.2"))
+    long = [Decimal(i) / 1000 for i in range(1, 5001)]
+    thinned = spread(long)
+    assert len(thinned) == SPREAD_POINTS and thinned == tuple(sorted(thinned)) and thinned[-1] == thinned[-2]
+    assert Decimal("0.9") < thinned[-1] <= Decimal(5) and thinned[0] < Decimal("0.1"), "evenly spaced ranks"
+    declared = Shape.of({"expectedDuration": "10m"}, overruns=[Decimal("1.5"), Decimal("0.5")])
+    assert declared.factors == (Decimal("0.5"), Decimal(1), Decimal("1.5"), Decimal("1.5")), \
+        "the declaration counts as one run of the record"
+    history = Shape.of({}, history=[Decimal(600), Decimal(1200), Decimal(300)])
+    assert history.duration_s == 600 and history.factors == (Decimal("0.5"), Decimal(1), Decimal(2), Decimal(2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.sampled_from([1, 30, 60, 300]), st.sampled_from([0, 60, 300]),
+       st.lists(st.decimals(min_value=Decimal("0.2"), max_value=Decimal("3"), places=2), min_size=0, max_size=40),
+       st.decimals(min_value=Decimal(0), max_value=Decimal("0.5"), places=2))
+def test_p50_and_p90_are_quantiles_of_the_modelled_charge(minutes: int, increment: int, minimum: int,
+                                                          record: list[Decimal], reclaims: Decimal) -> None:
+    tariff = Tariff(Decimal("3.00"), increment, minimum)
+    run_s, factors = Decimal(60 * minutes), spread(record)
+    outcomes = _outcomes(tariff, run_s, BOOT, reclaims, Decimal(600), factors)
+    band = cost_band(tariff, run_s, startup_s=BOOT, interruptions_per_hour=reclaims,
+                     restart_overhead_s=Decimal(600), factors=factors)
+    steps = _cumulative(outcomes)
+    costs = [c for c, _ in steps]
+    share = dict(steps)
+    assert band.p50 in share and band.p90 in share and band.p50 <= band.p90
+    assert all(abs(share[band.p50] - 0.5) <= abs(covered - 0.5) + 1e-9 for _, covered in steps), \
+        "no charge the model gives has a share at or below it nearer a half"
+    assert share[band.p90] >= 0.9 - 1e-9
+    below = [c for c in costs if c < band.p90]
+    assert not below or share[below[-1]] < 0.9 - 1e-9, "the p90 is the smallest charge that covers 90 %"
+
+
+def test_under_log_normal_guesses_a_record_calibrates_the_p50() -> None:
+    """bench/estimate.py's users, without its daemons: a guess of whole minutes, the run the guess times
+    a log-normal factor (median 1, sigma 0.3), the estimate from the 30 runs before it. The share of
+    actual charges at or below the p50 lands in 40-60 %; at or below the charge's true median it would not."""
+    rng = random.Random(7)
+    record: list[Decimal] = [Decimal(str(round(math.exp(rng.gauss(0, 0.3)), 3))) for _ in range(30)]
+    at_p50 = at_median = at_p90 = 0
+    trials = 400
+    for _ in range(trials):
+        guess = Decimal(60 * rng.choice((3, 4, 5, 6, 8, 10, 12)))
+        factor = Decimal(str(round(math.exp(rng.gauss(0, 0.3)), 3)))
+        actual = BY_THE_MINUTE.charge(BOOT + guess * factor)
+        factors = Shape.of({"expectedDuration": "1m"}, overruns=record[-30:]).factors
+        band = cost_band(BY_THE_MINUTE, guess, startup_s=BOOT, factors=factors)
+        steps = _cumulative(_outcomes(BY_THE_MINUTE, guess, BOOT, Decimal(0), Decimal(0), factors))
+        median = next(c for c, covered in steps if covered >= 0.5)
+        at_p50 += actual <= band.p50
+        at_median += actual <= median
+        at_p90 += actual <= band.p90
+        record.append(factor)
+    assert 0.40 <= at_p50 / trials <= 0.60, at_p50
+    assert at_median / trials > 0.60, "the charge's true median holds well over half at or below it"
+    assert at_p90 / trials >= 0.88, at_p90
