@@ -58,7 +58,8 @@ def test_every_field_is_admitted() -> None:
 
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
-    ("type-other", {"type": "Postgres"}, "spec.type", 'Unsupported value: "Postgres": supported values: "S3"'),
+    ("type-other", {"type": "WandB"}, "spec.type", 'Unsupported value: "WandB": supported values: "S3", "Postgres"'),
+    ("postgres-missing", {"type": "Postgres"}, "spec.postgres", "spec.type is Postgres: set spec.postgres.host"),
     ("type-missing", {"type": None}, "spec.type", "Required value"),
     ("s3-missing", {"s3": None}, "spec.s3", "Required value: spec.type is S3: set spec.s3.bucket and spec.s3.secret"),
     ("bucket-missing", {"s3": {"secret": "k"}}, "spec.s3.bucket", "Required value"),
@@ -150,7 +151,7 @@ def test_s3_may_change_but_type_may_not() -> None:
     assert asyncio.run(admission.admit_update(CONNECTION, old, new, Nothing(), project="p")).object["spec"]["s3"][
         "bucket"] == "other-bucket"
     changed = copy.deepcopy(BASE)
-    changed["spec"]["type"] = "Postgres"
+    changed["spec"] = {"type": "Postgres", "postgres": {"host": "db", "database": "d", "secret": "k"}}
     with pytest.raises(NodusError) as e:
         asyncio.run(admission.admit_update(CONNECTION, old, changed, Nothing(), project="p"))
     assert "spec.type" in {c.field for c in e.value.causes}
@@ -167,7 +168,7 @@ def test_registry_table_and_openapi() -> None:
     schema = doc["components"]["schemas"]["dev.nodus.v1.Connection"]
     s3 = schema["properties"]["spec"]["properties"]["s3"]
     assert s3["required"] == ["bucket", "secret"] and "accessKeyId" in s3["properties"]["secret"]["description"]
-    assert schema["properties"]["spec"]["properties"]["type"]["enum"] == ["S3"]
+    assert schema["properties"]["spec"]["properties"]["type"]["enum"] == ["S3", "Postgres"]
 
 
 # -- the checkpoint store of an assignment -------------------------------------------------------------
@@ -270,6 +271,6 @@ def test_kubectl_apply_get_and_explain(shared_coordinator: Coordinator) -> None:
     assert "kc-conn" in c.run("kubectl", "get", "conn", "-o", "name").stdout
     explained = c.run("kubectl", "explain", "connection.spec.s3").stdout
     assert "bucket" in explained and "secretAccessKey" in explained, explained
-    bad = {**manifest, "metadata": {"name": "kc-bad"}, "spec": {"type": "Postgres"}}
+    bad = {**manifest, "metadata": {"name": "kc-bad"}, "spec": {"type": "WandB"}}
     refused = c.run("kubectl", "apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
-    assert refused.returncode != 0 and 'spec.type: Unsupported value: "Postgres"' in refused.stderr, refused.stderr
+    assert refused.returncode != 0 and 'spec.type: Unsupported value: "WandB"' in refused.stderr, refused.stderr

@@ -18,6 +18,7 @@ from .node_api import add_to_server as add_node_service
 from .nodes import NodeRegistry
 from .operator_registry import OperatorRegistry
 from .resources import ResourceService
+from .sinks import SinkLoader
 from .store.base import Store
 from .vault import Vault
 from .controllers.fleet import Fleet
@@ -57,6 +58,7 @@ class ControlPlane:
         self.events = EventRecorder(self.cache, store, clock, ttl=event_ttl)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
                                    tick=retention_interval) if blobs is not None else None
+        self.sinks = SinkLoader(self.cache, self.objects, blobs, vault)  # outputs into customers' tables
         self._identity = service.identity
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -72,7 +74,8 @@ class ControlPlane:
             log.warning("controllers are off: Jobs are stored but never run")
             return
         runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
-                ("billing", self.billing.run), ("sweeps", self.sweeps.run), ("events", self.events.run)]
+                ("billing", self.billing.run), ("sweeps", self.sweeps.run), ("events", self.events.run),
+                ("output-sinks", self.sinks.run)]
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
         for name, run in runs:

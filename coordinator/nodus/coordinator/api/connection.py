@@ -20,11 +20,14 @@ from .. import errors
 from ..errors import Cause
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE
 from .limits import AdmissionLimits
-from .schema import KindSchema, Obj, Str
+from .schema import Int, KindSchema, Obj, Str
 
-TYPES = ("S3",)
-"""S3: an S3 bucket, on AWS or any S3-compatible server (MinIO, R2, Ceph …). Other types (Postgres,
-WandB …) come with the features that use them."""
+TYPES = ("S3", "Postgres")
+"""S3: an S3 bucket, on AWS or any S3-compatible server (MinIO, R2, Ceph …). Postgres: a PostgreSQL
+database (Neon and Supabase included) that output sinks load into. Other types come with the features
+that use them."""
+POSTGRES_KEYS = ("user", "password")
+"""The keys a Postgres Connection's Secret must hold."""
 
 SECRET_KEYS = ("accessKeyId", "secretAccessKey")
 """The keys an S3 Connection's Secret must hold; `sessionToken` is optional (temporary credentials)."""
@@ -115,9 +118,23 @@ S3_SPEC = Obj(description="S3Connection is a bucket on AWS S3 or an S3-compatibl
                   pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE, max_length=63),
 })
 
+POSTGRES_SPEC = Obj(description="PostgresConnection is a PostgreSQL database (Neon and Supabase too).",
+                    required=("host", "database", "secret"), fields={
+    "host": Str(description="Host is the server's name or address.", max_length=253,
+                pattern=r"^[A-Za-z0-9._:-]+$", pattern_message="must be a host name or an IP address"),
+    "port": Int(description="Port is the server's port (5432 by default).", minimum=1, maximum=65535, default=5432),
+    "database": Str(description="Database is the database's name.", max_length=63),
+    "sslMode": Str(description="SSLMode is libpq's sslmode: disable, prefer (the default), require, verify-ca or "
+                               "verify-full.", enum=("disable", "prefer", "require", "verify-ca", "verify-full"),
+                   default="prefer"),
+    "secret": Str(description="Secret names the Secret in the same project that holds the keys user and password.",
+                  pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE, max_length=63),
+})
+
 CONNECTION_SPEC = Obj(description="ConnectionSpec says what the Connection reaches.", required=("type",), fields={
-    "type": Str(description="Type is the kind of system: S3 (the only type so far).", enum=TYPES),
+    "type": Str(description="Type is the kind of system: S3 or Postgres.", enum=TYPES),
     "s3": S3_SPEC,
+    "postgres": POSTGRES_SPEC,
 })
 
 CONNECTION_STATUS = Obj(description="ConnectionStatus is empty: a Connection is checked when it is used (the "
@@ -130,6 +147,9 @@ def rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
         return [errors.required("spec")] if "spec" not in body else []
     if spec.get("type") == "S3" and "s3" not in spec:
         return [errors.required("spec.s3", "spec.type is S3: set spec.s3.bucket and spec.s3.secret")]
+    if spec.get("type") == "Postgres" and "postgres" not in spec:
+        return [errors.required("spec.postgres", "spec.type is Postgres: set spec.postgres.host, database and "
+                                                 "secret")]
     return []
 
 
@@ -141,7 +161,7 @@ CONNECTION = KindSchema(
     body=Obj(fields={"spec": CONNECTION_SPEC}),
     status=CONNECTION_STATUS,
     rules=rules,
-    mutable=("spec.s3",),
+    mutable=("spec.s3", "spec.postgres"),
 )
 
-__all__ = ["CONNECTION", "SECRET_KEYS", "SESSION_TOKEN", "TYPES", "bucket_problem"]
+__all__ = ["CONNECTION", "POSTGRES_KEYS", "SECRET_KEYS", "SESSION_TOKEN", "TYPES", "bucket_problem"]

@@ -128,5 +128,8 @@ def committed_outputs(committed: Any, mine: list[AttemptView], completions: int,
                     "sha256": o.get("sha256", ""), "size": int(o.get("size") or 0)}
             if gang or o.get("rank"):
                 item["rank"] = int(o.get("rank") or 0)
-            out[(a.index, item["name"], int(o.get("rank") or 0))] = item
+            key = (a.index, item["name"], int(o.get("rank") or 0))
+            if "sink" in out.get(key, {}):
+                item["sink"] = out[key]["sink"]  # the sink loader's (sinks.py)
+            out[key] = item
     return [out[k] for k in sorted(out)]

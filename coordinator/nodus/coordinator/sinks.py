@@ -1,0 +1,227 @@
+"""Output sinks: a committed output loaded into a table of the customer's PostgreSQL (issue 16 item 4).
+
+`spec.outputs[i].sink` {connection, table, mode} names a Postgres Connection of the project. Once an
+index commits that output, the loader reads it from the blob store (a JSON Lines, CSV or Parquet file,
+by the output path's extension) and loads it in one transaction: `Append` adds the rows, `Replace`
+deletes the table's rows first, so a reader sees the old rows or the new ones, never a mix. Columns
+are the file's (JSON keys in first-seen order, the CSV header, the Parquet schema); the table must
+exist. The outcome goes into `status.outputs[].sink` {phase Pending → Loading → Loaded | Failed, rows,
+message}: Loading is written before the load starts, so a coordinator that stops mid-load finds it and
+loads again (a Replace is idempotent; an Append that committed before the stop is not repeated, since
+its Loaded is written in the same pass that saw the commit — see the ADR for the one window left).
+
+Level-triggered: the cache's Job events mark the Jobs with a sink to load (`pending` is the pure
+decision), a start marks every stored one, and each marked Job is loaded in turn.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import csv
+import io
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Protocol, Sequence
+
+import orjson
+
+from .api.connection import POSTGRES_KEYS
+from .controllers.cache import JOBS, Cache, job_key
+from .controllers.objects import Objects
+from .errors import NodusError
+from .vault import Vault
+
+log = logging.getLogger("nodus.sinks")
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
+class Blobs(Protocol):
+    """What the loader needs of the embedded blob store (blobs.BlobStore)."""
+
+    def path(self, sha256: str) -> Path: ...
+
+
+# -- the decision (pure) --------------------------------------------------------------------------------
+
+def pending(job: dict[str, Any]) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(position in status.outputs, the committed output, its declared sink) of each committed output
+    whose sink has not been loaded or failed yet (Pending, or Loading left by a stopped coordinator)."""
+    declared = {o.get("name"): o.get("sink") for o in (job.get("spec") or {}).get("outputs") or []
+                if isinstance(o, dict) and o.get("sink")}
+    if not declared:
+        return []
+    out = []
+    for i, committed in enumerate((job.get("status") or {}).get("outputs") or []):
+        sink = declared.get(committed.get("name"))
+        if sink and ((committed.get("sink") or {}).get("phase") or "Pending") in ("Pending", "Loading"):
+            out.append((i, committed, sink))
+    return out
+
+
+def format_of(path: str) -> str | None:
+    return FORMATS.get(Path(path).suffix.lower())
+
+
+# -- reading the file -----------------------------------------------------------------------------------
+
+def rows_of(data: bytes, fmt: str) -> tuple[list[str], Iterator[Sequence[Any]]]:
+    """(columns, rows) of an output file. Raises ValueError naming the line or the problem."""
+    if fmt == "jsonl":
+        docs = []
+        for n, line in enumerate(data.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                doc = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                raise ValueError(f"line {n} is not JSON: {e}") from None
+            if not isinstance(doc, dict):
+                raise ValueError(f"line {n} is not a JSON object")
+            docs.append(doc)
+        columns = list(dict.fromkeys(k for d in docs for k in d))
+        return columns, (tuple(_cell(d.get(c)) for c in columns) for d in docs)
+    if fmt == "csv":
+        reader = csv.reader(io.StringIO(data.decode("utf-8")))
+        header = next(reader, None)
+        if not header:
+            raise ValueError("the CSV file has no header row")
+        width = len(header)
+        return header, (tuple(r) + (None,) * (width - len(r)) for r in reader if r)
+    import pyarrow.parquet as pq  # noqa: PLC0415 - only sinks of Parquet files need it
+
+    table = pq.read_table(io.BytesIO(data))
+    return list(table.column_names), (tuple(_cell(v) for v in row.values()) for row in table.to_pylist())
+
+
+def _cell(value: Any) -> Any:
+    """A value COPY can write: nested JSON as its JSON text."""
+    return orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value
+
+
+def load(dsn: dict[str, Any], table: str, mode: str, columns: list[str], rows: Iterable[Sequence[Any]]) -> int:
+    """Loads `rows` into `table` in one transaction (Replace: its rows are deleted first); the rows loaded."""
+    import psycopg  # noqa: PLC0415
+    from psycopg import sql  # noqa: PLC0415
+
+    name = sql.Identifier(*table.split(".", 1))
+    count = 0
+    with psycopg.connect(**dsn, connect_timeout=10, autocommit=False) as conn:
+        with conn.transaction(), conn.cursor() as cur:
+            if mode == "Replace":
+                cur.execute(sql.SQL("DELETE FROM {}").format(name))
+            copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(name, sql.SQL(", ").join(map(sql.Identifier, columns)))
+            with cur.copy(copy_sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
+                    count += 1
+    return count
+
+
+# -- the executor ---------------------------------------------------------------------------------------
+
+class SinkLoader:
+    def __init__(self, cache: Cache, objects: Objects, blobs: Blobs | None, vault: Vault) -> None:
+        self.cache, self.objects, self.blobs, self.vault = cache, objects, blobs, vault
+        self._marked: set[str] = set()
+        self._settled: set[tuple[Any, ...]] = set()
+        """(Job uid, index, name, rank) of the loads this process finished: the cache may still show the
+        Loading it wrote, and an Append must not run twice."""
+        self._wake = asyncio.Event()
+        cache.listen(JOBS, self._on_job)
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is not None and pending(new):
+            self._marked.add(key)
+            self._wake.set()
+
+    async def run(self) -> None:
+        self._marked.update(key for key, job in self.cache.under(JOBS) if pending(job))
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._marked:
+                key = self._marked.pop()
+                job = self.cache.get(key)
+                try:
+                    for _, committed, sink in pending(job or {}):
+                        await self._load_one(job or {}, committed, sink)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - the Job's next change marks it again
+                    log.exception("output sinks: loading %s failed", key)
+
+    async def _load_one(self, job: dict[str, Any], committed: dict[str, Any], sink: dict[str, Any]) -> None:
+        project, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        key = (committed.get("index"), committed.get("name"), committed.get("rank"))
+        settled = (job["metadata"].get("uid"), *key)
+        if settled in self._settled:
+            return
+        self._settled.add(settled)
+        await self._set(project, name, key, {"phase": "Loading"})
+        try:
+            rows = await self._load(project, committed, sink)
+        except NodusError as e:
+            await self._set(project, name, key, {"phase": "Failed", "message": e.message})
+            return
+        except Exception as e:  # noqa: BLE001 - the database's or the file's words, for the customer
+            await self._set(project, name, key, {"phase": "Failed", "message": f"{type(e).__name__}: {e}"})
+            return
+        await self._set(project, name, key, {"phase": "Loaded", "rows": rows})
+        log.info("job %s/%s: output %s (index %s) loaded into %s: %d rows", project, name, committed.get("name"),
+                 committed.get("index"), sink["table"], rows)
+
+    async def _load(self, project: str, committed: dict[str, Any], sink: dict[str, Any]) -> int:
+        path = str(committed.get("path") or "")
+        fmt = format_of(path)
+        if fmt is None:
+            raise NodusError("BadRequest", f"output {committed.get('name')} ({path}) is not a .jsonl, .ndjson, .csv "
+                             "or .parquet file: a sink loads one of those")
+        if self.blobs is None:
+            raise NodusError("ServiceUnavailable", "this coordinator keeps no blob store to read outputs from")
+        data = await asyncio.to_thread(self.blobs.path(str(committed.get("sha256"))).read_bytes)
+        if data.startswith(ZSTD_MAGIC) and fmt != "parquet":
+            raise NodusError("BadRequest", f"output {committed.get('name')} is a directory (archived as tar.zst): a "
+                             "sink loads one file; declare the file itself as the output")
+        dsn = await self._dsn(project, str(sink["connection"]))
+        columns, rows = rows_of(data, fmt)
+        if not columns:
+            return 0
+        return await asyncio.to_thread(load, dsn, str(sink["table"]), str(sink.get("mode") or "Append"), columns, rows)
+
+    async def _dsn(self, project: str, conn_name: str) -> dict[str, Any]:
+        found = await self.objects.read(f"connections/{project}/{conn_name}")
+        spec = ((found[0] if found else None) or {}).get("spec") or {}
+        if spec.get("type") != "Postgres":
+            raise NodusError("NotFound", f'Connection "{conn_name}" (the sink\'s connection) is not a Postgres '
+                             f'Connection of project "{project}"')
+        pg = spec.get("postgres") or {}
+        secret_name = str(pg.get("secret") or "")
+        secret = await self.objects.read(f"secrets/{project}/{secret_name}")
+        version = int((((secret[0] if secret else None) or {}).get("status") or {}).get("version") or 0)
+        if not version:
+            raise NodusError("NotFound", f'Secret "{secret_name}" (spec.postgres.secret of Connection "{conn_name}") '
+                             f'does not exist in project "{project}"')
+        stored = await self.vault.get(project, secret_name, version)
+        creds: dict[str, str] = {}
+        for k in POSTGRES_KEYS:
+            if k not in stored:
+                raise NodusError("NotFound", f'Secret "{secret_name}" has no key "{k}" (a Postgres Connection\'s '
+                                 f'Secret holds {" and ".join(POSTGRES_KEYS)})')
+            try:
+                creds[k] = base64.b64decode(stored[k], validate=True).decode()
+            except (binascii.Error, ValueError):
+                raise NodusError("BadRequest", f'Secret "{secret_name}": the value of "{k}" is not UTF-8 text') from None
+        return {"host": pg["host"], "port": int(pg.get("port") or 5432), "dbname": pg["database"],
+                "sslmode": pg.get("sslMode") or "prefer", **creds}
+
+    async def _set(self, project: str, name: str, key: tuple[Any, Any, Any], sink_status: dict[str, Any]) -> None:
+        def mutate(job: dict[str, Any]) -> dict[str, Any] | None:
+            for o in (job.get("status") or {}).get("outputs") or []:
+                if (o.get("index"), o.get("name"), o.get("rank")) == key:
+                    o["sink"] = sink_status
+                    return job
+            return None
+        await self.objects.mutate(job_key(project, name), mutate)
