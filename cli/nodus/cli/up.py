@@ -3,6 +3,11 @@
 Embedded SQLite, the process runtime, HTTPS REST and TLS gRPC on loopback (the agent verifies the
 coordinator with its DATA_DIR/tls/ca.crt, as anywhere else); it prints the kubeconfig to
 use and stays in the foreground until Ctrl-C (or SIGTERM), then stops both daemons.
+
+It is one person's machine: the local agent runs attempts as the user who ran `nodus up`
+(`--attempt-uids off`), so a Job may use the same interpreter and files as its user, wherever the
+checkout lives (under /root too). `--attempt-uids START:COUNT` gives each attempt its own uid, as a
+shared host installed with systemd does (ADR 0040).
 """
 from __future__ import annotations
 
@@ -70,7 +75,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         agent = subprocess.Popen(
             [str(bin_dir / "nodus-agent"), "--coordinator", grpc, "--node", args.node,
              "--work-dir", str(data / "agent"), "--join-token-file", str(data / "coordinator" / "join-token"),
-             "--coordinator-ca", str(data / "coordinator" / "tls" / "ca.crt"), "--runtime", "process", *node_flags],
+             "--coordinator-ca", str(data / "coordinator" / "tls" / "ca.crt"), "--runtime", "process",
+             "--attempt-uids", args.attempt_uids, *node_flags],
             stdout=open(agent_log, "ab"), stderr=subprocess.STDOUT)
         procs.append(agent)
         kubeconfig = data / "coordinator" / "kubeconfig"
@@ -110,4 +116,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--offering", help="offering id the local agent joins as (it must fit the price book's)")
     up.add_argument("--simulate-gpus", metavar="MODEL:COUNT[:MEMORY]",
                     help="the local agent reports these GPUs, marked simulated, instead of real ones")
+    up.add_argument("--attempt-uids", default="off", metavar="START:COUNT|off",
+                    help="uids the local agent runs attempts under, one each (default off: as your own user)")
     up.set_defaults(func=cmd_up, operator=True)
