@@ -76,7 +76,7 @@ class Fleet:
                 [str(BIN / "nodus-agent"), "--coordinator", self.c.grpc, "--node", "no-gpus", "--work-dir",
                  str(self.root / "agent"), "--join-token-file", str(self.c.data / "join-token"), "--runtime",
                  "process", "--advertise-address", "127.0.0.1", "--coordinator-ca", str(self.c.data / "tls" / "ca.crt"),
-                 "--log-level", "WARNING"],
+                 "--log-level", "WARNING", "--attempt-uids", "off"],  # its temp dir is 0700 (ADR 0040)
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def listed(self) -> list[node_pb2.Node]:

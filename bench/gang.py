@@ -146,7 +146,7 @@ class Cluster:
                     [str(BIN / "nodus-agent"), "--coordinator", self.grpc, "--node", f"bench-{i}", "--work-dir",
                      str(self.root / f"agent-{i}"), "--join-token-file", str(token), "--advertise-address",
                      "127.0.0.1", "--reconnect-max", "1", "--coordinator-ca", str(self.data / "tls" / "ca.crt"),
-                     "--log-level", "INFO"],
+                     "--log-level", "INFO", "--attempt-uids", "off"],  # its temp dir is 0700 (ADR 0040)
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
 
     def url(self, path: str) -> str:
