@@ -355,18 +355,24 @@ class Downloads:
             raise NodusError("UnsupportedMediaType", f"a volume revision must be a tar.zst archive, not "
                              f"{request.content_type!r}", fix="send the archive with Content-Type: application/zstd")
         created_volume = await self.volumes.ensure(caller, project, name)
-        ref, new_blob = await blobs.put(request.content.iter_chunked(CHUNK),
-                                        request.headers.get("X-Content-SHA256", ""), request.content_length or 0)
-        try:
-            files = await asyncio.to_thread(inspect_archive, blobs.path(ref.sha256))
-        except NodusError:
-            if new_blob:
-                await blobs.delete(ref.sha256)
-            raise
+        ref, files = await self._put_archive(request, blobs)
         revision, added = await self.volumes.append_revision(project, name, ref, files)
         body = {"kind": "VolumeRevision", "apiVersion": info.api_version, "volume": name, "namespace": project,
                 **revision, "created": added, "volumeCreated": created_volume}
         return web.Response(body=orjson.dumps(body), status=201 if added else 200, content_type="application/json")
+
+    @staticmethod
+    async def _put_archive(request: web.Request, blobs: BlobStore) -> tuple[BlobRef, int]:
+        """Stores the request's tar.zst body (its sha256 checked as it arrives) and counts its files; an
+        archive that is not one, or would unpack outside its directory, is refused and not kept."""
+        ref, new_blob = await blobs.put(request.content.iter_chunked(CHUNK),
+                                        request.headers.get("X-Content-SHA256", ""), request.content_length or 0)
+        try:
+            return ref, await asyncio.to_thread(inspect_archive, blobs.path(ref.sha256))
+        except NodusError:
+            if new_blob:
+                await blobs.delete(ref.sha256)
+            raise
 
     async def push_source(self, request: web.Request) -> web.Response:
         """`nodus source push DIR`: a tar.zst of the Job's code, kept for the project; spec.source.blob
@@ -379,14 +385,7 @@ class Downloads:
         if request.content_type not in (ZSTD, "application/x-zstd"):
             raise NodusError("UnsupportedMediaType", f"a source must be a tar.zst archive, not {request.content_type!r}",
                              fix="send the archive with Content-Type: application/zstd (`nodus source push DIR`)")
-        ref, new_blob = await blobs.put(request.content.iter_chunked(CHUNK),
-                                        request.headers.get("X-Content-SHA256", ""), request.content_length or 0)
-        try:
-            files = await asyncio.to_thread(inspect_archive, blobs.path(ref.sha256))
-        except NodusError:
-            if new_blob:
-                await blobs.delete(ref.sha256)
-            raise
+        ref, files = await self._put_archive(request, blobs)
         created = await record_upload(self.service.store, project, ref.sha256, ref.size, files, utc_now())
         body = {"kind": "Source", "apiVersion": "nodus.dev/v1", "namespace": project, "sha256": f"sha256:{ref.sha256}",
                 "size": ref.size, "files": files, "created": created}
