@@ -94,16 +94,17 @@ class Cluster:
         self.agents: list[subprocess.Popen[bytes]] = []
         self.session = requests.Session()
         self.session.trust_env = False
-        self.http = self.grpc = ""
+        self.http = self.grpc = self.agent_listen = ""
 
-    def start_coordinator(self, probe: bool, http: str = "127.0.0.1:0", grpc: str = "127.0.0.1:0") -> None:
+    def start_coordinator(self, probe: bool, http: str = "127.0.0.1:0", grpc: str = "127.0.0.1:0",
+                          agent: str = "") -> None:
         (self.data / "endpoints.json").unlink(missing_ok=True)
         with open(self.root / "coordinator.log", "ab") as out:
             self.coordinator = subprocess.Popen(
                 [str(BIN / "nodus-coordinator"), "--data-dir", str(self.data), "--http-listen", http,
                  "--grpc-listen", grpc, "--gang-probe", "on" if probe else "off", "--gang-probe-bytes",
                  self.probe_bytes, "--gang-probe-budget", "15s",  # half the default: ample on loopback
-                 "--log-level", "INFO"],
+                 "--log-level", "INFO", *(["--agent-listen", agent] if agent else [])],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         endpoints = self.data / "endpoints.json"
         deadline = time.monotonic() + 60
@@ -113,7 +114,7 @@ class Cluster:
                 raise RuntimeError(f"nodus-coordinator did not start:\n{log_text[-3000:]}")
             time.sleep(0.05)
         ep = json.loads(endpoints.read_text())
-        self.http, self.grpc = ep["http"], ep["grpc"]
+        self.http, self.grpc, self.agent_listen = ep["http"], ep["grpc"], str(ep.get("agent") or "")
         config = yaml.safe_load((self.data / "kubeconfig").read_text())
         ca = self.root / "ca.crt"
         ca.write_bytes(base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]))
@@ -121,10 +122,11 @@ class Cluster:
         self.session.headers["Authorization"] = "Bearer " + config["users"][0]["user"]["token"]
 
     def restart_coordinator(self, probe: bool) -> None:
-        """Same data dir and ports, so the agents reconnect to it."""
-        http, grpc = self.http.split("://", 1)[1], self.grpc
+        """Same data dir and ports (the agents' mTLS port too, which they learnt at enrolment), so the
+        agents reconnect to it."""
+        http, grpc, agent = self.http.split("://", 1)[1], self.grpc, self.agent_listen
         self.stop_coordinator()
-        self.start_coordinator(probe, http, grpc)
+        self.start_coordinator(probe, http, grpc, agent)
 
     def stop_coordinator(self) -> None:
         if self.coordinator is not None and self.coordinator.poll() is None:
