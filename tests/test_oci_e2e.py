@@ -103,6 +103,9 @@ def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry,
 
 
 def oci_agent(c: Coordinator, work: Path, *registries: Registry, node: str = "oci-n0") -> AgentProcess:
+    """Each test's agent is a fresh host (a new work dir, a new key) under the module's one node name: as
+    an operator does for a reinstalled host, the name is re-admitted first (ADR 0039)."""
+    c.run("nodus", "node", "readmit", node, check=False)  # "not enrolled" for the module's first agent
     env = {**AGENT_ENV, "LD_LIBRARY_PATH": "/opt/node-only/lib"}  # the node's, never the image's
     insecure = [arg for r in registries for arg in ("--insecure-registry", r.host)]
     return AgentProcess(work, c.grpc, c.join_token, node=node, env=env,

@@ -105,6 +105,8 @@ def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry) -> Itera
 def agent(c: Coordinator, oci_registry: Registry, lab: Lab) -> Iterator[AgentProcess]:
     top = traversable_dir("nodus-egress-e2e-")
     prefix = f"{netns.PREFIX}{os.getpid()}-e"  # the lab's sweep removes a crashed run's links by this prefix
+    # Each test's agent is a fresh host under the one node name: re-admitted first, as an operator does (ADR 0039).
+    c.run("nodus", "node", "readmit", "egress-n0", check=False)
     try:
         started = AgentProcess(top / "agent", c.grpc, c.join_token, node="egress-n0", env=dict(AGENT_ENV),
                                extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci",
