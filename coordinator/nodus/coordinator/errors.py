@@ -68,6 +68,9 @@ _CODES = (
     Code("RuntimeNotReady", 422, "FAILED_PRECONDITION",
          "wait for the TrainingRuntime to be Ready, or name a Ready one in spec.runtime"),
     Code("AgentUnavailable", 503, "UNAVAILABLE", "the node agent is unreachable; it is retried automatically"),
+    Code("LeaderDeposed", 503, "UNAVAILABLE",
+         "nothing to do: another coordinator replica holds the controllers' lease now and makes this decision "
+         "(GET /readyz on each replica shows which leads)"),
     Code("OfferingMismatch", 422, "INVALID_ARGUMENT",
          "start the agent with an --offering its hardware fits (`nodus pricebook get` lists them), or correct that "
          "offering in the price book and apply it as a new version; the agent registers again by itself"),
