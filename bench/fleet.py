@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""A fleet on one machine, simulated: many agents speaking the real AgentService against a real coordinator.
+
+    .venv/bin/python bench/fleet.py [--agents 100,500,1000] [--attempts 10000] [--postgres] [--save]
+
+For each fleet size the bench starts a fresh nodus-coordinator (embedded SQLite, or with --postgres a
+database on a throwaway PostgreSQL cluster, as tests/postgres.py makes one) and that many simulated agents
+in --processes client processes (bench/fleet_agents.py: the real agent's Link around a node that runs
+nothing). Figures, each beside its target and an anchor from the same run (see bench/README.md):
+  1  enrolment: every node's CSR → client certificate, then the join (Register + Connect over mTLS)
+  2  the coordinator's CPU at steady state (heartbeats only): before the burst and after it drained, beside
+     a bare grpc.aio AgentService answering the same nodes' heartbeats over mTLS at the same interval
+  3  create → assignment reaching its agent, p50 / p99, over --attempts one-GPU Jobs created through REST
+     in a burst (the create time is the 201's arrival; the agent stamps the receipt; one clock)
+  4  the reconnect storm: with one long attempt per agent, the coordinator is restarted (same data dir and
+     ports); the time until every agent is re-synchronised (FullState in, its Hello with its attempts
+     acknowledged), beside the coordinator's own start to serving
+A benchmark, not a test: it asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the client processes inherit it: no C-core INFO lines
+
+import api
+import record
+from daemons import Coordinator, start_coordinator, stop_all
+from fleet_agents import RUN_ENV, anchor_server_main, worker_main
+from fleet_report import report
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+LONG_RUN_S = 3600
+"""How long the reconnect storm's attempts run: past the end of the bench."""
+
+
+def job_body(name: str, label: str, env: dict[str, str] | None = None) -> bytes:
+    spec: dict[str, Any] = {"command": ["true"], "resources": {"gpu": {"count": 1}}}
+    if env:
+        spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return orjson.dumps({"apiVersion": "nodus.dev/v1", "kind": "Job",
+                         "metadata": {"name": name, "labels": {"bench": label}}, "spec": spec})
+
+
+@dataclass
+class Worker:
+    """One client process of simulated agents, driven over a Pipe."""
+
+    proc: mp.process.BaseProcess
+    conn: Any
+
+    def ask(self, *command: Any, timeout: float = 120) -> Any:
+        self.conn.send(command)
+        if not self.conn.poll(timeout):
+            raise RuntimeError(f"fleet worker {self.proc.pid} did not answer {command[0]!r} in {timeout:.0f}s")
+        answer = self.conn.recv()
+        return answer[0] if len(answer) == 1 else answer
+
+
+class Fleet:
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    def ask(self, *command: Any, timeout: float = 120) -> list[Any]:
+        for w in self.workers:
+            w.conn.send(command)
+        out = []
+        for w in self.workers:
+            if not w.conn.poll(timeout):
+                raise RuntimeError(f"fleet worker {w.proc.pid} did not answer {command[0]!r} in {timeout:.0f}s")
+            answer = w.conn.recv()
+            out.append(answer[0] if len(answer) == 1 else answer)
+        return out
+
+    def status(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for s in self.ask("status"):
+            for k, v in s.items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def wait(self, what: str, done: Any, timeout: float) -> tuple[dict[str, int], bool]:
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.status()
+            if done(s):
+                return s, True
+            if time.monotonic() > deadline:
+                api.log(f"{what}: not reached in {timeout:.0f}s ({s})")
+                return s, False
+            for w in self.workers:
+                if not w.proc.is_alive():
+                    raise RuntimeError(f"fleet worker {w.proc.pid} exited")
+            time.sleep(0.2)
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers if w.proc.pid is not None]
+
+    def stop(self) -> None:
+        for w in self.workers:
+            try:
+                if w.proc.is_alive():
+                    w.ask("stop", timeout=20)
+            except (RuntimeError, OSError, EOFError):
+                pass
+            api.stop_process(w.proc)
+
+
+def cpu_of(pids: list[int], seconds: float) -> list[float]:
+    """Each pid's CPU over `seconds`, as % of one core."""
+    t0, c0 = time.monotonic(), [api.cpu_seconds(p) for p in pids]
+    time.sleep(seconds)
+    dt = time.monotonic() - t0
+    return [100 * (api.cpu_seconds(p) - c) / dt for p, c in zip(pids, c0)]
+
+
+def steady(pid: int, limit: float) -> float:
+    """Waits until two 2-second CPU windows of `pid` agree (within 2 points or 20 %), or `limit` s."""
+    t0 = time.monotonic()
+    last = cpu_of([pid], 2.0)[0]
+    while time.monotonic() - t0 < limit:
+        now = cpu_of([pid], 2.0)[0]
+        if abs(now - last) <= max(2.0, 0.2 * last):
+            break
+        last = now
+    return time.monotonic() - t0
+
+
+def measure_steady(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, Any]:
+    fleet.ask("lag")
+    cpus = cpu_of([c.proc.pid, *fleet.pids()], args.idle_seconds)
+    return {"coordinator": cpus[0], "clients": cpus[1:], "lag_p99": max(fleet.ask("lag"))}
+
+
+async def create_jobs(c: Coordinator, names: list[str], label: str, concurrency: int,
+                      env: dict[str, str] | None = None) -> tuple[dict[str, float], list[str], float]:
+    """Creates every Job, `concurrency` in flight: the monotonic time each 201 arrived, errors, seconds taken."""
+    url = c.http + api.JOBS
+    acked: dict[str, float] = {}
+    errors: list[str] = []
+    todo = iter(names)
+    headers = {"Authorization": f"Bearer {c.token}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, ssl=api.client_ssl(c.ca)),
+                                     headers=headers, timeout=aiohttp.ClientTimeout(total=300)) as s:
+        async def worker() -> None:
+            for name in todo:
+                async with s.post(url, data=job_body(name, label, env)) as r:
+                    payload = await r.read()
+                    if r.status == 201:
+                        acked[name] = time.monotonic()
+                    else:
+                        errors.append(f"HTTP {r.status} {payload[:200]!r}")
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return acked, errors, time.monotonic() - t0
+
+
+async def job_phases(c: Coordinator, label: str) -> dict[str, int]:
+    """The Jobs labelled bench=LABEL by status.phase, listed in pages."""
+    url = c.http + api.JOBS
+    phases: dict[str, int] = {}
+    params = {"labelSelector": f"bench={label}", "limit": "1000"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=api.client_ssl(c.ca)),
+                                     headers={"Authorization": f"Bearer {c.token}"},
+                                     timeout=aiohttp.ClientTimeout(total=300)) as s:
+        while True:
+            async with s.get(url, params=params) as r:
+                page = orjson.loads(await r.read())
+            for job in page.get("items") or []:
+                phase = (job.get("status") or {}).get("phase") or "-"
+                phases[phase] = phases.get(phase, 0) + 1
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return phases
+            params = {**params, "continue": token}
+
+
+def start_fleet(args: argparse.Namespace, c: Coordinator, n: int, identity_root: Path) -> Fleet:
+    spawn = mp.get_context("spawn")
+    procs = max(1, min(args.processes, n))
+    names = [f"sim-{i:04d}" for i in range(n)]
+    gpus = args.gpus or max(8, math.ceil(args.attempts / n))
+    workers = []
+    for k in range(procs):
+        parent, child = spawn.Pipe()
+        cfg = {"names": names[k::procs], "grpc": c.grpc, "token": (c.data / "join-token").read_text().strip(),
+               "ca": str(c.data / "tls" / "ca.crt"), "identity_root": str(identity_root), "gpus": gpus,
+               "run_seconds": args.run_seconds, "enrol_concurrency": args.enrol_concurrency}
+        proc = spawn.Process(target=worker_main, args=(child, cfg), daemon=True, name=f"fleet-{k}")
+        proc.start()
+        workers.append(Worker(proc, parent))
+    return Fleet(workers)
+
+
+def anchor(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, Any]:
+    """The bare grpc.aio AgentService's CPU answering the same nodes' heartbeats at the same interval."""
+    spawn = mp.get_context("spawn")
+    parent, child = spawn.Pipe()
+    server = spawn.Process(target=anchor_server_main, args=(child, str(c.data / "tls")), daemon=True,
+                           name="fleet-anchor")
+    server.start()
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the anchor server did not start")
+        target = parent.recv()
+        fleet.ask("anchor", target, args.heartbeat)
+        time.sleep(args.heartbeat * 1.5)
+        fleet.ask("lag")
+        assert server.pid is not None
+        cpus = cpu_of([server.pid, *fleet.pids()], args.idle_seconds)
+        out = {"server": cpus[0], "clients": cpus[1:], "lag_p99": max(fleet.ask("lag"))}
+        fleet.ask("anchor_stop")
+        parent.send("stop")
+        server.join(10)
+    finally:
+        api.stop_process(server)
+    return out
+
+
+async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str], out: dict[str, Any]) -> None:
+    hb = f"{args.heartbeat:g}s"
+    c = start_coordinator(root, "--heartbeat-interval", hb, *store)
+    out["coordinator"] = c
+    ep = json.loads((c.data / "endpoints.json").read_text())
+    api.log(f"{n} agents: coordinator at {c.http}, gRPC {c.grpc}, agent port {ep.get('agent')}")
+    identity = Path(tempfile.mkdtemp(prefix="nodus-fleet-id-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    out["identity"] = identity
+    t0 = time.monotonic()
+    fleet = start_fleet(args, c, n, identity)
+    out["fleet"] = fleet
+    enrolled = []
+    for w in fleet.workers:
+        if not w.conn.poll(600):
+            raise RuntimeError("the fleet did not enrol in 600 s")
+        enrolled += w.conn.recv()[1]
+    out["enrol"] = {"latencies": enrolled, "wall": time.monotonic() - t0}
+    api.log(f"{n} enrolled in {out['enrol']['wall']:.1f}s; anchor: bare grpc.aio heartbeats for {args.idle_seconds:g}s")
+    out["anchor"] = anchor(args, c, fleet)
+    t0 = time.monotonic()
+    fleet.ask("join")
+    _, ok = fleet.wait("join", lambda s: s["connected"] >= n, args.drain_timeout)
+    out["join"] = {"seconds": time.monotonic() - t0, "ok": ok}
+    api.log(f"{n} joined in {out['join']['seconds']:.1f}s; steady state before the burst")
+    time.sleep(args.heartbeat * 2)
+    out["settle_before"] = steady(c.proc.pid, 60)
+    out["before"] = measure_steady(args, c, fleet)
+    api.log(f"anchor: {args.trickle} Jobs one at a time on the idle fleet")
+    trickle: dict[str, float] = {}
+    for k in range(args.trickle):
+        before = fleet.status()["received"]
+        one, errors, _ = await create_jobs(c, [f"t-{k:03d}"], "fleet-trickle", 1)
+        trickle.update(one)
+        fleet.wait("trickle", lambda s: s["received"] > before, 60)
+    names = [f"j-{k:05d}" for k in range(args.attempts)]
+    api.log(f"burst: {args.attempts} Jobs, concurrency {args.concurrency}")
+    t0 = time.monotonic()
+    created, errors, took = await create_jobs(c, names, "fleet", args.concurrency)
+    out["create"] = {"acked": len(created), "errors": errors[:3], "n_errors": len(errors), "seconds": took}
+    ended = len(created) + len(trickle)
+    status, ok = fleet.wait("drain", lambda s: s["ended"] >= ended, args.drain_timeout)
+    drained = time.monotonic() - t0
+    receipts = [t for per in fleet.ask("receipts") for t in per]
+    lat = [t - created[job] for job, t in receipts if job in created]
+    api.log(f"drained in {drained:.1f}s; waiting for every Job to be Succeeded")
+    deadline = time.monotonic() + args.drain_timeout
+    phases = await job_phases(c, "fleet")
+    while phases.get("Succeeded", 0) < len(created) and time.monotonic() < deadline:
+        await asyncio.sleep(5)
+        phases = await job_phases(c, "fleet")
+    out["burst"] = {"lat": lat, "received": len(lat), "ended": status["ended"] - len(trickle), "drained_s": drained,
+                    "ok": ok, "phases": phases, "succeeded_s": time.monotonic() - t0,
+                    "trickle": [t - trickle[job] for job, t in receipts if job in trickle]}
+    api.log("steady state after the drain")
+    out["settle_after"] = steady(c.proc.pid, 120)
+    out["after"] = measure_steady(args, c, fleet)
+    api.log(f"reconnect storm: one long attempt on each of {n} agents, then a restart")
+    long_names = [f"long-{k:04d}" for k in range(n)]
+    long_created, long_errors, _ = await create_jobs(c, long_names, "fleet-long", args.concurrency,
+                                                     {RUN_ENV: str(LONG_RUN_S)})
+    live, _ = fleet.wait("long attempts", lambda s: s["live"] >= len(long_created), args.drain_timeout)
+    fleet.ask("resync")
+    http, grpc_addr, agent = c.http.split("://", 1)[1], c.grpc, str(ep.get("agent") or "")
+    t_stop = time.monotonic()
+    stop_all([c.proc], [])
+    stopped = time.monotonic() - t_stop
+    (c.data / "endpoints.json").unlink(missing_ok=True)
+    t_spawn = time.monotonic()
+    c = start_coordinator(root, "--heartbeat-interval", hb, *store, "--http-listen", http, "--grpc-listen", grpc_addr,
+                          *(["--agent-listen", agent] if agent else []))
+    out["coordinator"] = c
+    serving = time.monotonic() - t_spawn
+    deadline = t_spawn + args.storm_timeout
+    synced, last = 0, 0.0
+    while time.monotonic() < deadline:
+        answers = fleet.ask("synced")
+        synced, last = sum(a[0] for a in answers), max(a[1] for a in answers)
+        if synced >= n:
+            break
+        time.sleep(0.2)
+    kept = fleet.status()["live"]
+    out["storm"] = {"synced": synced, "resync_s": (last - t_spawn) if synced >= n else None, "serving_s": serving,
+                    "stopped_s": stopped, "live_before": live["live"], "kept": kept, "long_errors": long_errors[:3]}
+    api.log(f"{synced} of {n} re-synchronised; stopping this fleet")
+
+
+def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, Any]:
+    root = tmp / f"agents-{n}"
+    root.mkdir()
+    store = ["--store-url", pg.database()] if pg is not None else []
+    out: dict[str, Any] = {"n": n, "gpus": args.gpus or max(8, math.ceil(args.attempts / n))}
+    try:
+        asyncio.run(one_size(args, n, root, store, out))
+    except Exception:
+        log = root / "coordinator.log"
+        if log.exists():
+            api.log(f"coordinator log tail:\n{log.read_text(errors='replace')[-4000:]}")
+        raise
+    finally:
+        if "fleet" in out:
+            out.pop("fleet").stop()
+        if "coordinator" in out:
+            stop_all([out.pop("coordinator").proc], [])
+        if "identity" in out:
+            shutil.rmtree(out.pop("identity"), ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", default="100,500,1000", help="fleet sizes, comma-separated (default 100,500,1000)")
+    ap.add_argument("--attempts", type=int, default=10_000, help="one-GPU Jobs created in the burst (default 10,000)")
+    ap.add_argument("--run-seconds", type=float, default=1.0,
+                    help="how long a simulated attempt runs before it reports Succeeded (default 1)")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="simulated GPUs per agent (default: room for every attempt at once, at least 8)")
+    ap.add_argument("--heartbeat", type=float, default=3.0,
+                    help="the coordinator's --heartbeat-interval in seconds (default 3, its own default)")
+    ap.add_argument("--idle-seconds", type=float, default=20, help="each steady-state CPU window (default 20)")
+    ap.add_argument("--processes", type=int, default=2, help="client processes the agents are split over (default 2)")
+    ap.add_argument("--enrol-concurrency", type=int, default=16, help="enrolments in flight per process (default 16)")
+    ap.add_argument("--trickle", type=int, default=20,
+                    help="Jobs created one at a time on the idle fleet before the burst, the latency anchor (default 20)")
+    ap.add_argument("--concurrency", type=int, default=64, help="creates in flight during the burst (default 64)")
+    ap.add_argument("--drain-timeout", type=float, default=900, help="how long the burst may take to drain")
+    ap.add_argument("--storm-timeout", type=float, default=180, help="how long the re-synchronisation may take")
+    ap.add_argument("--postgres", action="store_true",
+                    help="the store on PostgreSQL: a throwaway cluster (tests/postgres.py), a database per size")
+    ap.add_argument("--quick", action="store_true", help="a small run of a few agents and attempts (as --tiny)")
+    ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
+    record.add_flags(ap)
+    args = ap.parse_args()
+    args.tiny = args.tiny or args.quick
+    args = record.shrink(args, {"agents": "3", "attempts": 12, "run_seconds": 0.2, "idle_seconds": 1.0,
+                                "processes": 1, "trickle": 3, "drain_timeout": 120.0, "storm_timeout": 60.0})
+    sizes = [int(x) for x in str(args.agents).split(",") if x.strip()]
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    tmp = Path(tempfile.mkdtemp(prefix="nodus-bench-fleet-", dir=args.tmp_dir))
+    pg, pg_root = None, None
+    results = []
+    try:
+        if args.postgres:
+            sys.path.insert(0, str(TESTS))
+            from postgres import PostgresCluster  # tests/postgres.py: the suite's throwaway cluster
+            pg_root = Path(tempfile.mkdtemp(prefix="nodus-bench-fleet-pg-"))
+            pg = PostgresCluster(pg_root)
+            pg.start()
+        for n in sizes:
+            results.append(run_size(args, n, tmp, pg))
+        load = os.getloadavg()
+        with record.Report("fleet", args):
+            report(args, results, load)
+    except KeyboardInterrupt:
+        api.log("interrupted; cleaning up")
+        sys.exit(130)
+    finally:
+        if pg is not None:
+            try:
+                pg.stop()
+            except (RuntimeError, subprocess.SubprocessError) as e:
+                api.log(f"stopping PostgreSQL: {e}")
+        if pg_root is not None:
+            shutil.rmtree(pg_root, ignore_errors=True)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
