@@ -105,6 +105,9 @@ _CODES = (
     Code("NodeCertificateRequired", 401, "UNAUTHENTICATED",
          "enrol with the join token (AgentService.Enrol on the TLS port) and call the agent port with the node "
          "certificate (nodus-agent does both with --coordinator-ca DATA_DIR/tls/ca.crt)"),
+    Code("NodeScope", 403, "PERMISSION_DENIED",
+         "a node reads and writes only the blobs, logs and checkpoints of the attempts assigned to it while they "
+         "run (docs/adr/0045): enrol the node and use its certificate, for an attempt placed on it"),
     Code("StaleSession", 409, "FAILED_PRECONDITION",
          "register again: a newer registration of this node superseded the session (the agent does this itself)"),
     Code("DigestMismatch", 422, "DATA_LOSS",
