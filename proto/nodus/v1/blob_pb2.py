@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nodus/v1/blob.proto\x12\x08nodus.v1\"K\n\nPutRequest\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.nodus.v1.PutHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"=\n\tPutHeader\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nmedia_type\x18\x03 \x01(\t\"4\n\x07\x42lobRef\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0b\n\x03uri\x18\x03 \x01(\t\"0\n\x0eGetBlobRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"\x19\n\tBlobChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"!\n\x0fStatBlobRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\"I\n\x08LogChunk\x12\x12\n\nattempt_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x04 \x01(\x08\"\x16\n\x06LogAck\x12\x0c\n\x04size\x18\x01 \x01(\x03\x32\xe2\x01\n\x0b\x42lobService\x12\x30\n\x03Put\x12\x14.nodus.v1.PutRequest\x1a\x11.nodus.v1.BlobRef(\x01\x12\x36\n\x03Get\x12\x18.nodus.v1.GetBlobRequest\x1a\x13.nodus.v1.BlobChunk0\x01\x12\x34\n\x04Stat\x12\x19.nodus.v1.StatBlobRequest\x1a\x11.nodus.v1.BlobRef\x12\x33\n\tAppendLog\x12\x12.nodus.v1.LogChunk\x1a\x10.nodus.v1.LogAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nodus/v1/blob.proto\x12\x08nodus.v1\"K\n\nPutRequest\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.nodus.v1.PutHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"Q\n\tPutHeader\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nmedia_type\x18\x03 \x01(\t\x12\x12\n\nattempt_id\x18\x04 \x01(\t\"4\n\x07\x42lobRef\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0b\n\x03uri\x18\x03 \x01(\t\"D\n\x0eGetBlobRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\nattempt_id\x18\x03 \x01(\t\"\x19\n\tBlobChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"5\n\x0fStatBlobRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\"I\n\x08LogChunk\x12\x12\n\nattempt_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x04 \x01(\x08\"\x16\n\x06LogAck\x12\x0c\n\x04size\x18\x01 \x01(\x03\x32\xe2\x01\n\x0b\x42lobService\x12\x30\n\x03Put\x12\x14.nodus.v1.PutRequest\x1a\x11.nodus.v1.BlobRef(\x01\x12\x36\n\x03Get\x12\x18.nodus.v1.GetBlobRequest\x1a\x13.nodus.v1.BlobChunk0\x01\x12\x34\n\x04Stat\x12\x19.nodus.v1.StatBlobRequest\x1a\x11.nodus.v1.BlobRef\x12\x33\n\tAppendLog\x12\x12.nodus.v1.LogChunk\x1a\x10.nodus.v1.LogAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTREQUEST']._serialized_start=33
   _globals['_PUTREQUEST']._serialized_end=108
   _globals['_PUTHEADER']._serialized_start=110
-  _globals['_PUTHEADER']._serialized_end=171
-  _globals['_BLOBREF']._serialized_start=173
-  _globals['_BLOBREF']._serialized_end=225
-  _globals['_GETBLOBREQUEST']._serialized_start=227
-  _globals['_GETBLOBREQUEST']._serialized_end=275
-  _globals['_BLOBCHUNK']._serialized_start=277
-  _globals['_BLOBCHUNK']._serialized_end=302
-  _globals['_STATBLOBREQUEST']._serialized_start=304
-  _globals['_STATBLOBREQUEST']._serialized_end=337
-  _globals['_LOGCHUNK']._serialized_start=339
-  _globals['_LOGCHUNK']._serialized_end=412
-  _globals['_LOGACK']._serialized_start=414
-  _globals['_LOGACK']._serialized_end=436
-  _globals['_BLOBSERVICE']._serialized_start=439
-  _globals['_BLOBSERVICE']._serialized_end=665
+  _globals['_PUTHEADER']._serialized_end=191
+  _globals['_BLOBREF']._serialized_start=193
+  _globals['_BLOBREF']._serialized_end=245
+  _globals['_GETBLOBREQUEST']._serialized_start=247
+  _globals['_GETBLOBREQUEST']._serialized_end=315
+  _globals['_BLOBCHUNK']._serialized_start=317
+  _globals['_BLOBCHUNK']._serialized_end=342
+  _globals['_STATBLOBREQUEST']._serialized_start=344
+  _globals['_STATBLOBREQUEST']._serialized_end=397
+  _globals['_LOGCHUNK']._serialized_start=399
+  _globals['_LOGCHUNK']._serialized_end=472
+  _globals['_LOGACK']._serialized_start=474
+  _globals['_LOGACK']._serialized_end=496
+  _globals['_BLOBSERVICE']._serialized_start=499
+  _globals['_BLOBSERVICE']._serialized_end=725
 # @@protoc_insertion_point(module_scope)

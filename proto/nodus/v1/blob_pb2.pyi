@@ -14,14 +14,16 @@ class PutRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PutHeader(_message.Message):
-    __slots__ = ("sha256", "size", "media_type")
+    __slots__ = ("sha256", "size", "media_type", "attempt_id")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     size: int
     media_type: str
-    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., media_type: _Optional[str] = ...) -> None: ...
+    attempt_id: str
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., media_type: _Optional[str] = ..., attempt_id: _Optional[str] = ...) -> None: ...
 
 class BlobRef(_message.Message):
     __slots__ = ("sha256", "size", "uri")
@@ -34,12 +36,14 @@ class BlobRef(_message.Message):
     def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class GetBlobRequest(_message.Message):
-    __slots__ = ("sha256", "offset")
+    __slots__ = ("sha256", "offset", "attempt_id")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     offset: int
-    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    attempt_id: str
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., attempt_id: _Optional[str] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("data",)
@@ -48,10 +52,12 @@ class BlobChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class StatBlobRequest(_message.Message):
-    __slots__ = ("sha256",)
+    __slots__ = ("sha256", "attempt_id")
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     sha256: str
-    def __init__(self, sha256: _Optional[str] = ...) -> None: ...
+    attempt_id: str
+    def __init__(self, sha256: _Optional[str] = ..., attempt_id: _Optional[str] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("attempt_id", "offset", "data", "eof")
