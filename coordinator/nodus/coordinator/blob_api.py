@@ -16,7 +16,7 @@ import grpc
 
 from nodus.v1 import blob_pb2, blob_pb2_grpc
 
-from .blobs import CHUNK, BlobStore, check_digest
+from .blobs import CHUNK, Blobs, check_digest
 from .errors import NodusError
 from .grpc_api import authorization, boundary, status_for
 from .identity import Identity
@@ -45,7 +45,7 @@ class _Trailed(grpc.Status):
 
 
 class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
-    def __init__(self, blobs: BlobStore, identity: Identity,
+    def __init__(self, blobs: Blobs, identity: Identity,
                  node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None) -> None:
         self.blobs = blobs
         self.identity = identity

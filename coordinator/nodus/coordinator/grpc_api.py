@@ -25,7 +25,7 @@ from nodus.v1 import (agent_pb2, blob_pb2, blob_pb2_grpc, gang_pb2, node_pb2, pr
                                   project_pb2_grpc, resource_pb2, resource_pb2_grpc)
 
 from .api.kinds import resolve
-from .blobs import BlobStore
+from .blobs import Blobs
 from .clock import Clock, SystemClock, rfc3339
 from .errors import NodusError, new_request_id
 from .identity import ALL_PROJECTS, Caller, Identity, Role, require_operator
@@ -388,7 +388,7 @@ class GrpcServer:
             loop.create_task(self.health.set(name, health_pb2.HealthCheckResponse.SERVING))
 
 
-async def start(service: ResourceService, listen: str, blobs: BlobStore | None = None,
+async def start(service: ResourceService, listen: str, blobs: Blobs | None = None,
                 servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
                 clock: Clock = SystemClock(), credentials: grpc.ServerCredentials | None = None,
                 agent_port: tuple[str, grpc.ServerCredentials] | None = None,

@@ -28,7 +28,7 @@ from nodus import config as daemon_config
 
 from . import grpc_api
 from .api import units
-from .blobs import BlobStore
+from .blobs.open import add_flags as add_blob_flags, from_args as open_blob_store
 from .clock import OffsetClock, SystemClock
 from .errors import NodusError
 from .heap import HeapSettings, settle as settle_heap
@@ -187,7 +187,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     lease, heartbeat = _lease_settings(args)
     if args.price_book:
         await apply_price_book(store, Path(args.price_book), clock)
-    blobs = BlobStore(data_dir)  # outputs, logs, volume revisions, checkpoints (docs/adr/0011-blob-store.md)
+    blobs = await open_blob_store(args, data_dir)  # outputs, logs, checkpoints, volumes (ADRs 0011, 0044)
     free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, fleet, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
@@ -479,6 +479,7 @@ def parser() -> argparse.ArgumentParser:
                         "collections do not rescan it (default on; docs/adr/0035-gc-freeze.md)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
+    add_blob_flags(p)  # --blob-url, --blob-endpoint, --blob-region (ADR 0044)
     return p
 
 

@@ -41,7 +41,7 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "pa
 class Blobs(Protocol):
     """What the loader needs of the embedded blob store (blobs.BlobStore)."""
 
-    def path(self, sha256: str) -> Path: ...
+    async def read_all(self, sha256: str) -> bytes: ...
 
 
 # -- the decision (pure) --------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class SinkLoader:
                              "or .parquet file: a sink loads one of those")
         if self.blobs is None:
             raise NodusError("ServiceUnavailable", "this coordinator keeps no blob store to read outputs from")
-        data = await asyncio.to_thread(self.blobs.path(str(committed.get("sha256"))).read_bytes)
+        data = await self.blobs.read_all(str(committed.get("sha256")))
         if data.startswith(ZSTD_MAGIC) and fmt != "parquet":
             raise NodusError("BadRequest", f"output {committed.get('name')} is a directory (archived as tar.zst): a "
                              "sink loads one file; declare the file itself as the output")

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL
 from ..api.kinds import resolve
-from ..blobs import CHUNK, BlobRef, BlobStore, check_digest, digest_of_uri
+from ..blobs import CHUNK, BlobRef, Blobs, check_digest, digest_of_uri
 from ..checkpoints import listing
 from ..controllers.attempts import phase_of
 from ..errors import NodusError
@@ -41,7 +41,7 @@ from .params import query_bool
 
 log = logging.getLogger("nodus.gateway")
 
-BLOBS: web.AppKey[BlobStore] = web.AppKey("blobs", BlobStore)
+BLOBS: web.AppKey[Blobs] = web.AppKey("blobs", Blobs)
 """Set by coordinator/main.py; the routes answer 503 without it."""
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -184,13 +184,13 @@ class Downloads:
         self.volumes = VolumeService(self.service)
 
     @staticmethod
-    def _blobs(request: web.Request) -> BlobStore:
+    def _blobs(request: web.Request) -> Blobs:
         blobs = request.app.get(BLOBS)
         if blobs is None:
             raise NodusError("ServiceUnavailable", "the blob store is not configured on this coordinator")
         return blobs
 
-    async def _stream_blob(self, request: web.Request, blobs: BlobStore, ref: BlobRef, filename: str) -> web.StreamResponse:
+    async def _stream_blob(self, request: web.Request, blobs: Blobs, ref: BlobRef, filename: str) -> web.StreamResponse:
         """The blob with its digest headers, honouring If-None-Match and one `Range`."""
         etag = f'"{ref.sha256}"'
         first = await blobs.head(ref.sha256, len(ZSTD_MAGIC))
@@ -362,13 +362,14 @@ class Downloads:
         return web.Response(body=orjson.dumps(body), status=201 if added else 200, content_type="application/json")
 
     @staticmethod
-    async def _put_archive(request: web.Request, blobs: BlobStore) -> tuple[BlobRef, int]:
+    async def _put_archive(request: web.Request, blobs: Blobs) -> tuple[BlobRef, int]:
         """Stores the request's tar.zst body (its sha256 checked as it arrives) and counts its files; an
         archive that is not one, or would unpack outside its directory, is refused and not kept."""
         ref, new_blob = await blobs.put(request.content.iter_chunked(CHUNK),
                                         request.headers.get("X-Content-SHA256", ""), request.content_length or 0)
         try:
-            return ref, await asyncio.to_thread(inspect_archive, blobs.path(ref.sha256))
+            async with blobs.local_copy(ref.sha256) as path:
+                return ref, await asyncio.to_thread(inspect_archive, path)
         except NodusError:
             if new_blob:
                 await blobs.delete(ref.sha256)

@@ -11,56 +11,25 @@ resent after a reconnect is written once; a chunk past the end fails with Offset
 stored size. `<attempt>.eof` marks a finished log; followers wait for more bytes or for the mark.
 
 File I/O runs in worker threads, so the one event loop that serves gRPC and REST never waits on disk.
-Nothing deletes blobs or logs automatically yet: `list_blobs`, `delete` and `LogStore.delete` are
-the seam the retention work (TTL, GC of unreferenced blobs) will call.
+`list_blobs`, `delete` and `LogStore.delete` are the seam retention calls (checkpoints/retention.py).
+The interface is base.py's; s3.py keeps the same on an S3-compatible store for several replicas.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterable, AsyncIterator
 
-from .errors import NodusError
+from ..errors import NodusError
+from .base import (CHUNK, HEX, URI_PREFIX, BlobRef, Blobs, LogState, Logs, check_attempt_id, check_digest,
+                   declared_problem, digest_of_uri, too_long)
 
-CHUNK = 1 << 20
-"""Read and stream in pieces of 1 MiB (the BlobService chunk size)."""
-URI_PREFIX = "blob://sha256/"
-_HEX = re.compile(r"^[0-9a-f]{64}$")
-_ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-
-
-@dataclass(frozen=True, slots=True)
-class BlobRef:
-    """A stored blob."""
-
-    sha256: str
-    size: int
-
-    @property
-    def uri(self) -> str:
-        """`blob://sha256/<hex>`, what agents report in OutputCommit and CheckpointCommit."""
-        return URI_PREFIX + self.sha256
-
-
-def check_digest(text: str, what: str = "sha256") -> str:
-    """A digest as 64 lower-case hex digits, or BadRequest."""
-    digest = (text or "").strip().lower()
-    if not _HEX.match(digest):
-        raise NodusError("BadRequest", f"{what} {text!r} is not a sha256 digest",
-                         fix="send the sha256 of the content as 64 hexadecimal digits")
-    return digest
-
-
-def digest_of_uri(uri: str) -> str:
-    """The digest of `blob://sha256/<hex>`, or BadRequest for any other URI."""
-    if not uri.startswith(URI_PREFIX):
-        raise NodusError("BadRequest", f"{uri!r} is not a blob URI", fix="use blob://sha256/<hex>")
-    return check_digest(uri[len(URI_PREFIX):])
+__all__ = ["CHUNK", "URI_PREFIX", "BlobRef", "BlobStore", "BlobUpload", "LogState", "LogStore", "check_digest",
+           "digest_of_uri"]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -89,19 +58,14 @@ class BlobUpload:
         self.size += len(data)
         if self.expected_size and self.size > self.expected_size:
             self.abort()
-            raise NodusError("DigestMismatch", f"the upload is longer than the declared {self.expected_size} bytes; "
-                             "nothing was stored")
+            raise too_long(self.expected_size)
         self._hash.update(data)
         self._file.write(data)
 
     def commit(self) -> tuple[BlobRef, bool]:
         """Checks what was declared, makes the blob durable; returns it and whether it is new."""
         digest = self._hash.hexdigest()
-        problem = ""
-        if self.expected_size and self.size != self.expected_size:
-            problem = f"received {self.size} bytes, the header declared {self.expected_size}"
-        elif self.expected_sha256 and digest != self.expected_sha256:
-            problem = f"received content with sha256 {digest}, the header declared {self.expected_sha256}"
+        problem = declared_problem(self.size, digest, self.expected_size, self.expected_sha256)
         if problem:
             self.abort()
             raise NodusError("DigestMismatch", problem + "; nothing was stored")
@@ -126,7 +90,7 @@ class BlobUpload:
             self._tmp.unlink(missing_ok=True)
 
 
-class BlobStore:
+class BlobStore(Blobs):
     """Content-addressed blobs under `DATA_DIR/blobs`, and the attempt logs beside them."""
 
     def __init__(self, data_dir: Path) -> None:
@@ -158,12 +122,6 @@ class BlobStore:
         except BaseException:
             await asyncio.to_thread(upload.abort)
             raise
-
-    async def put_bytes(self, data: bytes, sha256: str = "") -> BlobRef:
-        async def one() -> AsyncIterator[bytes]:
-            yield data
-        ref, _ = await self.put(one(), sha256, len(data))
-        return ref
 
     # -- reads ------------------------------------------------------------------------------------
     async def stat(self, sha256: str) -> BlobRef | None:
@@ -203,6 +161,14 @@ class BlobStore:
                 return f.read(n)
         return await asyncio.to_thread(first)
 
+    @contextlib.asynccontextmanager
+    async def local_copy(self, sha256: str) -> AsyncIterator[Path]:
+        """The blob's own file (NotFound when absent)."""
+        path = self.path(sha256)
+        if not await asyncio.to_thread(path.exists):
+            raise NodusError("NotFound", f"blob {sha256} not found")
+        yield path
+
     # -- retention seam ---------------------------------------------------------------------------
     async def list_blobs(self) -> list[BlobRef]:
         """Every stored blob (for garbage collection of unreferenced ones)."""
@@ -211,7 +177,7 @@ class BlobStore:
             for fan in sorted(self.objects.iterdir()):
                 for f in sorted(fan.iterdir()):
                     digest = fan.name + f.name
-                    if _HEX.match(digest):
+                    if HEX.match(digest):
                         found.append(BlobRef(digest, f.stat().st_size))
             return found
         return await asyncio.to_thread(walk)
@@ -230,15 +196,7 @@ class BlobStore:
         return await asyncio.to_thread(remove)
 
 
-@dataclass(frozen=True, slots=True)
-class LogState:
-    """How much of an attempt's log is stored, and whether the attempt said it was the end."""
-
-    size: int
-    eof: bool
-
-
-class LogStore:
+class LogStore(Logs):
     """Append-only attempt logs under `DATA_DIR/logs`, with offset-idempotent appends and followers.
 
     This process is the only writer, so sizes are cached after the first look at the disk; the
@@ -252,9 +210,7 @@ class LogStore:
         self._changed: dict[str, asyncio.Event] = {}
 
     def _paths(self, attempt_id: str) -> tuple[Path, Path]:
-        if not _ATTEMPT.match(attempt_id or "") or ".." in attempt_id:
-            raise NodusError("BadRequest", f"attempt id {attempt_id!r} is not valid",
-                             fix="use the attempt id the coordinator assigned (letters, digits, '.', '_', '-')")
+        check_attempt_id(attempt_id)
         return self.root / f"{attempt_id}.log", self.root / f"{attempt_id}.eof"
 
     def _load(self, attempt_id: str) -> LogState:
@@ -284,13 +240,11 @@ class LogStore:
             if st is None:
                 st = await asyncio.to_thread(self._load, attempt_id)
             if offset > st.size:
-                raise NodusError("OffsetMismatch", f"the log of attempt {attempt_id} has {st.size} bytes; a chunk "
-                                 f"at offset {offset} would leave a gap", extra={"size": st.size})
+                raise self.gap(attempt_id, st.size, offset)
             end = offset + len(data)
             new = data[st.size - offset:] if end > st.size else b""
             if st.eof and new:
-                raise NodusError("OffsetMismatch", f"the log of attempt {attempt_id} ended at {st.size} bytes",
-                                 fix="do not append to a finished attempt's log", extra={"size": st.size})
+                raise self.ended(attempt_id, st.size)
             finish = eof and not st.eof
 
             def write() -> None:
@@ -354,24 +308,6 @@ class LogStore:
         except TimeoutError:
             pass
         return await self.state(attempt_id)
-
-    async def follow(self, attempt_id: str, offset: int = 0, *, stop: Callable[[], Awaitable[bool]] | None = None,
-                     poll: float = 5.0) -> AsyncIterator[bytes]:
-        """The log from `offset` as it grows, until its eof. Every `poll` seconds without new bytes
-        `stop()` is asked whether the writer is gone for good (an agent that died before sending
-        eof); True ends the stream too."""
-        while True:
-            st = await self.wait(attempt_id, offset, poll)
-            if st.size > offset:
-                data = await self.read(attempt_id, offset, min(st.size - offset, CHUNK))
-                if data:
-                    offset += len(data)
-                    yield data
-                    continue
-            if st.eof:
-                return
-            if stop is not None and await stop():
-                return
 
     # -- retention seam ---------------------------------------------------------------------------
     async def list(self) -> list[str]:
