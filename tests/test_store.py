@@ -633,7 +633,7 @@ def test_postgres_migrations_run_once_under_concurrent_starts(pg: Backend) -> No
     async def body() -> None:
         stores = await asyncio.gather(*(pg.open() for _ in range(4)))
         with psycopg.connect(pg.location) as conn:
-            assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+            assert conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
         for store in stores:
             await store.close()
     run(body)

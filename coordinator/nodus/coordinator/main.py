@@ -26,7 +26,7 @@ from aiohttp import web
 
 from nodus import config as daemon_config
 
-from . import grpc_api
+from . import grpc_api, replica_settings
 from .api import units
 from .blobs.open import add_flags as add_blob_flags, from_args as open_blob_store
 from .clock import OffsetClock, SystemClock
@@ -48,8 +48,7 @@ from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, 
 from .resources import ResourceService
 from .store.base import Store
 from .store.copy import copy_sqlite_to_postgres
-from .store.postgres import PostgresStore
-from .store.sqlite import SqliteStore
+from .store.opening import open_store
 from .enrol import Enrolments
 from .tls import CertificateAuthority, TlsFiles, agent_credentials, ensure_tls, grpc_credentials, write_private
 from .vault import Vault, load_or_create_key
@@ -177,7 +176,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
-    store = await _open_store(args.store_url, data_dir)
+    store = await open_store(args.store_url, data_dir)
     identity = Identity(store)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
@@ -191,7 +190,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, fleet, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
-                         free_storage=free_storage, image_registry=resolver.operator, event_ttl=_event_ttl(args))
+                         free_storage=free_storage, image_registry=resolver.operator, event_ttl=_event_ttl(args),
+                         leader=replica_settings.leader(args))
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -252,19 +252,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     await grpc_server.server.stop(grace=2)
     await runner.cleanup()
     await store.close()
-
-
-async def _open_store(url: str, data_dir: Path) -> Store:
-    """SQLite in the data dir, or the PostgreSQL store at --store-url (docs/adr/0030-postgresql-store.md)."""
-    if not url:
-        return await SqliteStore.open(data_dir / "store.db")
-    if not url.startswith(("postgresql://", "postgres://")):
-        raise SystemExit(f"--store-url: {url.split('@')[-1]!r} is not a postgresql://USER@HOST:PORT/DBNAME URL "
-                         "(leave it unset for the embedded SQLite store in the data dir)")
-    try:
-        return await PostgresStore.open(url)
-    except NodusError as e:
-        raise SystemExit(f"--store-url: {e.message}; check the URL and that the server is up") from e
 
 
 def _store_copy(argv: list[str]) -> None:
@@ -479,6 +466,7 @@ def parser() -> argparse.ArgumentParser:
                         "collections do not rescan it (default on; docs/adr/0035-gc-freeze.md)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
+    replica_settings.add_flags(p)  # --leader-lease, --leader-renew-interval (ADR 0043)
     add_blob_flags(p)  # --blob-url, --blob-endpoint, --blob-region (ADR 0044)
     return p
 

@@ -14,3 +14,16 @@ WATCHERS = Gauge("nodus_api_watchers", "Open watch streams.", ["transport"], reg
 STORE_REVISION = Gauge("nodus_store_revision", "The store-wide revision.", registry=REGISTRY)
 STORE_COMPACTED = Gauge("nodus_store_compacted_revision", "History at or below this revision is gone.",
                         registry=REGISTRY)
+STORE_WRITE_LATENCY = Histogram("nodus_store_write_duration_seconds",
+                                "Store writes, from submit to durable (or refused), group commit included.",
+                                registry=REGISTRY,
+                                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+WATCH_LAG = Gauge("nodus_store_watch_lag_revisions",
+                  "Revisions committed to the store that this replica's watches (its cache) have not read yet.",
+                  registry=REGISTRY)
+LEADER = Gauge("nodus_leader", "1 while this replica holds the controllers' lease and runs the controllers.",
+               registry=REGISTRY)
+LEASE_EPOCH = Gauge("nodus_leader_lease_epoch", "The controllers' lease epoch as this replica last saw it.",
+                    registry=REGISTRY)
+LEASE_CHANGES = Counter("nodus_leader_lease_changes_total",
+                        "Times this replica acquired or lost the controllers' lease.", ["change"], registry=REGISTRY)

@@ -15,8 +15,10 @@ import abc
 import asyncio
 import collections
 import enum
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+
+from .lease import Lease, LocalLeases
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,9 @@ class Store(abc.ABC):
     AlreadyExists, NotFound, Conflict (stale expected revision) and Expired (compacted revision).
     """
 
+    write_observer: Callable[[float], None] | None = None
+    """Called with each write's seconds from submit to durable (or refused): the store latency metric."""
+
     @abc.abstractmethod
     async def create(self, key: str, value: bytes) -> Record:
         """Create `key`; NodusError("AlreadyExists") if it exists."""
@@ -142,6 +147,32 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Finish the writes already submitted, end the watches, release the files."""
+
+    # -- leases (store/lease.py): engines shared by several processes override these -------------
+
+    def _local_leases(self) -> LocalLeases:
+        table = self.__dict__.get("_lease_table")
+        if table is None:
+            table = self.__dict__["_lease_table"] = LocalLeases()
+        return table
+
+    async def claim_lease(self, name: str, holder: str, duration: float) -> Lease:
+        """Take lease `name` for `duration` seconds if it is free, ran out, or is `holder`'s already
+        (a renewal keeps the epoch; a takeover raises it). Returns the lease as it stands after,
+        whoever holds it. In one process's store (the default here) the lease lives in memory."""
+        return self._local_leases().claim(name, holder, duration)
+
+    async def read_lease(self, name: str) -> Lease | None:
+        return self._local_leases().read(name)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Let `holder`'s lease run out now, so that another replica takes over without waiting."""
+        self._local_leases().release(name, holder)
+
+    async def watch_lag(self) -> int:
+        """Revisions committed that this process's watches have not read yet. An in-process engine
+        delivers every commit to its watches as it commits: 0."""
+        return 0
 
 
 class Subscription:

@@ -27,6 +27,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE meta (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
     INSERT INTO meta VALUES ('revision', 0), ('compacted', 0);
     """,
+    # 2: leases (the controllers' leader lease, docs/adr/0043-leader-lease-and-fencing.md), and the
+    # epoch each fenced write committed under, so a term's writes can be told apart afterwards.
+    """
+    CREATE TABLE lease (
+        name TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL, expires TIMESTAMPTZ NOT NULL
+    );
+    ALTER TABLE log ADD COLUMN epoch BIGINT;
+    """,
 )
 
 

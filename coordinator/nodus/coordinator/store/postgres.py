@@ -10,6 +10,13 @@ Watch: the watcher reads `log` after its cursor, then waits for a wake-up and re
 in this process wakes it at once; a commit elsewhere wakes it through LISTEN/NOTIFY; and a poll
 every `poll_interval` seconds wakes it regardless, so correctness never depends on a notification
 arriving. Reads run on an async pool, each in one REPEATABLE READ snapshot.
+
+Leases and fencing (docs/adr/0043-leader-lease-and-fencing.md): a lease is a row of `lease`, claimed
+and renewed in its own short transaction on the database's clock. A batch holding fenced writes
+reads the epochs they name `FOR SHARE` inside its own transaction, after the revision row lock, and
+refuses each fenced write whose epoch moved: a takeover's UPDATE of the lease row waits for that
+share lock, so a deposed leader's write either commits before the takeover or sees the new epoch.
+A connection the server dropped (pg_terminate_backend, a restart) is replaced on the next use.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import psycopg_pool
 
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store.base import Event, EventType, ListResult, Record
+from nodus.coordinator.store.lease import Fence, Lease, deposed
 from nodus.coordinator.store.pg_schema import migrate
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
     precondition
@@ -85,8 +93,10 @@ class PostgresStore(QueuedWriteStore):
     COMPACT_CHUNK = 5000
 
     def __init__(self, url: str, pool: psycopg_pool.AsyncConnectionPool[Any], writer: Conn, max_batch: int,
-                 poll_interval: float, loop: asyncio.AbstractEventLoop) -> None:
+                 poll_interval: float, loop: asyncio.AbstractEventLoop, connect: dict[str, Any]) -> None:
         self.url = url
+        self._connect = connect
+        """Keyword arguments of every connection this store opens (its application_name)."""
         self.max_batch = max_batch
         self.poll_interval = poll_interval
         self._pool = pool
@@ -100,31 +110,37 @@ class PostgresStore(QueuedWriteStore):
         self._writer_task: asyncio.Task[None] | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._listener: Conn | None = None
+        self._watches = 0
+        self._watch_head = 0
+        """The newest revision up to which one of this process's watches has read the log."""
 
     @classmethod
     async def open(cls, url: str, *, max_batch: int = 1000, poll_interval: float = 1.0, listen: bool = True,
-                   pool_size: int = 4) -> PostgresStore:
+                   pool_size: int = 4, application_name: str = "nodus-coordinator") -> PostgresStore:
         """Open the store at `url` (postgresql://…), migrating its schema. listen=False skips
-        LISTEN (watches then see other processes' commits on the poll alone)."""
+        LISTEN (watches then see other processes' commits on the poll alone). `application_name`
+        names this process's connections in pg_stat_activity."""
         if not _parses(url):
             raise NodusError("BadRequest", f"{url.split('@')[-1]!r} is not a PostgreSQL connection URL "
                                            "(postgresql://USER@HOST:PORT/DBNAME)")
+        connect: dict[str, Any] = {"application_name": application_name, "connect_timeout": 10}
         try:
-            writer = await psycopg.AsyncConnection.connect(url, connect_timeout=10)
+            writer = await psycopg.AsyncConnection.connect(url, **connect)
         except psycopg.Error as exc:
             raise _connect_error(url, exc) from exc
+        # check: a pooled connection the server dropped is replaced before a read gets it.
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": False})
+            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": False, **connect},
+            check=psycopg_pool.AsyncConnectionPool.check_connection)
         try:
             await migrate(writer)
             await pool.open(wait=True, timeout=10)
-            store = cls(url, pool, writer, max_batch, poll_interval, asyncio.get_running_loop())
+            store = cls(url, pool, writer, max_batch, poll_interval, asyncio.get_running_loop(), connect)
             async with writer.transaction():
                 store._head, store._compacted = await _meta(writer)
             if listen:
-                store._listener = await psycopg.AsyncConnection.connect(url, autocommit=True)
-                await store._listener.execute(f"LISTEN {CHANNEL}")
-                store._listen_task = asyncio.create_task(store._listen_loop(store._listener))
+                store._listener = await store._listen()
+                store._listen_task = asyncio.create_task(store._listen_loop())
         except BaseException as exc:
             await writer.close()
             await pool.close()
@@ -184,22 +200,27 @@ class PostgresStore(QueuedWriteStore):
         commit, a NOTIFY, or the poll) and read again. The wake-up is taken before the read, so a
         commit that lands during the read is never slept through."""
         cursor = from_revision
-        while not self._closed:
-            wakeup = self._wakeup.current()
-            try:
-                events, head = await self._read_log(prefix, cursor, self.LOG_PAGE)
-            except NodusError:
-                if self._closed:
-                    return
-                raise
-            for event in events:
-                yield event
-                cursor = event.revision
-            if len(events) == self.LOG_PAGE:
-                continue
-            cursor = max(cursor, head)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), self.poll_interval)
+        self._watches += 1
+        try:
+            while not self._closed:
+                wakeup = self._wakeup.current()
+                try:
+                    events, head = await self._read_log(prefix, cursor, self.LOG_PAGE)
+                except NodusError:
+                    if self._closed:
+                        return
+                    raise
+                for event in events:
+                    yield event
+                    cursor = event.revision
+                if len(events) == self.LOG_PAGE:
+                    continue
+                cursor = max(cursor, head)
+                self._watch_head = max(self._watch_head, cursor)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), self.poll_interval)
+        finally:
+            self._watches -= 1
 
     async def compact(self, revision: int) -> None:
         if self._closed:
@@ -226,6 +247,43 @@ class PostgresStore(QueuedWriteStore):
                         "ORDER BY revision LIMIT %s)", (revision, self.COMPACT_CHUNK))
                 if cursor.rowcount < self.COMPACT_CHUNK:
                     return
+
+    async def watch_lag(self) -> int:
+        """The store's head now (read from the database) less the newest revision up to which this
+        process's watches have read the log; 0 while none is open."""
+        if not self._watches:
+            return 0
+        async with self._snapshot() as conn:
+            head, _ = self._seen(*await _meta(conn))
+        return max(0, head - self._watch_head)
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    async def claim_lease(self, name: str, holder: str, duration: float) -> Lease:
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                cursor = await conn.execute(_CLAIM, {"name": name, "holder": holder, "duration": duration})
+                row = await cursor.fetchone()
+                if row is None:  # held by another holder whose lease has not run out
+                    cursor = await conn.execute(_READ_LEASE, (name,))
+                    row = await cursor.fetchone()
+        assert row is not None
+        return Lease(name, row[0], int(row[1]), float(row[2]))
+
+    async def read_lease(self, name: str) -> Lease | None:
+        async with self._snapshot() as conn:
+            cursor = await conn.execute(_READ_LEASE, (name,))
+            row = await cursor.fetchone()
+        return None if row is None else Lease(name, row[0], int(row[1]), float(row[2]))
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await conn.execute("UPDATE lease SET expires = clock_timestamp() - interval '1 second' "
+                                   "WHERE name = %s AND holder = %s", (name, holder))
+
+    def _check_fence(self, fence: Fence) -> None:
+        """Nothing here: the write's own transaction checks the epoch (`_commit_batch`)."""
 
     async def close(self) -> None:
         if self._closed:
@@ -269,9 +327,26 @@ class PostgresStore(QueuedWriteStore):
             rows = await cursor.fetchall()
         return [_event(row) for row in rows], head
 
-    async def _listen_loop(self, conn: Conn) -> None:
-        with contextlib.suppress(psycopg.Error):
-            async for _ in conn.notifies():
+    async def _listen(self) -> Conn:
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._connect)
+        await conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
+    async def _listen_loop(self) -> None:
+        """Wakes the watches on every NOTIFY; a dropped LISTEN connection is opened again (the poll
+        covers the gap, and a wake-up after reconnecting covers what was sent meanwhile)."""
+        while not self._closed:
+            conn = self._listener
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    async for _ in conn.notifies():
+                        self._wakeup.fire()
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+                self._listener = None
+            await asyncio.sleep(self.poll_interval)
+            with contextlib.suppress(psycopg.Error):
+                self._listener = await self._listen()
                 self._wakeup.fire()
 
     # -- writes ----------------------------------------------------------------------------------
@@ -290,17 +365,44 @@ class PostgresStore(QueuedWriteStore):
             stopping = None in ops
             writes = [op for op in ops if op is not None]
             if writes:
-                await self._commit_batch(self._writer_conn, writes)
+                if await self._reconnect_writer(writes):
+                    await self._commit_batch(self._writer_conn, writes)
+
+    async def _reconnect_writer(self, writes: Sequence[Write]) -> bool:
+        """Replaces a writer connection the server dropped (pg_terminate_backend, a restart); False,
+        with `writes` failed, when the server cannot be reached."""
+        if not (self._writer_conn.closed or self._writer_conn.broken):
+            return True
+        try:
+            self._writer_conn = await psycopg.AsyncConnection.connect(self.url, **self._connect)
+        except psycopg.Error as exc:
+            _resolve([(op.future, None, _connect_error(self.url, exc)) for op in writes])
+            return False
+        return True
 
     async def _commit_batch(self, conn: Conn, writes: Sequence[Write]) -> None:
+        """Commits `writes` and resolves their futures. A connection found dropped before the batch
+        wrote anything is replaced and the batch sent again, once: nothing of it can have committed."""
+        if not await self._try_batch(conn, writes, retry=True) and await self._reconnect_writer(writes):
+            await self._try_batch(self._writer_conn, writes, retry=False)
+
+    async def _try_batch(self, conn: Conn, writes: Sequence[Write], retry: bool) -> bool:
+        """Commits `writes` and resolves their futures; False (nothing resolved) when `retry` and the
+        connection turned out dropped before the batch wrote anything."""
         outcomes: list[tuple[asyncio.Future[Record], Record | None, NodusError | None]] = []
+        locked = False
         try:
             async with conn.transaction():
                 cursor = await conn.execute("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
                 row = await cursor.fetchone()
                 assert row is not None
+                locked = True
                 revision = int(row[0])
+                epochs = await _fence_epochs(conn, writes)
                 for op in writes:
+                    if op.fence is not None and epochs.get(op.fence.lease) != op.fence.epoch:
+                        outcomes.append((op.future, None, deposed(op.fence, epochs.get(op.fence.lease))))
+                        continue
                     cursor = await conn.execute(
                         "SELECT value, revision, create_revision FROM kv WHERE key = %s", (op.key,))
                     current = await cursor.fetchone()
@@ -315,35 +417,68 @@ class PostgresStore(QueuedWriteStore):
                     await conn.execute("UPDATE meta SET value = %s WHERE name = 'revision'", (revision,))
                     await conn.execute(f"NOTIFY {CHANNEL}")
         except psycopg.Error as exc:
+            if retry and not locked and conn.broken:
+                return False
             failure = NodusError("InternalError", f"store write failed: {exc}")
             outcomes = [(op.future, None, failure) for op in writes]
         else:
             self._head = max(self._head, revision)
             self._wakeup.fire()
-        for future, result, error in outcomes:
-            if future.done():
-                continue  # the caller was cancelled; its write may still have committed
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]
+        _resolve(outcomes)
+        return True
 
 
-_INSERT_LOG = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision) "
-               "VALUES (%s, %s, %s, %s, %s, %s, %s)")
+def _resolve(outcomes: Sequence[tuple[asyncio.Future[Record], Record | None, NodusError | None]]) -> None:
+    for future, result, error in outcomes:
+        if future.done():
+            continue  # the caller was cancelled; its write may still have committed
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+
+async def _fence_epochs(conn: Conn, writes: Sequence[Write]) -> dict[str, int]:
+    """The current epoch of every lease the batch's fenced writes name, share-locked until commit."""
+    names = sorted({op.fence.lease for op in writes if op.fence is not None})
+    if not names:
+        return {}
+    cursor = await conn.execute("SELECT name, epoch FROM lease WHERE name = ANY(%s) FOR SHARE", (names,))
+    return {name: int(epoch) for name, epoch in await cursor.fetchall()}
+
+
+# A renewal by the holder keeps the epoch; a takeover (another holder, the lease ran out) raises it.
+# The database's clock decides expiry, so replicas' clocks need not agree.
+_CLAIM = """
+INSERT INTO lease (name, holder, epoch, expires)
+VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + make_interval(secs => %(duration)s))
+ON CONFLICT (name) DO UPDATE SET
+    epoch = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.epoch ELSE lease.epoch + 1 END,
+    holder = EXCLUDED.holder, expires = EXCLUDED.expires
+WHERE lease.holder = EXCLUDED.holder OR lease.expires <= clock_timestamp()
+RETURNING holder, epoch, extract(epoch FROM expires - clock_timestamp())
+"""
+_READ_LEASE = "SELECT holder, epoch, extract(epoch FROM expires - clock_timestamp()) FROM lease WHERE name = %s"
+
+
+_INSERT_LOG = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision, epoch) "
+               "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)")
 
 
 async def _apply(conn: Conn, op: Write, row: Sequence[Any] | None, revision: int) -> Record:
     """Write one operation whose precondition holds; return the record its caller gets."""
+    epoch = None if op.fence is None else op.fence.epoch
     if row is None:  # create
         await conn.execute("INSERT INTO kv VALUES (%s, %s, %s, %s)", (op.key, op.value, revision, revision))
-        await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, None, None, revision))
+        await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, None, None, revision, epoch))
         return Record(op.key, op.value, revision, revision)
     prev_value, prev_revision, create_revision = bytes(row[0]), row[1], row[2]
     if op.kind is WriteKind.UPDATE:
         await conn.execute("UPDATE kv SET value = %s, revision = %s WHERE key = %s", (op.value, revision, op.key))
-        await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, prev_value, prev_revision, create_revision))
+        await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, prev_value, prev_revision, create_revision,
+                                    epoch))
         return Record(op.key, op.value, revision, create_revision)
     await conn.execute("DELETE FROM kv WHERE key = %s", (op.key,))
-    await conn.execute(_INSERT_LOG, (revision, op.key, _DELETE, prev_value, prev_value, prev_revision, create_revision))
+    await conn.execute(_INSERT_LOG, (revision, op.key, _DELETE, prev_value, prev_value, prev_revision, create_revision,
+                                    epoch))
     return Record(op.key, prev_value, revision, create_revision)

@@ -9,10 +9,12 @@ import abc
 import asyncio
 import dataclasses
 import enum
+import time
 from typing import Any
 
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store.base import Record, Store, prefix_end
+from nodus.coordinator.store.lease import FENCE, Fence
 
 
 class WriteKind(enum.Enum):
@@ -30,6 +32,8 @@ class Write:
     value: bytes
     expected: int | None
     future: asyncio.Future[Record]
+    fence: Fence | None = None
+    """The lease epoch this write commits under (a controller's write), or None (unfenced)."""
 
 
 def precondition(op: Write, revision: int | None) -> NodusError | None:
@@ -91,10 +95,24 @@ class QueuedWriteStore(Store):
             raise TypeError(f"a key is a non-empty str, not {key!r}")
         if not isinstance(value, bytes):
             raise TypeError(f"a value is bytes, not {type(value).__name__}")
+        fence = FENCE.get()
+        if fence is not None:
+            self._check_fence(fence)
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
-        self._enqueue(Write(kind, key, value, expected, future))
+        self._enqueue(Write(kind, key, value, expected, future, fence))
         # A caller cancelled here may still find its write committed, as with any database.
-        return await future
+        started = time.perf_counter()
+        try:
+            return await future
+        finally:
+            if self.write_observer is not None:
+                self.write_observer(time.perf_counter() - started)
+
+    def _check_fence(self, fence: Fence) -> None:
+        """Refuses (LeaderDeposed) a write whose fence no longer holds. In one process's store the
+        in-memory lease decides at once; an engine shared by several processes checks in the write's
+        own transaction instead and overrides this to do nothing here."""
+        self._local_leases().check(fence)
 
     @abc.abstractmethod
     def _enqueue(self, write: Write) -> None:

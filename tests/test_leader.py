@@ -1,0 +1,183 @@
+"""The controllers' leader lease and the fence on controller writes (docs/adr/0043-leader-lease-and-fencing.md):
+the store's lease API on both engines, a deposed holder's fenced write refused by the store (on
+PostgreSQL after its connections were killed with pg_terminate_backend), and the leadership loop
+starting and stopping the controllers."""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from nodus.coordinator.controllers.leader import LeaderSettings, Leadership
+from nodus.coordinator.errors import NodusError
+from nodus.coordinator.store import SqliteStore, Store
+from nodus.coordinator.store.lease import CONTROLLERS, FENCE, Fence, Lease
+from nodus.coordinator.store.postgres import PostgresStore
+from postgres import postgres_cluster  # noqa: F401 - the session fixture
+from test_store import Backend, backend, run  # noqa: F401 - the two-engine fixture
+
+
+async def fenced(fence: Fence, write: Any) -> Any:
+    """Runs the write coroutine function in a task whose context carries `fence`, as a controller's."""
+    context = contextvars.copy_context()
+    context.run(FENCE.set, fence)
+    return await asyncio.create_task(write(), context=context)
+
+
+async def run_out(store: Store, name: str) -> None:
+    """Waits until the lease `name` has run out on the store's clock."""
+    while (lease := await store.read_lease(name)) is not None and lease.remaining > 0:
+        await asyncio.sleep(0.02)
+
+
+def test_a_takeover_raises_the_epoch_and_the_old_holders_fenced_writes_are_refused(backend: Backend) -> None:
+    async def body() -> None:
+        store = await backend.open()
+        try:
+            won = await store.claim_lease(CONTROLLERS, "a", 0.2)
+            assert (won.holder, won.epoch) == ("a", 1)
+            other = await store.claim_lease(CONTROLLERS, "b", 0.2)
+            assert (other.holder, other.epoch) == ("a", 1)  # a holds it: b only sees who leads
+            renewed = await store.claim_lease(CONTROLLERS, "a", 0.2)
+            assert (renewed.holder, renewed.epoch) == ("a", 1)  # a renewal keeps the epoch
+            a = Fence(CONTROLLERS, 1)
+            assert (await fenced(a, lambda: store.create("jobs/p/one", b"1"))).revision == 1
+
+            await run_out(store, CONTROLLERS)
+            taken = await store.claim_lease(CONTROLLERS, "b", 30)
+            assert (taken.holder, taken.epoch) == ("b", 2)
+            with pytest.raises(NodusError) as refused:
+                await fenced(a, lambda: store.create("jobs/p/two", b"2"))
+            assert refused.value.reason == "LeaderDeposed"
+            assert "epoch 1" in refused.value.message and "epoch 2" in refused.value.message
+            with pytest.raises(NodusError) as refused:
+                await fenced(a, lambda: store.update("jobs/p/one", b"x", None))
+            assert refused.value.reason == "LeaderDeposed"
+            assert await store.get("jobs/p/two") is None
+            assert (await store.get("jobs/p/one")).value == b"1"  # type: ignore[union-attr]
+
+            b = Fence(CONTROLLERS, 2)
+            assert (await fenced(b, lambda: store.create("jobs/p/two", b"b"))).value == b"b"
+            assert (await store.create("jobs/p/client", b"c")).value == b"c"  # unfenced: a client's write
+            assert (await store.claim_lease(CONTROLLERS, "a", 30)).holder == "b"
+
+            await store.release_lease(CONTROLLERS, "b")  # a graceful stop: the next claimant need not wait
+            back = await store.claim_lease(CONTROLLERS, "a", 30)
+            assert (back.holder, back.epoch) == ("a", 3)
+        finally:
+            await store.close()
+    run(body)
+
+
+def test_a_leader_cut_off_from_postgresql_cannot_commit_after_its_epoch_moved(postgres_cluster: Any) -> None:  # noqa: F811
+    url = postgres_cluster.database()
+
+    async def body() -> None:
+        a = await PostgresStore.open(url, application_name="nodus-test-a")
+        b = await PostgresStore.open(url, application_name="nodus-test-b")
+        try:
+            lease = await a.claim_lease(CONTROLLERS, "a", 0.3)
+            fence = Fence(CONTROLLERS, lease.epoch)
+            await fenced(fence, lambda: a.create("attempts/p/before", b"1"))
+            with psycopg.connect(postgres_cluster.url("postgres"), autocommit=True) as admin:
+                killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                       "WHERE application_name = 'nodus-test-a'").fetchone()
+            assert killed is not None and killed[0] >= 2  # its writer, its pool, its LISTEN
+            await run_out(b, CONTROLLERS)
+            taken = await b.claim_lease(CONTROLLERS, "b", 30)
+            assert taken.epoch == lease.epoch + 1
+            head = (await b.list("")).revision
+
+            # a still believes it leads: its next controller write reconnects and is refused in the
+            # write's own transaction.
+            with pytest.raises(NodusError) as refused:
+                await fenced(fence, lambda: a.create("attempts/p/after", b"2"))
+            assert refused.value.reason == "LeaderDeposed", refused.value.message
+            with pytest.raises(NodusError) as refused:
+                await fenced(fence, lambda: a.update("attempts/p/before", b"3", None))
+            assert refused.value.reason == "LeaderDeposed"
+            assert await b.get("attempts/p/after") is None
+            assert (await b.get("attempts/p/before")).value == b"1"  # type: ignore[union-attr]
+            with psycopg.connect(url, autocommit=True) as check:
+                late = check.execute("SELECT count(*) FROM log WHERE revision > %s AND epoch = %s",
+                                     (head, lease.epoch)).fetchone()
+                first = check.execute("SELECT epoch FROM log WHERE key = 'attempts/p/before'").fetchone()
+            assert late == (0,)
+            assert first == (lease.epoch,)  # fenced writes record the epoch they committed under
+            # Unfenced writes (a client's, an agent's report) through the cut-off replica still commit.
+            assert (await a.create("jobs/p/client", b"c")).value == b"c"
+        finally:
+            await a.close()
+            await b.close()
+    run(body)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def lead(self, fence: Fence) -> None:
+        self.calls.append(f"lead {fence.epoch}")
+
+    async def abdicate(self) -> None:
+        self.calls.append("abdicate")
+
+
+class Unreachable(SqliteStore):
+    """A store whose lease claims fail while `down` (the database unreachable)."""
+
+    down = False
+
+    async def claim_lease(self, name: str, holder: str, duration: float) -> Lease:
+        if self.down:
+            raise NodusError("ServiceUnavailable", "cannot reach the store")
+        return await super().claim_lease(name, holder, duration)
+
+
+def test_the_leadership_loop_starts_the_controllers_once_and_stops_them_when_the_lease_is_lost(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = await Unreachable.open(tmp_path / "store.db")
+        settings = LeaderSettings(duration=0.2, renew_interval=0.1)
+        first, second = Recorder(), Recorder()
+        a = Leadership(store, settings, first.lead, first.abdicate, holder="a")
+        b = Leadership(store, settings, second.lead, second.abdicate, holder="b")
+        try:
+            await a.tick()
+            await a.tick()  # a renewal starts nothing again
+            await b.tick()
+            assert (a.role, a.epoch, first.calls) == ("leader", 1, ["lead 1"])
+            assert (b.role, b.epoch, second.calls) == ("follower", 1, [])
+
+            store.down = True  # a renewal fails: a stops its controllers at once
+            await a.tick()
+            assert (a.role, first.calls) == ("follower", ["lead 1", "abdicate"])
+            store.down = False
+            await run_out(store, CONTROLLERS)
+            await b.tick()
+            assert (b.role, b.epoch, second.calls) == ("leader", 2, ["lead 2"])
+            await a.tick()
+            assert (a.role, a.epoch, first.calls) == ("follower", 2, ["lead 1", "abdicate"])
+
+            await b.stop()  # a graceful stop releases the lease: a takes over on its next claim
+            assert second.calls == ["lead 2", "abdicate"]
+            await a.tick()
+            assert (a.role, a.epoch, first.calls) == ("leader", 3, ["lead 1", "abdicate", "lead 3"])
+        finally:
+            await store.close()
+    run(body)
+
+
+def test_the_renew_interval_must_fit_twice_in_the_lease(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            recorder = Recorder()
+            with pytest.raises(ValueError, match="at most half"):
+                Leadership(store, LeaderSettings(duration=2, renew_interval=1.5), recorder.lead, recorder.abdicate)
+        finally:
+            await store.close()
+    run(body)
