@@ -326,7 +326,8 @@ def test_a_spec_left_from_the_previous_driver_marks_the_probed_gpus_unhealthy(ho
     (host / "lib" / "libcuda.so.550.54.15").write_text("the new driver's libcuda\n")
     write_spec(host, spec_doc(host, version="550.54.15", gpus=probed))  # nvidia-ctk cdi generate, again
     assert check_gpus(nvml, [host / "cdi"]) == ""
-    assert {g.unhealthy_reason for g in nvml.read()} == {""}
+    # The spec is healed; what the GPUs' own readings say is back: the fake H100's row remapping failed.
+    assert [g.unhealthy_reason for g in nvml.read()] == ["RowRemapFailed", ""]
     out = gpu_injection(probed[1:], nvml.driver_version, dirs=[host / "cdi"])
     assert out.env["CUDA_VISIBLE_DEVICES"] == probed[1].uuid == "GPU-a10" and [d.path for d in out.devices] == [
         "/dev/nvidiactl", "/dev/nvidia1"]

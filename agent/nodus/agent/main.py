@@ -27,6 +27,7 @@ import yaml
 from nodus import config as daemon_config
 
 from .oci.egress import EgressError, PodLink, preset_table
+from .gpu_health import DEFAULT_MAX_TEMPERATURE_C
 from .settings import DEFAULT_ATTEMPT_UIDS
 
 if TYPE_CHECKING:  # the daemon (grpc, psutil) is imported only once the flags are good
@@ -64,6 +65,8 @@ DEFAULTS = {
     "attempt_uids": DEFAULT_ATTEMPT_UIDS,
     "zygote": True,
     "simulate_gpus": "",
+    "simulate_gpu_faults": "",
+    "gpu_max_temperature": DEFAULT_MAX_TEMPERATURE_C,
     "clock_offset_file": "",
     "log_level": "INFO",
 }
@@ -138,6 +141,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate-gpus", metavar="MODEL:COUNT[:MEMORY]",
                    help="for development and tests: report COUNT GPUs of MODEL (MEMORY each, such as 80Gi) instead "
                         "of what NVML sees, each marked simulated in the inventory")
+    p.add_argument("--simulate-gpu-faults", metavar="FILE",
+                   help="with --simulate-gpus: a JSON file of readings the simulated GPUs report (Xid events, ECC, "
+                        "row remapping, temperature), read at every reading, to rehearse a failing GPU")
+    p.add_argument("--gpu-max-temperature", type=int, metavar="CELSIUS",
+                   help=f"a GPU at or above this temperature takes no new work until it cools (default "
+                        f"{DEFAULT_MAX_TEMPERATURE_C})")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
     return p
@@ -167,6 +176,20 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         simulated = SimulatedGpus.parse(args.simulate_gpus) if args.simulate_gpus else None
     except ValueError as e:
         raise SystemExit(f"nodus-agent: --simulate-gpus: {e}") from e
+    faults = Path(args.simulate_gpu_faults).resolve() if args.simulate_gpu_faults else None
+    if faults is not None and simulated is None:
+        raise SystemExit("nodus-agent: --simulate-gpu-faults needs --simulate-gpus: only simulated GPUs take "
+                         "simulated readings")
+    if faults is not None and faults.exists():
+        from .nvml import load_faults
+        try:
+            load_faults(faults, simulated.count if simulated else 0)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"nodus-agent: --simulate-gpu-faults {faults}: {e}") from e
+    max_temperature = int(args.gpu_max_temperature)
+    if not 30 <= max_temperature <= 130:
+        raise SystemExit(f"nodus-agent: --gpu-max-temperature {max_temperature}: must be from 30 to 130 (°C), "
+                         f"such as {DEFAULT_MAX_TEMPERATURE_C}")
     insecure = _bool(args.coordinator_insecure)
     if insecure and args.coordinator_ca:
         raise SystemExit("nodus-agent: --coordinator-insecure and --coordinator-ca contradict each other: plaintext "
@@ -213,7 +236,8 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
         clock_offset_file=str(args.clock_offset_file or ""),
         workload_user=str(args.workload_user or ""), attempt_uids=attempt_uids(args.attempt_uids),
-        zygote=_bool(args.zygote), simulate_gpus=simulated,
+        zygote=_bool(args.zygote), simulate_gpus=simulated, simulate_gpu_faults=faults,
+        gpu_max_temperature=max_temperature,
         image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
         egress_presets=presets, egress_range=str(args.egress_range),
         egress_interface_prefix=str(args.egress_interface_prefix),
@@ -280,9 +304,12 @@ def main(argv: list[str] | None = None) -> None:
 async def _run(cfg: "AgentConfig") -> None:
     from .clock import agent_clock
     from .daemon import Agent
-    from .nvml import SimulatedNvml
+    from .gpu_health import HealthRules
+    from .nvml import Nvml, SimulatedNvml
 
-    nvml = SimulatedNvml(cfg.simulate_gpus) if cfg.simulate_gpus else None
+    rules = HealthRules(max_temperature_c=cfg.gpu_max_temperature)
+    nvml = (SimulatedNvml(cfg.simulate_gpus, rules, cfg.simulate_gpu_faults) if cfg.simulate_gpus
+            else Nvml(rules=rules))
     clock = agent_clock(cfg.work_dir, cfg.clock_offset_file)
     await Agent(cfg, nvml=nvml, clock=clock).run()  # built inside the loop: the gRPC channel binds to the running loop
 

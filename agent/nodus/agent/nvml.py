@@ -5,20 +5,25 @@ NVML error) stays at its zero value instead of failing the whole GPU. Without NV
 driver, init failing) the host simply has no GPUs, said once in an info line.
 
 Xid errors arrive through an NVML event set; a daemon thread waits on it and keeps the last 64 per
-GPU, which every reading carries (`Gpu.xid_events`).
+GPU, which every reading carries (`Gpu.xid_events`). Every reading is judged (`gpu_health.judge`):
+an unhealthy GPU says why in `unhealthy_reason`/`unhealthy_message`, which placement reads.
 """
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
+from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from nodus.v1 import common_pb2
 
+from .gpu_health import HealthRules, judge
 from .settings import SimulatedGpus
 
 log = logging.getLogger("nodus.agent.nvml")
@@ -33,7 +38,8 @@ def _text(value: Any) -> str:
 class Nvml:
     """One NVML session for the agent's life."""
 
-    def __init__(self, module: Any = None) -> None:
+    def __init__(self, module: Any = None, rules: HealthRules = HealthRules()) -> None:
+        self.rules = rules
         self.nv: Any = None
         self.handles: list[Any] = []
         self.driver_version = ""
@@ -79,9 +85,10 @@ class Nvml:
         self.unhealthy = (reason, message)
 
     def _stamp(self, gpus: list[common_pb2.Gpu]) -> list[common_pb2.Gpu]:
-        reason, message = self.unhealthy
+        """Each GPU's verdict: the host-wide mark first (a stale CDI spec), else its own readings'."""
         for gpu in gpus:
-            gpu.unhealthy_reason, gpu.unhealthy_message = reason, message
+            gpu.unhealthy_reason, gpu.unhealthy_message = self.unhealthy if self.unhealthy[0] else judge(gpu,
+                                                                                                     self.rules)
         return gpus
 
     def _try(self, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
@@ -202,11 +209,22 @@ class Nvml:
 
 class SimulatedNvml(Nvml):
     """GPUs that are not there (`--simulate-gpus`), for development and tests: each is reported with
-    `simulated` set, so that no listing passes them off as real. NVML is never opened."""
+    `simulated` set, so that no listing passes them off as real. NVML is never opened.
 
-    def __init__(self, spec: SimulatedGpus) -> None:
+    `faults` (`--simulate-gpu-faults FILE`) is a JSON file read at every reading, so a test or an
+    operator rehearsing a failure can make a simulated GPU report what a failing one does: an object
+    from GPU index to the readings to report, in the proto's JSON names, for example
+    `{"1": {"xidEvents": [{"code": 79}], "ecc": {"volatileUncorrected": "2"}, "temperatureC": 95,
+    "remappedRows": {"pending": true}}}`. No file reports healthy GPUs; a file that does not parse is
+    said at ERROR level and its last good contents stay in force."""
+
+    def __init__(self, spec: SimulatedGpus, rules: HealthRules = HealthRules(), faults: Path | None = None) -> None:
+        self.rules = rules
         self.nv = None
         self.spec = spec
+        self.faults = faults
+        self._faults: dict[int, dict[str, Any]] = {}
+        self._faults_seen: tuple[float, int] | None = None
         self.handles = [None] * spec.count  # the runtime counts the host's GPUs by these
         self.driver_version = ""
         self.cuda_version = ""
@@ -217,8 +235,56 @@ class SimulatedNvml(Nvml):
         self._thread = None
         log.warning("simulating %d %s GPU(s) of %d bytes each: nothing real backs them", spec.count, spec.model,
                     spec.memory_bytes)
+        if faults is not None and faults.exists():
+            self._faults = load_faults(faults, spec.count)  # a bad file at start stops the agent (ValueError)
+
+    def _read_faults(self) -> dict[int, dict[str, Any]]:
+        if self.faults is None:
+            return {}
+        try:
+            st = self.faults.stat()
+        except FileNotFoundError:
+            self._faults, self._faults_seen = {}, None
+            return {}
+        seen = (st.st_mtime, st.st_size)
+        if seen != self._faults_seen:
+            self._faults_seen = seen
+            try:
+                self._faults = load_faults(self.faults, self.spec.count)
+            except (OSError, ValueError) as e:
+                log.error("--simulate-gpu-faults %s: %s; the previous faults stay in force", self.faults, e)
+        return self._faults
 
     def read(self) -> list[common_pb2.Gpu]:
-        return self._stamp([common_pb2.Gpu(index=i, name=self.spec.model, uuid=f"GPU-simulated-{i}",
-                                           memory_bytes=self.spec.memory_bytes, simulated=True)
-                            for i in range(self.spec.count)])
+        faults = self._read_faults()
+        gpus = []
+        for i in range(self.spec.count):
+            gpu = common_pb2.Gpu()
+            if i in faults:
+                json_format.ParseDict(faults[i], gpu)
+            gpu.index, gpu.name, gpu.uuid, gpu.simulated = i, self.spec.model, f"GPU-simulated-{i}", True
+            gpu.memory_bytes = self.spec.memory_bytes
+            gpus.append(gpu)
+        return self._stamp(gpus)
+
+
+def load_faults(path: Path, count: int) -> dict[int, dict[str, Any]]:
+    """The simulated readings of `--simulate-gpu-faults FILE`, checked against the Gpu message."""
+    try:
+        doc = json.loads(path.read_text() or "{}")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ValueError('must be an object from GPU index to readings, such as {"0": {"temperatureC": 95}}')
+    out: dict[int, dict[str, Any]] = {}
+    for key, readings in doc.items():
+        if not str(key).isdigit() or int(key) >= count:
+            raise ValueError(f"{key!r} is not the index of a simulated GPU (0 to {count - 1})")
+        if not isinstance(readings, dict):
+            raise ValueError(f"GPU {key}: readings must be an object, such as {{\"temperatureC\": 95}}")
+        try:
+            json_format.ParseDict(readings, common_pb2.Gpu())
+        except json_format.ParseError as e:
+            raise ValueError(f"GPU {key}: {e}") from e
+        out[int(key)] = readings
+    return out

@@ -9,6 +9,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .gpu_health import DEFAULT_MAX_TEMPERATURE_C
+
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _SIZES = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9,
           "T": 10**12}
@@ -104,6 +106,10 @@ class AgentConfig:
     zygote: bool = True
     simulate_gpus: SimulatedGpus | None = None
     """Report these GPUs, marked simulated, instead of what NVML sees."""
+    simulate_gpu_faults: Path | None = None
+    """--simulate-gpu-faults: readings the simulated GPUs report (nvml.SimulatedNvml), read at every reading."""
+    gpu_max_temperature: int = DEFAULT_MAX_TEMPERATURE_C
+    """A GPU at or above this many °C takes no new work (gpu_health)."""
     image_cache: Path | None = None
     """The oci runtime's image store; None is images/ under the work dir."""
     image_disk_budget: int = 20 << 30

@@ -27,13 +27,23 @@ def _identity(node: dict[str, Any]) -> str:
 
 
 def print_nodes(nodes: list[dict[str, Any]]) -> None:
-    rows = [["NAME", "PHASE", "IDENTITY", "CERTIFICATE EXPIRES", "ACTIVE"]]
+    rows = [["NAME", "PHASE", "IDENTITY", "CERTIFICATE EXPIRES", "ACTIVE", "GPUS"]]
     for n in nodes:
         rows.append([n.get("name", ""), _NAMES.get(str(n.get("phase", "")), str(n.get("phase", ""))), _identity(n),
-                     n.get("certificate_expire_time", "-"), str(n.get("active_attempts", 0))])
+                     n.get("certificate_expire_time", "-"), str(n.get("active_attempts", 0)), _gpus(n)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("   ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+
+
+def _gpus(node: dict[str, Any]) -> str:
+    """How many GPUs, and the GpusHealthy condition's reason when it is False (the message has the detail)."""
+    count = len((node.get("inventory") or {}).get("gpus") or [])
+    bad = next((c for c in node.get("conditions") or [] if c.get("type") == "GpusHealthy" and c.get("status") == "False"),
+               None)
+    if bad is None:
+        return str(count) if count else "-"
+    return f"{count} ({bad.get('reason', '')}: {bad.get('message', '')})"
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -75,6 +85,7 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_ls, operator=True)
     actions = p.add_subparsers(dest="action")
     ls = actions.add_parser("ls", help="every node, its phase and whether it is enrolled or revoked")
+    ls.add_argument("-o", "--output", choices=["json"], default=argparse.SUPPRESS)  # `node ls -o json` as `node -o json`
     ls.set_defaults(func=cmd_ls, operator=True)
     revoke = actions.add_parser("revoke", help="cut a node off at once; its attempts are replaced elsewhere")
     revoke.add_argument("name")

@@ -3,7 +3,7 @@ and answers to and from the proto; the registry, the checkpoint service and the 
 (enrol.py: revoke, re-admit, join token rotation) do the work."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import grpc
 from google.protobuf import json_format, timestamp_pb2
@@ -61,12 +61,25 @@ def node_proto(registry: NodeRegistry, doc: dict[str, Any]) -> node_pb2.Node:
     health = gpu_health(doc, lease)
     for gpu in inventory.gpus:  # the newest heartbeat's health, as placement reads it
         gpu.unhealthy_reason, _, gpu.unhealthy_message = health.get(gpu.index, "").partition(": ")
+    conditions = [gpus_condition(inventory.gpus)] if inventory.gpus else []
     expire = registry.leases.expiry(lease) if lease else None
     return node_pb2.Node(
         name=name, id=doc.get("id", ""), phase=phase, inventory=inventory, capacity=_resources(capacity),
         free=_resources(capacity - held), lease_expire_time=_ts(rfc3339(expire)) if expire else None,
         last_heartbeat_time=_ts(lease.get("renewTime")), epoch=int(doc.get("epoch", 0)),
-        register_time=_ts(doc.get("registerTime")), message=doc.get("message", ""), active_attempts=len(live))
+        register_time=_ts(doc.get("registerTime")), message=doc.get("message", ""), active_attempts=len(live),
+        conditions=conditions)
+
+
+def gpus_condition(gpus: Sequence[common_pb2.Gpu]) -> node_pb2.NodeCondition:
+    """GpusHealthy: False naming every unhealthy GPU and why (the first one's reason), else True."""
+    bad = [g for g in gpus if g.unhealthy_reason]
+    if not bad:
+        return node_pb2.NodeCondition(type="GpusHealthy", status="True", reason="GpusHealthy")
+    message = "; ".join(f"GPU {g.index} ({g.uuid or g.name}): {g.unhealthy_reason}: {g.unhealthy_message}"
+                        for g in bad)
+    return node_pb2.NodeCondition(type="GpusHealthy", status="False", reason=bad[0].unhealthy_reason,
+                                  message=message + "; these GPUs get no new work")
 
 
 def attempt_proto(obj: dict[str, Any], offering: str = "") -> node_pb2.Attempt:

@@ -26,45 +26,47 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from nodus.v1 import common_pb2 as nodus_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nodus/v1/node.proto\x12\x08nodus.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15nodus/v1/common.proto\"\xf6\x03\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\"\n\x05phase\x18\x03 \x01(\x0e\x32\x13.nodus.v1.NodePhase\x12*\n\tinventory\x18\x04 \x01(\x0b\x32\x17.nodus.v1.NodeInventory\x12%\n\x08\x63\x61pacity\x18\x05 \x01(\x0b\x32\x13.nodus.v1.Resources\x12!\n\x04\x66ree\x18\x06 \x01(\x0b\x32\x13.nodus.v1.Resources\x12\x35\n\x11lease_expire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13last_heartbeat_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65poch\x18\t \x01(\x03\x12\x31\n\rregister_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x17\n\x0f\x61\x63tive_attempts\x18\x0c \x01(\x05\x12\x10\n\x08\x65nrolled\x18\r \x01(\x08\x12\x0f\n\x07revoked\x18\x0e \x01(\x08\x12;\n\x17\x63\x65rtificate_expire_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"2\n\x11RevokeNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\"\n\x12ReadmitNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16RotateJoinTokenRequest\">\n\x17RotateJoinTokenResponse\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0f\n\x07retired\x18\x02 \x01(\x05\"N\n\x10ListNodesRequest\x12\x16\n\x0elabel_selector\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.nodus.v1.NodePhase\"2\n\x11ListNodesResponse\x12\x1d\n\x05nodes\x18\x01 \x03(\x0b\x32\x0e.nodus.v1.Node\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\rCordonRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x1f\n\x0fUncordonRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x0c\x44rainRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"F\n\x0eReclaimRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"[\n\x13ListAttemptsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x18\n\x10include_finished\x18\x04 \x01(\x08\";\n\x14ListAttemptsResponse\x12#\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x11.nodus.v1.Attempt\"\xb0\x03\n\x07\x41ttempt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x03job\x18\x02 \x01(\x0b\x32\x10.nodus.v1.JobRef\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0e\n\x06number\x18\x04 \x01(\x05\x12\x0c\n\x04node\x18\x05 \x01(\t\x12%\n\x05phase\x18\x06 \x01(\x0e\x32\x16.nodus.v1.AttemptPhase\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x16\n\texit_code\x18\t \x01(\x05H\x00\x88\x01\x01\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ngang_epoch\x18\r \x01(\x03\x12\x0c\n\x04rank\x18\x0e \x01(\x05\x12\x10\n\x08offering\x18\x0f \x01(\t\x12\x19\n\x11restored_from_seq\x18\x10 \x01(\x03\x42\x0c\n\n_exit_code*\xd6\x01\n\tNodePhase\x12\x1a\n\x16NODE_PHASE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_PHASE_READY\x10\x01\x12\x18\n\x14NODE_PHASE_NOT_READY\x10\x02\x12\x17\n\x13NODE_PHASE_CORDONED\x10\x03\x12\x17\n\x13NODE_PHASE_DRAINING\x10\x04\x12\x16\n\x12NODE_PHASE_DRAINED\x10\x05\x12\x19\n\x15NODE_PHASE_RECLAIMING\x10\x06\x12\x18\n\x14NODE_PHASE_RECLAIMED\x10\x07\x32\xf7\x04\n\x0bNodeService\x12\x44\n\tListNodes\x12\x1a.nodus.v1.ListNodesRequest\x1a\x1b.nodus.v1.ListNodesResponse\x12\x33\n\x07GetNode\x12\x18.nodus.v1.GetNodeRequest\x1a\x0e.nodus.v1.Node\x12\x31\n\x06\x43ordon\x12\x17.nodus.v1.CordonRequest\x1a\x0e.nodus.v1.Node\x12\x35\n\x08Uncordon\x12\x19.nodus.v1.UncordonRequest\x1a\x0e.nodus.v1.Node\x12/\n\x05\x44rain\x12\x16.nodus.v1.DrainRequest\x1a\x0e.nodus.v1.Node\x12\x33\n\x07Reclaim\x12\x18.nodus.v1.ReclaimRequest\x1a\x0e.nodus.v1.Node\x12M\n\x0cListAttempts\x12\x1d.nodus.v1.ListAttemptsRequest\x1a\x1e.nodus.v1.ListAttemptsResponse\x12\x39\n\nRevokeNode\x12\x1b.nodus.v1.RevokeNodeRequest\x1a\x0e.nodus.v1.Node\x12;\n\x0bReadmitNode\x12\x1c.nodus.v1.ReadmitNodeRequest\x1a\x0e.nodus.v1.Node\x12V\n\x0fRotateJoinToken\x12 .nodus.v1.RotateJoinTokenRequest\x1a!.nodus.v1.RotateJoinTokenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13nodus/v1/node.proto\x12\x08nodus.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15nodus/v1/common.proto\"\xa3\x04\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\"\n\x05phase\x18\x03 \x01(\x0e\x32\x13.nodus.v1.NodePhase\x12*\n\tinventory\x18\x04 \x01(\x0b\x32\x17.nodus.v1.NodeInventory\x12%\n\x08\x63\x61pacity\x18\x05 \x01(\x0b\x32\x13.nodus.v1.Resources\x12!\n\x04\x66ree\x18\x06 \x01(\x0b\x32\x13.nodus.v1.Resources\x12\x35\n\x11lease_expire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13last_heartbeat_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65poch\x18\t \x01(\x03\x12\x31\n\rregister_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x17\n\x0f\x61\x63tive_attempts\x18\x0c \x01(\x05\x12\x10\n\x08\x65nrolled\x18\r \x01(\x08\x12\x0f\n\x07revoked\x18\x0e \x01(\x08\x12;\n\x17\x63\x65rtificate_expire_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\nconditions\x18\x10 \x03(\x0b\x32\x17.nodus.v1.NodeCondition\"N\n\rNodeCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"2\n\x11RevokeNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\"\n\x12ReadmitNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16RotateJoinTokenRequest\">\n\x17RotateJoinTokenResponse\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0f\n\x07retired\x18\x02 \x01(\x05\"N\n\x10ListNodesRequest\x12\x16\n\x0elabel_selector\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.nodus.v1.NodePhase\"2\n\x11ListNodesResponse\x12\x1d\n\x05nodes\x18\x01 \x03(\x0b\x32\x0e.nodus.v1.Node\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\rCordonRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x1f\n\x0fUncordonRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x0c\x44rainRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"F\n\x0eReclaimRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"[\n\x13ListAttemptsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x18\n\x10include_finished\x18\x04 \x01(\x08\";\n\x14ListAttemptsResponse\x12#\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x11.nodus.v1.Attempt\"\xb0\x03\n\x07\x41ttempt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x03job\x18\x02 \x01(\x0b\x32\x10.nodus.v1.JobRef\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0e\n\x06number\x18\x04 \x01(\x05\x12\x0c\n\x04node\x18\x05 \x01(\t\x12%\n\x05phase\x18\x06 \x01(\x0e\x32\x16.nodus.v1.AttemptPhase\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x16\n\texit_code\x18\t \x01(\x05H\x00\x88\x01\x01\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ngang_epoch\x18\r \x01(\x03\x12\x0c\n\x04rank\x18\x0e \x01(\x05\x12\x10\n\x08offering\x18\x0f \x01(\t\x12\x19\n\x11restored_from_seq\x18\x10 \x01(\x03\x42\x0c\n\n_exit_code*\xd6\x01\n\tNodePhase\x12\x1a\n\x16NODE_PHASE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_PHASE_READY\x10\x01\x12\x18\n\x14NODE_PHASE_NOT_READY\x10\x02\x12\x17\n\x13NODE_PHASE_CORDONED\x10\x03\x12\x17\n\x13NODE_PHASE_DRAINING\x10\x04\x12\x16\n\x12NODE_PHASE_DRAINED\x10\x05\x12\x19\n\x15NODE_PHASE_RECLAIMING\x10\x06\x12\x18\n\x14NODE_PHASE_RECLAIMED\x10\x07\x32\xf7\x04\n\x0bNodeService\x12\x44\n\tListNodes\x12\x1a.nodus.v1.ListNodesRequest\x1a\x1b.nodus.v1.ListNodesResponse\x12\x33\n\x07GetNode\x12\x18.nodus.v1.GetNodeRequest\x1a\x0e.nodus.v1.Node\x12\x31\n\x06\x43ordon\x12\x17.nodus.v1.CordonRequest\x1a\x0e.nodus.v1.Node\x12\x35\n\x08Uncordon\x12\x19.nodus.v1.UncordonRequest\x1a\x0e.nodus.v1.Node\x12/\n\x05\x44rain\x12\x16.nodus.v1.DrainRequest\x1a\x0e.nodus.v1.Node\x12\x33\n\x07Reclaim\x12\x18.nodus.v1.ReclaimRequest\x1a\x0e.nodus.v1.Node\x12M\n\x0cListAttempts\x12\x1d.nodus.v1.ListAttemptsRequest\x1a\x1e.nodus.v1.ListAttemptsResponse\x12\x39\n\nRevokeNode\x12\x1b.nodus.v1.RevokeNodeRequest\x1a\x0e.nodus.v1.Node\x12;\n\x0bReadmitNode\x12\x1c.nodus.v1.ReadmitNodeRequest\x1a\x0e.nodus.v1.Node\x12V\n\x0fRotateJoinToken\x12 .nodus.v1.RotateJoinTokenRequest\x1a!.nodus.v1.RotateJoinTokenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nodus.v1.node_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODEPHASE']._serialized_start=1749
-  _globals['_NODEPHASE']._serialized_end=1963
+  _globals['_NODEPHASE']._serialized_start=1874
+  _globals['_NODEPHASE']._serialized_end=2088
   _globals['_NODE']._serialized_start=90
-  _globals['_NODE']._serialized_end=592
-  _globals['_REVOKENODEREQUEST']._serialized_start=594
-  _globals['_REVOKENODEREQUEST']._serialized_end=644
-  _globals['_READMITNODEREQUEST']._serialized_start=646
-  _globals['_READMITNODEREQUEST']._serialized_end=680
-  _globals['_ROTATEJOINTOKENREQUEST']._serialized_start=682
-  _globals['_ROTATEJOINTOKENREQUEST']._serialized_end=706
-  _globals['_ROTATEJOINTOKENRESPONSE']._serialized_start=708
-  _globals['_ROTATEJOINTOKENRESPONSE']._serialized_end=770
-  _globals['_LISTNODESREQUEST']._serialized_start=772
-  _globals['_LISTNODESREQUEST']._serialized_end=850
-  _globals['_LISTNODESRESPONSE']._serialized_start=852
-  _globals['_LISTNODESRESPONSE']._serialized_end=902
-  _globals['_GETNODEREQUEST']._serialized_start=904
-  _globals['_GETNODEREQUEST']._serialized_end=934
-  _globals['_CORDONREQUEST']._serialized_start=936
-  _globals['_CORDONREQUEST']._serialized_end=982
-  _globals['_UNCORDONREQUEST']._serialized_start=984
-  _globals['_UNCORDONREQUEST']._serialized_end=1015
-  _globals['_DRAINREQUEST']._serialized_start=1017
-  _globals['_DRAINREQUEST']._serialized_end=1085
-  _globals['_RECLAIMREQUEST']._serialized_start=1087
-  _globals['_RECLAIMREQUEST']._serialized_end=1157
-  _globals['_LISTATTEMPTSREQUEST']._serialized_start=1159
-  _globals['_LISTATTEMPTSREQUEST']._serialized_end=1250
-  _globals['_LISTATTEMPTSRESPONSE']._serialized_start=1252
-  _globals['_LISTATTEMPTSRESPONSE']._serialized_end=1311
-  _globals['_ATTEMPT']._serialized_start=1314
-  _globals['_ATTEMPT']._serialized_end=1746
-  _globals['_NODESERVICE']._serialized_start=1966
-  _globals['_NODESERVICE']._serialized_end=2597
+  _globals['_NODE']._serialized_end=637
+  _globals['_NODECONDITION']._serialized_start=639
+  _globals['_NODECONDITION']._serialized_end=717
+  _globals['_REVOKENODEREQUEST']._serialized_start=719
+  _globals['_REVOKENODEREQUEST']._serialized_end=769
+  _globals['_READMITNODEREQUEST']._serialized_start=771
+  _globals['_READMITNODEREQUEST']._serialized_end=805
+  _globals['_ROTATEJOINTOKENREQUEST']._serialized_start=807
+  _globals['_ROTATEJOINTOKENREQUEST']._serialized_end=831
+  _globals['_ROTATEJOINTOKENRESPONSE']._serialized_start=833
+  _globals['_ROTATEJOINTOKENRESPONSE']._serialized_end=895
+  _globals['_LISTNODESREQUEST']._serialized_start=897
+  _globals['_LISTNODESREQUEST']._serialized_end=975
+  _globals['_LISTNODESRESPONSE']._serialized_start=977
+  _globals['_LISTNODESRESPONSE']._serialized_end=1027
+  _globals['_GETNODEREQUEST']._serialized_start=1029
+  _globals['_GETNODEREQUEST']._serialized_end=1059
+  _globals['_CORDONREQUEST']._serialized_start=1061
+  _globals['_CORDONREQUEST']._serialized_end=1107
+  _globals['_UNCORDONREQUEST']._serialized_start=1109
+  _globals['_UNCORDONREQUEST']._serialized_end=1140
+  _globals['_DRAINREQUEST']._serialized_start=1142
+  _globals['_DRAINREQUEST']._serialized_end=1210
+  _globals['_RECLAIMREQUEST']._serialized_start=1212
+  _globals['_RECLAIMREQUEST']._serialized_end=1282
+  _globals['_LISTATTEMPTSREQUEST']._serialized_start=1284
+  _globals['_LISTATTEMPTSREQUEST']._serialized_end=1375
+  _globals['_LISTATTEMPTSRESPONSE']._serialized_start=1377
+  _globals['_LISTATTEMPTSRESPONSE']._serialized_end=1436
+  _globals['_ATTEMPT']._serialized_start=1439
+  _globals['_ATTEMPT']._serialized_end=1871
+  _globals['_NODESERVICE']._serialized_start=2091
+  _globals['_NODESERVICE']._serialized_end=2722
 # @@protoc_insertion_point(module_scope)

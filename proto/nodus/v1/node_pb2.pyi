@@ -31,7 +31,7 @@ NODE_PHASE_RECLAIMING: NodePhase
 NODE_PHASE_RECLAIMED: NodePhase
 
 class Node(_message.Message):
-    __slots__ = ("name", "id", "phase", "inventory", "capacity", "free", "lease_expire_time", "last_heartbeat_time", "epoch", "register_time", "message", "active_attempts", "enrolled", "revoked", "certificate_expire_time")
+    __slots__ = ("name", "id", "phase", "inventory", "capacity", "free", "lease_expire_time", "last_heartbeat_time", "epoch", "register_time", "message", "active_attempts", "enrolled", "revoked", "certificate_expire_time", "conditions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class Node(_message.Message):
     ENROLLED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     id: str
     phase: NodePhase
@@ -62,7 +63,20 @@ class Node(_message.Message):
     enrolled: bool
     revoked: bool
     certificate_expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., id: _Optional[str] = ..., phase: _Optional[_Union[NodePhase, str]] = ..., inventory: _Optional[_Union[_common_pb2.NodeInventory, _Mapping]] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., epoch: _Optional[int] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., active_attempts: _Optional[int] = ..., enrolled: _Optional[bool] = ..., revoked: _Optional[bool] = ..., certificate_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[NodeCondition]
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[str] = ..., phase: _Optional[_Union[NodePhase, str]] = ..., inventory: _Optional[_Union[_common_pb2.NodeInventory, _Mapping]] = ..., capacity: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., free: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., epoch: _Optional[int] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., active_attempts: _Optional[int] = ..., enrolled: _Optional[bool] = ..., revoked: _Optional[bool] = ..., certificate_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ...) -> None: ...
+
+class NodeCondition(_message.Message):
+    __slots__ = ("type", "status", "reason", "message")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    status: str
+    reason: str
+    message: str
+    def __init__(self, type: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RevokeNodeRequest(_message.Message):
     __slots__ = ("name", "message")

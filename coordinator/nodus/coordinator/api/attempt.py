@@ -113,6 +113,12 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
             "name": _s("Name is the input."),
             "sha256": _s("SHA256 is the digest of what arrived, hex, computed at the end of the stream."),
         })),
+    "warnings": List(description="Warnings are notes that stop nothing, for example GpuUnhealthy: a GPU the attempt "
+                                 "holds turned unhealthy while it runs (it keeps running; the GPU gets no new work).",
+                     items=Obj(description="AttemptWarning is one note.", fields={
+                         "code": _s("Code is the CamelCase warning code."),
+                         "message": _s("Message names what is wrong and what to do."),
+                     })),
     "lostTime": _s("LostTime is when the coordinator recorded the attempt Lost."),
     "reportTime": _s("ReportTime is the agent's clock at its latest report (orders reports)."),
     "restoredFromSeq": _i("RestoredFromSeq is the checkpoint restored before the command; 0 if none."),

@@ -27,7 +27,8 @@ from . import recovery
 from .attempts import AttemptPhase, scrub
 from .job_inputs import input_gate, input_status
 from .job_requests import CHECKPOINT, checkpoint_handled
-from .job_status import committed_outputs, condition, condition_time, progress_of, put, set_condition, unit_metrics
+from .job_status import (committed_outputs, condition, condition_time, gpu_condition, progress_of, put, set_condition,
+                         unit_metrics)
 from .reasons import AttemptReason
 from .views import AttemptView as AttemptView  # re-exported: callers of decide build views from here
 from .views import TERMINAL_PHASES as TERMINAL_PHASES
@@ -262,6 +263,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
         if condition(conditions, "SuspendFailed") == "True":
             conditions = set_condition(conditions, "SuspendFailed", "False", "Resumed", "", now, generation)
     remaining = [a for a in live if a.name not in stopping]
+    conditions = gpu_condition(conditions, live, now, generation)
     status["phase"] = phase.value
     put(status, "reason", reason)
     put(status, "message", message)

@@ -52,6 +52,25 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     return out
 
 
+GPU_UNHEALTHY = "GpuUnhealthy"
+"""The warning code an Attempt on an unhealthy GPU carries in status.warnings (gpu_warnings.py)."""
+GPU_HEALTHY = "GpuHealthy"
+"""The Job condition that turns False while one of its live attempts runs on an unhealthy GPU."""
+
+
+def gpu_condition(conditions: list[dict[str, Any]], live: list[AttemptView], now: float,
+                  generation: int) -> list[dict[str, Any]]:
+    """GpuHealthy False naming each live attempt's unhealthy GPU; back to True once none is (and left
+    out of a Job that never had one)."""
+    warned = [(a, w) for a in live for w in a.warnings if w.get("code") == GPU_UNHEALTHY]
+    if warned:
+        message = "; ".join(f"attempt {a.name}: {w.get('message', '')}" for a, w in warned)
+        return set_condition(conditions, GPU_HEALTHY, "False", GPU_UNHEALTHY, message, now, generation)
+    if condition(conditions, GPU_HEALTHY) == "False":
+        return set_condition(conditions, GPU_HEALTHY, "True", "GpusHealthy", "", now, generation)
+    return conditions
+
+
 # -- progress, unit metrics and outputs, from the attempts ------------------------------------------------
 
 def progress_of(mine: list[AttemptView], completions: int = 0) -> dict[str, Any]:

@@ -173,6 +173,8 @@ class AttemptView:
     """How its allocation is charged, frozen at placement on a priced offering (None: not charged)."""
     inputs: tuple[Mapping[str, Any], ...] = ()
     """status.inputs: {name, sha256} of each input as its agent materialized it."""
+    warnings: tuple[Mapping[str, Any], ...] = ()
+    """status.warnings: {code, message} notes that stop nothing (GpuUnhealthy: gpu_warnings.py)."""
 
     @property
     def placed(self) -> bool:
@@ -209,7 +211,7 @@ class AttemptView:
                    restored_from_seq=int(status.get("restoredFromSeq") or 0),
                    resources=_dict(spec.get("resources")), image=spec.get("image") or "",
                    constraints=_dict(spec.get("placement")), tariff=_tariff(spec),
-                   inputs=_dicts(status.get("inputs")))
+                   inputs=_dicts(status.get("inputs")), warnings=_dicts(status.get("warnings")))
 
 
 def _tariff(spec: Mapping[str, Any]) -> Tariff | None:
