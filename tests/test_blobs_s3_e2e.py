@@ -6,6 +6,7 @@ dir. A bucket that is not there stops the coordinator at start with a message na
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -18,9 +19,10 @@ import pytest
 
 from agent_double import AgentProcess, wait_for
 from conftest import BIN, Coordinator, job
-from e2e import JOBS, attempts_of, following, joined, patch_state, suspend, units, wait_job
+from e2e import JOBS, MERGE, NS, attempts_of, following, joined, patch_state, suspend, units, wait_job
 from motoserver import moto_server
 from test_recovery_e2e import node_of, starts
+from test_volume import tar_zst, unpack
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
@@ -90,7 +92,7 @@ def bucket(s3: Any) -> str:
 def cluster(tmp_path: Path, moto: str, bucket: str) -> Iterator[tuple[Coordinator, dict[str, AgentProcess]]]:
     """A coordinator on the bucket (short node leases), and two real agents."""
     args = ("--blob-url", f"s3://{bucket}/{PREFIX}", "--blob-endpoint", moto,
-            "--lease-duration", "2s", "--heartbeat-interval", "0.4s")
+            "--lease-duration", "2s", "--heartbeat-interval", "0.4s", "--retention-interval", "1s")
     with Coordinator(tmp_path / "data").start(extra_args=args) as c:
         with joined([AgentProcess(tmp_path / n, c.grpc, c.join_token, node=n).start()
                      for n in ("s3-node-a", "s3-node-b")], c) as started:
@@ -172,6 +174,46 @@ def test_checkpoint_restore_after_agent_loss_output_and_logs_on_s3(
         assert f"{PREFIX}/logs/{a['spec']['id']}/eof" in log_keys, log_keys
     # ... and nothing of it in the data dir.
     assert [p for d in ("blobs", "logs") for p in (c.data_dir / d).rglob("*") if p.is_file()] == []
+
+    # Retention ends: the sweep deletes the checkpoints from the bucket.
+    ckpts = {blob_key(k["sha256"]) for a in attempts for k in a["status"].get("checkpoints") or []}
+    assert ckpts and ckpts <= set(keys(s3, bucket, f"{PREFIX}/blobs/"))
+    r = c.session().patch(c.url(f"{JOBS}/on-s3"), headers=MERGE,
+                          data=json.dumps({"spec": {"recovery": {"checkpoint": {"retainAfterFinish": "0s"}}}}))
+    assert r.status_code == 200, r.text
+    wait_for(lambda: not ckpts & set(keys(s3, bucket, f"{PREFIX}/blobs/")), 30, interval=0.2,
+             what="the bucket to lose the Job's checkpoints")
+    assert blob_key(out["sha256"]) in keys(s3, bucket, f"{PREFIX}/blobs/"), "the output stays"
+
+
+def test_volume_revisions_are_pushed_to_and_served_from_the_bucket(tmp_path: Path, moto: str, s3: Any,
+                                                                    bucket: str) -> None:
+    args = ("--blob-url", f"s3://{bucket}/{PREFIX}", "--blob-endpoint", moto)
+    with Coordinator(tmp_path / "data").start(extra_args=args) as c:
+        def push(body: bytes, **headers: str) -> Any:
+            return c.session().post(c.url(f"{NS}/volumes/corpus/revisions"), data=body,
+                                    headers={"Content-Type": "application/zstd", **headers})
+        files = {"a.txt": b"alpha\n", "sub/b.bin": os.urandom(1 << 20)}
+        archive = tar_zst(files)
+        r = push(archive, **{"X-Content-SHA256": hashlib.sha256(archive).hexdigest()})
+        assert r.status_code == 201, r.text
+        assert r.json()["files"] == 2 and r.json()["sha256"] == hashlib.sha256(archive).hexdigest(), r.json()
+        assert blob_key(r.json()["sha256"]) in keys(s3, bucket, f"{PREFIX}/blobs/sha256/")
+        got = c.session().get(c.url(f"{NS}/volumes/corpus/revisions/latest"))
+        assert got.status_code == 200 and got.content == archive and unpack(got.content) == files
+        ranged = c.session().get(c.url(f"{NS}/volumes/corpus/revisions/1"), headers={"Range": "bytes=4-9"})
+        assert ranged.status_code == 206 and ranged.content == archive[4:10]
+
+        before = keys(s3, bucket, f"{PREFIX}/blobs/")
+        garbage = push(b"this is not an archive")
+        assert garbage.status_code == 400 and "not a tar.zst archive" in garbage.json()["message"]
+        escape = push(tar_zst({"../outside.txt": b"x"}))
+        assert escape.status_code == 400 and "leaves the volume" in escape.json()["message"]
+        wrong = push(tar_zst({"ok.txt": b"fine"}), **{"X-Content-SHA256": "0" * 64})
+        assert wrong.status_code == 422 and wrong.json()["reason"] == "DigestMismatch"
+        assert keys(s3, bucket, f"{PREFIX}/blobs/") == before, "nothing refused is kept in the bucket"
+        assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+        assert [p for p in (c.data_dir / "blobs-spool").rglob("*") if p.is_file()] == [], "the spool is emptied"
 
 
 def test_a_missing_bucket_or_a_bad_url_stops_the_coordinator(moto: str, tmp_path: Path) -> None:
