@@ -58,7 +58,7 @@ def test_a_takeover_raises_the_epoch_and_the_old_holders_fenced_writes_are_refus
                 await fenced(a, lambda: store.update("jobs/p/one", b"x", None))
             assert refused.value.reason == "LeaderDeposed"
             assert await store.get("jobs/p/two") is None
-            assert (await store.get("jobs/p/one")).value == b"1"  # type: ignore[union-attr]
+            assert (await store.get("jobs/p/one")).value == b"1"
 
             b = Fence(CONTROLLERS, 2)
             assert (await fenced(b, lambda: store.create("jobs/p/two", b"b"))).value == b"b"
@@ -140,7 +140,7 @@ class Unreachable(SqliteStore):
 
 def test_the_leadership_loop_starts_the_controllers_once_and_stops_them_when_the_lease_is_lost(tmp_path: Path) -> None:
     async def body() -> None:
-        store = await Unreachable.open(tmp_path / "store.db")
+        store: Any = await Unreachable.open(tmp_path / "store.db")
         settings = LeaderSettings(duration=0.2, renew_interval=0.1)
         first, second = Recorder(), Recorder()
         a = Leadership(store, settings, first.lead, first.abdicate, holder="a")

@@ -1,8 +1,14 @@
 """The control plane's moving parts, wired once: the controllers, AgentService and NodeService, on
-the fleet's cache (main.py builds the cache and the fleet first: admission's estimates read them too). `main.py` builds one, registers its gRPC services, starts it and stops it."""
+the fleet's cache (main.py builds the cache and the fleet first: admission's estimates read them too). `main.py` builds one, registers its gRPC services, starts it and stops it.
+
+Every replica serves the API and the agents' streams off its own cache; only the holder of the
+controllers' lease runs the controllers (controllers/leader.py, docs/adr/0043-leader-lease-and-fencing.md),
+each in a task whose context carries the fence of the epoch it won, so the store refuses its writes
+once another replica has taken over."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any, Callable
 
@@ -13,6 +19,7 @@ from .checkpoints import RETENTION_TICK, Retention
 from .agents import add_to_server as add_agent_service
 from .clock import Clock
 from .gangs_api import add_to_server as add_gang_service
+from .metrics import STORE_WRITE_LATENCY, WATCH_LAG
 from .grpc_api import AGENT_SERVICE, GANG_SERVICE, NODE_SERVICE
 from .node_api import add_to_server as add_node_service
 from .nodes import NodeRegistry
@@ -20,6 +27,7 @@ from .operator_registry import OperatorRegistry
 from .resources import ResourceService
 from .sinks import SinkLoader
 from .store.base import Store
+from .store.lease import FENCE, Fence
 from .vault import Vault
 from .controllers.fleet import Fleet
 from .controllers.billing_controller import BillingController
@@ -30,6 +38,7 @@ from .controllers.gpu_warnings import GpuWarnings
 from .controllers.interruptions import Interruptions
 from .controllers.job_controller import JobController
 from .controllers.lease import LeaseController
+from .controllers.leader import LeaderSettings, Leadership
 from .controllers.objects import Objects
 from .controllers.placement import PlacementController
 from .controllers.sweep_controller import SweepController
@@ -43,7 +52,7 @@ class ControlPlane:
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
                  blobs: Any = None, retention_interval: float = RETENTION_TICK,
                  free_storage: int = FREE_STORAGE_BYTES, image_registry: OperatorRegistry | None = None,
-                 event_ttl: float = EVENT_TTL) -> None:
+                 event_ttl: float = EVENT_TTL, leader: LeaderSettings = LeaderSettings()) -> None:
         self.cache = fleet.cache
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(fleet, self.objects, clock, lease_duration, heartbeat_interval)
@@ -62,7 +71,11 @@ class ControlPlane:
                                    tick=retention_interval) if blobs is not None else None
         self.sinks = SinkLoader(self.cache, self.objects, blobs, vault)  # outputs into customers' tables
         self._identity = service.identity
+        self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
+        self.leadership = Leadership(store, leader, self._lead, self._abdicate)
+        store.write_observer = STORE_WRITE_LATENCY.observe
+        self._controllers = False
 
     def servicers(self) -> list[tuple[str, Callable[[grpc.aio.Server], None]]]:
         return [(AGENT_SERVICE, lambda server: add_agent_service(server, self.agents)),
@@ -70,11 +83,23 @@ class ControlPlane:
                 (GANG_SERVICE, lambda server: add_gang_service(server, self.cache, self._identity))]
 
     async def start(self, controllers: bool = True) -> None:
-        """Loads the cache from the store, then starts every controller (unless told not to)."""
+        """Loads the cache from the store, then claims the controllers' lease (unless told not to run
+        them): the first claim here, so a replica that wins starts them before it serves; then every
+        renew interval."""
         await self.cache.start()
         if not controllers:
             log.warning("controllers are off: Jobs are stored but never run")
             return
+        self._controllers = True
+        await self.leadership.tick()
+        self.leadership.start()
+
+    async def _lead(self, fence: Fence) -> None:
+        """Starts every controller, each in a context whose writes carry `fence`."""
+        await self.cache.synced.wait()
+        # A new leader's restart grace: nodes whose agents were connected to the replica that died
+        # keep their attempts for a lease duration while they reconnect (nodes.py, Leases).
+        self.registry.leases.started = self._clock.now()
         runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
                 ("billing", self.billing.run), ("sweeps", self.sweeps.run), ("events", self.events.run),
                 ("gpu-warnings", self.gpu_warnings.run),
@@ -82,12 +107,29 @@ class ControlPlane:
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
         for name, run in runs:
-            self._tasks.append(asyncio.create_task(run(), name=name))
+            context = contextvars.copy_context()
+            context.run(FENCE.set, fence)
+            self._tasks.append(asyncio.create_task(run(), name=name, context=context))
+
+    async def replica_status(self) -> dict[str, Any]:
+        """What /readyz?verbose shows: this replica's role, the lease as it last saw it, its watch lag."""
+        lag = await self.objects.store.watch_lag()
+        WATCH_LAG.set(lag)
+        lease = self.leadership.seen
+        role = self.leadership.role if self._controllers else "controllers off"
+        return {"role": role, "epoch": lease.epoch if lease else 0, "leader": lease.holder if lease else "",
+                "holder": self.leadership.holder, "watch lag": f"{lag} revisions"}
+
+    async def _abdicate(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._controllers:
+            await self.leadership.stop()
+        await self._abdicate()
         for session in list(self.agents.sessions.values()):
             session.end()
         await self.cache.stop()

@@ -1,0 +1,129 @@
+"""Three coordinator replicas on one PostgreSQL (docs/adr/0043-leader-lease-and-fencing.md): one leads
+the controllers, every one serves the API, and `kill -9` of the leader during a burst of creates hands
+the lease to another replica without losing an acknowledged create or creating an Attempt twice.
+
+No agents here: the Jobs wait for placement, which is enough to see that the controllers run on one
+replica at a time (each Job gets exactly one Attempt) across the takeover. No blobs either.
+"""
+from __future__ import annotations
+
+import collections
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import requests
+from conftest import Coordinator, job
+from postgres import postgres_cluster  # noqa: F401 - the session fixture
+from test_durability import wait_for
+
+JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
+ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
+LEASE = ("--leader-lease", "3s", "--leader-renew-interval", "1s")
+
+pytestmark = pytest.mark.slow
+
+
+def status(c: Coordinator) -> dict[str, str]:
+    """/readyz?verbose as a dict ({} when the replica does not answer)."""
+    try:
+        r = c.session().get(c.url("/readyz?verbose"), timeout=5)
+    except requests.RequestException:
+        return {}
+    lines = [line.split(": ", 1) for line in r.text.splitlines() if ": " in line]
+    return {k: v for k, v in lines}
+
+
+def replicas(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch, n: int) -> list[Coordinator]:
+    """n replicas on `url`: the first makes the CA and the vault key, the others get copies (ADR 0043)."""
+    monkeypatch.setenv("NODUS_STORE_URL", url)
+    first = Coordinator(tmp_path / "r0").start(extra_args=LEASE)
+    started = [first]
+    for i in range(1, n):
+        data = tmp_path / f"r{i}"
+        data.mkdir(mode=0o700)
+        shutil.copytree(first.data_dir / "tls", data / "tls")
+        shutil.copy2(first.data_dir / "secret.key", data / "secret.key")
+        started.append(Coordinator(data).start(extra_args=LEASE))
+    return started
+
+
+def test_kill_9_of_the_leader_during_a_burst_hands_over_and_loses_nothing(
+        tmp_path: Path, postgres_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    url = postgres_cluster.database()
+    a, b, c = replicas(tmp_path, url, monkeypatch, 3)
+    try:
+        wait_for(lambda: [status(r).get("role") for r in (a, b, c)] == ["leader", "follower", "follower"], 30,
+                 "the first replica leading, the others following")
+        assert {status(r)["epoch"] for r in (a, b, c)} == {"1"}
+        assert status(b)["leader"] == status(a)["holder"]
+
+        answered: dict[str, str] = {}
+        lock = threading.Lock()
+        unexpected: list[str] = []
+        stop = threading.Event()
+
+        def burst(worker: int, replica: Coordinator) -> None:
+            s = replica.session()
+            for i in range(100000):
+                if stop.is_set():
+                    return
+                name = f"b-{worker}-{i}"
+                r = s.post(replica.url(JOBS), json=job(name), timeout=30)
+                if r.status_code == 201:
+                    with lock:
+                        answered[name] = r.json()["metadata"]["uid"]
+                else:
+                    unexpected.append(f"{name}: {r.status_code} {r.text}")
+                    return
+
+        threads = [threading.Thread(target=burst, args=(w, (b, c)[w % 2]), daemon=True) for w in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            wait_for(lambda: len(answered) >= 100 or bool(unexpected), 90, "100 answered creates", 0.01)
+            killed = time.monotonic()
+            a.kill()  # the leader, mid-burst; the survivors keep answering
+            wait_for(lambda: "leader" in (status(b).get("role"), status(c).get("role")), 30, "a new leader")
+            took = time.monotonic() - killed
+            wait_for(lambda: len(answered) >= 300 or bool(unexpected), 90, "300 answered creates", 0.01)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(40)
+        assert not unexpected, unexpected[:5]
+        roles = sorted(status(r)["role"] for r in (b, c))
+        assert roles == ["follower", "leader"]
+        assert {status(r)["epoch"] for r in (b, c)} == {"2"}
+        print(f"takeover after kill -9: {took:.2f}s (lease 3s, renew interval 1s)")
+
+        # Every create answered 201 is there once; each Job gets exactly one Attempt, from one leader.
+        session = c.session()
+        items = session.get(c.url(JOBS)).json()["items"]
+        stored = {i["metadata"]["name"]: i["metadata"]["uid"] for i in items}
+        assert len(stored) == len(items)
+        missing = sorted(set(answered) - set(stored))
+        assert not missing, missing[:10]
+        assert all(stored[n] == uid for n, uid in answered.items())
+
+        def attempts_per_job() -> collections.Counter[str]:
+            listed = session.get(c.url(ATTEMPTS)).json()["items"]
+            return collections.Counter(str(att["spec"]["job"]) for att in listed)
+        wait_for(lambda: set(attempts_per_job()) >= set(stored), 60, "an Attempt for every Job")
+        twice = {name: n for name, n in attempts_per_job().items() if n != 1}
+        assert not twice, f"Jobs with more than one Attempt: {dict(list(twice.items())[:10])}"
+
+        # The store's log: the new leader's writes carry epoch 2, and epoch 1's stopped before them.
+        with psycopg.connect(url) as conn:
+            first_2 = conn.execute("SELECT min(revision) FROM log WHERE epoch = 2").fetchone()
+            late_1 = conn.execute("SELECT count(*) FROM log WHERE epoch = 1 AND revision > %s",
+                                  (first_2[0] if first_2 else 0,)).fetchone()
+        assert first_2 is not None and first_2[0] is not None
+        assert late_1 == (0,)
+    finally:
+        for r in (a, b, c):
+            r.kill()
