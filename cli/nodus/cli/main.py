@@ -10,7 +10,7 @@ import orjson
 import yaml
 
 from . import (attempts, budgets, cancel, checkpoint, credits, data, describe, estimate, images, nodes, pricebook,
-               sweeps, up)
+               sweeps, tokens, up)
 from .client import CliError, Client
 
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -224,15 +224,6 @@ def cmd_project_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_token_create(args: argparse.Namespace) -> int:
-    from .operator import create_token
-    token = create_token(args, args.project, args.role, args.subject or "", args.ttl or 0)
-    print(token["secret"])
-    print(f'token {token["id"]} for role {token["role"]} in project {token["project"]} '
-          "(shown once; keep it safe)", file=sys.stderr)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nodus", description="Run GPU work to completion.")
     p.add_argument("--kubeconfig", help="kubeconfig to use (default $NODUS_KUBECONFIG, $KUBECONFIG, ~/.kube/config)")
@@ -281,20 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     images.add_parser(sub)  # image push / ls: the project's images in the operator's registry
     nodes.add_parsers(sub)  # operator: node ls / revoke / readmit, join-token rotate
 
-    for name, helptext in (("project", "operator: projects"), ("token", "operator: API tokens")):
-        op = sub.add_parser(name, help=helptext)
-        op.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR, else the address the kubeconfig names, else 127.0.0.1:7070)")
-        op_sub = op.add_subparsers(dest="action", required=True)
-        create = op_sub.add_parser("create")
-        if name == "project":
-            create.add_argument("name")
-            create.set_defaults(func=cmd_project_create, operator=True)
-        else:
-            create.add_argument("--project", required=True, help="project, or * for every project")
-            create.add_argument("--role", required=True, choices=["admin", "editor", "viewer"])
-            create.add_argument("--subject", help="who the token is for")
-            create.add_argument("--ttl", type=int, help="seconds until it expires (default: never)")
-            create.set_defaults(func=cmd_token_create, operator=True)
+    op = sub.add_parser("project", help="operator: projects")
+    op.add_argument("--coordinator", help="gRPC HOST:PORT (default $NODUS_COORDINATOR, else the address the kubeconfig names, else 127.0.0.1:7070)")
+    op_sub = op.add_subparsers(dest="action", required=True)
+    create = op_sub.add_parser("create")
+    create.add_argument("name")
+    create.set_defaults(func=cmd_project_create, operator=True)
+    tokens.add_parser(sub)  # operator: token create / ls / revoke
     return p
 
 

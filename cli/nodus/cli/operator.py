@@ -123,8 +123,3 @@ def call(args: argparse.Namespace, method: str, request: Any,
 
 def create_project(args: argparse.Namespace, name: str) -> dict[str, Any]:
     return call(args, "CreateProject", project_pb2.CreateProjectRequest(name=name))
-
-
-def create_token(args: argparse.Namespace, project: str, role: str, subject: str, ttl: int) -> dict[str, Any]:
-    return call(args, "CreateToken", project_pb2.CreateTokenRequest(project=project, role=role, subject=subject,
-                                                                    ttl_seconds=ttl))

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -25,6 +25,7 @@ from nodus.v1 import (agent_pb2, blob_pb2, blob_pb2_grpc, gang_pb2, node_pb2, pr
                                   project_pb2_grpc, resource_pb2, resource_pb2_grpc)
 
 from .api.kinds import resolve
+from .audit import AuditEntry, AuditLog, is_write
 from .blobs import Blobs
 from .clock import Clock, SystemClock, rfc3339
 from .errors import NodusError, new_request_id
@@ -80,7 +81,9 @@ def status_for(err: NodusError, rid: str) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain="nodus.dev",
                                        metadata={**{k: str(v) for k, v in err.extra.items()},
                                                  "fix": err.effective_fix, "docs": err.code.docs, "requestId": rid})
-    details = [info]
+    details: list[Any] = [info]
+    if err.retry_after:
+        details.append(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=err.retry_after)))
     if err.causes:
         details.append(error_details_pb2.BadRequest(field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=c.field, description=c.message) for c in err.causes]))
@@ -103,16 +106,20 @@ def authorization(context: grpc.aio.ServicerContext) -> str | None:
 
 async def boundary(verb: str, kind: str, context: grpc.aio.ServicerContext,
                    authenticate: Callable[[], Awaitable[Any]], work: Callable[[Any], Awaitable[Any]],
-                   to_status: Callable[[NodusError, str], grpc.Status] = status_for) -> Any:
+                   to_status: Callable[[NodusError, str], grpc.Status] = status_for,
+                   audit: Callable[[Any, str, str], None] | None = None) -> Any:
     """The server side of every RPC: a request id in the initial metadata, `authenticate()` (its
     result is the caller `work` gets), NodusError → a status with details (`to_status`), anything
-    else → INTERNAL and logged; counted and timed per verb."""
+    else → INTERNAL and logged; counted and timed per verb, and `audit(caller or None, code, request
+    id)` at the end."""
     rid = new_request_id()
     started = time.perf_counter()
     code = "OK"
+    caller: Any = None
     try:
         await context.send_initial_metadata((("x-request-id", rid),))
-        return await work(await authenticate())
+        caller = await authenticate()
+        return await work(caller)
     except NodusError as e:
         code = e.code.grpc
         await context.abort_with_status(to_status(e, rid))
@@ -127,18 +134,34 @@ async def boundary(verb: str, kind: str, context: grpc.aio.ServicerContext,
     finally:
         REQUESTS.labels("grpc", verb, kind, code).inc()
         LATENCY.labels("grpc", verb).observe(time.perf_counter() - started)
+        if audit is not None:
+            audit(caller, code, rid)
+
+
+def _auditor(log: AuditLog | None, verb: str, request: Any) -> Callable[[Any, str, str], None] | None:
+    """What `boundary` records of a write (its names, never its values) in the audit log."""
+    if log is None or not is_write(verb):
+        return None
+
+    def record(caller: Any, code: str, rid: str) -> None:
+        log.record(AuditEntry(rid, "grpc", verb, getattr(request, "kind", "") or type(request).__name__,
+                              getattr(request, "project", ""),
+                              getattr(request, "name", "") or getattr(request, "id", ""), code,
+                              getattr(caller, "token_id", ""), getattr(caller, "subject", "")))
+    return record
 
 
 def rpc(verb: str) -> Callable[..., Any]:
     """A method `fn(self, caller, request, context)` as a handler behind `boundary`, authenticated by
-    `self.identity` (a user's or an operator's token)."""
+    `self.identity` (a user's or an operator's token); every write is audited (audit.py)."""
     def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             return await boundary(
                 verb, getattr(request, "kind", ""), context,
                 lambda: self.identity.authenticate(authorization(context)),
-                lambda caller: fn(self, caller, request, context))
+                lambda caller: fn(self, caller, request, context),
+                audit=_auditor(self.identity.audit, verb, request))
         return handler
     return wrap
 
@@ -245,7 +268,9 @@ def _timestamp(text: str) -> timestamp_pb2.Timestamp | None:
 def _token(record: dict[str, Any], secret: str = "") -> Any:
     return project_pb2.Token(id=record["id"], subject=record["subject"], project=record["project"],
                              role=record["role"], secret=secret, create_time=_timestamp(record["createTime"]),
-                             expire_time=_timestamp(record.get("expireTime", "")))
+                             expire_time=_timestamp(record.get("expireTime", "")),
+                             last_use_time=_timestamp(record.get("lastUseTime", "")),
+                             revoke_time=_timestamp(record.get("revokeTime", "")))
 
 
 def _project(doc: dict[str, Any]) -> Any:
@@ -302,7 +327,8 @@ class ProjectServicer(project_pb2_grpc.ProjectServiceServicer):
     async def ListTokens(self, caller: Caller, request: Any, context: Any) -> Any:
         project = request.project or caller.project
         self._require(caller, project, "list tokens")
-        tokens = await self.identity.list_tokens(None if project == ALL_PROJECTS and request.project == "" else project)
+        tokens = await self.identity.list_tokens(None if project == ALL_PROJECTS and request.project == "" else project,
+                                                 revoked=request.include_revoked)
         return project_pb2.ListTokensResponse(tokens=[_token(t) for t in tokens])
 
     @rpc("revoketoken")
@@ -392,14 +418,16 @@ async def start(service: ResourceService, listen: str, blobs: Blobs | None = Non
                 servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
                 clock: Clock = SystemClock(), credentials: grpc.ServerCredentials | None = None,
                 agent_port: tuple[str, grpc.ServerCredentials] | None = None,
-                node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None) -> GrpcServer:
+                node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None,
+                scope: Any = None) -> GrpcServer:
     """Starts the server (health NOT_SERVING until `set_serving`): TLS with `credentials`, plaintext
     without (main.py allows that on loopback only, --grpc-insecure).
 
     `servicers` are (full service name, function that adds it to the server), for the services built
     outside this module (AgentService, NodeService). `agent_port` is (listen address, mTLS
     credentials) of the agents' port, served by the same server; `node_peer` names the node of a
-    call's client certificate (BlobService takes it as it takes the join token)."""
+    call's client certificate, and `scope` (node_scope.NodeScope) narrows BlobService to the blobs of
+    that node's attempts (None: --grpc-insecure, where the join token reaches every blob)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
     resource_pb2_grpc.add_ResourceServiceServicer_to_server(ResourceServicer(service), server)
     project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(
@@ -408,7 +436,7 @@ async def start(service: ResourceService, listen: str, blobs: Blobs | None = Non
         add(server)
     if blobs is not None:
         from .blob_api import BlobServicer  # it imports this module's error translation
-        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity, node_peer),
+        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity, node_peer, scope),
                                                       server)
     from .pricebook_api import add_to_server as add_pricebook_service  # it imports this module's `rpc`
     add_pricebook_service(server, PriceBooks(service.store), service.identity, clock)

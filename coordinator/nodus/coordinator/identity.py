@@ -6,8 +6,10 @@ or in every project (`*`, the bootstrap admin). Roles nest: admin ⊃ editor ⊃
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
+import logging
 import hmac
 import re
 import secrets
@@ -18,8 +20,12 @@ from typing import Any, Callable
 
 import orjson
 
+from .audit import AuditLog
 from .errors import NodusError
+from .ratelimit import TokenBuckets
 from .store.base import Store
+
+log = logging.getLogger("nodus.identity")
 
 ALL_PROJECTS = "*"
 DEFAULT_PROJECT = "default"
@@ -31,11 +37,16 @@ _TOKEN_RE = re.compile(r"^nodus_([a-z0-9]{12})_([A-Za-z0-9_-]{20,})$")
 _JOIN_RE = re.compile(r"^nodusjoin_([a-z0-9]{12})_([A-Za-z0-9_-]{20,})$")
 _CACHE_SECONDS = 5.0
 """How long a verified token stays cached; revocation on this replica clears it at once."""
+_TOUCH_SECONDS = 60.0
+"""How often a token's stored lastUseTime is written while it is used."""
 
 
 class Role(enum.IntEnum):
-    """What a subject may do in a project; a higher role includes the lower ones."""
+    """What a subject may do in a project; a higher role includes the lower ones (but none includes
+    `metrics`, and `metrics` includes nothing: it reads /metrics only)."""
 
+    METRICS = 0
+    """/metrics only (a Prometheus scraper's token, in project `*`)."""
     VIEWER = 1
     """get, list and watch."""
     EDITOR = 2
@@ -48,7 +59,8 @@ class Role(enum.IntEnum):
         try:
             return cls[text.upper()]
         except KeyError:
-            raise NodusError("BadRequest", f"unknown role {text!r}", fix="use one of admin, editor, viewer") from None
+            raise NodusError("BadRequest", f"unknown role {text!r}",
+                             fix="use one of admin, editor, viewer, metrics") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +73,14 @@ class Caller:
     role: Role
     token_id: str = ""
 
+    @property
+    def is_operator(self) -> bool:
+        """An admin of every project (the bootstrap token in DATA_DIR/kubeconfig is one)."""
+        return self.project == ALL_PROJECTS and self.role >= Role.ADMIN
+
     def role_in(self, project: str) -> Role | None:
+        if self.role == Role.METRICS:
+            return None
         if self.project in (ALL_PROJECTS, project):
             return self.role
         if project == CATALOG_PROJECT:
@@ -97,10 +116,18 @@ def validate_project_name(name: str) -> None:
 class Identity:
     """Projects and tokens, kept in the store under `_identity/`."""
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time, limiter: TokenBuckets | None = None,
+                 audit: AuditLog | None = None) -> None:
         self._store = store
         self._clock = clock
         self._cache: dict[str, tuple[float, Caller]] = {}
+        self.limiter = limiter
+        """Per-token rate limits (ratelimit.py); None: none."""
+        self.audit = audit
+        """Where the transports record every write (audit.py); None: nowhere."""
+        self._used: dict[str, float] = {}
+        self._flushed: dict[str, float] = {}
+        self._writes: set[asyncio.Task[None]] = set()
 
     # -- projects ---------------------------------------------------------------------------------
     async def ensure_project(self, name: str, display_name: str = "") -> dict[str, Any]:
@@ -140,6 +167,9 @@ class Identity:
         """Returns the token (shown once) and its stored record (without the secret)."""
         if project != ALL_PROJECTS:
             await self.require_project(project)
+        if role == Role.METRICS and project != ALL_PROJECTS:
+            raise NodusError("BadRequest", f"the metrics role is for every project, not {project!r}",
+                             fix="create it with --project '*' --role metrics")
         token_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)
         record = {
@@ -149,32 +179,52 @@ class Identity:
             "role": role.name.lower(),
             "digest": hashlib.sha256(secret.encode()).hexdigest(),
             "createTime": _now(),
-            "expireTime": (datetime.fromtimestamp(self._clock() + ttl_seconds, timezone.utc)
-                           .strftime("%Y-%m-%dT%H:%M:%SZ") if ttl_seconds > 0 else ""),
+            "expireTime": _stamp(self._clock() + ttl_seconds) if ttl_seconds > 0 else "",
             "expireUnix": self._clock() + ttl_seconds if ttl_seconds > 0 else 0,
         }
         await self._store.create(f"_identity/tokens/{token_id}", orjson.dumps(record))
         return f"nodus_{token_id}_{secret}", _public(record)
 
-    async def list_tokens(self, project: str | None = None) -> list[dict[str, Any]]:
+    async def list_tokens(self, project: str | None = None, revoked: bool = False) -> list[dict[str, Any]]:
+        """The tokens of `project` (every project's for None), oldest first; revoked ones only when asked.
+        `lastUseTime` is the later of the stored one and this replica's unflushed one."""
         result = await self._store.list("_identity/tokens/")
         records = [orjson.loads(r.value) for r in result.records]
-        return [_public(r) for r in records if project in (None, "", r["project"])]
+        records = [r for r in records if project in (None, "", r["project"]) and (revoked or not r.get("revokeTime"))]
+        for r in records:
+            used = self._used.get(r["id"])
+            if used is not None and _stamp(used) > r.get("lastUseTime", ""):
+                r["lastUseTime"] = _stamp(used)
+        return [_public(r) for r in sorted(records, key=lambda r: (r["createTime"], r["id"]))]
 
     async def revoke_token(self, token_id: str) -> dict[str, Any]:
-        rec = await self._store.get(f"_identity/tokens/{token_id}")
-        if rec is None:
-            raise NodusError("NotFound", f'token "{token_id}" not found', name=token_id, kind="tokens")
-        await self._store.delete(rec.key)
+        """Marks the token revoked (kept, so a request presenting it is told so by id); at once on this
+        replica, within the 5 s cache on others."""
+        while True:
+            rec = await self._store.get(f"_identity/tokens/{token_id}")
+            if rec is None:
+                raise NodusError("NotFound", f'token "{token_id}" not found', name=token_id, kind="tokens",
+                                 fix="`nodus token ls` lists the token ids")
+            record = orjson.loads(rec.value)
+            if record.get("revokeTime"):
+                break
+            record["revokeTime"] = _now()
+            try:
+                await self._store.update(rec.key, orjson.dumps(record), rec.revision)
+                break
+            except NodusError as e:
+                if e.reason != "Conflict":
+                    raise
         self._cache = {k: v for k, v in self._cache.items() if v[1].token_id != token_id}
-        return _public(orjson.loads(rec.value))
+        return _public(record)
 
     async def get_token(self, token_id: str) -> dict[str, Any] | None:
         rec = await self._store.get(f"_identity/tokens/{token_id}")
         return None if rec is None else _public(orjson.loads(rec.value))
 
     async def authenticate(self, authorization: str | None) -> Caller:
-        """Maps an `Authorization: Bearer …` value to a Caller, or raises Unauthorized."""
+        """Maps an `Authorization: Bearer …` value to a Caller, or raises Unauthorized (an expired or
+        revoked token named by its id) or TooManyRequests (over its rate limit)."""
         if not authorization:
             raise NodusError("Unauthorized", "no bearer token was sent")
         scheme, _, token = authorization.strip().partition(" ")
@@ -183,8 +233,13 @@ class Identity:
         token = token.strip()
         now = self._clock()
         cached = self._cache.get(token)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+        caller = cached[1] if cached is not None and cached[0] > now else await self._verify(token, now)
+        if self.limiter is not None and (self.limiter.settings.operators or not caller.is_operator):
+            self.limiter.take(caller.token_id, caller.subject)
+        self._touch(caller.token_id, now)
+        return caller
+
+    async def _verify(self, token: str, now: float) -> Caller:
         match = _TOKEN_RE.match(token)
         rec = await self._store.get(f"_identity/tokens/{match.group(1)}") if match else None
         if rec is None or match is None:
@@ -193,14 +248,44 @@ class Identity:
         digest = hashlib.sha256(match.group(2).encode()).hexdigest()
         if not hmac.compare_digest(digest, record["digest"]):
             raise NodusError("Unauthorized", "the bearer token is not valid")
+        renew = (f"ask an operator for a new token (`nodus token create --project {record['project']} "
+                 f"--role {record['role']} --ttl 24h`) and use it instead")
+        if record.get("revokeTime"):
+            raise NodusError("Unauthorized", f'token "{record["id"]}" was revoked at {record["revokeTime"]}',
+                             fix=renew, name=record["id"], kind="tokens")
         if record.get("expireUnix") and record["expireUnix"] <= now:
-            raise NodusError("Unauthorized", "the bearer token has expired",
-                             fix="create a new token with `nodus token create`")
+            raise NodusError("Unauthorized", f'token "{record["id"]}" expired at {record["expireTime"]}',
+                             fix=renew, name=record["id"], kind="tokens")
         caller = Caller(record["subject"], record["project"], Role.parse(record["role"]), record["id"])
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[token] = (now + _CACHE_SECONDS, caller)
+        until = now + _CACHE_SECONDS
+        self._cache[token] = (min(until, record["expireUnix"]) if record.get("expireUnix") else until, caller)
         return caller
+
+    def _touch(self, token_id: str, now: float) -> None:
+        """Notes a use; the stored lastUseTime is written at most once a minute per token."""
+        self._used[token_id] = now
+        if now - self._flushed.get(token_id, -_TOUCH_SECONDS) < _TOUCH_SECONDS:
+            return
+        self._flushed[token_id] = now
+        if len(self._flushed) > 10_000:
+            self._flushed = {token_id: now}
+        task = asyncio.get_running_loop().create_task(self._write_last_use(token_id, now))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_last_use(self, token_id: str, now: float) -> None:
+        rec = await self._store.get(f"_identity/tokens/{token_id}")
+        if rec is None:
+            return
+        record = orjson.loads(rec.value)
+        record["lastUseTime"] = _stamp(now)
+        try:
+            await self._store.update(rec.key, orjson.dumps(record), rec.revision)
+        except NodusError as e:  # a revocation won the race; the next use writes it
+            if e.reason != "Conflict":
+                log.warning("token %s: cannot record its last use: %s", token_id, e.message)
 
     # -- agent join tokens ------------------------------------------------------------------------
     async def create_join_token(self) -> str:
@@ -236,3 +321,7 @@ class Identity:
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("digest", "expireUnix")}
+
+
+def _stamp(unix: float) -> str:
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

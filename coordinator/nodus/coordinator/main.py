@@ -52,6 +52,7 @@ from .store.opening import open_store
 from .enrol import Enrolments
 from .tls import CertificateAuthority, TlsFiles, agent_credentials, ensure_tls, grpc_credentials, write_private
 from .vault import Vault, load_or_create_key
+from . import tokens_settings, vault_rotate
 
 log = logging.getLogger("nodus.coordinator")
 
@@ -177,7 +178,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
     store = await open_store(args.store_url, data_dir)
-    identity = Identity(store)
+    identity = tokens_settings.identity(store, args, data_dir)  # rate limits, audit log (ADR 0046)
     vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
     fleet = Fleet(Cache(store), clock)  # the watch-fed view the controllers and the estimates read
@@ -213,7 +214,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                                        agent_port=agent_listen, node_peer=plane.agents.peer)
     plane.agents.agent_port = grpc_server.agent_port
     app, gateway = make_app(service)
-    gateway.replica = plane.replica_status  # /readyz?verbose: leader or follower, epoch, watch lag
     app[downloads.BLOBS] = blobs
     app[image_routes.IMAGES] = ImagePushService(resolver.operator, resolver, data_dir / "image-uploads")
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -469,13 +469,14 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(_defaults=DEFAULTS)
     replica_settings.add_flags(p)  # --leader-lease, --leader-renew-interval (ADR 0043)
     add_blob_flags(p)  # --blob-url, --blob-endpoint, --blob-region (ADR 0044)
+    tokens_settings.add_flags(p)  # --rate-limit, --rate-burst, --audit-log-* (ADR 0046)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] == ["store", "copy"]:
-        _store_copy(argv[2:])
+    if argv[:2] in (["store", "copy"], ["vault", "rotate"]):  # offline: the coordinator stopped
+        (_store_copy if argv[0] == "store" else vault_rotate.main)(argv[2:])
         return
     args = daemon_config.resolve(parser(), argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16nodus/v1/project.proto\x12\x08nodus.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n\x07Project\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x14\x43reateProjectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\"\x15\n\x13ListProjectsRequest\";\n\x14ListProjectsResponse\x12#\n\x08projects\x18\x01 \x03(\x0b\x32\x11.nodus.v1.Project\"\xb5\x01\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x0f\n\x07project\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0e\n\x06secret\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Y\n\x12\x43reateTokenRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07subject\x18\x03 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x03\"$\n\x11ListTokensRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\"5\n\x12ListTokensResponse\x12\x1f\n\x06tokens\x18\x01 \x03(\x0b\x32\x0f.nodus.v1.Token\" \n\x12RevokeTokenRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xa8\x01\n\x07\x43redits\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x15\n\ravailable_usd\x18\x02 \x01(\t\x12\x10\n\x08held_usd\x18\x03 \x01(\t\x12\x1c\n\x14spent_this_month_usd\x18\x04 \x01(\t\x12\r\n\x05month\x18\x05 \x01(\t\x12\x13\n\x0bgranted_usd\x18\x06 \x01(\t\x12!\n\x07\x62udgets\x18\x07 \x03(\x0b\x32\x10.nodus.v1.Budget\"\\\n\x13GrantCreditsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x12\n\namount_usd\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\"\x87\x01\n\x14GrantCreditsResponse\x12\"\n\x07\x63redits\x18\x01 \x01(\x0b\x32\x11.nodus.v1.Credits\x12\x0f\n\x07granted\x18\x02 \x01(\x08\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12-\n\tbook_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"$\n\x11GetCreditsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\"\xd1\x01\n\x06\x42udget\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\namount_usd\x18\x03 \x01(\t\x12\x30\n\x08selector\x18\x04 \x03(\x0b\x32\x1e.nodus.v1.Budget.SelectorEntry\x12\r\n\x05month\x18\x05 \x01(\t\x12\x10\n\x08used_usd\x18\x06 \x01(\t\x12\x10\n\x08left_usd\x18\x07 \x01(\t\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb2\x01\n\x10SetBudgetRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\namount_usd\x18\x03 \x01(\t\x12:\n\x08selector\x18\x04 \x03(\x0b\x32(.nodus.v1.SetBudgetRequest.SelectorEntry\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x13\x44\x65leteBudgetRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"%\n\x12ListBudgetsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\"8\n\x13ListBudgetsResponse\x12!\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x10.nodus.v1.Budget2\xbd\x05\n\x0eProjectService\x12\x42\n\rCreateProject\x12\x1e.nodus.v1.CreateProjectRequest\x1a\x11.nodus.v1.Project\x12M\n\x0cListProjects\x12\x1d.nodus.v1.ListProjectsRequest\x1a\x1e.nodus.v1.ListProjectsResponse\x12<\n\x0b\x43reateToken\x12\x1c.nodus.v1.CreateTokenRequest\x1a\x0f.nodus.v1.Token\x12G\n\nListTokens\x12\x1b.nodus.v1.ListTokensRequest\x1a\x1c.nodus.v1.ListTokensResponse\x12<\n\x0bRevokeToken\x12\x1c.nodus.v1.RevokeTokenRequest\x1a\x0f.nodus.v1.Token\x12M\n\x0cGrantCredits\x12\x1d.nodus.v1.GrantCreditsRequest\x1a\x1e.nodus.v1.GrantCreditsResponse\x12<\n\nGetCredits\x12\x1b.nodus.v1.GetCreditsRequest\x1a\x11.nodus.v1.Credits\x12\x39\n\tSetBudget\x12\x1a.nodus.v1.SetBudgetRequest\x1a\x10.nodus.v1.Budget\x12?\n\x0c\x44\x65leteBudget\x12\x1d.nodus.v1.DeleteBudgetRequest\x1a\x10.nodus.v1.Budget\x12J\n\x0bListBudgets\x12\x1c.nodus.v1.ListBudgetsRequest\x1a\x1d.nodus.v1.ListBudgetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16nodus/v1/project.proto\x12\x08nodus.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n\x07Project\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x14\x43reateProjectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\"\x15\n\x13ListProjectsRequest\";\n\x14ListProjectsResponse\x12#\n\x08projects\x18\x01 \x03(\x0b\x32\x11.nodus.v1.Project\"\x99\x02\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x0f\n\x07project\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0e\n\x06secret\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_use_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brevoke_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Y\n\x12\x43reateTokenRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07subject\x18\x03 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x03\"=\n\x11ListTokensRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x17\n\x0finclude_revoked\x18\x02 \x01(\x08\"5\n\x12ListTokensResponse\x12\x1f\n\x06tokens\x18\x01 \x03(\x0b\x32\x0f.nodus.v1.Token\" \n\x12RevokeTokenRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xa8\x01\n\x07\x43redits\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x15\n\ravailable_usd\x18\x02 \x01(\t\x12\x10\n\x08held_usd\x18\x03 \x01(\t\x12\x1c\n\x14spent_this_month_usd\x18\x04 \x01(\t\x12\r\n\x05month\x18\x05 \x01(\t\x12\x13\n\x0bgranted_usd\x18\x06 \x01(\t\x12!\n\x07\x62udgets\x18\x07 \x03(\x0b\x32\x10.nodus.v1.Budget\"\\\n\x13GrantCreditsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x12\n\namount_usd\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\"\x87\x01\n\x14GrantCreditsResponse\x12\"\n\x07\x63redits\x18\x01 \x01(\x0b\x32\x11.nodus.v1.Credits\x12\x0f\n\x07granted\x18\x02 \x01(\x08\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12-\n\tbook_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"$\n\x11GetCreditsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\"\xd1\x01\n\x06\x42udget\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\namount_usd\x18\x03 \x01(\t\x12\x30\n\x08selector\x18\x04 \x03(\x0b\x32\x1e.nodus.v1.Budget.SelectorEntry\x12\r\n\x05month\x18\x05 \x01(\t\x12\x10\n\x08used_usd\x18\x06 \x01(\t\x12\x10\n\x08left_usd\x18\x07 \x01(\t\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb2\x01\n\x10SetBudgetRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\namount_usd\x18\x03 \x01(\t\x12:\n\x08selector\x18\x04 \x03(\x0b\x32(.nodus.v1.SetBudgetRequest.SelectorEntry\x1a/\n\rSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x13\x44\x65leteBudgetRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"%\n\x12ListBudgetsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\"8\n\x13ListBudgetsResponse\x12!\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x10.nodus.v1.Budget2\xbd\x05\n\x0eProjectService\x12\x42\n\rCreateProject\x12\x1e.nodus.v1.CreateProjectRequest\x1a\x11.nodus.v1.Project\x12M\n\x0cListProjects\x12\x1d.nodus.v1.ListProjectsRequest\x1a\x1e.nodus.v1.ListProjectsResponse\x12<\n\x0b\x43reateToken\x12\x1c.nodus.v1.CreateTokenRequest\x1a\x0f.nodus.v1.Token\x12G\n\nListTokens\x12\x1b.nodus.v1.ListTokensRequest\x1a\x1c.nodus.v1.ListTokensResponse\x12<\n\x0bRevokeToken\x12\x1c.nodus.v1.RevokeTokenRequest\x1a\x0f.nodus.v1.Token\x12M\n\x0cGrantCredits\x12\x1d.nodus.v1.GrantCreditsRequest\x1a\x1e.nodus.v1.GrantCreditsResponse\x12<\n\nGetCredits\x12\x1b.nodus.v1.GetCreditsRequest\x1a\x11.nodus.v1.Credits\x12\x39\n\tSetBudget\x12\x1a.nodus.v1.SetBudgetRequest\x1a\x10.nodus.v1.Budget\x12?\n\x0c\x44\x65leteBudget\x12\x1d.nodus.v1.DeleteBudgetRequest\x1a\x10.nodus.v1.Budget\x12J\n\x0bListBudgets\x12\x1c.nodus.v1.ListBudgetsRequest\x1a\x1d.nodus.v1.ListBudgetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,37 +45,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPROJECTSRESPONSE']._serialized_start=248
   _globals['_LISTPROJECTSRESPONSE']._serialized_end=307
   _globals['_TOKEN']._serialized_start=310
-  _globals['_TOKEN']._serialized_end=491
-  _globals['_CREATETOKENREQUEST']._serialized_start=493
-  _globals['_CREATETOKENREQUEST']._serialized_end=582
-  _globals['_LISTTOKENSREQUEST']._serialized_start=584
-  _globals['_LISTTOKENSREQUEST']._serialized_end=620
-  _globals['_LISTTOKENSRESPONSE']._serialized_start=622
-  _globals['_LISTTOKENSRESPONSE']._serialized_end=675
-  _globals['_REVOKETOKENREQUEST']._serialized_start=677
-  _globals['_REVOKETOKENREQUEST']._serialized_end=709
-  _globals['_CREDITS']._serialized_start=712
-  _globals['_CREDITS']._serialized_end=880
-  _globals['_GRANTCREDITSREQUEST']._serialized_start=882
-  _globals['_GRANTCREDITSREQUEST']._serialized_end=974
-  _globals['_GRANTCREDITSRESPONSE']._serialized_start=977
-  _globals['_GRANTCREDITSRESPONSE']._serialized_end=1112
-  _globals['_GETCREDITSREQUEST']._serialized_start=1114
-  _globals['_GETCREDITSREQUEST']._serialized_end=1150
-  _globals['_BUDGET']._serialized_start=1153
-  _globals['_BUDGET']._serialized_end=1362
-  _globals['_BUDGET_SELECTORENTRY']._serialized_start=1315
-  _globals['_BUDGET_SELECTORENTRY']._serialized_end=1362
-  _globals['_SETBUDGETREQUEST']._serialized_start=1365
-  _globals['_SETBUDGETREQUEST']._serialized_end=1543
-  _globals['_SETBUDGETREQUEST_SELECTORENTRY']._serialized_start=1315
-  _globals['_SETBUDGETREQUEST_SELECTORENTRY']._serialized_end=1362
-  _globals['_DELETEBUDGETREQUEST']._serialized_start=1545
-  _globals['_DELETEBUDGETREQUEST']._serialized_end=1597
-  _globals['_LISTBUDGETSREQUEST']._serialized_start=1599
-  _globals['_LISTBUDGETSREQUEST']._serialized_end=1636
-  _globals['_LISTBUDGETSRESPONSE']._serialized_start=1638
-  _globals['_LISTBUDGETSRESPONSE']._serialized_end=1694
-  _globals['_PROJECTSERVICE']._serialized_start=1697
-  _globals['_PROJECTSERVICE']._serialized_end=2398
+  _globals['_TOKEN']._serialized_end=591
+  _globals['_CREATETOKENREQUEST']._serialized_start=593
+  _globals['_CREATETOKENREQUEST']._serialized_end=682
+  _globals['_LISTTOKENSREQUEST']._serialized_start=684
+  _globals['_LISTTOKENSREQUEST']._serialized_end=745
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=747
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=800
+  _globals['_REVOKETOKENREQUEST']._serialized_start=802
+  _globals['_REVOKETOKENREQUEST']._serialized_end=834
+  _globals['_CREDITS']._serialized_start=837
+  _globals['_CREDITS']._serialized_end=1005
+  _globals['_GRANTCREDITSREQUEST']._serialized_start=1007
+  _globals['_GRANTCREDITSREQUEST']._serialized_end=1099
+  _globals['_GRANTCREDITSRESPONSE']._serialized_start=1102
+  _globals['_GRANTCREDITSRESPONSE']._serialized_end=1237
+  _globals['_GETCREDITSREQUEST']._serialized_start=1239
+  _globals['_GETCREDITSREQUEST']._serialized_end=1275
+  _globals['_BUDGET']._serialized_start=1278
+  _globals['_BUDGET']._serialized_end=1487
+  _globals['_BUDGET_SELECTORENTRY']._serialized_start=1440
+  _globals['_BUDGET_SELECTORENTRY']._serialized_end=1487
+  _globals['_SETBUDGETREQUEST']._serialized_start=1490
+  _globals['_SETBUDGETREQUEST']._serialized_end=1668
+  _globals['_SETBUDGETREQUEST_SELECTORENTRY']._serialized_start=1440
+  _globals['_SETBUDGETREQUEST_SELECTORENTRY']._serialized_end=1487
+  _globals['_DELETEBUDGETREQUEST']._serialized_start=1670
+  _globals['_DELETEBUDGETREQUEST']._serialized_end=1722
+  _globals['_LISTBUDGETSREQUEST']._serialized_start=1724
+  _globals['_LISTBUDGETSREQUEST']._serialized_end=1761
+  _globals['_LISTBUDGETSRESPONSE']._serialized_start=1763
+  _globals['_LISTBUDGETSRESPONSE']._serialized_end=1819
+  _globals['_PROJECTSERVICE']._serialized_start=1822
+  _globals['_PROJECTSERVICE']._serialized_end=2523
 # @@protoc_insertion_point(module_scope)

@@ -38,7 +38,7 @@ class ListProjectsResponse(_message.Message):
     def __init__(self, projects: _Optional[_Iterable[_Union[Project, _Mapping]]] = ...) -> None: ...
 
 class Token(_message.Message):
-    __slots__ = ("id", "subject", "project", "role", "secret", "create_time", "expire_time")
+    __slots__ = ("id", "subject", "project", "role", "secret", "create_time", "expire_time", "last_use_time", "revoke_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     PROJECT_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class Token(_message.Message):
     SECRET_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_USE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     subject: str
     project: str
@@ -53,7 +55,9 @@ class Token(_message.Message):
     secret: str
     create_time: _timestamp_pb2.Timestamp
     expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., subject: _Optional[str] = ..., project: _Optional[str] = ..., role: _Optional[str] = ..., secret: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    last_use_time: _timestamp_pb2.Timestamp
+    revoke_time: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., subject: _Optional[str] = ..., project: _Optional[str] = ..., role: _Optional[str] = ..., secret: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_use_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoke_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
     __slots__ = ("project", "role", "subject", "ttl_seconds")
@@ -68,10 +72,12 @@ class CreateTokenRequest(_message.Message):
     def __init__(self, project: _Optional[str] = ..., role: _Optional[str] = ..., subject: _Optional[str] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class ListTokensRequest(_message.Message):
-    __slots__ = ("project",)
+    __slots__ = ("project", "include_revoked")
     PROJECT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_REVOKED_FIELD_NUMBER: _ClassVar[int]
     project: str
-    def __init__(self, project: _Optional[str] = ...) -> None: ...
+    include_revoked: bool
+    def __init__(self, project: _Optional[str] = ..., include_revoked: _Optional[bool] = ...) -> None: ...
 
 class ListTokensResponse(_message.Message):
     __slots__ = ("tokens",)

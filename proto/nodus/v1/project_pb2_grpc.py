@@ -114,14 +114,16 @@ class ProjectServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTokens(self, request, context):
-        """ListTokens lists a project's tokens that are not revoked, without their secrets.
+        """ListTokens lists a project's tokens that are not revoked (all of them with include_revoked),
+        without their secrets, with when each was last used.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RevokeToken(self, request, context):
-        """RevokeToken revokes a token at once; requests that present it fail with Unauthorized.
+        """RevokeToken revokes a token at once; requests that present it fail with Unauthorized naming its
+        id. Revoking a revoked token answers it unchanged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

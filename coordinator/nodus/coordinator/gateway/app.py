@@ -19,7 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..api.core import resolve_core
 from ..api.kinds import KindInfo, resolve
 from ..errors import NodusError, new_request_id
-from ..identity import Caller
+from ..audit import AuditEntry
+from ..identity import Caller, Role
 from ..money import quote
 from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
 from ..resources import ResourceService
@@ -37,6 +38,7 @@ _PATCH_TYPES = {
     "application/json-patch+json": "json",
 }
 _FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
+_WRITES = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 SERVICE: web.AppKey[ResourceService] = web.AppKey("service", ResourceService)
 
 
@@ -83,12 +85,25 @@ async def _middleware(request: web.Request, handler: Callable[[web.Request], Awa
         response.headers["Audit-Id"] = rid
     verb = request.get("verb", verb)
     resource = request.get("resource", "")
+    if request.method in _WRITES:
+        _audit(request, verb, resource, response.status, rid)
     REQUESTS.labels("rest", verb, resource, str(response.status)).inc()
     LATENCY.labels("rest", verb).observe(time.perf_counter() - started)
     # Every request is logged with its id; errors at INFO so support can find a customer's requestId.
     log.log(logging.INFO if response.status >= 400 else logging.DEBUG, "%s %s %s -> %s", rid,
             request.method, request.path_qs, response.status)
     return response
+
+
+def _audit(request: web.Request, verb: str, resource: str, status: int, rid: str) -> None:
+    """A write's line in the audit log (audit.py): who, what, the outcome; never its body."""
+    log_ = request.app[SERVICE].identity.audit
+    if log_ is None:
+        return
+    caller: Caller | None = request.get("caller")
+    log_.record(AuditEntry(rid, "rest", verb, resource or request.path, request.match_info.get("namespace", ""),
+                           request.match_info.get("name", "") or request.get("name", ""), str(status),
+                           caller.token_id if caller else "", caller.subject if caller else ""))
 
 
 class Gateway:
@@ -98,8 +113,6 @@ class Gateway:
         """A dry run's ETag is keyed (money/quote.py); the signer is made on the first one."""
         self.openapi = discovery.build_openapi()
         self.ready = False
-        self.replica: Callable[[], Awaitable[dict[str, Any]]] | None = None
-        """This replica's role, lease epoch and watch lag (main.py wires the control plane's)."""
         self._watches: set[asyncio.Task[Any]] = set()
         self._closing = False
 
@@ -112,8 +125,11 @@ class Gateway:
 
     # -- helpers ----------------------------------------------------------------------------------
     async def caller(self, request: web.Request) -> Caller:
-        """Who sent `request` (its bearer token authenticated); the routes of downloads and images ask too."""
-        return await self.service.identity.authenticate(request.headers.get("Authorization"))
+        """Who sent `request` (its bearer token authenticated, within its rate limit); the routes of
+        downloads and images ask too. The audit log names the caller (the middleware's _audit)."""
+        caller = await self.service.identity.authenticate(request.headers.get("Authorization"))
+        request["caller"] = caller
+        return caller
 
     @staticmethod
     def _info(request: web.Request) -> KindInfo:
@@ -191,19 +207,17 @@ class Gateway:
         return web.Response(text="ok")
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """"ok" once serving; `?verbose` (as kube-apiserver's) adds whether this replica leads the
-        controllers or follows, the lease epoch it last saw, and how far its watches lag the store."""
         if not self.ready:
             return web.Response(text="not ready", status=503)
-        if "verbose" not in request.query or self.replica is None:
-            return web.Response(text="ok")
-        status = await self.replica()
-        lines = [f"{key}: {value}" for key, value in status.items()]
-        return web.Response(text="\n".join(["[+]ping ok", *lines, "readyz check passed"]) + "\n")
+        return web.Response(text="ok")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        if self.replica is not None:
-            await self.replica()  # refreshes the watch lag gauge
+        """Prometheus text for an operator token or a `metrics` one (docs/adr/0046-tokens-rate-limits-audit.md)."""
+        caller = await self.caller(request)
+        if not (caller.is_operator or caller.role == Role.METRICS):
+            raise NodusError("Forbidden", f'User "{caller.subject}" cannot read /metrics',
+                             fix="scrape with a metrics token (`nodus token create --project '*' --role metrics`) "
+                                 "or an operator's (DATA_DIR/kubeconfig)")
         STORE_REVISION.set(self.service.store.revision)
         STORE_COMPACTED.set(self.service.store.compacted_revision)
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -267,6 +281,7 @@ class Gateway:
             obj, warnings = await self.service.create(caller, info, project, body, dry_run=dry_run,
                                                       field_validation=self._field_validation(request),
                                                       if_match=request.headers.get("If-Match", ""))
+            request["name"] = obj["metadata"].get("name", "")  # the audit log's, for a generateName
             response = self._respond(request, info, obj, 201, warnings)
             if dry_run:
                 response.headers["ETag"] = self._etag(obj)
