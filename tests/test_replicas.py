@@ -1,9 +1,10 @@
 """Three coordinator replicas on one PostgreSQL (docs/adr/0043-leader-lease-and-fencing.md): one leads
 the controllers, every one serves the API, and `kill -9` of the leader during a burst of creates hands
-the lease to another replica without losing an acknowledged create or creating an Attempt twice.
+the lease to another replica without losing an acknowledged create or creating an Attempt twice; with
+two agents connected to the followers, Jobs running across the kill keep running and finish, and a
+REST watch through a surviving replica sees every write to the Jobs once.
 
-No agents here: the Jobs wait for placement, which is enough to see that the controllers run on one
-replica at a time (each Job gets exactly one Attempt) across the takeover. No blobs either.
+No blobs: the Jobs write no outputs or checkpoints (several replicas need --blob-url s3://… for those).
 """
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 import requests
 from conftest import Coordinator, job
+from e2e import AGENT_ENV, attempts_of, joined, wait_status
+from agent_double import AgentProcess
 from postgres import postgres_cluster  # noqa: F401 - the session fixture
-from test_durability import wait_for
+from test_durability import Watcher, list_rv, wait_for
 
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
@@ -125,5 +129,111 @@ def test_kill_9_of_the_leader_during_a_burst_hands_over_and_loses_nothing(
         assert first_2 is not None and first_2[0] is not None
         assert late_1 == (0,)
     finally:
+        for r in (a, b, c):
+            r.kill()
+
+
+class Burst:
+    """Creates Jobs through the given replicas from several threads, recording each 201's uid."""
+
+    def __init__(self, targets: list[Coordinator], workers: int = 8, **spec: Any) -> None:
+        self.answered: dict[str, str] = {}
+        self.unexpected: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._spec = spec
+        self._threads = [threading.Thread(target=self._run, args=(w, targets[w % len(targets)]), daemon=True)
+                         for w in range(workers)]
+
+    def _run(self, worker: int, replica: Coordinator) -> None:
+        s = replica.session()
+        for i in range(100000):
+            if self._stop.is_set():
+                return
+            name = f"b-{worker}-{i}"
+            r = s.post(replica.url(JOBS), json=job(name, **self._spec), timeout=30)
+            if r.status_code != 201:
+                self.unexpected.append(f"{name}: {r.status_code} {r.text}")
+                return
+            with self._lock:
+                self.answered[name] = r.json()["metadata"]["uid"]
+
+    def __enter__(self) -> "Burst":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+
+    def until(self, count: int) -> None:
+        wait_for(lambda: len(self.answered) >= count or bool(self.unexpected), 90, f"{count} answered creates", 0.01)
+        assert not self.unexpected, self.unexpected[:5]
+
+
+def test_jobs_running_on_agents_of_the_followers_finish_across_kill_9_of_the_leader(
+        tmp_path: Path, postgres_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    url = postgres_cluster.database()
+    a, b, c = replicas(tmp_path, url, monkeypatch, 3)
+    agents = [AgentProcess(tmp_path / f"n{i}", r.grpc, r.join_token, node=f"rep-n{i}", env=AGENT_ENV,
+                           extra_args=("--advertise-address", "127.0.0.1")).start() for i, r in enumerate((b, c))]
+    watcher = Watcher(c, list_rv(c))  # through a replica that survives, from before every write below
+    watcher.start()
+    try:
+        with joined(agents):
+            wait_for(lambda: status(a).get("role") == "leader", 30, "the first replica leading")
+            sleeper = ["python3", "-c", "import time; time.sleep(6); print('done')"]
+            running = [f"run-{i}" for i in range(4)]
+            for i, name in enumerate(running):
+                r = (b, c)[i % 2].session().post((b, c)[i % 2].url(JOBS), json=job(name, command=sleeper))
+                assert r.status_code == 201, r.text
+            for name in running:
+                wait_status(c, name, lambda s: s.get("phase") == "Running", 60, f"{name} running")
+            before = {name: [att["metadata"]["uid"] for att in attempts_of(c, name)] for name in running}
+            assert all(len(uids) == 1 for uids in before.values()), before
+            assert {att["spec"]["node"] for name in running for att in attempts_of(c, name)} <= {"rep-n0", "rep-n1"}
+
+            with Burst([b, c], state="Suspended") as burst:  # creates only: Suspended Jobs get no Attempt
+                burst.until(50)
+                killed = time.monotonic()
+                a.kill()
+                wait_for(lambda: "leader" in (status(b).get("role"), status(c).get("role")), 30, "a new leader")
+                took = time.monotonic() - killed
+                burst.until(150)
+            print(f"takeover after kill -9 with two agents: {took:.2f}s (lease 3s, renew interval 1s)")
+            assert {status(r)["epoch"] for r in (b, c)} == {"2"}
+
+            for name in running:  # the same attempts, never replaced, finish
+                wait_status(c, name, lambda s: s.get("phase") == "Succeeded", 90, f"{name} to succeed")
+                assert [att["metadata"]["uid"] for att in attempts_of(c, name)] == before[name]
+
+            items = c.session().get(c.url(JOBS)).json()["items"]
+            stored = {i["metadata"]["name"]: i["metadata"]["uid"] for i in items}
+            assert len(stored) == len(items) == len(burst.answered) + len(running)
+            assert all(stored.get(n) == uid for n, uid in burst.answered.items())
+            listed = c.session().get(c.url(ATTEMPTS)).json()["items"]
+            per_job = collections.Counter(str(att["spec"]["job"]) for att in listed)
+            assert per_job == collections.Counter({name: 1 for name in running})
+
+            # The watch through c saw every write to the Jobs, each once, in order.
+            with psycopg.connect(url) as conn:
+                # Both agents' heartbeats, written through the followers, kept their nodes' leases alive
+                # for the new leader's lease controller.
+                for node in ("rep-n0", "rep-n1"):
+                    row = conn.execute("SELECT value FROM kv WHERE key = %s", (f"_leases/{node}",)).fetchone()
+                    assert row is not None and orjson.loads(row[0]).get("expired") is False, row
+                head = conn.execute("SELECT max(revision) FROM log WHERE key LIKE 'jobs/default/%'").fetchone()
+                assert head is not None
+                wait_for(lambda: watcher.last_rv >= head[0], 30, "the watch to catch up")
+                logged = [row[0] for row in conn.execute(
+                    "SELECT revision FROM log WHERE key LIKE 'jobs/default/%%' AND revision > %s AND revision <= %s "
+                    "ORDER BY revision", (watcher.events[0].rv - 1 if watcher.events else 0, head[0]))]
+            seen = [e.rv for e in watcher.events if e.rv <= head[0]]
+            assert not watcher.errors, watcher.errors
+            assert seen == logged, f"{len(seen)} events seen, {len(logged)} written"
+    finally:
+        watcher.stopping.set()
         for r in (a, b, c):
             r.kill()
