@@ -192,11 +192,16 @@ async def job_phases(c: Coordinator, label: str) -> dict[str, int]:
             params = {**params, "continue": token}
 
 
+def gpus_per_agent(args: argparse.Namespace, n: int) -> int:
+    """Room for every attempt of the burst at once beside each agent's long attempt, at least 8."""
+    return int(args.gpus or max(8, math.ceil(args.attempts / n) + 1))
+
+
 def start_fleet(args: argparse.Namespace, c: Coordinator, n: int, identity_root: Path) -> Fleet:
     spawn = mp.get_context("spawn")
     procs = max(1, min(args.processes, n))
     names = [f"sim-{i:04d}" for i in range(n)]
-    gpus = args.gpus or max(8, math.ceil(args.attempts / n))
+    gpus = gpus_per_agent(args, n)
     workers = []
     for k in range(procs):
         parent, child = spawn.Pipe()
@@ -235,8 +240,7 @@ def anchor(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, 
 
 
 async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str], out: dict[str, Any]) -> None:
-    hb = f"{args.heartbeat:g}s"
-    c = start_coordinator(root, "--heartbeat-interval", hb, *store)
+    c = start_coordinator(root, "--heartbeat-interval", f"{args.heartbeat:g}s", *store)
     out["coordinator"] = c
     ep = json.loads((c.data / "endpoints.json").read_text())
     api.log(f"{n} agents: coordinator at {c.http}, gRPC {c.grpc}, agent port {ep.get('agent')}")
@@ -265,32 +269,20 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
     trickle: dict[str, float] = {}
     for k in range(args.trickle):
         before = fleet.status()["received"]
-        one, errors, _ = await create_jobs(c, [f"t-{k:03d}"], "fleet-trickle", 1)
+        one, _, _ = await create_jobs(c, [f"t-{k:03d}"], "fleet-trickle", 1)
         trickle.update(one)
         fleet.wait("trickle", lambda s: s["received"] > before, 60)
-    names = [f"j-{k:05d}" for k in range(args.attempts)]
-    api.log(f"burst: {args.attempts} Jobs, concurrency {args.concurrency}")
-    t0 = time.monotonic()
-    created, errors, took = await create_jobs(c, names, "fleet", args.concurrency)
-    out["create"] = {"acked": len(created), "errors": errors[:3], "n_errors": len(errors), "seconds": took}
-    ended = len(created) + len(trickle)
-    status, ok = fleet.wait("drain", lambda s: s["ended"] >= ended, args.drain_timeout)
-    drained = time.monotonic() - t0
-    receipts = [t for per in fleet.ask("receipts") for t in per]
-    lat = [t - created[job] for job, t in receipts if job in created]
-    api.log(f"drained in {drained:.1f}s; waiting for every Job to be Succeeded")
-    deadline = time.monotonic() + args.drain_timeout
-    phases = await job_phases(c, "fleet")
-    while phases.get("Succeeded", 0) < len(created) and time.monotonic() < deadline:
-        await asyncio.sleep(5)
-        phases = await job_phases(c, "fleet")
-    out["burst"] = {"lat": lat, "received": len(lat), "ended": status["ended"] - len(trickle), "drained_s": drained,
-                    "ok": ok, "phases": phases, "succeeded_s": time.monotonic() - t0,
-                    "trickle": [t - trickle[job] for job, t in receipts if job in trickle]}
-    api.log("steady state after the drain")
-    out["settle_after"] = steady(c.proc.pid, 120)
-    out["after"] = measure_steady(args, c, fleet)
+    out["trickle"] = trickle
+    await storm(args, n, root, store, ep, out)
+    await burst(args, out["coordinator"], fleet, out)
+
+
+async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], ep: dict[str, Any],
+                out: dict[str, Any]) -> None:
+    """One long attempt on every agent, then a restart on the same data dir and ports: re-synchronisation."""
+    c = out["coordinator"]
     api.log(f"reconnect storm: one long attempt on each of {n} agents, then a restart")
+    fleet: Fleet = out["fleet"]
     long_names = [f"long-{k:04d}" for k in range(n)]
     long_created, long_errors, _ = await create_jobs(c, long_names, "fleet-long", args.concurrency,
                                                      {RUN_ENV: str(LONG_RUN_S)})
@@ -302,8 +294,8 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
     stopped = time.monotonic() - t_stop
     (c.data / "endpoints.json").unlink(missing_ok=True)
     t_spawn = time.monotonic()
-    c = start_coordinator(root, "--heartbeat-interval", hb, *store, "--http-listen", http, "--grpc-listen", grpc_addr,
-                          *(["--agent-listen", agent] if agent else []))
+    c = start_coordinator(root, "--heartbeat-interval", f"{args.heartbeat:g}s", *store, "--http-listen", http,
+                          "--grpc-listen", grpc_addr, *(["--agent-listen", agent] if agent else []))
     out["coordinator"] = c
     serving = time.monotonic() - t_spawn
     deadline = t_spawn + args.storm_timeout
@@ -317,14 +309,50 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
     kept = fleet.status()["live"]
     out["storm"] = {"synced": synced, "resync_s": (last - t_spawn) if synced >= n else None, "serving_s": serving,
                     "stopped_s": stopped, "live_before": live["live"], "kept": kept, "long_errors": long_errors[:3]}
-    api.log(f"{synced} of {n} re-synchronised; stopping this fleet")
+    api.log(f"{synced} of {n} re-synchronised")
+
+
+async def burst(args: argparse.Namespace, c: Coordinator, fleet: Fleet, out: dict[str, Any]) -> None:
+    """--attempts one-GPU Jobs through REST at once: each one's create → its first assignment at an agent."""
+    trickle = out["trickle"]
+    names = [f"j-{k:05d}" for k in range(args.attempts)]
+    api.log(f"burst: {args.attempts} Jobs, concurrency {args.concurrency}")
+    t0 = time.monotonic()
+    ended0 = fleet.status()["ended"]
+    created, errors, took = await create_jobs(c, names, "fleet", args.concurrency)
+    out["create"] = {"acked": len(created), "errors": errors[:3], "n_errors": len(errors), "seconds": took}
+    status, ok = fleet.wait("drain", lambda s: s["ended"] - ended0 >= len(created), args.drain_timeout)
+    drained = time.monotonic() - t0
+    first: dict[str, float] = {}
+    attempts = 0
+    for job, t in (job_t for per in fleet.ask("receipts") for job_t in per):
+        if job in created or job in trickle:
+            attempts += job in created
+            first[job] = min(t, first.get(job, t))
+    phases: dict[str, int] = {}
+    if ok:
+        api.log(f"drained in {drained:.1f}s; waiting for every Job to be Succeeded")
+        deadline = time.monotonic() + args.drain_timeout
+        phases = await job_phases(c, "fleet")
+        while phases.get("Succeeded", 0) < len(created) and time.monotonic() < deadline:
+            await asyncio.sleep(5)
+            phases = await job_phases(c, "fleet")
+    out["burst"] = {"lat": [first[j] - created[j] for j in created if j in first], "attempts": attempts,
+                    "ended": status["ended"] - ended0, "drained_s": drained, "ok": ok, "phases": phases,
+                    "succeeded_s": time.monotonic() - t0, "trickle": [first[j] - trickle[j] for j in trickle if j in first]}
+    if ok:
+        api.log("steady state after the drain")
+        out["settle_after"] = steady(c.proc.pid, 120)
+        out["after"] = measure_steady(args, c, fleet)
+    else:
+        api.log(f"the burst did not drain in {args.drain_timeout:g}s: no steady state after it")
 
 
 def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, Any]:
     root = tmp / f"agents-{n}"
     root.mkdir()
     store = ["--store-url", pg.database()] if pg is not None else []
-    out: dict[str, Any] = {"n": n, "gpus": args.gpus or max(8, math.ceil(args.attempts / n))}
+    out: dict[str, Any] = {"n": n, "gpus": gpus_per_agent(args, n)}
     try:
         asyncio.run(one_size(args, n, root, store, out))
     except Exception:

@@ -258,8 +258,8 @@ async def _worker(conn: Connection, cfg: dict[str, Any]) -> None:
                         "live": sum(1 for n in nodes for a in n.attempts.values() if not a.terminal),
                         "ended": sum(len(n.ended) for n in nodes)},))
         elif command == "resync":
-            for n in nodes:
-                n.synced_at = -1.0  # the next FullState + Hello ack sets it
+            for n in nodes:  # the next stream's FullState and its Hello's ack set it
+                n.synced_at, n.full_state, n.hello_acked = -1.0, False, False
             conn.send(("ok",))
         elif command == "synced":
             times = [n.synced_at for n in nodes if n.synced_at >= 0]
