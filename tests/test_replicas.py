@@ -9,6 +9,7 @@ No blobs: the Jobs write no outputs or checkpoints (several replicas need --blob
 from __future__ import annotations
 
 import collections
+import signal
 import shutil
 import threading
 import time
@@ -163,6 +164,10 @@ class Burst:
             t.start()
         return self
 
+    def stop(self) -> None:
+        """No new creates (those in flight still get their answers)."""
+        self._stop.set()
+
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         for t in self._threads:
@@ -236,4 +241,54 @@ def test_jobs_running_on_agents_of_the_followers_finish_across_kill_9_of_the_lea
     finally:
         watcher.stopping.set()
         for r in (a, b, c):
+            r.kill()
+
+
+def test_a_leader_frozen_and_cut_off_from_postgresql_commits_nothing_after_the_takeover(
+        tmp_path: Path, postgres_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    url = postgres_cluster.database()
+    a, b = replicas(tmp_path, url, monkeypatch, 2)
+    assert a.proc is not None
+    try:
+        wait_for(lambda: [status(r).get("role") for r in (a, b)] == ["leader", "follower"], 30, "a leading")
+        with Burst([a], workers=4) as burst:  # a's controllers busy creating their Attempts
+            burst.until(40)
+            a.proc.send_signal(signal.SIGSTOP)  # a still believes it leads, with its decisions in flight
+            burst.stop()
+            with psycopg.connect(postgres_cluster.url("postgres"), autocommit=True) as admin:
+                killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                       "WHERE application_name = %s", (f"nodus-coordinator pid={a.proc.pid}",)
+                                       ).fetchone()
+            assert killed is not None and killed[0] >= 2
+            wait_for(lambda: status(b).get("role") == "leader", 30, "b to take over")
+            assert status(b)["epoch"] == "2"
+            names = [f"after-{i}" for i in range(20)]
+            for name in names:  # Jobs a's controllers have not seen: on waking, a's cache hands them over
+                assert b.session().post(b.url(JOBS), json=job(name)).status_code == 201
+            a.proc.send_signal(signal.SIGCONT)  # the burst's requests held by the frozen a are answered now
+        wait_for(lambda: status(a).get("role") == "follower", 30, "a to notice it lost the lease")
+        assert status(a)["epoch"] == "2" and status(a)["leader"] == status(b)["holder"]
+        lost = [line for line in a.session().get(a.url("/metrics")).text.splitlines()
+                if line.startswith('nodus_leader_lease_changes_total{change="lost"}')]
+        assert lost == ['nodus_leader_lease_changes_total{change="lost"} 1.0'], lost
+
+        def attempts() -> collections.Counter[str]:
+            listed = b.session().get(b.url(ATTEMPTS)).json()["items"]
+            return collections.Counter(str(att["spec"]["job"]) for att in listed)
+        names += list(burst.answered)
+        wait_for(lambda: set(attempts()) >= set(names), 60, "an Attempt for every Job")
+        assert all(n == 1 for n in attempts().values()), attempts()
+        with psycopg.connect(url) as conn:
+            first_2 = conn.execute("SELECT min(revision) FROM log WHERE epoch = 2").fetchone()
+            assert first_2 is not None and first_2[0] is not None
+            late_1 = conn.execute("SELECT count(*) FROM log WHERE epoch = 1 AND revision > %s", (first_2[0],)).fetchone()
+        assert late_1 == (0,)
+        # Whether a's controllers tried a write before its next claim told it is a race; when they did,
+        # the store refused it (LeaderDeposed) and nothing of epoch 1 landed after epoch 2 began (above).
+        refused = a.log.read_text().count("another replica leads now, so this controller write was refused")
+        print(f"controller writes of the deposed a refused by the store (LeaderDeposed): {refused}")
+    finally:
+        if a.proc is not None and a.proc.poll() is None:
+            a.proc.send_signal(signal.SIGCONT)
+        for r in (a, b):
             r.kill()
