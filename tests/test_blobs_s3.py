@@ -284,6 +284,34 @@ def test_a_replica_follows_a_log_another_replica_writes(moto_endpoint: str, buck
     assert run(go()) == b"line0line1line2line3line4"
 
 
+def test_a_finished_log_is_compacted_into_one_object(client: Any, bucket: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodus.coordinator.blobs import s3_logs
+    monkeypatch.setattr(s3_logs, "PART", 4096)  # several parts (moto runs with a 1 KiB minimum)
+    writer, reader = (S3BlobStore(client, bucket, "c", spool_dir=tmp_path / n) for n in ("w", "r"))
+    data = os.urandom(40 * 1000)
+
+    async def go() -> None:
+        for i in range(40):
+            await writer.logs.append("att", i * 1000, data[i * 1000:(i + 1) * 1000])
+        assert await reader.logs.read("att", 0, len(data)) == data  # the reader knows the 40 chunks
+        await writer.logs.append("att", len(data), b"", eof=True)
+        await writer.logs.settle()
+        assert keys(client, bucket, "c/logs/") == ["c/logs/att/eof", "c/logs/att/whole"]
+        assert client.list_multipart_uploads(Bucket=bucket).get("Uploads") in (None, [])
+        assert await reader.logs.read("att", 0, len(data)) == data, "chunks gone: the reader finds the whole"
+        cold = S3BlobStore(client, bucket, "c", spool_dir=tmp_path / "c").logs
+        assert (await cold.state("att")).size == len(data) and (await cold.state("att")).eof
+        assert await cold.read("att", 5, 100) == data[5:105]
+        assert b"".join([d async for d in cold.follow("att", 39_000)]) == data[39_000:]
+        assert (await cold.append("att", 39_000, data[39_000:], eof=True)).size == len(data), "a resend is fine"
+        with pytest.raises(NodusError) as info:
+            await cold.append("att", len(data), b"more")
+        assert info.value.extra == {"size": len(data)}
+        assert await cold.delete("att") is True and keys(client, bucket, "c/logs/") == []
+    run(go())
+
+
 class Watch:
     """The real client, with the body of every upload call measured."""
 
@@ -323,9 +351,9 @@ def test_s3_layout_multipart_in_bounded_parts_and_no_leftovers(client: Any, buck
             await store.put(chunks(data, b"x"), sha(data))
         assert client.list_multipart_uploads(Bucket=bucket).get("Uploads") in (None, []), "a mismatch aborts"
         await store.logs.append("att-9", 0, b"abc")
-        await store.logs.append("att-9", 3, b"def", eof=True)
+        await store.logs.append("att-9", 3, b"def")
         assert keys(client, bucket, "p/logs/") == ["p/logs/att-9/00000000000000000000",
-                                                   "p/logs/att-9/00000000000000000003", "p/logs/att-9/eof"]
+                                                   "p/logs/att-9/00000000000000000003"]
     run(go())
 
 
@@ -347,3 +375,18 @@ def test_blob_url_is_checked_at_start(moto_endpoint: str, bucket: str, tmp_path:
         assert isinstance(await open_blobs(f"s3://{bucket}/x", tmp_path, moto_endpoint), S3BlobStore)
         assert not isinstance(await open_blobs("file://", tmp_path), S3BlobStore)
     run(go())
+
+
+def test_the_bench_reports_each_figure_beside_its_boto3_anchor() -> None:
+    """bench/blobs_s3.py --tiny, so that it does not rot (its figures are shape only)."""
+    import subprocess
+    import sys
+    bench = Path(__file__).resolve().parent.parent / "bench" / "blobs_s3.py"
+    done = subprocess.run([sys.executable, str(bench), "--tiny"], capture_output=True, text=True, timeout=240,
+                          cwd=bench.parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for figure, anchor in (("blob put", "anchor upload_fileobj"), ("blob read", "anchor get_object"),
+                           ("log append", "anchor put_object"), ("log read running", "anchor one object"),
+                           ("log read finished", "anchor one object")):
+        line = next((x for x in done.stdout.splitlines() if x.startswith(figure)), "")
+        assert anchor in line and "ratio" in line, done.stdout

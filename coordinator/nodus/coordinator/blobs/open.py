@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import NodusError
@@ -51,7 +52,7 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def s3_client(endpoint: str | None, region: str | None) -> object:
+def s3_client(endpoint: str | None, region: str | None) -> Any:
     """A boto3 S3 client with short connect timeouts and bounded retries (a store that does not
     answer fails calls in seconds, not minutes)."""
     import boto3  # imported only for S3

@@ -27,7 +27,7 @@ from typing import Any, AsyncIterable, AsyncIterator
 
 from ..errors import NodusError
 from .base import CHUNK, HEX, BlobRef, Blobs, check_digest, declared_problem, too_long
-from .s3_logs import S3LogStore, client_error, s3_code
+from .s3_logs import Calls, S3LogStore, client_error, s3_code
 
 log = logging.getLogger("nodus.blobs")
 
@@ -139,7 +139,8 @@ class S3BlobStore(Blobs):
         self.part_size = part_size
         self.spool_dir = Path(spool_dir)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
-        self.logs = S3LogStore(s3, bucket, self.prefix + "logs/", poll=log_poll)
+        self.calls = Calls()
+        self.logs = S3LogStore(s3, bucket, self.prefix + "logs/", poll=log_poll, calls=self.calls)
 
     def key(self, sha256: str) -> str:
         digest = check_digest(sha256)
@@ -181,14 +182,14 @@ class S3BlobStore(Blobs):
 
     # -- writes -----------------------------------------------------------------------------------
     async def put(self, chunks: AsyncIterable[bytes], sha256: str = "", size: int = 0) -> tuple[BlobRef, bool]:
-        upload = await asyncio.to_thread(S3Upload, self, sha256, size)
+        upload = await self.calls(S3Upload, self, sha256, size)
         try:
             async for data in chunks:
                 if data:
-                    await asyncio.to_thread(upload.write, data)
-            return await asyncio.to_thread(upload.commit)
+                    await self.calls(upload.write, data)
+            return await self.calls(upload.commit)
         except BaseException:
-            await asyncio.to_thread(upload.abort)
+            await self.calls(upload.abort)
             raise
 
     # -- reads ------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class S3BlobStore(Blobs):
         return BlobRef(check_digest(sha256), int(r["ContentLength"]))
 
     async def stat(self, sha256: str) -> BlobRef | None:
-        return await asyncio.to_thread(self.stat_blocking, sha256)
+        return await self.calls(self.stat_blocking, sha256)
 
     async def read(self, sha256: str, offset: int = 0, end: int | None = None,
                    chunk: int = CHUNK) -> AsyncIterator[bytes]:
@@ -212,7 +213,7 @@ class S3BlobStore(Blobs):
             return
         extra = {} if not offset and end is None else {"Range": f"bytes={offset}-{'' if end is None else end - 1}"}
         try:
-            r = await asyncio.to_thread(self.s3.get_object, Bucket=self.bucket, Key=key, **extra)
+            r = await self.calls(self.s3.get_object, Bucket=self.bucket, Key=key, **extra)
         except Exception as e:
             code = s3_code(e)
             if code in ("404", "NoSuchKey", "NotFound"):
@@ -223,12 +224,12 @@ class S3BlobStore(Blobs):
         body = r["Body"]
         try:
             while True:
-                data = await asyncio.to_thread(body.read, chunk)
+                data = await self.calls(body.read, chunk)
                 if not data:
                     return
                 yield data
         finally:
-            await asyncio.to_thread(body.close)
+            await self.calls(body.close)
 
     async def head(self, sha256: str, n: int) -> bytes:
         return b"".join([data async for data in self.read(sha256, 0, max(n, 1))])[:n]
@@ -241,7 +242,7 @@ class S3BlobStore(Blobs):
         try:
             with os.fdopen(fd, "wb") as f:
                 async for data in self.read(sha256):
-                    await asyncio.to_thread(f.write, data)
+                    await self.calls(f.write, data)
             yield path
         finally:
             path.unlink(missing_ok=True)
@@ -261,7 +262,7 @@ class S3BlobStore(Blobs):
             except Exception as e:
                 raise client_error(e, self.url) from e
             return found
-        return await asyncio.to_thread(walk)
+        return await self.calls(walk)
 
     async def delete(self, sha256: str) -> bool:
         key = self.key(sha256)
@@ -273,4 +274,4 @@ class S3BlobStore(Blobs):
             except Exception as e:
                 raise client_error(e, self.url) from e
             return existed
-        return await asyncio.to_thread(remove)
+        return await self.calls(remove)
