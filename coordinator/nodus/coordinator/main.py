@@ -26,7 +26,7 @@ from aiohttp import web
 
 from nodus import config as daemon_config
 
-from . import grpc_api, replica_settings
+from . import gc_settings, grpc_api, replica_settings
 from .api import units
 from .blobs.open import add_flags as add_blob_flags, from_args as open_blob_store
 from .clock import OffsetClock, SystemClock
@@ -191,6 +191,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     free_storage, retention_interval = _storage_settings(args)
     plane = ControlPlane(store, fleet, service, vault, clock, lease_duration=lease, heartbeat_interval=heartbeat,
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
+                         gc=gc_settings.gc(args),
                          free_storage=free_storage, image_registry=resolver.operator, event_ttl=_event_ttl(args),
                          leader=replica_settings.leader(args))
     await plane.start(controllers=args.controllers != "off")
@@ -467,6 +468,7 @@ def parser() -> argparse.ArgumentParser:
                         "collections do not rescan it (default on; docs/adr/0035-gc-freeze.md)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(_defaults=DEFAULTS)
+    gc_settings.add_flags(p)  # --blob-gc-interval, --blob-gc-grace (ADR 0047)
     replica_settings.add_flags(p)  # --leader-lease, --leader-renew-interval (ADR 0043)
     add_blob_flags(p)  # --blob-url, --blob-endpoint, --blob-region (ADR 0044)
     tokens_settings.add_flags(p)  # --rate-limit, --rate-burst, --audit-log-* (ADR 0046)

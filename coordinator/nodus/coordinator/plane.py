@@ -15,6 +15,7 @@ from typing import Any, Callable
 import grpc
 
 from .agents import AgentServicer
+from .blob_gc import BlobGc, GcSettings
 from .checkpoints import RETENTION_TICK, Retention
 from .agents import add_to_server as add_agent_service
 from .clock import Clock
@@ -51,6 +52,7 @@ class ControlPlane:
     def __init__(self, store: Store, fleet: Fleet, service: ResourceService, vault: Vault, clock: Clock, *,
                  lease_duration: float, heartbeat_interval: float, gangs: GangConfig = GangConfig(),
                  blobs: Any = None, retention_interval: float = RETENTION_TICK,
+                 gc: GcSettings = GcSettings(),
                  free_storage: int = FREE_STORAGE_BYTES, image_registry: OperatorRegistry | None = None,
                  event_ttl: float = EVENT_TTL, leader: LeaderSettings = LeaderSettings()) -> None:
         self.cache = fleet.cache
@@ -69,6 +71,7 @@ class ControlPlane:
         self.events = EventRecorder(self.cache, store, clock, ttl=event_ttl)
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
                                    tick=retention_interval) if blobs is not None else None
+        self.gc = BlobGc(store, self.cache, self.objects, blobs, clock, gc) if blobs is not None else None
         self.sinks = SinkLoader(self.cache, self.objects, blobs, vault)  # outputs into customers' tables
         self._identity = service.identity
         self._clock = clock
@@ -106,6 +109,8 @@ class ControlPlane:
                 ("output-sinks", self.sinks.run)]
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
+        if self.gc is not None:
+            runs.append(("blob-gc", self.gc.run))
         for name, run in runs:
             context = contextvars.copy_context()
             context.run(FENCE.set, fence)

@@ -44,10 +44,10 @@ def job_checkpoint_status(job: JobView, mine: Sequence[AttemptView],
 
 def storage_bytes(mine: Sequence[AttemptView], outputs: Sequence[dict[str, Any]] | None,
                   checkpoints: bool = True) -> tuple[int, int]:
-    """(owned, held): checkpoints (unless released: `checkpoints` False) plus outputs, in bytes; `held`
-    leaves out checkpoints in the customer's own bucket, which the customer's provider bills."""
+    """(owned, held): checkpoints (unless released: `checkpoints` False) plus outputs and logs, in bytes;
+    `held` leaves out checkpoints in the customer's own bucket, which the customer's provider bills."""
     kept = records(mine) if checkpoints else []
-    outs = sum(int(o.get("size") or 0) for o in outputs or [])
+    outs = sum(int(o.get("size") or 0) for o in outputs or []) + sum(a.log_bytes for a in mine)
     owned = sum(int(c.get("size") or 0) for c in kept)
     held = sum(int(c.get("size") or 0) for c in kept if not rules.in_s3(c))
     return owned + outs, held + outs

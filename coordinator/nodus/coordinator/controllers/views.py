@@ -175,6 +175,8 @@ class AttemptView:
     """status.inputs: {name, sha256} of each input as its agent materialized it."""
     warnings: tuple[Mapping[str, Any], ...] = ()
     """status.warnings: {code, message} notes that stop nothing (GpuUnhealthy: gpu_warnings.py)."""
+    log_bytes: int = 0
+    """status.logBytes: its log's size in the blob store, as garbage collection last measured it (blob_gc.py)."""
 
     @property
     def placed(self) -> bool:
@@ -211,7 +213,8 @@ class AttemptView:
                    restored_from_seq=int(status.get("restoredFromSeq") or 0),
                    resources=_dict(spec.get("resources")), image=spec.get("image") or "",
                    constraints=_dict(spec.get("placement")), tariff=_tariff(spec),
-                   inputs=_dicts(status.get("inputs")), warnings=_dicts(status.get("warnings")))
+                   inputs=_dicts(status.get("inputs")), warnings=_dicts(status.get("warnings")),
+                   log_bytes=int(status.get("logBytes") or 0))
 
 
 def _tariff(spec: Mapping[str, Any]) -> Tariff | None:
