@@ -390,3 +390,13 @@ def test_the_bench_reports_each_figure_beside_its_boto3_anchor() -> None:
                            ("log read finished", "anchor one object")):
         line = next((x for x in done.stdout.splitlines() if x.startswith(figure)), "")
         assert anchor in line and "ratio" in line, done.stdout
+
+
+def test_credentials_the_store_refuses_stop_the_start(tmp_path: Path) -> None:
+    """moto with its IAM checks on (INITIAL_NO_AUTH_ACTION_COUNT=0) knows no key, so it refuses ours."""
+    with moto_server(tmp_path, {**AWS_ENV, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+        with pytest.raises(NodusError) as info:
+            run(open_blobs("s3://some-bucket/p", tmp_path, endpoint))
+    assert info.value.reason == "ServiceUnavailable"
+    assert info.value.message.startswith("--blob-url s3://some-bucket/p/: access denied"), info.value.message
+    assert "AWS_ACCESS_KEY_ID" in (info.value.fix or "") and "s3:PutObject" in (info.value.fix or "")
