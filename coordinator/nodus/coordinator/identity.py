@@ -128,6 +128,7 @@ class Identity:
         self._used: dict[str, float] = {}
         self._flushed: dict[str, float] = {}
         self._writes: set[asyncio.Task[None]] = set()
+        self._follower: asyncio.Task[None] | None = None
 
     # -- projects ---------------------------------------------------------------------------------
     async def ensure_project(self, name: str, display_name: str = "") -> dict[str, Any]:
@@ -199,7 +200,7 @@ class Identity:
 
     async def revoke_token(self, token_id: str) -> dict[str, Any]:
         """Marks the token revoked (kept, so a request presenting it is told so by id); at once on this
-        replica, within the 5 s cache on others."""
+        replica, and on others as soon as their watch of the store delivers the write."""
         while True:
             rec = await self._store.get(f"_identity/tokens/{token_id}")
             if rec is None:
@@ -231,6 +232,8 @@ class Identity:
         if scheme.lower() != "bearer" or not token:
             raise NodusError("Unauthorized", "expected 'Authorization: Bearer <token>'")
         token = token.strip()
+        if self._follower is None:  # on the loop that serves, from the first request on
+            self._follower = asyncio.get_running_loop().create_task(self._follow_tokens())
         now = self._clock()
         cached = self._cache.get(token)
         caller = cached[1] if cached is not None and cached[0] > now else await self._verify(token, now)
@@ -262,6 +265,19 @@ class Identity:
         until = now + _CACHE_SECONDS
         self._cache[token] = (min(until, record["expireUnix"]) if record.get("expireUnix") else until, caller)
         return caller
+
+    async def _follow_tokens(self) -> None:
+        """Drops a token from the cache when its record changes in the store, so a revocation through
+        another replica (a shared PostgreSQL store) is refused here as soon as its write is seen."""
+        while True:
+            try:
+                async for event in self._store.watch("_identity/tokens/", self._store.revision):
+                    token_id = event.key.rsplit("/", 1)[-1]
+                    self._cache = {k: v for k, v in self._cache.items() if v[1].token_id != token_id}
+                return  # the store closed
+            except NodusError as e:  # compacted under a slow watch: follow again from now
+                self._cache.clear()
+                log.warning("token cache: following the store again (%s)", e.message)
 
     def _touch(self, token_id: str, now: float) -> None:
         """Notes a use; the stored lastUseTime is written at most once a minute per token."""
