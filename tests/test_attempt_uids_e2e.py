@@ -30,8 +30,8 @@ from nodus.agent.uids import UidRange
 
 RANGE = UidRange.parse("210000:1000")
 """This module's own range: agents of other modules run with --attempt-uids off (conftest.py)."""
-SECRET = "nodus-test-secret-7f3a9c"
-"""A recognisable value: it must show up in no log or status."""
+SECRET = "NODUS-TEST-SECRET-7f3a9c"
+"""A recognisable value (the suite's marker, tests/secret_scan.py): it must show up in no log or status."""
 TEAM_A = "/apis/nodus.dev/v1/namespaces/team-a"
 
 

@@ -63,8 +63,8 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def keys() -> dict[str, str]:
     """Distinctive keys, so that a leak is found by a plain search of the logs."""
-    return {"accessKeyId": "AKIA" + secrets.token_hex(8).upper(), "secretAccessKey": "sk-" + secrets.token_hex(20),
-            "sessionToken": "st-" + secrets.token_hex(24)}
+    return {"accessKeyId": "AKIA" + secrets.token_hex(8).upper(), "secretAccessKey": "sk-NODUS-TEST-SECRET-" + secrets.token_hex(20),
+            "sessionToken": "st-NODUS-TEST-SECRET-" + secrets.token_hex(24)}
 
 
 @pytest.fixture

@@ -154,7 +154,7 @@ def test_a_private_repository_needs_its_pull_secret_which_the_assignment_carries
     field, _ = refused_field(post(c, image_job("private", image, imagePullSecrets=["regcred"])))
     assert field == "spec.imagePullSecrets[0]"  # the Secret does not exist yet
     wrong = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "wrong"},
-             "stringData": {"username": "alice", "password": "nope"}}
+             "stringData": {"username": "alice", "password": "NODUS-TEST-SECRET-nope"}}
     assert c.session().post(c.url(SECRETS), json=wrong).status_code == 201
     field, message = refused_field(post(c, image_job("private", image, imagePullSecrets=["wrong"])))
     assert field == "spec.image" and "ImageUnauthorized" in message

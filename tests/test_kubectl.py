@@ -386,7 +386,7 @@ def test_max_cost_may_only_be_raised(shared_coordinator: Coordinator) -> None:
 
 def test_secret_value_is_never_shown(shared_coordinator: Coordinator) -> None:
     c = shared_coordinator
-    value, other = "kc-s3cr3t-value-8d1f2a", "kc-0ther-value-77c0e1"
+    value, other = "NODUS-TEST-SECRET-kc-value-8d1f2a", "NODUS-TEST-SECRET-kc-other-77c0e1"
     secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "kc-secret"},
               "stringData": {"HF_TOKEN": value}}
     out = kubectl(c, "apply", "-f", "-", input=yaml.safe_dump(secret))
@@ -413,12 +413,12 @@ def test_secret_value_is_never_shown(shared_coordinator: Coordinator) -> None:
 
 def test_secret_data_base64_is_never_shown(shared_coordinator: Coordinator) -> None:
     c = shared_coordinator
-    encoded = "a2Mtc2VjcmV0LWJ5dGVzLTkxZQ=="  # base64 of "kc-secret-bytes-91e"
+    encoded = "Tk9EVVMtVEVTVC1TRUNSRVQta2MtYnl0ZXMtOTFl"  # base64 of "NODUS-TEST-SECRET-kc-bytes-91e"
     secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "kc-secret-data"},
               "data": {"KEY": encoded}}
     kubectl(c, "apply", "-f", "-", input=yaml.safe_dump(secret))
     shown = kubectl(c, "get", "secret", "kc-secret-data", "-o", "json").stdout
-    assert encoded not in shown and "kc-secret-bytes-91e" not in shown, shown
+    assert encoded not in shown and "NODUS-TEST-SECRET-kc-bytes-91e" not in shown, shown
     assert json.loads(shown)["status"]["keys"] == ["KEY"]
 
 

@@ -48,7 +48,7 @@ def test_outputs_load_into_the_tables_their_sinks_name(coordinator: Coordinator,
         conn.execute("INSERT INTO results VALUES ('old', 0.1)")
         conn.execute("CREATE TABLE rows_seen (id bigint, label text)")
     post(coordinator, "secrets", {"kind": "Secret", "metadata": {"name": "pg"},
-                                  "stringData": {"user": where.username or "", "password": "unused-with-trust"}})
+                                  "stringData": {"user": where.username or "", "password": "NODUS-TEST-SECRET-unused-with-trust"}})
     post(coordinator, "connections", {"kind": "Connection", "metadata": {"name": "warehouse"}, "spec": {
         "type": "Postgres", "postgres": {"host": where.hostname, "port": where.port, "database": where.path[1:],
                                          "secret": "pg", "sslMode": "disable"}}})

@@ -204,21 +204,21 @@ def test_status_subresource(c: Coordinator) -> None:
 def test_secret_values_are_write_only_and_versioned(c: Coordinator) -> None:
     s = c.session()
     secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "hf"},
-              "stringData": {"HF_TOKEN": "hf_supersecretvalue"}}
+              "stringData": {"HF_TOKEN": "NODUS-TEST-SECRET-hf-1"}}
     r = create(c, secret, SECRETS)
     assert r.status_code == 201, r.text
-    assert "hf_supersecretvalue" not in r.text
+    assert "NODUS-TEST-SECRET-hf-1" not in r.text
     got = s.get(c.url(f"{SECRETS}/hf"))
-    assert "hf_supersecretvalue" not in got.text and got.json()["status"]["version"] == 1
+    assert "NODUS-TEST-SECRET-hf-1" not in got.text and got.json()["status"]["version"] == 1
     assert got.json()["status"]["keys"] == ["HF_TOKEN"]
-    same = s.patch(c.url(f"{SECRETS}/hf"), data=b'{"stringData":{"HF_TOKEN":"hf_supersecretvalue"}}',
+    same = s.patch(c.url(f"{SECRETS}/hf"), data=b'{"stringData":{"HF_TOKEN":"NODUS-TEST-SECRET-hf-1"}}',
                    headers=MERGE)
     assert same.status_code == 200 and same.json()["status"]["version"] == 1
-    new = s.patch(c.url(f"{SECRETS}/hf"), data=b'{"stringData":{"HF_TOKEN":"hf_rotated"}}', headers=MERGE)
+    new = s.patch(c.url(f"{SECRETS}/hf"), data=b'{"stringData":{"HF_TOKEN":"NODUS-TEST-SECRET-hf-2"}}', headers=MERGE)
     assert new.status_code == 200 and new.json()["status"]["version"] == 2
-    assert "hf_rotated" not in new.text
+    assert "NODUS-TEST-SECRET-hf-2" not in new.text
     listed = s.get(c.url(SECRETS)).text
-    assert "hf_rotated" not in listed and "hf_supersecretvalue" not in listed
+    assert "NODUS-TEST-SECRET-hf-2" not in listed and "NODUS-TEST-SECRET-hf-1" not in listed
     pinned = create(c, job("uses-secret", secrets=["hf"],
                            env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}}]))
     assert pinned.status_code == 201, pinned.text
