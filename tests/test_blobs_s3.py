@@ -17,7 +17,7 @@ import pytest
 from agent_double import free_port
 from motoserver import moto_server
 from nodus.coordinator.blobs.base import Blobs
-from nodus.coordinator.blobs.open import open_blobs
+from nodus.coordinator.blobs.open import open_blobs, shared
 from nodus.coordinator.blobs.s3 import S3BlobStore
 from nodus.coordinator.errors import NodusError
 
@@ -374,6 +374,11 @@ def test_blob_url_is_checked_at_start(moto_endpoint: str, bucket: str, tmp_path:
         assert "did not answer" in gone.message and "--blob-endpoint" in (gone.fix or "")
         assert isinstance(await open_blobs(f"s3://{bucket}/x", tmp_path, moto_endpoint), S3BlobStore)
         assert not isinstance(await open_blobs("file://", tmp_path), S3BlobStore)
+        elsewhere = await open_blobs(f"file://{tmp_path}/elsewhere", tmp_path)
+        ref = await elsewhere.put_bytes(b"kept elsewhere")
+        assert (tmp_path / "elsewhere" / "blobs" / "sha256" / ref.sha256[:2] / ref.sha256[2:]).read_bytes() \
+            == b"kept elsewhere"
+        assert shared(f"s3://{bucket}/x") and not shared("file://") and not shared(None)
     run(go())
 
 

@@ -38,6 +38,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blob-region", help="region of the S3 bucket (default AWS_REGION / AWS_DEFAULT_REGION)")
 
 
+def shared(url: str | None) -> bool:
+    """Whether `--blob-url` names a store every replica reaches (what more than one replica requires)."""
+    return (url or "").strip().startswith("s3://")
+
+
 def parse_s3_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://BUCKET[/PREFIX]`, or BadRequest naming --blob-url."""
     parts = urlsplit(url)
