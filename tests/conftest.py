@@ -208,3 +208,25 @@ def xdist_group(module: str) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item.module.__name__ if item.module else "")))
+
+
+# -- the secret scan (tests/secret_scan.py, ADR 0046) ----------------------------------------------------
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the whole run (in the xdist controller, whose temporary root holds every worker's): no
+    log, status or audit record a daemon wrote may hold a test Secret's value."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from secret_scan import MARKER, scan
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    hits = scan(factory.getbasetemp())
+    if hits:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"secret scan: a test Secret's value ({MARKER}…) is in {len(hits)} file(s) the daemons wrote:",
+                 *(f"  {p}" for p in hits)]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), red=True)
+        else:
+            print("\n".join(lines))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
