@@ -317,8 +317,11 @@ def place(request: Request, nodes: Sequence[NodeView], reservations: Sequence[Re
     Job's placement policy filters and its profile ranks first (module docstring)."""
     candidates: list[Candidate] = []
     refusals: list[str] = []
+    on_node: dict[str, list[Reservation]] = {}
+    for r in reservations:  # once, not once per node: fit reads only its node's reservations
+        on_node.setdefault(r.node, []).append(r)
     for node in sorted(nodes, key=lambda n: n.name):
-        result = fit(request, node, reservations, book)
+        result = fit(request, node, on_node.get(node.name, []), book)
         if isinstance(result, Candidate):
             candidates.append(result)
         else:
