@@ -217,8 +217,12 @@ def test_follow_stops_when_asked_without_eof(tmp_path: Path) -> None:
 # ---- BlobService over gRPC -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def c(shared_coordinator: Coordinator) -> Coordinator:
-    return shared_coordinator
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    """A --grpc-insecure coordinator, where nodes hold no certificates and the join token is every node's
+    credential: these tests drive the protocol itself. On a TLS coordinator a node reaches only its own
+    attempts' blobs and logs (tests/test_node_scope_e2e.py, docs/adr/0045)."""
+    with Coordinator(tmp_path_factory.mktemp("coord") / "data").start(extra_args=("--grpc-insecure",)) as plain:
+        yield plain
 
 
 @pytest.fixture(scope="module")

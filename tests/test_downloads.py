@@ -53,12 +53,6 @@ def agent(c: Coordinator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield a
 
 
-@pytest.fixture(scope="module")
-def stub(c: Coordinator) -> Iterator[blob_pb2_grpc.BlobServiceStub]:
-    with c.channel() as channel:
-        yield blob_pb2_grpc.BlobServiceStub(channel)
-
-
 def wait_for_phase(c: Coordinator, name: str, phases: tuple[str, ...] = ("Succeeded",),
                    timeout: float = 90) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
@@ -211,7 +205,21 @@ def append(c: Coordinator, stub: Any, attempt_id: str, offset: int, data: bytes,
     return int(stub.AppendLog(iter([chunk]), metadata=agent_md(c)).size)
 
 
-def test_log_follow_streams_appends_until_eof(c: Coordinator, stub: Any) -> None:
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    """A --grpc-insecure coordinator: the join token appends to any attempt's log there (no node
+    certificates), so the test can be the agent of an attempt no node runs (docs/adr/0045)."""
+    with Coordinator(tmp_path_factory.mktemp("plain") / "data").start(extra_args=("--grpc-insecure",)) as p:
+        yield p
+
+
+def test_log_follow_streams_appends_until_eof(plain: Coordinator) -> None:
+    c = plain
+    with c.channel() as channel:
+        follow_appends(c, blob_pb2_grpc.BlobServiceStub(channel))
+
+
+def follow_appends(c: Coordinator, stub: Any) -> None:
     s = c.session()
     assert s.post(c.url(JOBS), json=job("logs-1", **UNPLACEABLE)).status_code == 201
     attempt = wait_for_attempt(c, "logs-1")

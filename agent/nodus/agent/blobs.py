@@ -1,4 +1,7 @@
-"""The agent's side of BlobService: uploads (outputs), downloads (inputs, volumes, code), logs."""
+"""The agent's side of BlobService: uploads (outputs), downloads (inputs, volumes, code), logs.
+
+Every call names the attempt it is for: the coordinator lets a node reach only the blobs and logs of
+the attempts placed on it while they run (docs/adr/0045)."""
 from __future__ import annotations
 
 import hashlib
@@ -50,21 +53,25 @@ class BlobClient:
         self.stub = blob_pb2_grpc.BlobServiceStub(channel)
         self.metadata = tuple(metadata)
 
-    async def put(self, path: Path, sha256: str = "", size: int = 0, media_type: str = "") -> blob_pb2.BlobRef:
+    async def put(self, attempt_id: str, path: Path, sha256: str = "", size: int = 0,
+                  media_type: str = "") -> blob_pb2.BlobRef:
+        """Uploads `path` as an output or checkpoint of `attempt_id`."""
         async def parts() -> AsyncIterator[blob_pb2.PutRequest]:
-            yield blob_pb2.PutRequest(header=blob_pb2.PutHeader(sha256=sha256, size=size, media_type=media_type))
+            yield blob_pb2.PutRequest(header=blob_pb2.PutHeader(sha256=sha256, size=size, media_type=media_type,
+                                                                attempt_id=attempt_id))
             with open(path, "rb") as f:
                 while chunk := f.read(CHUNK):
                     yield blob_pb2.PutRequest(data=chunk)
 
         return await self.stub.Put(parts(), metadata=self.metadata)
 
-    async def get(self, sha256: str, dest: Path) -> tuple[str, int]:
-        """Streams a blob into `dest`; returns (sha256, size) of what arrived, after checking the digest."""
+    async def get(self, attempt_id: str, sha256: str, dest: Path) -> tuple[str, int]:
+        """Streams a blob `attempt_id`'s Assignment names into `dest`; returns (sha256, size) of what
+        arrived, after checking the digest."""
         digest = hashlib.sha256()
         size = 0
         with open(dest, "wb") as f:
-            async for chunk in self.stub.Get(blob_pb2.GetBlobRequest(sha256=sha256), metadata=self.metadata):
+            async for chunk in self.stub.Get(blob_pb2.GetBlobRequest(sha256=sha256, attempt_id=attempt_id), metadata=self.metadata):
                 f.write(chunk.data)
                 digest.update(chunk.data)
                 size += len(chunk.data)

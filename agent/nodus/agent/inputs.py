@@ -163,13 +163,14 @@ class Materializer:
         self.ca_file = ca_file
         self.timeout = timeout
 
-    async def fetch(self, what: str, location: agent_pb2.Location, expected: str, tmp: Path) -> Path:
-        """Fetches one location into a temp file under `tmp` and checks its digest."""
-        return (await self.fetch_verified(what, location, expected, tmp))[0]
+    async def fetch(self, attempt_id: str, what: str, location: agent_pb2.Location, expected: str, tmp: Path) -> Path:
+        """Fetches one location of `attempt_id`'s Assignment into a temp file under `tmp` and checks its digest."""
+        return (await self.fetch_verified(attempt_id, what, location, expected, tmp))[0]
 
-    async def fetch_verified(self, what: str, location: agent_pb2.Location, expected: str,
+    async def fetch_verified(self, attempt_id: str, what: str, location: agent_pb2.Location, expected: str,
                              tmp: Path) -> tuple[Path, str]:
-        """`fetch`, with the sha256 of what arrived (hex), computed at the end of the stream."""
+        """`fetch`, with the sha256 of what arrived (hex), computed at the end of the stream. A blob:// location
+        is read for `attempt_id` (the coordinator serves a node only its attempts' blobs)."""
         uri = location.uri.strip()
         dest = tmp / f"fetch-{os.urandom(6).hex()}"
         expected = expected.strip().lower()
@@ -191,7 +192,7 @@ class Materializer:
             if self.blobs is None:
                 raise InputError(f"{what}: no blob store to read {uri} from")
             try:
-                got, _ = await self.blobs.get(named, dest)
+                got, _ = await self.blobs.get(attempt_id, named, dest)
             except DigestMismatch as e:
                 raise InputError(f"{what}: sha256 mismatch: expected {e.expected}, got {e.got}") from e
             except Exception as e:  # noqa: BLE001
@@ -233,14 +234,14 @@ class Materializer:
         for inp in a.inputs:
             name = _safe(inp.name)
             what = f"input {name}"
-            fetched, digests[inp.name] = await self.fetch_verified(what, inp.source, inp.sha256, layout.tmp)
+            fetched, digests[inp.name] = await self.fetch_verified(a.attempt_id, what, inp.source, inp.sha256, layout.tmp)
             await self.place(fetched, layout.inputs / name, inp.archive, what)
         for vol in a.volumes:
             if not vol.source.uri:
                 continue
             name = _safe(vol.volume)
             what = f"volume {name}"
-            fetched = await self.fetch(what, vol.source, "", layout.tmp)
+            fetched = await self.fetch(a.attempt_id, what, vol.source, "", layout.tmp)
             dest = layout.volumes / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             await self.place(fetched, dest, True, what)
@@ -248,7 +249,7 @@ class Materializer:
                 await asyncio.to_thread(_writable, dest)
         if a.HasField("source") and a.source.WhichOneof("source") == "blob":
             blob = a.source.blob
-            fetched = await self.fetch("source", blob.location, blob.sha256, layout.tmp)
+            fetched = await self.fetch(a.attempt_id, "source", blob.location, blob.sha256, layout.tmp)
             target = layout.translate(a.source.path) if a.source.path else working_dir(a, layout)
             try:
                 await asyncio.to_thread(unpack, fetched, target)

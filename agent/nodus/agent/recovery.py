@@ -100,7 +100,7 @@ async def restore_before_start(blobs: BlobClient, user: Any, a: agent_pb2.Assign
                 await asyncio.to_thread(fetch_s3, part.manifest.uri, dict(part.manifest.credentials), part.sha256,
                                         dest)
             else:
-                await blobs.get(part.sha256, dest)
+                await blobs.get(a.attempt_id, part.sha256, dest)
             await asyncio.to_thread(restore, layout, dest, part.sha256, part.size_bytes or None, max_size, chown)
         except CheckpointFailed:
             raise
@@ -210,7 +210,7 @@ class Checkpoints:
                 sha256, size = manifest.sha256, manifest.size  # a seq committed before (a lost commit) is kept
             else:
                 await self.stream.connected.wait()
-                ref = await self.blobs.put(snap.archive, snap.sha256, snap.size, "application/zstd")
+                ref = await self.blobs.put(attempt_id, snap.archive, snap.sha256, snap.size, "application/zstd")
                 uri = getattr(ref, "uri", "") or f"blob://sha256/{snap.sha256}"
         except CheckpointFailed as e:
             raise CheckpointFailed(f"upload of checkpoint {seq} to {store.uri if store else 'the blob store'} "

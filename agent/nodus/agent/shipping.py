@@ -84,7 +84,7 @@ class Shipping:
             while True:
                 try:
                     await self.stream.connected.wait()
-                    ref = await self.blobs.put(Path(out["file"]), out["sha256"], int(out["size"]),
+                    ref = await self.blobs.put(att.id, Path(out["file"]), out["sha256"], int(out["size"]),
                                                out.get("media_type", ""))
                     break
                 except grpc.aio.AioRpcError as e:
@@ -130,6 +130,12 @@ class Shipping:
                 self._stop_if_shutting_down()
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     log.warning("the coordinator has no BlobService.AppendLog; attempt %s's log stays local", att.id)
+                    self.ends.log_shipped(att)
+                    return
+                if e.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    # Node scope (ADR 0045): the attempt ended past the grace, or moved to another node.
+                    log.warning("attempt %s: the coordinator takes no more of its log (%s); the rest stays local",
+                                att.id, e.details())
                     self.ends.log_shipped(att)
                     return
                 offset = log_size_from_error(e) if e.code() == grpc.StatusCode.FAILED_PRECONDITION else None

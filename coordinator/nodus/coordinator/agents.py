@@ -41,6 +41,7 @@ from .enrol import Enrolments, Peer, peer_of
 from .errors import NodusError, new_request_id
 from .grpc_api import authorization, status_for
 from .identity import Identity
+from .node_scope import NodeScope
 from .nodes import NodeRegistry
 from .operator_registry import OperatorRegistry
 from .vault import Vault
@@ -73,6 +74,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         """Node certificates (a TLS coordinator); None: the join token authenticates (--grpc-insecure)."""
         self.agent_port = 0
         """The mTLS port, told to enrolling nodes."""
+        self.scope = NodeScope(self.cache, clock)
+        """What a node's BlobService calls reach: its attempts' blobs and logs while they run (ADR 0045)."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, self._on_node)
 

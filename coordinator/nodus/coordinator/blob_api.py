@@ -1,11 +1,16 @@
 """BlobService over gRPC: node agents put and get blobs and append attempt logs (proto/nodus/v1/blob.proto).
 
-Only node agents call it: every call carries the agent join token (`authorization: Bearer
-nodusjoin_…`). A customer or operator token is refused with PERMISSION_DENIED and a fix that points
-to the REST downloads. Errors cross the boundary the way the rest of the gRPC API sends them (status
-code from the one registry, google.rpc.Status details with reason, fix and requestId); a log gap or a
-write to a finished log answers FAILED_PRECONDITION with the stored size in the `x-log-size` trailer
-(and in ErrorInfo metadata `size`), so the agent resends from there.
+Only node agents call it, over the agent port's mTLS with their node certificate (ADR 0039), and each
+call names the attempt it is for: `node_scope.NodeScope` lets a node reach only the blobs and logs of
+the attempts placed on it while they run (NodeScope, PERMISSION_DENIED, otherwise; ADR 0045). The join
+token alone reaches no blob (only AgentService.Enrol takes it), except on a --grpc-insecure
+coordinator (loopback, development), where nodes have no certificates and the join token is every
+node's credential, as for Register and Connect. A customer or operator token is refused with
+PERMISSION_DENIED and a fix that points to the REST downloads. Errors cross the boundary the way the
+rest of the gRPC API sends them (status code from the one registry, google.rpc.Status details with
+reason, fix and requestId); a log gap or a write to a finished log answers FAILED_PRECONDITION with
+the stored size in the `x-log-size` trailer (and in ErrorInfo metadata `size`), so the agent resends
+from there.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from .blobs import CHUNK, Blobs, check_digest
 from .errors import NodusError
 from .grpc_api import authorization, boundary, status_for
 from .identity import Identity
+from .node_scope import Access, NodeScope
 
 log = logging.getLogger("nodus.blobs")
 
@@ -46,18 +52,31 @@ class _Trailed(grpc.Status):
 
 class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
     def __init__(self, blobs: Blobs, identity: Identity,
-                 node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None) -> None:
+                 node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None,
+                 scope: NodeScope | None = None) -> None:
         self.blobs = blobs
         self.identity = identity
         self.node_peer = node_peer
         """The node a verified client certificate names (agents.AgentServicer.peer), or None without one."""
+        self.scope = scope
+        """Node-scoped access (a TLS coordinator, whose nodes hold certificates); None: the join token
+        reaches every blob (--grpc-insecure)."""
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        if self.node_peer is not None and await self.node_peer(context) is not None:
-            return  # a node's certificate, over the agent port's mTLS
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The calling node (its certificate's name), or None for the join token of a --grpc-insecure
+        coordinator, which no node scope narrows."""
+        peer = await self.node_peer(context) if self.node_peer is not None else None
+        if peer is not None:
+            return str(peer.node)  # a node's certificate, over the agent port's mTLS
         token = authorization(context)
         try:
             await self.identity.verify_join_token(token)
+            if self.scope is not None:
+                raise NodusError("NodeScope", "the join token reads and writes no blob: BlobService serves a node "
+                                 "the blobs of its own attempts, by its certificate",
+                                 fix="enrol the node with the join token (AgentService.Enrol) and call the agent "
+                                     "port with its certificate; nodus-agent does both")
+            return None
         except NodusError as e:
             if e.reason != "Unauthorized":
                 raise
@@ -68,12 +87,18 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
             raise NodusError("Forbidden", f'User "{caller.subject}" cannot use BlobService: it serves node agents',
                              fix="download outputs and logs over REST (`nodus outputs get`, `nodus logs`)") from None
 
-    async def _call(self, verb: str, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[Any]]) -> Any:
-        return await boundary(verb, "blobs", context, lambda: self._authenticate(context), lambda _: work(), _status)
+    async def _call(self, verb: str, context: grpc.aio.ServicerContext,
+                    work: Callable[[str | None], Awaitable[Any]]) -> Any:
+        return await boundary(verb, "blobs", context, lambda: self._authenticate(context), work, _status)
+
+    def _check(self, node: str | None, attempt_id: str, access: Access) -> None:
+        """NodeScope unless `node` may do `access` for `attempt_id` (no node: the unscoped join token)."""
+        if self.scope is not None and node is not None:
+            self.scope.check(node, attempt_id, access)
 
     # -- RPCs -------------------------------------------------------------------------------------
     async def Put(self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
+        async def work(node: str | None) -> Any:
             messages = aiter(request_iterator)
             first = await anext(messages, None)
             if first is None or first.WhichOneof("part") != "header":
@@ -82,6 +107,7 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
             header = first.header
             if header.size < 0:
                 raise NodusError("BadRequest", f"size {header.size} is negative")
+            self._check(node, header.attempt_id, Access("blobput"))
 
             async def chunks() -> AsyncIterator[bytes]:
                 async for msg in messages:
@@ -94,8 +120,10 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
         return await self._call("blobput", context, work)
 
     async def Stat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            ref = await self.blobs.stat(check_digest(request.sha256))
+        async def work(node: str | None) -> Any:
+            digest = check_digest(request.sha256)
+            self._check(node, request.attempt_id, Access("blobstat", digest))
+            ref = await self.blobs.stat(digest)
             if ref is None:
                 raise NodusError("NotFound", f"blob {request.sha256} not found", name=request.sha256, kind="blobs",
                                  fix="upload it with BlobService/Put")
@@ -105,8 +133,9 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
     async def Get(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         # A coroutine that writes, not an async generator: grpc.aio allows either for a server stream,
         # and this way errors go through the same boundary as the other calls.
-        async def work() -> None:
+        async def work(node: str | None) -> None:
             digest = check_digest(request.sha256)
+            self._check(node, request.attempt_id, Access("blobget", digest))
             ref = await self.blobs.stat(digest)
             if ref is None:
                 raise NodusError("NotFound", f"blob {digest} not found", name=digest, kind="blobs")
@@ -118,11 +147,12 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
         await self._call("blobget", context, work)
 
     async def AppendLog(self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
+        async def work(node: str | None) -> Any:
             size = 0
             touched: set[str] = set()
             try:
                 async for chunk in request_iterator:
+                    self._check(node, chunk.attempt_id, Access("appendlog"))
                     state = await self.blobs.logs.append(chunk.attempt_id, chunk.offset, chunk.data, chunk.eof)
                     touched.add(chunk.attempt_id)
                     size = state.size

@@ -418,14 +418,16 @@ async def start(service: ResourceService, listen: str, blobs: Blobs | None = Non
                 servicers: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
                 clock: Clock = SystemClock(), credentials: grpc.ServerCredentials | None = None,
                 agent_port: tuple[str, grpc.ServerCredentials] | None = None,
-                node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None) -> GrpcServer:
+                node_peer: Callable[[grpc.aio.ServicerContext], Awaitable[Any]] | None = None,
+                scope: Any = None) -> GrpcServer:
     """Starts the server (health NOT_SERVING until `set_serving`): TLS with `credentials`, plaintext
     without (main.py allows that on loopback only, --grpc-insecure).
 
     `servicers` are (full service name, function that adds it to the server), for the services built
     outside this module (AgentService, NodeService). `agent_port` is (listen address, mTLS
     credentials) of the agents' port, served by the same server; `node_peer` names the node of a
-    call's client certificate (BlobService takes it as it takes the join token)."""
+    call's client certificate, and `scope` (node_scope.NodeScope) narrows BlobService to the blobs of
+    that node's attempts (None: --grpc-insecure, where the join token reaches every blob)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
     resource_pb2_grpc.add_ResourceServiceServicer_to_server(ResourceServicer(service), server)
     project_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectServicer(
@@ -434,7 +436,7 @@ async def start(service: ResourceService, listen: str, blobs: Blobs | None = Non
         add(server)
     if blobs is not None:
         from .blob_api import BlobServicer  # it imports this module's error translation
-        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity, node_peer),
+        blob_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(blobs, service.identity, node_peer, scope),
                                                       server)
     from .pricebook_api import add_to_server as add_pricebook_service  # it imports this module's `rpc`
     add_pricebook_service(server, PriceBooks(service.store), service.identity, clock)

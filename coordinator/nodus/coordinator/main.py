@@ -212,7 +212,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     grpc_server = await grpc_api.start(service, f"{grpc_host}:{grpc_port}", blobs,
                                        servicers=plane.servicers(), clock=clock,
                                        credentials=None if grpc_insecure else grpc_credentials(tls),
-                                       agent_port=agent_listen, node_peer=plane.agents.peer)
+                                       agent_port=agent_listen, node_peer=plane.agents.peer,
+                                       scope=None if grpc_insecure else plane.agents.scope)  # ADR 0045
     plane.agents.agent_port = grpc_server.agent_port
     app, gateway = make_app(service)
     app[downloads.BLOBS] = blobs
