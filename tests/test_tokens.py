@@ -82,6 +82,12 @@ def test_create_ls_revoke_through_the_cli_and_after_a_restart(c: Coordinator) ->
     assert header[:6] == ["ID", "PROJECT", "ROLE", "SUBJECT", "CREATED", "EXPIRES"] and "USED" in header
     assert token_id in table and secret.split("_", 2)[2] not in table  # the secret is never listed
 
+    # grpcurl reaches the same service (ProjectService.ListTokens); it prints the proto field names.
+    answer = json.loads(c.run("grpcurl", *c.grpcurl_tls(), "-H", f"authorization: Bearer {c.token}", "-d",
+                              '{"project": "default"}', c.grpc, "nodus.v1.ProjectService/ListTokens").stdout)
+    [entry] = [t for t in answer["tokens"] if t["id"] == token_id]
+    assert entry["last_use_time"] and entry["expire_time"] and "secret" not in entry
+
     out = c.run("nodus", "token", "revoke", token_id)
     assert f"token {token_id} (ci, viewer in project default) revoked" in out.stdout
     assert_refused(c, secret, token_id, "was revoked")
