@@ -309,6 +309,16 @@ def test_a_finished_log_is_compacted_into_one_object(client: Any, bucket: str, t
             await cold.append("att", len(data), b"more")
         assert info.value.extra == {"size": len(data)}
         assert await cold.delete("att") is True and keys(client, bucket, "c/logs/") == []
+
+        # A writer that stopped between its eof and the compaction: the eof resent elsewhere compacts.
+        await writer.logs.append("att-2", 0, b"abc")
+        await writer.logs.append("att-2", 3, b"def")
+        client.put_object(Bucket=bucket, Key="c/logs/att-2/eof", Body=b"")
+        other = S3BlobStore(client, bucket, "c", spool_dir=tmp_path / "o").logs
+        assert (await other.append("att-2", 0, b"abcdef", eof=True)).size == 6
+        await other.settle()
+        assert keys(client, bucket, "c/logs/att-2/") == ["c/logs/att-2/eof", "c/logs/att-2/whole"]
+        assert await cold.read("att-2", 0) == b"abcdef"
     run(go())
 
 

@@ -190,7 +190,9 @@ class S3LogStore(Logs):
             state = LogState(idx.size, idx.eof)
         if state.eof:
             self._locks.pop(attempt_id, None)
-        if finish and attempt_id not in self._compactions:
+        # At eof, or at an eof resent to a replica other than the one that wrote it (which may have
+        # stopped before compacting): the chunks into one object, in the background.
+        if eof and state.eof and not idx.whole and idx.starts and attempt_id not in self._compactions:
             self._compactions[attempt_id] = asyncio.create_task(self._compact(attempt_id))
         if new or finish:
             changed = self._changed.pop(attempt_id, None)
