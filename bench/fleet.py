@@ -370,6 +370,10 @@ def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, 
     return out
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", default="100,500,1000", help="fleet sizes, comma-separated (default 100,500,1000)")
@@ -398,8 +402,10 @@ def main() -> None:
     args = record.shrink(args, {"agents": "3", "attempts": 12, "run_seconds": 0.2, "idle_seconds": 1.0,
                                 "processes": 1, "trickle": 3, "drain_timeout": 120.0, "storm_timeout": 60.0})
     sizes = [int(x) for x in str(args.agents).split(",") if x.strip()]
-    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The phases wait in plain loops inside asyncio.run, where SIGINT only cancels at the next await: both
+    # signals raise at once instead, so the cleanup below runs whatever the bench is waiting on.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     tmp = Path(tempfile.mkdtemp(prefix="nodus-bench-fleet-", dir=args.tmp_dir))
     pg, pg_root = None, None
     results = []
