@@ -192,3 +192,13 @@ def test_grpc_tls_bench_reports_tls_and_mtls_calls_beside_plaintext() -> None:
         "agent mTLS": rf"^\s+agent mTLS\s+({NUM}) calls/s\s+costs\s+({NUM}) %",
         "handshake": rf"^\s+agent mTLS\s+({NUM}) ms$",
     })
+
+
+def test_guards_bench_reports_the_rate_limit_and_audit_costs_beside_their_anchors() -> None:
+    figures(run_tiny("guards"), {
+        "rate limit": rf"^authenticate, cached token: ({NUM}) us/call with the rate limit, ({NUM}) us/call without "
+                      rf"\(anchor\); the bucket adds ({NUM}) us$",
+        "audit": rf"^audit record: ({NUM}) us/write \(one JSON line, flushed\) beside ({NUM}) us to serialize it "
+                 rf"\(anchor\)$",
+        "revocation": rf"^revocation on one Identity refused by another on the same store after ({NUM}) ms",
+    })
