@@ -412,6 +412,8 @@ class Session:
         job_view = self.cache.job_view(project, attempt["spec"]["job"])  # the same revision as `job`: no await between
         if job is None or job_view is None or job["metadata"].get("uid") != attempt["spec"].get("jobUID"):
             return None  # its Job is gone: the Job controller stops and deletes it
+        if attempt["spec"].get("node") != self.node:
+            return None  # node scope (ADR 0045): an Assignment and its Secret values go only to the attempt's node
 
         try:
             view = self._view(attempt)
