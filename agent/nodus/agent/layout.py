@@ -164,7 +164,7 @@ class AttemptLayout:
     def translate(self, path: str) -> Path:
         """Maps the container paths of the contract (/nodus/state, …) onto this attempt's directories."""
         for prefix, real in (("/nodus/state", self.state), ("/nodus/inputs", self.inputs),
-                             ("/nodus/outputs", self.outputs)):
+                             ("/nodus/outputs", self.outputs), ("/nodus/volumes", self.volumes)):
             if path == prefix or path.startswith(prefix + "/"):
                 return real / path[len(prefix):].lstrip("/")
         p = Path(path)

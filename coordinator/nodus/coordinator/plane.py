@@ -30,6 +30,8 @@ from .sinks import SinkLoader
 from .store.base import Store
 from .store.lease import FENCE, Fence
 from .vault import Vault
+from .volume_commits import VolumeCommits
+from .volumes import VolumeService
 from .controllers.fleet import Fleet
 from .controllers.billing_controller import BillingController
 from .controllers.checkpoints import FREE_STORAGE_BYTES
@@ -72,6 +74,8 @@ class ControlPlane:
         self.retention = Retention(self.cache, self.objects, blobs, clock, vault,
                                    tick=retention_interval) if blobs is not None else None
         self.gc = BlobGc(store, self.cache, self.objects, blobs, clock, gc) if blobs is not None else None
+        self.volume_commits = (VolumeCommits(self.cache, self.objects, VolumeService(service), blobs)
+                               if blobs is not None else None)  # writable mounts into their Volumes' revisions
         self.sinks = SinkLoader(self.cache, self.objects, blobs, vault)  # outputs into customers' tables
         self._identity = service.identity
         self._clock = clock
@@ -111,6 +115,8 @@ class ControlPlane:
             runs.append(("checkpoint-retention", self.retention.run))
         if self.gc is not None:
             runs.append(("blob-gc", self.gc.run))
+        if self.volume_commits is not None:
+            runs.append(("volume-commits", self.volume_commits.run))
         for name, run in runs:
             context = contextvars.copy_context()
             context.run(FENCE.set, fence)

@@ -5,6 +5,9 @@ The REST gateway receives the archive and streams it back; what a revision is, h
 """
 from __future__ import annotations
 
+import posixpath
+import tarfile
+from pathlib import Path
 from typing import Any
 
 from .api.kinds import resolve
@@ -47,20 +50,30 @@ class VolumeService:
                 raise
             return False
 
-    async def append_revision(self, project: str, name: str, ref: BlobRef, files: int) -> tuple[dict[str, Any], bool]:
+    async def append_revision(self, project: str, name: str, ref: BlobRef, files: int,
+                              from_attempt: str = "") -> tuple[dict[str, Any], bool]:
         """Appends `ref` as the next revision (as the system caller, compare-and-swap); the same content
-        as the latest revision adds none."""
+        as the latest revision adds none. `from_attempt` names the Attempt whose writable mount it is
+        (volume_commits.py): a second call for the same attempt (a restart between the append and its
+        record) answers the revision it added the first time."""
         info = self.info
         for _ in range(_MAX_REVISION_RETRIES):
             volume = await self.service.get(SYSTEM, info, project, name)
+            status = dict(volume.get("status") or {})
+            revisions = list(status.get("revisions") or [])
+            if from_attempt:
+                done = next((r for r in revisions if isinstance(r, dict) and r.get("fromAttempt") == from_attempt),
+                            None)
+                if done is not None:
+                    return done, False
             latest = latest_ready(volume)
             if latest is not None and latest.get("sha256") == ref.sha256:
                 return latest, False
-            status = dict(volume.get("status") or {})
-            revisions = list(status.get("revisions") or [])
             number = max((r.get("revision") or 0 for r in revisions if isinstance(r, dict)), default=0) + 1
             entry = {"revision": number, "sha256": ref.sha256, "size": ref.size, "files": files,
                      "createTime": utc_now(), "phase": "Ready"}
+            if from_attempt:
+                entry["fromAttempt"] = from_attempt
             volume["status"] = {**status, "revisions": revisions + [entry], "latestRevision": number}
             try:
                 await self.service.replace(SYSTEM, info, project, name, volume, subresource="status")
@@ -82,3 +95,35 @@ class VolumeService:
                              group="nodus.dev", fix=f"the latest revision is {latest}" if latest else
                              f"push one with `nodus volume push {name} DIR`")
         return chosen
+
+
+def inspect_archive(path: Path) -> int:
+    """The number of regular files in a tar.zst archive; BadRequest for anything else, or for a member
+    that would land outside the directory it is unpacked into."""
+    import zstandard
+
+    files = 0
+    try:
+        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    name = member.name
+                    if name.startswith("/") or ".." in name.split("/"):
+                        raise NodusError("BadRequest", f"the archive member {name!r} leaves the volume",
+                                         fix="archive the directory with relative paths (`nodus volume push`)")
+                    if member.isdev():
+                        raise NodusError("BadRequest", f"the archive member {name!r} is a device file",
+                                         fix="leave device files out of the volume")
+                    if member.issym() or member.islnk():
+                        base = posixpath.dirname(name) if member.issym() else ""
+                        target = posixpath.normpath(posixpath.join(base, member.linkname))
+                        if member.linkname.startswith("/") or target.split("/")[0] == "..":
+                            raise NodusError("BadRequest", f"the archive member {name!r} links outside the volume "
+                                             f"({member.linkname})", fix="replace the link with the file it names")
+                    if member.isfile():
+                        files += 1
+    except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
+        raise NodusError("BadRequest", f"the body is not a tar.zst archive: {e}",
+                         fix="send a tar archive compressed with zstd (`tar --zstd -cf - -C DIR .`), "
+                             "or use `nodus volume push NAME DIR`") from None
+    return files

@@ -119,6 +119,16 @@ ATTEMPT_STATUS = Obj(description="AttemptStatus is what the coordinator and the 
                          "code": _s("Code is the CamelCase warning code."),
                          "message": _s("Message names what is wrong and what to do."),
                      })),
+    "logBytes": _i("LogBytes is the size of the attempt's log in the blob store, as garbage collection last "
+                   "measured it; its Job's status.storage counts it."),
+    "logFinal": Bool(description="LogFinal is true once the attempt ended and its log's size is final."),
+    "volumeCommits": List(description="VolumeCommits are the Volume revisions its writable mounts (readOnly: false) "
+                                      "became when its index succeeded.", items=Obj(
+        description="VolumeCommit is one writable mount committed.", fields={
+            "volume": _s("Volume is the Volume's name."),
+            "revision": _i("Revision is the revision the mount became (0: none, see message)."),
+            "message": _s("Message says why nothing was committed, for example the Volume was deleted."),
+        })),
     "lostTime": _s("LostTime is when the coordinator recorded the attempt Lost."),
     "reportTime": _s("ReportTime is the agent's clock at its latest report (orders reports)."),
     "restoredFromSeq": _i("RestoredFromSeq is the checkpoint restored before the command; 0 if none."),

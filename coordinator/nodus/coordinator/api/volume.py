@@ -30,6 +30,8 @@ REVISION = Obj(description="VolumeRevision is one immutable version of the conte
     "files": Int(description="Files is the number of regular files in the archive."),
     "createTime": Str(description="CreateTime is when the revision was stored (RFC 3339)."),
     "phase": Str(description="Phase is Ready once the archive is stored.", enum=PHASES),
+    "fromAttempt": Str(description="FromAttempt names the Attempt whose writable mount (readOnly: false) committed "
+                                   "this revision when its index succeeded; unset for a push."),
 })
 
 VOLUME_STATUS = Obj(description="VolumeStatus lists the stored revisions.", fields={

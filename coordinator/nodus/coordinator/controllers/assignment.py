@@ -32,6 +32,11 @@ BLOB_URI = "blob://sha256/"
 SECRETS_DIR = "/nodus/secrets"
 """Where a mounted Secret's keys become files: /nodus/secrets/<secret>/<key>."""
 OUTPUTS_DIR = "/nodus/outputs"
+VOLUMES_DIR = "/nodus/volumes"
+"""Where the agent keeps an attempt's volumes (NODUS_VOLUME_<NAME>; in a container, bound at the mountPath)."""
+VOLUME_OUTPUT = "nodus.volume."
+"""A writable volume mount comes back as this output (+ the volume's name) when the index succeeds, and
+becomes the Volume's next revision (volume_commits.py); admission keeps `nodus.` names from customers."""
 BucketLocator = Callable[[str, str, str], Awaitable[agent_pb2.Location]]
 """(connection, s3://bucket/key, the field naming the connection) → the object's Location with that S3
 Connection's keys (the agent stream reads them, checkpoints/buckets.py); raises NodusError."""
@@ -227,7 +232,9 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
         secrets=[await secrets.mount(m["name"]) for m in spec.get("secrets") or []],
         inputs=await _inputs(spec, status, outputs_of, buckets),
         outputs=[agent_pb2.Output(name=o["name"], path=o["path"], all_ranks=o.get("fromRanks") == "All")
-                 for o in spec.get("outputs") or []] + [agent_pb2.Output(name="outputs", path=OUTPUTS_DIR)],
+                 for o in spec.get("outputs") or []] + [agent_pb2.Output(name="outputs", path=OUTPUTS_DIR)]
+        + [agent_pb2.Output(name=VOLUME_OUTPUT + m["volume"], path=f"{VOLUMES_DIR}/{m['volume']}")
+           for m in spec.get("volumes") or [] if not m.get("readOnly")],
         image_pull_credentials=await _pull_credentials(spec, secrets)
         + operator_logins(spec, project, image_registry),  # last: the agent keeps the last login per registry
     )

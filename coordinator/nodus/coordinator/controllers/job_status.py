@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any, Mapping
 
 from ..clock import parse, rfc3339
+from .assignment import VOLUME_OUTPUT
 from .attempts import AttemptPhase
 from .views import AttemptView
 
@@ -143,6 +144,8 @@ def committed_outputs(committed: Any, mine: list[AttemptView], completions: int,
         if a.phase is not AttemptPhase.SUCCEEDED or a.index >= completions:
             continue
         for o in a.outputs:
+            if str(o.get("name", "")).startswith(VOLUME_OUTPUT):
+                continue  # a writable volume's content: the Volume's next revision, not an output of the Job
             item = {"index": a.index, "name": o.get("name", ""), "path": o.get("path", ""),
                     "sha256": o.get("sha256", ""), "size": int(o.get("size") or 0)}
             if gang or o.get("rank"):

@@ -19,7 +19,6 @@ import base64
 import logging
 import posixpath
 import re
-import tarfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -35,7 +34,7 @@ from ..errors import NodusError
 from ..identity import SYSTEM
 from ..resources import ResourceService, utc_now
 from ..sources import record_upload
-from ..volumes import VolumeService
+from ..volumes import VolumeService, inspect_archive
 from ..selectors import parse_field_selector, parse_label_selector
 from .params import query_bool
 
@@ -141,40 +140,6 @@ def _attempt_gone(service: ResourceService, project: str, attempt: dict[str, Any
             quiet += 1
         return quiet >= _IDLE_POLLS_AFTER_END
     return gone
-
-
-# -- archives ----------------------------------------------------------------------------------------
-
-def inspect_archive(path: Path) -> int:
-    """The number of regular files in a tar.zst archive; BadRequest for anything else, or for a member
-    that would land outside the directory it is unpacked into."""
-    import zstandard
-
-    files = 0
-    try:
-        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for member in tar:
-                    name = member.name
-                    if name.startswith("/") or ".." in name.split("/"):
-                        raise NodusError("BadRequest", f"the archive member {name!r} leaves the volume",
-                                         fix="archive the directory with relative paths (`nodus volume push`)")
-                    if member.isdev():
-                        raise NodusError("BadRequest", f"the archive member {name!r} is a device file",
-                                         fix="leave device files out of the volume")
-                    if member.issym() or member.islnk():
-                        base = posixpath.dirname(name) if member.issym() else ""
-                        target = posixpath.normpath(posixpath.join(base, member.linkname))
-                        if member.linkname.startswith("/") or target.split("/")[0] == "..":
-                            raise NodusError("BadRequest", f"the archive member {name!r} links outside the volume "
-                                             f"({member.linkname})", fix="replace the link with the file it names")
-                    if member.isfile():
-                        files += 1
-    except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
-        raise NodusError("BadRequest", f"the body is not a tar.zst archive: {e}",
-                         fix="send a tar archive compressed with zstd (`tar --zstd -cf - -C DIR .`), "
-                             "or use `nodus volume push NAME DIR`") from None
-    return files
 
 
 class Downloads:
