@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -131,35 +132,43 @@ def cpu_of(pids: list[int], seconds: float) -> list[float]:
     return [100 * (api.cpu_seconds(p) - c) / dt for p, c in zip(pids, c0)]
 
 
-def steady(pid: int, limit: float) -> float:
-    """Waits until two 2-second CPU windows of `pid` agree (within 2 points or 20 %), or `limit` s."""
+def steady(cs: list[Coordinator], limit: float) -> float:
+    """Waits until two 2-second CPU windows of the coordinators (together) agree (within 2 points or 20 %),
+    or `limit` s."""
+    pids = [c.proc.pid for c in cs]
     t0 = time.monotonic()
-    last = cpu_of([pid], 2.0)[0]
+    last = sum(cpu_of(pids, 2.0))
     while time.monotonic() - t0 < limit:
-        now = cpu_of([pid], 2.0)[0]
+        now = sum(cpu_of(pids, 2.0))
         if abs(now - last) <= max(2.0, 0.2 * last):
             break
         last = now
     return time.monotonic() - t0
 
 
-def measure_steady(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, Any]:
+def measure_steady(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet) -> dict[str, Any]:
+    """The coordinators' CPU (their sum, and each replica's) and the clients', over --idle-seconds."""
     fleet.ask("lag")
-    cpus = cpu_of([c.proc.pid, *fleet.pids()], args.idle_seconds)
-    return {"coordinator": cpus[0], "clients": cpus[1:], "lag_p99": max(fleet.ask("lag"))}
+    cpus = cpu_of([*(c.proc.pid for c in cs), *fleet.pids()], args.idle_seconds)
+    return {"coordinator": sum(cpus[:len(cs)]), "replicas": cpus[:len(cs)], "clients": cpus[len(cs):],
+            "lag_p99": max(fleet.ask("lag"))}
 
 
-async def create_jobs(c: Coordinator, names: list[str], label: str, concurrency: int,
+async def create_jobs(cs: list[Coordinator], names: list[str], label: str, concurrency: int,
                       env: dict[str, str] | None = None) -> tuple[dict[str, float], list[str], float]:
-    """Creates every Job, `concurrency` in flight: the monotonic time each 201 arrived, errors, seconds taken."""
-    url = c.http + api.JOBS
+    """Creates every Job, `concurrency` in flight spread over the replicas: the monotonic time each 201
+    arrived, errors, seconds taken."""
     acked: dict[str, float] = {}
     errors: list[str] = []
     todo = iter(names)
-    headers = {"Authorization": f"Bearer {c.token}", "Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, ssl=api.client_ssl(c.ca)),
-                                     headers=headers, timeout=aiohttp.ClientTimeout(total=300)) as s:
-        async def worker() -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency, ssl=api.client_ssl(c.ca)),
+            headers={"Authorization": f"Bearer {c.token}", "Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=300))) for c in cs]
+
+        async def worker(k: int) -> None:
+            s, url = sessions[k % len(cs)], cs[k % len(cs)].http + api.JOBS
             for name in todo:
                 async with s.post(url, data=job_body(name, label, env)) as r:
                     payload = await r.read()
@@ -168,7 +177,7 @@ async def create_jobs(c: Coordinator, names: list[str], label: str, concurrency:
                     else:
                         errors.append(f"HTTP {r.status} {payload[:200]!r}")
         t0 = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
     return acked, errors, time.monotonic() - t0
 
 
@@ -197,7 +206,8 @@ def gpus_per_agent(args: argparse.Namespace, n: int) -> int:
     return int(args.gpus or max(8, math.ceil(args.attempts / n) + 1))
 
 
-def start_fleet(args: argparse.Namespace, c: Coordinator, n: int, identity_root: Path) -> Fleet:
+def start_fleet(args: argparse.Namespace, cs: list[Coordinator], n: int, identity_root: Path) -> Fleet:
+    """The client processes; node i talks to replica i mod len(cs)."""
     spawn = mp.get_context("spawn")
     procs = max(1, min(args.processes, n))
     names = [f"sim-{i:04d}" for i in range(n)]
@@ -205,8 +215,10 @@ def start_fleet(args: argparse.Namespace, c: Coordinator, n: int, identity_root:
     workers = []
     for k in range(procs):
         parent, child = spawn.Pipe()
-        cfg = {"names": names[k::procs], "grpc": c.grpc, "token": (c.data / "join-token").read_text().strip(),
-               "ca": str(c.data / "tls" / "ca.crt"), "identity_root": str(identity_root), "gpus": gpus,
+        mine = range(k, n, procs)
+        cfg = {"names": [names[i] for i in mine], "targets": [cs[i % len(cs)].grpc for i in mine],
+               "tokens": [(cs[i % len(cs)].data / "join-token").read_text().strip() for i in mine],
+               "ca": str(cs[0].data / "tls" / "ca.crt"), "identity_root": str(identity_root), "gpus": gpus,
                "run_seconds": args.run_seconds, "enrol_concurrency": args.enrol_concurrency}
         proc = spawn.Process(target=worker_main, args=(child, cfg), daemon=True, name=f"fleet-{k}")
         proc.start()
@@ -239,15 +251,41 @@ def anchor(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, 
     return out
 
 
-async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str], out: dict[str, Any]) -> None:
-    c = start_coordinator(root, "--heartbeat-interval", f"{args.heartbeat:g}s", *store)
-    out["coordinator"] = c
+def start_replicas(args: argparse.Namespace, root: Path, store: list[str],
+                   listen: list[tuple[str, str, str]] | None = None) -> list[Coordinator]:
+    """--replicas coordinators on one store (ROOT/rN/data): the first makes the CA and the vault key, the
+    others get copies (ADR 0043). `listen`: each one's (https, gRPC, agent port) again, for a restart."""
+    cs: list[Coordinator] = []
+    for i in range(args.replicas):
+        r = root / f"r{i}"
+        r.mkdir(exist_ok=True)
+        data = r / "data"
+        if i and not data.exists():
+            data.mkdir(mode=0o700)
+            shutil.copytree(cs[0].data / "tls", data / "tls")
+            shutil.copy2(cs[0].data / "secret.key", data / "secret.key")
+        (data / "endpoints.json").unlink(missing_ok=True)
+        ports = [] if listen is None else ["--http-listen", listen[i][0], "--grpc-listen", listen[i][1],
+                                           *(["--agent-listen", listen[i][2]] if listen[i][2] else [])]
+        cs.append(start_coordinator(r, "--heartbeat-interval", f"{args.heartbeat:g}s", *store, *ports))
+    return cs
+
+
+def endpoints(c: Coordinator) -> tuple[str, str, str]:
+    """Where the coordinator listens: https, gRPC and the agent port (what a restart must take again)."""
     ep = json.loads((c.data / "endpoints.json").read_text())
-    api.log(f"{n} agents: coordinator at {c.http}, gRPC {c.grpc}, agent port {ep.get('agent')}")
+    return c.http.split("://", 1)[1], c.grpc, str(ep.get("agent") or "")
+
+
+async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str], out: dict[str, Any]) -> None:
+    cs = start_replicas(args, root, store)
+    out["coordinators"] = cs
+    for c in cs:
+        api.log(f"{n} agents: coordinator at {c.http}, gRPC {c.grpc}, agent port {endpoints(c)[2]}")
     identity = Path(tempfile.mkdtemp(prefix="nodus-fleet-id-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     out["identity"] = identity
     t0 = time.monotonic()
-    fleet = start_fleet(args, c, n, identity)
+    fleet = start_fleet(args, cs, n, identity)
     out["fleet"] = fleet
     enrolled = []
     for w in fleet.workers:
@@ -256,47 +294,44 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
         enrolled += w.conn.recv()[1]
     out["enrol"] = {"latencies": enrolled, "wall": time.monotonic() - t0}
     api.log(f"{n} enrolled in {out['enrol']['wall']:.1f}s; anchor: bare grpc.aio heartbeats for {args.idle_seconds:g}s")
-    out["anchor"] = anchor(args, c, fleet)
+    out["anchor"] = anchor(args, cs[0], fleet)
     t0 = time.monotonic()
     fleet.ask("join")
     _, ok = fleet.wait("join", lambda s: s["connected"] >= n, args.drain_timeout)
     out["join"] = {"seconds": time.monotonic() - t0, "ok": ok}
     api.log(f"{n} joined in {out['join']['seconds']:.1f}s; steady state before the burst")
     time.sleep(args.heartbeat * 2)
-    out["settle_before"] = steady(c.proc.pid, 60)
-    out["before"] = measure_steady(args, c, fleet)
+    out["settle_before"] = steady(cs, 60)
+    out["before"] = measure_steady(args, cs, fleet)
     api.log(f"anchor: {args.trickle} Jobs one at a time on the idle fleet")
     trickle: dict[str, float] = {}
     for k in range(args.trickle):
         before = fleet.status()["received"]
-        one, _, _ = await create_jobs(c, [f"t-{k:03d}"], "fleet-trickle", 1)
+        one, _, _ = await create_jobs(cs[k % len(cs):][:1], [f"t-{k:03d}"], "fleet-trickle", 1)
         trickle.update(one)
         fleet.wait("trickle", lambda s: s["received"] > before, 60)
     out["trickle"] = trickle
-    await storm(args, n, root, store, ep, out)
-    await burst(args, out["coordinator"], fleet, out)
+    await storm(args, n, root, store, out)
+    await burst(args, out["coordinators"], fleet, out)
 
 
-async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], ep: dict[str, Any],
-                out: dict[str, Any]) -> None:
-    """One long attempt on every agent, then a restart on the same data dir and ports: re-synchronisation."""
-    c = out["coordinator"]
+async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], out: dict[str, Any]) -> None:
+    """One long attempt on every agent, then every coordinator restarted on the same data dir and ports: the
+    time until every agent is re-synchronised."""
+    cs: list[Coordinator] = out["coordinators"]
     api.log(f"reconnect storm: one long attempt on each of {n} agents, then a restart")
     fleet: Fleet = out["fleet"]
     long_names = [f"long-{k:04d}" for k in range(n)]
-    long_created, long_errors, _ = await create_jobs(c, long_names, "fleet-long", args.concurrency,
+    long_created, long_errors, _ = await create_jobs(cs, long_names, "fleet-long", args.concurrency,
                                                      {RUN_ENV: str(LONG_RUN_S)})
     live, _ = fleet.wait("long attempts", lambda s: s["live"] >= len(long_created), args.drain_timeout)
     fleet.ask("resync")
-    http, grpc_addr, agent = c.http.split("://", 1)[1], c.grpc, str(ep.get("agent") or "")
+    listen = [endpoints(c) for c in cs]
     t_stop = time.monotonic()
-    stop_all([c.proc], [])
+    stop_all([c.proc for c in cs], [])
     stopped = time.monotonic() - t_stop
-    (c.data / "endpoints.json").unlink(missing_ok=True)
     t_spawn = time.monotonic()
-    c = start_coordinator(root, "--heartbeat-interval", f"{args.heartbeat:g}s", *store, "--http-listen", http,
-                          "--grpc-listen", grpc_addr, *(["--agent-listen", agent] if agent else []))
-    out["coordinator"] = c
+    out["coordinators"] = cs = start_replicas(args, root, store, listen)
     serving = time.monotonic() - t_spawn
     deadline = t_spawn + args.storm_timeout
     synced, last = 0, 0.0
@@ -312,14 +347,14 @@ async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], 
     api.log(f"{synced} of {n} re-synchronised")
 
 
-async def burst(args: argparse.Namespace, c: Coordinator, fleet: Fleet, out: dict[str, Any]) -> None:
+async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, out: dict[str, Any]) -> None:
     """--attempts one-GPU Jobs through REST at once: each one's create → its first assignment at an agent."""
     trickle = out["trickle"]
     names = [f"j-{k:05d}" for k in range(args.attempts)]
     api.log(f"burst: {args.attempts} Jobs, concurrency {args.concurrency}")
     t0 = time.monotonic()
     ended0 = fleet.status()["ended"]
-    created, errors, took = await create_jobs(c, names, "fleet", args.concurrency)
+    created, errors, took = await create_jobs(cs, names, "fleet", args.concurrency)
     out["create"] = {"acked": len(created), "errors": errors[:3], "n_errors": len(errors), "seconds": took}
     status, ok = fleet.wait("drain", lambda s: s["ended"] - ended0 >= len(created), args.drain_timeout)
     drained = time.monotonic() - t0
@@ -333,17 +368,17 @@ async def burst(args: argparse.Namespace, c: Coordinator, fleet: Fleet, out: dic
     if ok:
         api.log(f"drained in {drained:.1f}s; waiting for every Job to be Succeeded")
         deadline = time.monotonic() + args.drain_timeout
-        phases = await job_phases(c, "fleet")
+        phases = await job_phases(cs[0], "fleet")
         while phases.get("Succeeded", 0) < len(created) and time.monotonic() < deadline:
             await asyncio.sleep(5)
-            phases = await job_phases(c, "fleet")
+            phases = await job_phases(cs[0], "fleet")
     out["burst"] = {"lat": [first[j] - created[j] for j in created if j in first], "attempts": attempts,
                     "ended": status["ended"] - ended0, "drained_s": drained, "ok": ok, "phases": phases,
                     "succeeded_s": time.monotonic() - t0, "trickle": [first[j] - trickle[j] for j in trickle if j in first]}
     if ok:
         api.log("steady state after the drain")
-        out["settle_after"] = steady(c.proc.pid, 120)
-        out["after"] = measure_steady(args, c, fleet)
+        out["settle_after"] = steady(cs, 120)
+        out["after"] = measure_steady(args, cs, fleet)
     else:
         api.log(f"the burst did not drain in {args.drain_timeout:g}s: no steady state after it")
 
@@ -356,15 +391,14 @@ def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, 
     try:
         asyncio.run(one_size(args, n, root, store, out))
     except Exception:
-        log = root / "coordinator.log"
-        if log.exists():
-            api.log(f"coordinator log tail:\n{log.read_text(errors='replace')[-4000:]}")
+        for log in sorted(root.glob("r*/coordinator.log")):
+            api.log(f"{log} tail:\n{log.read_text(errors='replace')[-3000:]}")
         raise
     finally:
         if "fleet" in out:
             out.pop("fleet").stop()
-        if "coordinator" in out:
-            stop_all([out.pop("coordinator").proc], [])
+        if "coordinators" in out:
+            stop_all([c.proc for c in out.pop("coordinators")], [])
         if "identity" in out:
             shutil.rmtree(out.pop("identity"), ignore_errors=True)
     return out
@@ -394,6 +428,9 @@ def main() -> None:
     ap.add_argument("--storm-timeout", type=float, default=180, help="how long the re-synchronisation may take")
     ap.add_argument("--postgres", action="store_true",
                     help="the store on PostgreSQL: a throwaway cluster (tests/postgres.py), a database per size")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="coordinator replicas on one PostgreSQL store (with --postgres; ADR 0043): REST creates and "
+                         "the agents are spread over them (default 1)")
     ap.add_argument("--quick", action="store_true", help="a small run of a few agents and attempts (as --tiny)")
     ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
     record.add_flags(ap)
@@ -402,6 +439,8 @@ def main() -> None:
     args = record.shrink(args, {"agents": "3", "attempts": 12, "run_seconds": 0.2, "idle_seconds": 1.0,
                                 "processes": 1, "trickle": 3, "drain_timeout": 120.0, "storm_timeout": 60.0})
     sizes = [int(x) for x in str(args.agents).split(",") if x.strip()]
+    if args.replicas < 1 or (args.replicas > 1 and not args.postgres):
+        ap.error("--replicas N takes N >= 1, and more than one replica needs --postgres (one shared store)")
     # The phases wait in plain loops inside asyncio.run, where SIGINT only cancels at the next await: both
     # signals raise at once instead, so the cleanup below runs whatever the bench is waiting on.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -223,22 +223,25 @@ async def _enrol(stub: agent_pb2_grpc.AgentServiceStub, md: Any, creds: NodeCred
 async def _worker(conn: Connection, cfg: dict[str, Any]) -> None:
     ca = Path(cfg["ca"]).read_bytes()
     root = Path(cfg["identity_root"])
-    bootstrap, md = open_channel(cfg["grpc"], cfg["token"], ca)
+    # Each node talks to its own coordinator (with several replicas, the nodes are spread over them).
+    target = dict(zip(cfg["names"], cfg["targets"]))
+    bootstraps = {t: open_channel(t, token, ca) for t, token in zip(cfg["targets"], cfg["tokens"])}
     nodes = [SimNode(name, cfg["gpus"], cfg["run_seconds"]) for name in cfg["names"]]
     creds = {n.node_name: NodeCredentials(root / n.node_name, ca) for n in nodes}
     lag = _Lag()
     tasks = [asyncio.create_task(lag.run())]
     gate = asyncio.Semaphore(cfg["enrol_concurrency"])
-    stub = agent_pb2_grpc.AgentServiceStub(bootstrap)
-    took = await asyncio.gather(*(_enrol(stub, md, creds[n.node_name], n.node_name, gate) for n in nodes))
+    took = await asyncio.gather(*(
+        _enrol(agent_pb2_grpc.AgentServiceStub(bootstraps[target[n.node_name]][0]), bootstraps[target[n.node_name]][1],
+               creds[n.node_name], n.node_name, gate) for n in nodes))
     conn.send(("enrolled", list(took)))
     loop = asyncio.get_running_loop()
     anchor: list[asyncio.Task[None]] = []
     while True:
         command, *rest = await loop.run_in_executor(None, conn.recv)
         if command == "anchor":
-            target, interval = rest
-            anchor = [asyncio.create_task(_anchor_stream(target, creds[n.node_name], n, interval)) for n in nodes]
+            echo, interval = rest
+            anchor = [asyncio.create_task(_anchor_stream(echo, creds[n.node_name], n, interval)) for n in nodes]
             conn.send(("ok",))
         elif command == "anchor_stop":
             for t in anchor:
@@ -248,8 +251,9 @@ async def _worker(conn: Connection, cfg: dict[str, Any]) -> None:
         elif command == "join":
             for n in nodes:
                 n.synced_at = -1.0
-                n.link = Link(n, bootstrap, md, cfg["grpc"], backoff=Backoff(base=0.2, cap=10.0), clock=SystemClock(),
-                              tls=True, identity_dir=root / n.node_name, coordinator_ca=ca)
+                bootstrap, md = bootstraps[target[n.node_name]]
+                n.link = Link(n, bootstrap, md, target[n.node_name], backoff=Backoff(base=0.2, cap=10.0),
+                              clock=SystemClock(), tls=True, identity_dir=root / n.node_name, coordinator_ca=ca)
                 tasks.append(asyncio.create_task(n.link.run()))
             conn.send(("ok",))
         elif command == "status":

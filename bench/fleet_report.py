@@ -49,7 +49,8 @@ def size_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
             p(f"coordinator CPU at steady state, {label}   not measured: the burst did not drain in "
               f"{args.drain_timeout:g} s")
             continue
-        p(f"coordinator CPU at steady state, {label}   {s['coordinator']:.1f} % of a core   "
+        per = f" (replicas {' + '.join(f'{x:.1f}' for x in s['replicas'])})" if len(s["replicas"]) > 1 else ""
+        p(f"coordinator CPU at steady state, {label}   {s['coordinator']:.1f} % of a core{per}   "
           f"{cpu_target(n, s['coordinator'])}   bare grpc.aio AgentService, same heartbeats {a['server']:.1f} %")
         p(f"  per heartbeat: {10 * s['coordinator'] / rate:.2f} ms of CPU beside the bare AgentService's "
           f"{10 * a['server'] / rate:.2f} ms")
@@ -86,9 +87,11 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], load: tuple[
     lines: list[str] = [""]
     p = lines.append
     store = "PostgreSQL (a throwaway cluster, a database per size)" if args.postgres else "embedded SQLite"
+    where = (f"{args.replicas} coordinator replicas on one store (REST and agents spread over them)" if args.replicas > 1
+             else "one coordinator")
     p(f"nodus fleet benchmark - {os.cpu_count()} CPUs; simulated agents (the real agent's Link: enrol, Register, "
-      f"Connect over mTLS, heartbeat every {args.heartbeat:g} s) in {args.processes} client process(es); one "
-      f"coordinator on {store}; {args.attempts:,} one-GPU Jobs in a burst, each attempt Running then Succeeded "
+      f"Connect over mTLS, heartbeat every {args.heartbeat:g} s) in {args.processes} client process(es); "
+      f"{where} on {store}; {args.attempts:,} one-GPU Jobs in a burst, each attempt Running then Succeeded "
       f"after {args.run_seconds:g} s; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     p("")
     for r in results:
@@ -106,6 +109,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], load: tuple[
                f"{api.pct(lat, .5) * 1e3:,.0f} / {api.pct(lat, .99) * 1e3:,.0f} ms" if lat else "none",
                f"{resync:.1f} s" if resync is not None else "not reached")
         p("".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
-    p("")
-    p("three replicas on PostgreSQL: not measured (the leader lease and several coordinators are not on main)")
+    if args.replicas == 1:
+        p("")
+        p("(several replicas on PostgreSQL: --postgres --replicas 3; not part of this run)")
     print("\n".join(lines), flush=True)
