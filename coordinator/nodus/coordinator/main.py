@@ -52,7 +52,7 @@ from .store.opening import open_store
 from .enrol import Enrolments
 from .tls import CertificateAuthority, TlsFiles, agent_credentials, ensure_tls, grpc_credentials, write_private
 from .vault import Vault, load_or_create_key
-from . import tokens_settings, vault_rotate
+from . import audit_query, tokens_settings, vault_rotate
 
 log = logging.getLogger("nodus.coordinator")
 
@@ -478,8 +478,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] in (["store", "copy"], ["vault", "rotate"]):  # offline: the coordinator stopped
-        (_store_copy if argv[0] == "store" else vault_rotate.main)(argv[2:])
+    if argv[:2] in (["store", "copy"], ["vault", "rotate"], ["audit", "query"]):  # beside the daemon (ADR 0046)
+        {"store": _store_copy, "vault": vault_rotate.main, "audit": audit_query.main}[argv[0]](argv[2:])
         return
     args = daemon_config.resolve(parser(), argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
