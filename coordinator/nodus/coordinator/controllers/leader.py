@@ -117,6 +117,11 @@ class Leadership:
     async def _run(self) -> None:
         while True:
             started = asyncio.get_running_loop().time()
-            await self.tick()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - starting or stopping the controllers failed: the next tick retries
+                log.exception("the leadership tick failed")
             elapsed = asyncio.get_running_loop().time() - started
             await asyncio.sleep(max(0.0, self.settings.renew_interval - elapsed))

@@ -31,6 +31,7 @@ import psycopg_pool
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store.base import Event, EventType, ListResult, Record
 from nodus.coordinator.store.lease import Fence, Lease, deposed
+from nodus.coordinator.store.pg_lease import PgLeases, fence_epochs
 from nodus.coordinator.store.pg_schema import migrate
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
     precondition
@@ -110,6 +111,7 @@ class PostgresStore(QueuedWriteStore):
         self._writer_task: asyncio.Task[None] | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._listener: Conn | None = None
+        self._leases = PgLeases(url, connect)
         self._watches = 0
         self._watch_head = 0
         """The newest revision up to which one of this process's watches has read the log."""
@@ -260,27 +262,13 @@ class PostgresStore(QueuedWriteStore):
     # -- leases ----------------------------------------------------------------------------------
 
     async def claim_lease(self, name: str, holder: str, duration: float) -> Lease:
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                cursor = await conn.execute(_CLAIM, {"name": name, "holder": holder, "duration": duration})
-                row = await cursor.fetchone()
-                if row is None:  # held by another holder whose lease has not run out
-                    cursor = await conn.execute(_READ_LEASE, (name,))
-                    row = await cursor.fetchone()
-        assert row is not None
-        return Lease(name, row[0], int(row[1]), float(row[2]))
+        return await self._leases.claim(name, holder, duration)
 
     async def read_lease(self, name: str) -> Lease | None:
-        async with self._snapshot() as conn:
-            cursor = await conn.execute(_READ_LEASE, (name,))
-            row = await cursor.fetchone()
-        return None if row is None else Lease(name, row[0], int(row[1]), float(row[2]))
+        return await self._leases.read(name)
 
     async def release_lease(self, name: str, holder: str) -> None:
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await conn.execute("UPDATE lease SET expires = clock_timestamp() - interval '1 second' "
-                                   "WHERE name = %s AND holder = %s", (name, holder))
+        await self._leases.release(name, holder)
 
     def _check_fence(self, fence: Fence) -> None:
         """Nothing here: the write's own transaction checks the epoch (`_commit_batch`)."""
@@ -297,6 +285,7 @@ class PostgresStore(QueuedWriteStore):
         if self._listener is not None:
             await self._listener.close()
         await self._writer_conn.close()
+        await self._leases.close()
         await self._pool.close()
 
     # -- reads ---------------------------------------------------------------------------------
@@ -398,7 +387,7 @@ class PostgresStore(QueuedWriteStore):
                 assert row is not None
                 locked = True
                 revision = int(row[0])
-                epochs = await _fence_epochs(conn, writes)
+                epochs = await fence_epochs(conn, writes)
                 for op in writes:
                     if op.fence is not None and epochs.get(op.fence.lease) != op.fence.epoch:
                         outcomes.append((op.future, None, deposed(op.fence, epochs.get(op.fence.lease))))
@@ -436,29 +425,6 @@ def _resolve(outcomes: Sequence[tuple[asyncio.Future[Record], Record | None, Nod
             future.set_exception(error)
         else:
             future.set_result(result)  # type: ignore[arg-type]
-
-
-async def _fence_epochs(conn: Conn, writes: Sequence[Write]) -> dict[str, int]:
-    """The current epoch of every lease the batch's fenced writes name, share-locked until commit."""
-    names = sorted({op.fence.lease for op in writes if op.fence is not None})
-    if not names:
-        return {}
-    cursor = await conn.execute("SELECT name, epoch FROM lease WHERE name = ANY(%s) FOR SHARE", (names,))
-    return {name: int(epoch) for name, epoch in await cursor.fetchall()}
-
-
-# A renewal by the holder keeps the epoch; a takeover (another holder, the lease ran out) raises it.
-# The database's clock decides expiry, so replicas' clocks need not agree.
-_CLAIM = """
-INSERT INTO lease (name, holder, epoch, expires)
-VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + make_interval(secs => %(duration)s))
-ON CONFLICT (name) DO UPDATE SET
-    epoch = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.epoch ELSE lease.epoch + 1 END,
-    holder = EXCLUDED.holder, expires = EXCLUDED.expires
-WHERE lease.holder = EXCLUDED.holder OR lease.expires <= clock_timestamp()
-RETURNING holder, epoch, extract(epoch FROM expires - clock_timestamp())
-"""
-_READ_LEASE = "SELECT holder, epoch, extract(epoch FROM expires - clock_timestamp()) FROM lease WHERE name = %s"
 
 
 _INSERT_LOG = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision, epoch) "
