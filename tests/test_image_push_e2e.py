@@ -138,6 +138,34 @@ def test_push_both_formats_list_them_and_run_a_job_with_the_printed_reference(
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_a_job_names_a_pushed_image_by_its_image_ref(c: Coordinator, layouts: dict[str, Path],
+                                                     private_oci_registry: Registry) -> None:
+    """spec.imageRef: NAME[:TAG] as `nodus image ls` lists it, resolved in the project's own namespace."""
+    oci = pushed_lines(c.run("nodus", "image", "push", str(layouts["oci"]), "--name", "tools/busybox:v2").stdout)
+    both = c.session().post(c.url(JOBS), json={"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "b"},
+                                               "spec": {"image": oci["spec.image"], "imageRef": "tools/busybox:v2",
+                                                        "command": ["true"]}})
+    assert both.status_code == 422 and both.json()["details"]["causes"][0]["field"] == "spec.imageRef", both.text
+    missing = c.session().post(c.url(JOBS), json={"apiVersion": "nodus.dev/v1", "kind": "Job",
+                                                  "metadata": {"name": "m"},
+                                                  "spec": {"imageRef": "tools/busybox:nope", "command": ["true"]}})
+    assert missing.status_code == 422, missing.text
+    assert missing.json()["details"]["causes"][0]["field"] == "spec.imageRef", missing.text
+    top = traversable_dir("nodus-image-ref-")
+    work = top / "agent"
+    try:
+        with joined([oci_agent(c, work, private_oci_registry, node="ref-n0").start()], c):
+            create(c, "by-ref", backoffLimit=0, imageRef="tools/busybox:v2",
+                   command=["sh", "-c", "echo ran by its imageRef"])
+            st = settled(c, "by-ref", 180)
+            assert st["phase"] == "Succeeded", st
+            assert st["image"] == {"reference": oci["pushed"], "digest": oci["digest"], "user": st["image"]["user"]}
+            assert "ran by its imageRef" in c.run("nodus", "logs", "by-ref").stdout
+    finally:
+        clean_pods(work)
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_what_is_not_an_image_is_refused_naming_the_argument(c: Coordinator, tmp_path: Path) -> None:
     not_layout = tmp_path / "plain"
     not_layout.mkdir()
@@ -178,3 +206,10 @@ def test_without_a_registry_configured_push_is_refused_with_the_fix(coordinator:
     r = coordinator.run("nodus", "image", "push", str(layouts["oci"]), "--name", "busybox", check=False)
     assert r.returncode == 1 and "no image registry configured" in r.stderr, r.stderr
     assert "--image-registry HOST:PORT[/PREFIX]" in r.stderr
+    # nor can a Job name a project image there
+    refused = coordinator.session().post(coordinator.url(JOBS), json={
+        "apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "by-ref"},
+        "spec": {"imageRef": "busybox:v1", "command": ["true"]}})
+    assert refused.status_code == 422, refused.text
+    cause = refused.json()["details"]["causes"][0]
+    assert cause["field"] == "spec.imageRef" and "without --image-registry" in cause["message"], cause

@@ -18,6 +18,7 @@ import orjson
 
 from . import errors, sources
 from .api.admission import Lookup
+from .api.job_folding import effective_image
 from .api.references import not_found, secret_version
 from .clock import parse, rfc3339
 from .controllers.fleet import Fleet
@@ -25,6 +26,7 @@ from .controllers.sweep import CELL_LABEL, SWEEP_LABEL
 from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
+from .operator_registry import NameRefused, OperatorRegistry, split_name
 from .money.budget_store import Budgets
 from .money.credits import first_hold_refusal
 from .money.ledger_store import Ledger
@@ -125,6 +127,8 @@ class JobStrategy(KindStrategy):
         await _pin_source(obj, project, self.store)
         if self.images is not None:
             await self._pin_images(self.images, project, obj)
+        else:  # no resolver: an imageRef cannot be resolved, so it is refused, never ignored
+            project_image(obj.get("spec") or {}, None, project, obj["metadata"]["name"])
         if self.estimates is None:
             return
         estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {},
@@ -139,7 +143,8 @@ class JobStrategy(KindStrategy):
     async def _pin_images(self, images: ImageResolver, project: str, obj: dict[str, Any]) -> None:
         spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
         sidecars = [(i, s) for i, s in enumerate(spec.get("sidecars") or []) if s.get("image")]
-        if not spec.get("image") and not sidecars:
+        own = project_image(spec, images.operator, project, name)  # spec.imageRef in the operator's registry
+        if not spec.get("image") and not own and not sidecars:
             return
         status = obj.setdefault("status", {})
         credentials = await self._pull_secrets(project, name, spec.get("imagePullSecrets") or [], status)
@@ -155,6 +160,8 @@ class JobStrategy(KindStrategy):
 
         if spec.get("image"):
             status["image"] = (await resolve(spec["image"], "spec.image")).as_status()
+        elif own:
+            status["image"] = (await resolve(own, "spec.imageRef")).as_status()
         pins = []
         for i, sidecar in sidecars:
             got = await resolve(sidecar["image"], f"spec.sidecars[{i}].image")
@@ -334,7 +341,8 @@ class Estimates:
             held += fleet.warm(now)
             history = fleet.history(project, (status.get("image") or {}).get("digest"), spec.get("command"))
             overruns = fleet.overruns(project)
-        preview = self._preview(project, spec, book, fleet.nodes(), held, now)
+        image = effective_image(spec, status)  # an imageRef Job needs a node that runs images too
+        preview = self._preview(project, {**spec, "image": image} if image else spec, book, fleet.nodes(), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
         shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None, overruns)
         estimate = quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
@@ -389,3 +397,27 @@ def _scrub_last_applied(obj: dict[str, Any]) -> None:
         if isinstance(applied.get(field), dict):
             applied[field] = {k: "" for k in applied[field]}
     annotations["kubectl.kubernetes.io/last-applied-configuration"] = orjson.dumps(applied).decode() + "\n"
+
+
+def project_image(spec: dict[str, Any], operator: OperatorRegistry | None, project: str, job: str) -> str:
+    """spec.imageRef (`NAME[:TAG]`, as `nodus image ls` lists the project's images) as a reference in the
+    operator's registry; "" without one. Refused naming the field when it cannot be one."""
+    ref = spec.get("imageRef")
+    if not ref:
+        return ""
+    if spec.get("image"):
+        raise errors.invalid("Job", job, [errors.invalid_value("spec.imageRef", ref, "set spec.image or spec.imageRef, "
+                                                                                    "not both")],
+                             fix="keep spec.image for an image in any registry, or spec.imageRef for one pushed "
+                                 "with `nodus image push`")
+    if operator is None:
+        raise errors.invalid("Job", job, [errors.invalid_value(
+            "spec.imageRef", ref, "this coordinator keeps no project images (it runs without --image-registry)")],
+            fix="name the image in spec.image, or ask the operator to configure --image-registry")
+    try:
+        name, tag = split_name(str(ref))
+        repository = operator.repository(project, name)
+    except NameRefused as e:
+        raise errors.invalid("Job", job, [errors.invalid_value("spec.imageRef", ref, str(e))],
+                             fix="use NAME[:TAG] as `nodus image ls` lists it") from None
+    return f"{operator.host}/{repository}:{tag}"

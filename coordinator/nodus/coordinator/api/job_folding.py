@@ -91,3 +91,13 @@ def complete_spec(spec: dict[str, Any]) -> None:
     checkpoint = get(spec, "recovery.checkpoint")
     if isinstance(checkpoint, dict) and "format" not in checkpoint:
         checkpoint["format"] = "Dcp" if "distributed" in spec else "Snapshot"
+
+
+def effective_image(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    """The image the Job's attempts run: spec.image, or for spec.imageRef (an image of the project's own
+    list, `nodus image push`) the operator registry's reference admission resolved it to (status.image)."""
+    if spec.get("image"):
+        return str(spec["image"])
+    if spec.get("imageRef"):
+        return str((status.get("image") or {}).get("reference") or "")
+    return ""

@@ -18,6 +18,7 @@ from google.protobuf import duration_pb2
 
 from nodus.v1 import agent_pb2, common_pb2
 
+from ..api.job_folding import effective_image
 from ..clock import seconds
 from ..errors import NodusError
 from ..images import ImageRefused, RegistryCredentials, ResolvedImage, registry_of
@@ -215,6 +216,8 @@ async def build(attempt: dict[str, Any], job: dict[str, Any], vault: Vault, outp
     message field by field, which a view would only copy."""
     project = attempt["metadata"]["namespace"]
     spec, status, a = job.get("spec") or {}, job.get("status") or {}, attempt["spec"]
+    if spec.get("imageRef") and not spec.get("image"):  # the project's own image, as admission resolved it
+        spec = {**spec, "image": effective_image(spec, status)}
     secrets = Secrets(vault, project, status)
     literal, secret_env = await secrets.env(spec.get("env") or [])
     env = {**literal, **identity_env(attempt)}

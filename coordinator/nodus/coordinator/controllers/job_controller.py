@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Protocol
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
+from ..api.job_folding import effective_image
 from ..clock import Clock, rfc3339
 from ..errors import NodusError
 from .attempt_machine import Created, Refusal, StoppedUnplaced, phase_of, transition
@@ -29,19 +30,24 @@ from .workqueue import WorkQueue, run_workers
 log = logging.getLogger("nodus.controllers.job")
 
 RESYNC_SECONDS = 30.0
+WORKERS = 32
+"""Jobs reconciled at once (`nodus-coordinator --job-workers`). A reconcile spends most of its time waiting
+for its writes' commit, so many in flight let the store's group commit share one transaction among them:
+bench/sweep.py turns cells over about twice as fast with 32 as with 4 (ADR 0028)."""
 
 
 def new_attempt(job: dict[str, Any], index: int, number: int, now: float) -> dict[str, Any]:
     """The Attempt object for one index: Pending, labelled and owned by its Job."""
     meta, spec = job["metadata"], job.get("spec") or {}
+    image = effective_image(spec, job.get("status") or {})
     resources = {k: v for k, v in (spec.get("resources") or {}).items() if k != "nodes"}
     attempt_spec: dict[str, Any] = {
         "id": "att-" + secrets.token_hex(8), "job": meta["name"], "jobUID": meta["uid"], "index": index,
-        "number": number, "runtime": "oci" if spec.get("image") else "process",
+        "number": number, "runtime": "oci" if image else "process",
         "command": list(spec.get("command") or []) + list(spec.get("args") or []), "resources": resources,
     }
-    if spec.get("image"):
-        attempt_spec["image"] = spec["image"]
+    if image:
+        attempt_spec["image"] = image
     constraints = {k: v for k, v in (spec.get("placement") or {}).items() if k in ("regions", "offerings") and v}
     if constraints:
         attempt_spec["placement"] = constraints
@@ -136,7 +142,7 @@ class JobWriter(Protocol):
 
 class JobController:
     def __init__(self, cache: Cache, objects: Objects, jobs: JobWriter, clock: Clock,
-                 workers: int = 4, gangs: GangConfig = GangConfig(),
+                 workers: int = WORKERS, gangs: GangConfig = GangConfig(),
                  interruptions: Interruptions | None = None, free_storage: int = FREE_STORAGE_BYTES) -> None:
         self.cache, self.objects, self.writer, self.clock = cache, objects, jobs, clock
         self.gangs = gangs
