@@ -79,3 +79,37 @@ def test_outputs_load_into_the_tables_their_sinks_name(coordinator: Coordinator,
         assert conn.execute("SELECT name FROM results ORDER BY name").fetchall() == [("new-1",), ("new-2",)], \
             "Replace swapped the old rows for the new ones"
         assert conn.execute("SELECT count(*), min(label) FROM rows_seen").fetchone() == (4, "w")
+
+
+def test_a_load_runs_once_even_when_asked_again(postgres_cluster: PostgresCluster) -> None:
+    """What a coordinator killed after the database committed an Append (and before it wrote Loaded)
+    does when it starts again: the same load, asked a second time, adds no row and answers the first's count."""
+    from nodus.coordinator.sinks import LOADS_TABLE, load
+
+    url = postgres_cluster.database()
+    where = urlsplit(url)
+    dsn = {"host": where.hostname, "port": where.port, "dbname": where.path[1:], "user": where.username or "",
+           "sslmode": "disable"}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE appended (n int)")
+    rows = [(1,), (2,), (3,)]
+    assert load(dsn, "appended", "Append", ["n"], iter(rows), "job-uid/0/metrics/0/" + "a" * 64) == 3
+    assert load(dsn, "appended", "Append", ["n"], iter(rows), "job-uid/0/metrics/0/" + "a" * 64) == 3
+    assert load(dsn, "appended", "Append", ["n"], iter(rows[:1]), "job-uid/0/metrics/0/" + "b" * 64) == 1
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM appended").fetchone() == (4,), "the repeated load added nothing"
+        recorded = conn.execute(f"SELECT load_id, rows FROM {LOADS_TABLE} ORDER BY load_id").fetchall()
+    assert [r[1] for r in recorded] == [3, 1]
+
+
+def test_a_committed_sink_output_starts_pending_and_the_loader_owns_it_after() -> None:
+    from nodus.coordinator.controllers.job_status import committed_outputs
+    from nodus.coordinator.controllers.views import AttemptView
+
+    a = AttemptView.from_object({"metadata": {"name": "j-0-1"}, "spec": {"index": 0}, "status": {
+        "phase": "Succeeded", "outputs": [{"name": "m", "sha256": "a" * 64, "size": 1}, {"name": "x", "sha256": "b" * 64}]}})
+    outs = committed_outputs([], [a], 1, sinks=frozenset({"m"}))
+    assert {o["name"]: o.get("sink") for o in outs} == {"m": {"phase": "Pending"}, "x": None}
+    loading = [{**o, "sink": {"phase": "Loading"}} if o["name"] == "m" else o for o in outs]
+    assert {o["name"]: o.get("sink") for o in committed_outputs(loading, [a], 1, sinks=frozenset({"m"}))} == {
+        "m": {"phase": "Loading"}, "x": None}

@@ -6,9 +6,12 @@ by the output path's extension) and loads it in one transaction: `Append` adds t
 deletes the table's rows first, so a reader sees the old rows or the new ones, never a mix. Columns
 are the file's (JSON keys in first-seen order, the CSV header, the Parquet schema); the table must
 exist. The outcome goes into `status.outputs[].sink` {phase Pending → Loading → Loaded | Failed, rows,
-message}: Loading is written before the load starts, so a coordinator that stops mid-load finds it and
-loads again (a Replace is idempotent; an Append that committed before the stop is not repeated, since
-its Loaded is written in the same pass that saw the commit — see the ADR for the one window left).
+message}: the Job controller writes Pending when the output is committed, Loading is written before the
+load starts, so a coordinator that stops mid-load finds it and loads again. Every load is exactly once:
+the transaction that copies the rows also records the load (`_nodus_sink_loads` beside the table: the
+Job's uid, index, output, rank and the output's sha256), and a load that finds its record commits
+nothing and answers the rows it recorded, so an Append that committed just before a crash, or a pass
+that saw its own Loading again, is never repeated (ADR 0042).
 
 Level-triggered: the cache's Job events mark the Jobs with a sink to load (`pending` is the pure
 decision), a start marks every stored one, and each marked Job is loaded in turn.
@@ -35,6 +38,8 @@ from .vault import Vault
 log = logging.getLogger("nodus.sinks")
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LOADS_TABLE = "_nodus_sink_loads"
+"""The table, in the sink table's schema, where every load records itself in the load's own transaction."""
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -101,15 +106,25 @@ def _cell(value: Any) -> Any:
     return orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value
 
 
-def load(dsn: dict[str, Any], table: str, mode: str, columns: list[str], rows: Iterable[Sequence[Any]]) -> int:
-    """Loads `rows` into `table` in one transaction (Replace: its rows are deleted first); the rows loaded."""
+def load(dsn: dict[str, Any], table: str, mode: str, columns: list[str], rows: Iterable[Sequence[Any]],
+         load_id: str) -> int:
+    """Loads `rows` into `table` in one transaction (Replace: its rows are deleted first) that also records
+    `load_id`; the rows loaded. A load whose id is recorded already loads nothing and answers its rows."""
     import psycopg  # noqa: PLC0415
     from psycopg import sql  # noqa: PLC0415
 
-    name = sql.Identifier(*table.split(".", 1))
+    parts = table.split(".", 1)
+    name = sql.Identifier(*parts)
+    loads = sql.Identifier(*(parts[:-1] + [LOADS_TABLE]))  # beside the table, in its schema
     count = 0
     with psycopg.connect(**dsn, connect_timeout=10, autocommit=False) as conn:
         with conn.transaction(), conn.cursor() as cur:
+            cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (load_id text PRIMARY KEY, rows bigint NOT NULL, "
+                                "loaded_at timestamptz NOT NULL DEFAULT now())").format(loads))
+            cur.execute(sql.SQL("SELECT rows FROM {} WHERE load_id = %s FOR UPDATE").format(loads), (load_id,))
+            done = cur.fetchone()
+            if done is not None:
+                return int(done[0])  # loaded before (a crash before its Loaded, or a second pass): once only
             if mode == "Replace":
                 cur.execute(sql.SQL("DELETE FROM {}").format(name))
             copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(name, sql.SQL(", ").join(map(sql.Identifier, columns)))
@@ -117,6 +132,7 @@ def load(dsn: dict[str, Any], table: str, mode: str, columns: list[str], rows: I
                 for row in rows:
                     copy.write_row(row)
                     count += 1
+            cur.execute(sql.SQL("INSERT INTO {} (load_id, rows) VALUES (%s, %s)").format(loads), (load_id, count))
     return count
 
 
@@ -126,9 +142,6 @@ class SinkLoader:
     def __init__(self, cache: Cache, objects: Objects, blobs: Blobs | None, vault: Vault) -> None:
         self.cache, self.objects, self.blobs, self.vault = cache, objects, blobs, vault
         self._marked: set[str] = set()
-        self._settled: set[tuple[Any, ...]] = set()
-        """(Job uid, index, name, rank) of the loads this process finished: the cache may still show the
-        Loading it wrote, and an Append must not run twice."""
         self._wake = asyncio.Event()
         cache.listen(JOBS, self._on_job)
 
@@ -156,13 +169,10 @@ class SinkLoader:
     async def _load_one(self, job: dict[str, Any], committed: dict[str, Any], sink: dict[str, Any]) -> None:
         project, name = job["metadata"]["namespace"], job["metadata"]["name"]
         key = (committed.get("index"), committed.get("name"), committed.get("rank"))
-        settled = (job["metadata"].get("uid"), *key)
-        if settled in self._settled:
-            return
-        self._settled.add(settled)
+        load_id = "/".join(str(p) for p in (job["metadata"].get("uid"), *key, committed.get("sha256")))
         await self._set(project, name, key, {"phase": "Loading"})
         try:
-            rows = await self._load(project, committed, sink)
+            rows = await self._load(project, committed, sink, load_id)
         except NodusError as e:
             await self._set(project, name, key, {"phase": "Failed", "message": e.message})
             return
@@ -173,7 +183,7 @@ class SinkLoader:
         log.info("job %s/%s: output %s (index %s) loaded into %s: %d rows", project, name, committed.get("name"),
                  committed.get("index"), sink["table"], rows)
 
-    async def _load(self, project: str, committed: dict[str, Any], sink: dict[str, Any]) -> int:
+    async def _load(self, project: str, committed: dict[str, Any], sink: dict[str, Any], load_id: str) -> int:
         path = str(committed.get("path") or "")
         fmt = format_of(path)
         if fmt is None:
@@ -189,7 +199,8 @@ class SinkLoader:
         columns, rows = rows_of(data, fmt)
         if not columns:
             return 0
-        return await asyncio.to_thread(load, dsn, str(sink["table"]), str(sink.get("mode") or "Append"), columns, rows)
+        return await asyncio.to_thread(load, dsn, str(sink["table"]), str(sink.get("mode") or "Append"), columns, rows,
+                                       load_id)
 
     async def _dsn(self, project: str, conn_name: str) -> dict[str, Any]:
         found = await self.objects.read(f"connections/{project}/{conn_name}")

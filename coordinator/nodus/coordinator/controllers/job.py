@@ -286,7 +286,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
         status["startTime"] = rfc3339(started)
     put(status, "progress", progress_of(mine, completions))
     put(status, "unitMetrics", unit_metrics(mine, status.get("progress"), status.get("cost")))
-    put(status, "outputs", committed_outputs(job.outputs, mine, completions, job.gang))
+    put(status, "outputs", committed_outputs(job.outputs, mine, completions, job.gang, job.sink_outputs))
     # A finished Job's checkpoints drop out of its status once retention releases them.
     release_at = ckpt.release_time(job, parse(status.get("completionTime")))
     released = phase.terminal and (job.deleting or (release_at is not None and now >= release_at))

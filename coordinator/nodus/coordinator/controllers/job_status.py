@@ -132,11 +132,12 @@ def percentile(ordered: list[int], p: int) -> int:
     return ordered[rank - 1]
 
 
-def committed_outputs(committed: Any, mine: list[AttemptView], completions: int, gang: bool = False
-                      ) -> list[dict[str, Any]]:
+def committed_outputs(committed: Any, mine: list[AttemptView], completions: int, gang: bool = False,
+                      sinks: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Committed outputs only accumulate: those already in status stay (an attempt may be gone, or
     the output was committed by other means), and each succeeded attempt's outputs are added. A gang
-    Job's outputs each name the rank that produced them, rank 0 included."""
+    Job's outputs each name the rank that produced them, rank 0 included. An output named in `sinks`
+    starts at sink phase Pending; the sink loader (sinks.py) owns the phase from there."""
     out: dict[tuple[int, str, int], dict[str, Any]] = {
         (int(o.get("index") or 0), str(o.get("name")), int(o.get("rank") or 0)): o
         for o in committed or [] if isinstance(o, dict)}
@@ -153,5 +154,7 @@ def committed_outputs(committed: Any, mine: list[AttemptView], completions: int,
             key = (a.index, item["name"], int(o.get("rank") or 0))
             if "sink" in out.get(key, {}):
                 item["sink"] = out[key]["sink"]  # the sink loader's (sinks.py)
+            elif item["name"] in sinks:
+                item["sink"] = {"phase": "Pending"}
             out[key] = item
     return [out[k] for k in sorted(out)]

@@ -357,6 +357,8 @@ class JobView:
     """status.inputs as last written: admission's volume pins, and the digests attempts verified."""
     declared_outputs: tuple[str, ...] = ()
     """spec.outputs[].name: what a consumer of this Job may name (besides the default `outputs`)."""
+    sink_outputs: frozenset[str] = frozenset()
+    """spec.outputs[].name of those with a sink: committed, they start at sink phase Pending (sinks.py)."""
     producers: Mapping[str, Producer] = field(default_factory=dict)
     """The Jobs `output_inputs` name, by name, as the Job controller read them (not from this object);
     one that is absent does not exist (or is being deleted)."""
@@ -408,6 +410,7 @@ class JobView:
                    stop_by=parse(status.get("stopByTime")), output_inputs=_output_inputs(spec),
                    pinned_inputs=_dicts(status.get("inputs")),
                    declared_outputs=tuple(str(o.get("name")) for o in _dicts(spec.get("outputs"))),
+                   sink_outputs=frozenset(str(o.get("name")) for o in _dicts(spec.get("outputs")) if o.get("sink")),
                    checkpoint_requested=str(_dict(meta.get("annotations")).get(CHECKPOINT_REQUESTED) or ""),
                    handled_requests=_dict(status.get("handledRequests")))
 
