@@ -216,6 +216,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                                        scope=None if grpc_insecure else plane.agents.scope)  # ADR 0045
     plane.agents.agent_port = grpc_server.agent_port
     app, gateway = make_app(service)
+    gateway.replica = plane.replica_status  # /readyz?verbose: leader or follower, epoch, watch lag
     app[downloads.BLOBS] = blobs
     app[image_routes.IMAGES] = ImagePushService(resolver.operator, resolver, data_dir / "image-uploads")
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)

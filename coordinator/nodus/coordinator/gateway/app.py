@@ -113,6 +113,8 @@ class Gateway:
         """A dry run's ETag is keyed (money/quote.py); the signer is made on the first one."""
         self.openapi = discovery.build_openapi()
         self.ready = False
+        self.replica: Callable[[], Awaitable[dict[str, Any]]] | None = None
+        """This replica's role, lease epoch and watch lag (main.py wires the control plane's)."""
         self._watches: set[asyncio.Task[Any]] = set()
         self._closing = False
 
@@ -207,9 +209,15 @@ class Gateway:
         return web.Response(text="ok")
 
     async def readyz(self, request: web.Request) -> web.Response:
+        """"ok" once serving; `?verbose` (as kube-apiserver's) adds whether this replica leads the
+        controllers or follows, the lease epoch it last saw, and how far its watches lag the store."""
         if not self.ready:
             return web.Response(text="not ready", status=503)
-        return web.Response(text="ok")
+        if "verbose" not in request.query or self.replica is None:
+            return web.Response(text="ok")
+        status = await self.replica()
+        lines = [f"{key}: {value}" for key, value in status.items()]
+        return web.Response(text="\n".join(["[+]ping ok", *lines, "readyz check passed"]) + "\n")
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text for an operator token or a `metrics` one (docs/adr/0046-tokens-rate-limits-audit.md)."""
@@ -218,6 +226,8 @@ class Gateway:
             raise NodusError("Forbidden", f'User "{caller.subject}" cannot read /metrics',
                              fix="scrape with a metrics token (`nodus token create --project '*' --role metrics`) "
                                  "or an operator's (DATA_DIR/kubeconfig)")
+        if self.replica is not None:
+            await self.replica()  # refreshes the watch lag gauge
         STORE_REVISION.set(self.service.store.revision)
         STORE_COMPACTED.set(self.service.store.compacted_revision)
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
