@@ -4,8 +4,11 @@ Two real coordinators on loopback, one with --grpc-insecure (plaintext, the anch
 deployed (TLS on the gRPC port, mTLS on the agent port). On each, N concurrent clients on one channel
 each make unary calls for a fixed time:
 - an operator call (ProjectService.ListProjects with the admin token): plaintext vs TLS;
-- an agent call (BlobService.Stat of a stored blob): plaintext with the join token vs mTLS with an
-  enrolled node's certificate.
+- an agent call (BlobService.Stat): plaintext with the join token vs mTLS with an enrolled node's
+  certificate. The node has no attempt, so the mTLS side is answered PermissionDenied (NodeScope,
+  ADR 0045) after its certificate is checked, and the plaintext side (unscoped, --grpc-insecure)
+  NotFound for the same digest: neither touches the disk, so the difference is the transport and the
+  authentication, which is what the figure is for.
 It also times a fresh connection's first call (the handshake) on each. Target: TLS costs at most 15 %
 of plaintext calls/s.
 
@@ -68,7 +71,7 @@ async def measure(plain: Coordinator, tls: Coordinator, args: argparse.Namespace
     admin = (("authorization", f"Bearer {plain.token}"),), (("authorization", f"Bearer {tls.token}"),)
     server_auth = grpc.ssl_channel_credentials(ca)
 
-    # An enrolled node on the TLS coordinator, and a blob for both to Stat.
+    # An enrolled node on the TLS coordinator, and a digest neither side stores.
     key = new_key()
     async with grpc.aio.secure_channel(tls.grpc, server_auth) as boot:
         answer = await agent_pb2_grpc.AgentServiceStub(boot).Enrol(agent_pb2.EnrolRequest(
@@ -76,21 +79,22 @@ async def measure(plain: Coordinator, tls: Coordinator, args: argparse.Namespace
             metadata=(("authorization", f"Bearer {_join(tls)}"),), timeout=30)
     node_creds = grpc.ssl_channel_credentials(ca, key_pem(key), answer.certificate_pem.encode())
     agent_port = agent_address(tls.grpc, answer.agent_port)
-    data = b"x" * 1024
-    digest = hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(b"a blob nobody stored").hexdigest()
     plain_join = (("authorization", f"Bearer {_join(plain)}"),)
 
-    def put(channel: grpc.aio.Channel, md: Any) -> Awaitable[Any]:
-        async def parts() -> Any:
-            yield blob_pb2.PutRequest(header=blob_pb2.PutHeader(sha256=digest, size=len(data)))
-            yield blob_pb2.PutRequest(data=data)
-        return blob_pb2_grpc.BlobServiceStub(channel).Put(parts(), metadata=md, timeout=30)
+    def answered(call: Callable[[], Awaitable[Any]], code: grpc.StatusCode) -> Callable[[], Awaitable[None]]:
+        """The call, whose expected refusal (`code`) counts as its answer; any other error stops the bench."""
+        async def one() -> None:
+            try:
+                await call()
+            except grpc.aio.AioRpcError as e:
+                if e.code() != code:
+                    raise
+        return one
 
     rows = []
     async with grpc.aio.insecure_channel(plain.grpc) as p_op, grpc.aio.secure_channel(tls.grpc, server_auth) as t_op, \
             grpc.aio.insecure_channel(plain.grpc) as p_ag, grpc.aio.secure_channel(agent_port, node_creds) as m_ag:
-        await put(p_ag, plain_join)
-        await put(m_ag, ())
         p_list, t_list = project_pb2_grpc.ProjectServiceStub(p_op), project_pb2_grpc.ProjectServiceStub(t_op)
         p_stat, m_stat = blob_pb2_grpc.BlobServiceStub(p_ag), blob_pb2_grpc.BlobServiceStub(m_ag)
         request = blob_pb2.StatBlobRequest(sha256=digest)
@@ -101,9 +105,10 @@ async def measure(plain: Coordinator, tls: Coordinator, args: argparse.Namespace
                                                  args.seconds),
                 "operator TLS": await rate(lambda: t_list.ListProjects(project_pb2.ListProjectsRequest(),
                                                                        metadata=admin[1]), args.clients, args.seconds),
-                "agent plaintext": await rate(lambda: p_stat.Stat(request, metadata=plain_join), args.clients,
-                                              args.seconds),
-                "agent mTLS": await rate(lambda: m_stat.Stat(request), args.clients, args.seconds),
+                "agent plaintext": await rate(answered(lambda: p_stat.Stat(request, metadata=plain_join),
+                                                       grpc.StatusCode.NOT_FOUND), args.clients, args.seconds),
+                "agent mTLS": await rate(answered(lambda: m_stat.Stat(request), grpc.StatusCode.PERMISSION_DENIED),
+                                         args.clients, args.seconds),
             })
     first = {
         "operator plaintext": await first_call_ms(lambda: grpc.aio.insecure_channel(plain.grpc), lambda ch: (
@@ -113,7 +118,8 @@ async def measure(plain: Coordinator, tls: Coordinator, args: argparse.Namespace
             project_pb2_grpc.ProjectServiceStub(ch).ListProjects(project_pb2.ListProjectsRequest(), metadata=admin[1])),
             args.tries),
         "agent mTLS": await first_call_ms(lambda: grpc.aio.secure_channel(agent_port, node_creds), lambda ch: (
-            blob_pb2_grpc.BlobServiceStub(ch).Stat(blob_pb2.StatBlobRequest(sha256=digest))), args.tries),
+            answered(lambda: blob_pb2_grpc.BlobServiceStub(ch).Stat(blob_pb2.StatBlobRequest(sha256=digest)),
+                     grpc.StatusCode.PERMISSION_DENIED)()), args.tries),
     }
     best = {k: max(r[k] for r in rows) for k in rows[0]}
     print(f"gRPC unary calls/s, {args.clients} concurrent clients on one channel, best of {args.rounds} rounds of "
