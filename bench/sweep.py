@@ -42,6 +42,7 @@ import aiohttp
 import orjson
 
 import record
+from nodus.coordinator.controllers.job_controller import WORKERS as JOB_WORKERS
 from daemons import Coordinator, start_coordinator, stop_all
 
 NS = "/apis/nodus.dev/v1/namespaces/default"
@@ -236,9 +237,9 @@ async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
     return JobsRun(count - errors, errors, seconds, writes(c.data, before), gets)
 
 
-def fresh(root: Path, name: str) -> Coordinator:
+def fresh(root: Path, name: str, job_workers: int) -> Coordinator:
     (root / name).mkdir()
-    return start_coordinator(root / name, *FLAGS)
+    return start_coordinator(root / name, *FLAGS, *(("--job-workers", str(job_workers)) if job_workers else ()))
 
 
 def main() -> None:
@@ -246,6 +247,8 @@ def main() -> None:
     ap.add_argument("--cells", type=int, default=10_000)
     ap.add_argument("--max-parallel", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--job-workers", type=int, default=0,
+                    help="nodus-coordinator --job-workers for both coordinators (default: the coordinator's own)")
     record.add_flags(ap)
     args = record.shrink(ap.parse_args(), {"cells": 200, "max_parallel": 32, "concurrency": 16})
     root = Path(tempfile.mkdtemp(prefix="nodus-bench-sweep-"))
@@ -253,12 +256,12 @@ def main() -> None:
     try:
         load_before = os.getloadavg()
         log(f"a {args.cells}-cell Sweep, maxParallel {args.max_parallel}")
-        c = fresh(root, "sweep")
+        c = fresh(root, "sweep", args.job_workers)
         started.append(c)
         sw = asyncio.run(run_sweep(c, args.cells, args.max_parallel))
         stop_all([c.proc], [])  # the anchor gets the machine to itself
         log(f"{args.cells} plain Jobs, {args.concurrency} clients, on a fresh coordinator")
-        c = fresh(root, "jobs")
+        c = fresh(root, "jobs", args.job_workers)
         started.append(c)
         jobs = asyncio.run(run_jobs(c, args.cells, args.concurrency))
         load_after = os.getloadavg()
@@ -267,7 +270,8 @@ def main() -> None:
             job_rate = jobs.created / jobs.seconds
             ok = lambda met: "ok" if met else "MISSED"  # noqa: E731
             print(f"Sweep of {args.cells} cells (maxParallel {args.max_parallel}, cells fail at once: no agent, "
-                  f"queueTimeout 1ms); plain Jobs by {args.concurrency} clients")
+                  f"queueTimeout 1ms); plain Jobs by {args.concurrency} clients; Job controller workers "
+                  f"{args.job_workers or JOB_WORKERS}")
             print(f"load average (1, 5, 15 min)   before {' '.join(f'{x:.2f}' for x in load_before)}   "
                   f"after {' '.join(f'{x:.2f}' for x in load_after)}")
             print(f"admit (POST to 201)           {sw.admit_s * 1000:10.1f} ms   target ≤ {TARGET_ADMIT_S:.0f} s   "

@@ -34,6 +34,7 @@ from .errors import NodusError
 from .heap import HeapSettings, settle as settle_heap
 from .api.limits import AdmissionLimits
 from .controllers.gang import GangConfig
+from .controllers.job_controller import WORKERS as JOB_WORKERS
 from .plane import ControlPlane
 from .controllers.cache import Cache
 from .controllers.fleet import Fleet
@@ -76,6 +77,7 @@ DEFAULTS = {
     "gang_probe_budget": "30s",
     "clock_offset_file": "",
     "gang_max_nodes": 8,
+    "job_workers": JOB_WORKERS,
     "free_storage": "10Gi",
     "retention_interval": "1m",
     "event_ttl": "1h",
@@ -193,7 +195,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                          gangs=_gang_settings(args), blobs=blobs, retention_interval=retention_interval,
                          gc=gc_settings.gc(args),
                          free_storage=free_storage, image_registry=resolver.operator, event_ttl=_event_ttl(args),
-                         leader=replica_settings.leader(args))
+                         leader=replica_settings.leader(args), job_workers=_job_workers(args))
     await plane.start(controllers=args.controllers != "off")
 
     grpc_host, grpc_port = _split(args.grpc_listen)
@@ -389,6 +391,13 @@ def _heap_settings(args: argparse.Namespace) -> HeapSettings:
         raise SystemExit(str(e)) from None
 
 
+def _job_workers(args: argparse.Namespace) -> int:
+    workers = int(args.job_workers)
+    if not 1 <= workers <= 1024:
+        raise SystemExit(f"--job-workers must be between 1 and 1024 (got {workers})")
+    return workers
+
+
 def _event_ttl(args: argparse.Namespace) -> float:
     try:
         ttl = units.parse_duration_ns(str(args.event_ttl)) / units.NS_PER_SECOND
@@ -443,6 +452,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-probe", choices=("on", "off"),
                    help="measure a gang's network (RTT between members, all-reduce bus bandwidth) before it starts "
                         "(default on)")
+    p.add_argument("--job-workers", type=int, help="Jobs the Job controller reconciles at once, 1-1024: more share "
+                   "the store's commits and turn Jobs over faster (default 64)")
     p.add_argument("--free-storage", help="bytes of checkpoints and outputs each Job keeps free of charge; "
                    "status.storage.billedBytes is the share above it (default 10Gi)")
     p.add_argument("--price-book", help="price book YAML to apply at start (examples/pricebook.yaml); without one "

@@ -39,7 +39,7 @@ from .controllers.event_recorder import EVENT_TTL, EventRecorder
 from .controllers.gang import GangConfig
 from .controllers.gpu_warnings import GpuWarnings
 from .controllers.interruptions import Interruptions
-from .controllers.job_controller import JobController
+from .controllers.job_controller import WORKERS as JOB_WORKERS, JobController
 from .controllers.lease import LeaseController
 from .controllers.leader import LeaderSettings, Leadership
 from .controllers.objects import Objects
@@ -56,7 +56,8 @@ class ControlPlane:
                  blobs: Any = None, retention_interval: float = RETENTION_TICK,
                  gc: GcSettings = GcSettings(),
                  free_storage: int = FREE_STORAGE_BYTES, image_registry: OperatorRegistry | None = None,
-                 event_ttl: float = EVENT_TTL, leader: LeaderSettings = LeaderSettings()) -> None:
+                 event_ttl: float = EVENT_TTL, leader: LeaderSettings = LeaderSettings(),
+                 job_workers: int = JOB_WORKERS) -> None:
         self.cache = fleet.cache
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(fleet, self.objects, clock, lease_duration, heartbeat_interval)
@@ -64,7 +65,7 @@ class ControlPlane:
         self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions,
                                     image_registry)
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
-                                  free_storage=free_storage)
+                                  free_storage=free_storage, workers=job_workers)
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.billing = BillingController(fleet, Ledger(store), service, clock)
         self.sweeps = SweepController(self.cache, service, clock)
