@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 
+from agent_double import wait_for
 from conftest import BIN, Coordinator, job
 from nodus.v1 import project_pb2, project_pb2_grpc, resource_pb2, resource_pb2_grpc
 
@@ -68,7 +69,11 @@ def test_every_write_is_recorded_once_without_bodies(c: Coordinator) -> None:
                 resource_pb2.DeleteRequest(kind="Job", project="default", name="never-there"),
                 metadata=(("authorization", f"Bearer {editor}"),))
 
-    log = entries(c)
+    # A refused gRPC call's line is written as its status goes out, so the client can see the refusal first.
+    def written() -> list[dict[str, Any]] | None:
+        got = entries(c)
+        return got if any(e["name"] == "never-there" for e in got) else None
+    log = wait_for(written, 15, interval=0.1, what="the refused gRPC delete's audit line")
     mine = [e for e in log if e["tokenId"] == editor_id]
     assert [(e["transport"], e["verb"], e["resource"], e["name"], e["code"]) for e in mine] == [
         ("rest", "create", "jobs", "audited", "201"),

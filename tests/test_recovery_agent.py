@@ -369,7 +369,7 @@ class _Blobs:
     def __init__(self, archive: Path) -> None:
         self.archive = archive
 
-    async def get(self, sha256: str, dest: Path) -> None:
+    async def get(self, attempt_id: str, sha256: str, dest: Path) -> None:  # as BlobClient.get: names its attempt
         dest.write_bytes(self.archive.read_bytes())
 
 
