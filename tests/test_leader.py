@@ -181,3 +181,34 @@ def test_the_renew_interval_must_fit_twice_in_the_lease(tmp_path: Path) -> None:
         finally:
             await store.close()
     run(body)
+
+
+class _GatedClaims:
+    """A store double whose lease claim waits on `gate`: the test decides when the claim answers."""
+
+    def __init__(self) -> None:
+        self.gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.claimed = asyncio.Event()
+
+    async def claim_lease(self, name: str, holder: str, duration: float) -> Lease:
+        self.claimed.set()
+        await self.gate
+        return Lease(name, "another-replica", 7, duration)
+
+
+def test_stopping_while_a_lease_claim_answers_still_stops_the_loop() -> None:
+    """SIGTERM's stop() cancels the leadership loop; a claim answered in the same loop iteration must
+    not swallow that cancellation (asyncio.wait_for on Python 3.11 returns the result instead), or the
+    coordinator never exits (test_durability's SIGTERM test on PostgreSQL under load)."""
+    async def main() -> None:
+        store = _GatedClaims()
+        noop = Recorder()
+        leadership = Leadership(store, LeaderSettings(duration=10, renew_interval=2), noop.lead,  # type: ignore[arg-type]
+                                noop.abdicate, holder="me")
+        leadership.start()
+        await store.claimed.wait()
+        store.gate.set_result(None)  # the claim resumes first in the next iteration, then the cancel lands
+        await asyncio.wait_for(leadership.stop(), 5)
+        assert leadership.role == "follower"
+
+    asyncio.run(main())

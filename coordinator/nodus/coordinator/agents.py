@@ -187,8 +187,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             certified = await self._auth(context)
             try:
-                first = await asyncio.wait_for(request_iterator.__anext__(), HELLO_TIMEOUT)
-            except (StopAsyncIteration, asyncio.TimeoutError):
+                async with asyncio.timeout(HELLO_TIMEOUT):
+                    first = await request_iterator.__anext__()
+            except (StopAsyncIteration, TimeoutError):
                 raise NodusError("BadRequest", "the stream must start with Hello", fix="send Hello first") from None
             if first.WhichOneof("message") != "hello":
                 raise NodusError("BadRequest", "the stream must start with Hello", fix="send Hello first")

@@ -234,8 +234,9 @@ class ImagePushService:
             raise NodusError("ServiceUnavailable", f"{self.binary} is not installed on the coordinator",
                              fix="the operator installs skopeo on the coordinator's host (scripts/setup)") from None
         try:
-            _, err = await asyncio.wait_for(proc.communicate(), self.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout):
+                _, err = await proc.communicate()
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             return f"the copy did not finish within {self.timeout:.0f}s: timeout"

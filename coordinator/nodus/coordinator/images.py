@@ -228,8 +228,9 @@ class ImageResolver:
                 raise RegistryUnreachable(image, f"{self.binary} is not installed on the coordinator",
                                           "install skopeo on the coordinator's host (scripts/setup)") from None
             try:
-                out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.timeout):
+                    out, err = await proc.communicate()
+            except TimeoutError:
                 proc.kill()
                 await proc.wait()
                 raise RegistryUnreachable(image, f"the registry did not answer within {self.timeout:.0f}s") from None

@@ -15,18 +15,19 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
-import yaml
 from aiohttp import web
 
 from nodus import config as daemon_config
 
 from . import gc_settings, grpc_api, replica_settings
+from .bootstrap import bootstrap
 from .api import units
 from .blobs.open import add_flags as add_blob_flags, from_args as open_blob_store
 from .clock import OffsetClock, SystemClock
@@ -45,7 +46,7 @@ from .gateway import images as image_routes
 from .image_push import ImagePushService
 from .images import ImageResolver
 from .operator_registry import OperatorRegistry
-from .identity import ALL_PROJECTS, CATALOG_PROJECT, DEFAULT_PROJECT, Identity, Role
+from .identity import Identity
 from .resources import ResourceService
 from .store.base import Store
 from .store.copy import copy_sqlite_to_postgres
@@ -103,54 +104,6 @@ class Endpoints:
     http: str
 
 
-GRPC_EXTENSION = "nodus.dev/grpc"
-"""The kubeconfig cluster extension naming the coordinator's gRPC address, where the operator verbs
-of the `nodus` CLI find it (kubectl and the Kubernetes clients ignore extensions they do not know)."""
-
-
-def kubeconfig(server: str, ca_pem: bytes | None, token: str, grpc: str = "",
-               grpc_insecure: bool = False) -> dict[str, Any]:
-    import base64
-    cluster: dict[str, Any] = {"server": server}
-    if ca_pem:
-        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
-    if grpc:
-        # gRPC is verified with the cluster's CA, as REST is; `insecure` only for --grpc-insecure.
-        extension: dict[str, Any] = {"address": grpc, **({"insecure": True} if grpc_insecure else {})}
-        cluster["extensions"] = [{"name": GRPC_EXTENSION, "extension": extension}]
-    return {
-        "apiVersion": "v1", "kind": "Config", "preferences": {},
-        "clusters": [{"name": "nodus", "cluster": cluster}],
-        "users": [{"name": "nodus-admin", "user": {"token": token}}],
-        "contexts": [{"name": "nodus", "context": {"cluster": "nodus", "user": "nodus-admin", "namespace": "default"}}],
-        "current-context": "nodus",
-    }
-
-
-async def bootstrap(data_dir: Path, identity: Identity, server: str, tls: TlsFiles, grpc: str = "",
-                    grpc_insecure: bool = False) -> None:
-    """Idempotent: projects, the admin kubeconfig and the agent join token."""
-    await identity.ensure_project(DEFAULT_PROJECT, "Default project")
-    await identity.ensure_project(CATALOG_PROJECT, "Managed catalog")
-    path = data_dir / "kubeconfig"
-    token = ""
-    if path.exists():
-        try:
-            current = yaml.safe_load(path.read_text())
-            token = current["users"][0]["user"]["token"]
-            await identity.authenticate(f"Bearer {token}")
-        except Exception:  # noqa: BLE001 - an unusable file is replaced with a fresh token
-            token = ""
-    if not token:
-        token, _ = await identity.create_token(ALL_PROJECTS, Role.ADMIN, subject="admin")
-    ca_pem = tls.ca.read_bytes() if tls.ca is not None else None
-    write_private(path, yaml.safe_dump(kubeconfig(server, ca_pem, token, grpc, grpc_insecure),
-                                       sort_keys=False).encode())
-    join = data_dir / "join-token"
-    if not join.exists():
-        write_private(join, (await identity.create_join_token()).encode() + b"\n")
-
-
 async def _compact_loop(store: Store, interval: float) -> None:
     """Keeps at least `interval` seconds of history, as kube-apiserver keeps five minutes."""
     previous = store.revision
@@ -159,6 +112,34 @@ async def _compact_loop(store: Store, interval: float) -> None:
         if previous > store.compacted_revision:
             await store.compact(previous)
         previous = store.revision
+
+
+REST_STOP_GRACE = 3.0
+"""How long a stop lets REST requests in flight finish before it cancels them (aiohttp's default of 60 s
+let one request whose body never came hold a SIGTERM for a minute; watches are ended at once)."""
+STOP_WATCHDOG_SECONDS = 5.0
+"""A stop slower than this logs what every task still waits on (systemd's stop timeout then kills)."""
+
+
+async def _stop_watchdog(after: float) -> None:
+    await asyncio.sleep(after)
+    me = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is me:
+            continue
+        log.warning("still stopping after %.0f s; task %s waits at:%s", after, task.get_name(),
+                    "".join(f"\n    {where}" for where in _awaiting(task.get_coro())))
+
+
+def _awaiting(coro: Any) -> list[str]:
+    """file:line of each coroutine (and async generator) in the chain `coro` awaits, outermost first."""
+    out: list[str] = []
+    while coro is not None and len(out) < 40:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            out.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out
 
 
 def _notify(message: str) -> None:
@@ -221,7 +202,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     gateway.replica = plane.replica_status  # /readyz?verbose: leader or follower, epoch, watch lag
     app[downloads.BLOBS] = blobs
     app[image_routes.IMAGES] = ImagePushService(resolver.operator, resolver, data_dir / "image-uploads")
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=REST_STOP_GRACE)
     await runner.setup()
     site = web.TCPSite(runner, http_host, http_port, ssl_context=tls.server_context(), backlog=1024)
     await site.start()
@@ -254,10 +235,19 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     _notify("STOPPING=1")
     gateway.ready = False
     compactor.cancel()
+    t0 = time.monotonic()
+    log.info("stopping")
+    watchdog = asyncio.create_task(_stop_watchdog(STOP_WATCHDOG_SECONDS))
     await plane.stop()
+    t1 = time.monotonic()
     await grpc_server.server.stop(grace=2)
+    t2 = time.monotonic()
     await runner.cleanup()
+    t3 = time.monotonic()
     await store.close()
+    watchdog.cancel()
+    log.info("stopped in %.2f s: controllers and agent streams %.2f s, gRPC %.2f s, REST %.2f s, store %.2f s",
+             time.monotonic() - t0, t1 - t0, t2 - t1, t3 - t2, time.monotonic() - t3)
 
 
 def _store_copy(argv: list[str]) -> None:

@@ -46,6 +46,7 @@ from .controllers.objects import Objects
 from .controllers.placement import PlacementController
 from .controllers.sweep_controller import SweepController
 from .money.ledger_store import Ledger
+from .stopping import cancel_and_wait
 
 log = logging.getLogger("nodus.controllers")
 
@@ -134,9 +135,7 @@ class ControlPlane:
 
     async def _abdicate(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
     async def stop(self) -> None:
         if self._controllers:

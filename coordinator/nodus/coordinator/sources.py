@@ -54,8 +54,9 @@ async def resolve(repo: str, ref: str = "", timeout: float = LS_REMOTE_TIMEOUT) 
     except OSError as e:
         raise SourceRefused("spec.source.git.repo", f"git is not available on the coordinator: {e.strerror or e}")
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
+    except TimeoutError:
         proc.kill()
         await proc.wait()
         raise SourceRefused("spec.source.git.repo", f"{_quiet(url)} did not answer git ls-remote in {timeout:g}s")

@@ -103,8 +103,9 @@ class WatchStream:
         try:
             while True:
                 try:
-                    got = [await asyncio.wait_for(queue.get(), bookmark_seconds)]
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(bookmark_seconds):
+                        got = [await queue.get()]
+                except TimeoutError:
                     if allow_bookmarks:
                         yield [bookmark(info, last)]
                     continue

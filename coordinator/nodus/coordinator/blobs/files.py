@@ -304,7 +304,8 @@ class LogStore(Logs):
         if st.size > offset or st.eof:
             return st
         try:
-            await asyncio.wait_for(changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await changed.wait()
         except TimeoutError:
             pass
         return await self.state(attempt_id)

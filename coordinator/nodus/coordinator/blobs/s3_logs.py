@@ -345,7 +345,8 @@ class S3LogStore(Logs):
             if st.size > offset or st.eof or left <= 0:
                 return st
             try:
-                await asyncio.wait_for(changed.wait(), min(self.poll, left))
+                async with asyncio.timeout(min(self.poll, left)):
+                    await changed.wait()
             except TimeoutError:
                 pass
 

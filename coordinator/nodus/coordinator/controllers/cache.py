@@ -24,6 +24,7 @@ import orjson
 from ..errors import NodusError
 from ..store.base import EventType, Store
 from .views import AttemptView, JobView
+from ..stopping import cancel_and_wait
 
 log = logging.getLogger("nodus.cache")
 
@@ -84,9 +85,7 @@ class Cache:
         self.synced.set()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
 
     async def _load(self, prefix: str) -> int:
         result = await self.store.list(prefix)

@@ -22,6 +22,7 @@ from typing import Awaitable, Callable
 from ..metrics import LEADER, LEASE_CHANGES, LEASE_EPOCH
 from ..store.base import Store
 from ..store.lease import CONTROLLERS, Fence, Lease
+from ..stopping import cancel_and_wait
 
 log = logging.getLogger("nodus.leader")
 
@@ -69,20 +70,20 @@ class Leadership:
     async def stop(self) -> None:
         """Stops claiming; a leader stops its controllers and lets its lease run out now."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
         if self.fence is not None:
             await self._lose("stopping")
             try:
-                await asyncio.wait_for(self.store.release_lease(CONTROLLERS, self.holder), self.settings.renew_interval)
+                async with asyncio.timeout(self.settings.renew_interval):
+                    await self.store.release_lease(CONTROLLERS, self.holder)
             except Exception as e:  # noqa: BLE001 - the lease then runs out by itself
                 log.warning("could not release the controllers' lease: %s", e)
 
     async def tick(self) -> None:
         """One claim, and the start or stop of the controllers it calls for."""
         try:
-            lease = await asyncio.wait_for(self.store.claim_lease(CONTROLLERS, self.holder, self.settings.duration),
-                                           self.settings.renew_interval)
+            async with asyncio.timeout(self.settings.renew_interval):
+                lease = await self.store.claim_lease(CONTROLLERS, self.holder, self.settings.duration)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the store is unreachable or slow: follow until it answers

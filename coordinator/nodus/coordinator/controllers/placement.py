@@ -290,8 +290,9 @@ class PlacementController:
             if (due := self.queue.next_due()) is not None:
                 waits.append(max(due - time.monotonic(), 0.0))
             try:
-                await asyncio.wait_for(self._dirty.wait(), min(waits) if waits else None)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(min(waits) if waits else None):
+                    await self._dirty.wait()
+            except TimeoutError:
                 pass
             self._dirty.clear()
             self.queue.due(time.monotonic())

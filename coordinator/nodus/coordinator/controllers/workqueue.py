@@ -9,6 +9,8 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
+from ..stopping import cancel_and_wait
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -97,6 +99,4 @@ async def run_workers(queue: WorkQueue[K], reconcile: Callable[[K], Awaitable[No
             await asyncio.sleep(resync_seconds)
     finally:
         queue.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)

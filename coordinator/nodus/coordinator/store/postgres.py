@@ -220,7 +220,8 @@ class PostgresStore(QueuedWriteStore):
                 cursor = max(cursor, head)
                 self._watch_head = max(self._watch_head, cursor)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), self.poll_interval)
+                    async with asyncio.timeout(self.poll_interval):
+                        await wakeup.wait()
         finally:
             self._watches -= 1
 
