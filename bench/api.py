@@ -2,6 +2,7 @@
 """REST API benchmark for `nodus-coordinator`, each figure printed beside an anchor measured in the same run.
 
     .venv/bin/python bench/api.py [--seconds N] [--watchers 100] [--concurrency 64]
+                                  [--store-url local|postgresql://… [--replicas 3]]
 
 Figures (see bench/README.md):
   A  bare SQLite insert loop, WAL + synchronous=FULL, one INSERT+COMMIT per ~2 KB row   (rows/s)
@@ -12,6 +13,11 @@ Figures (see bench/README.md):
      latency = ADDED event arrival - time the create's 201 arrived at the creator (CLOCK_MONOTONIC,
      which is system-wide, so the two processes' stamps compare)
 
+With --store-url the coordinator keeps its store on PostgreSQL (`local`: a throwaway cluster with fsync
+on, made with initdb and pg_ctl as the tests make theirs) and anchor A is a bare psycopg loop on the
+same server instead (one INSERT + COMMIT per ~2 KB row, synchronous_commit on); with --replicas N the
+creates and gets go round the N replicas and watcher w watches replica w mod N.
+
 A benchmark, not a test: it asserts nothing. The load generator runs in this process; the
 coordinator, the echo server and the watch client each run in a process of their own.
 """
@@ -19,15 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import multiprocessing as mp
 import os
 import secrets
 import shutil
 import signal
-import sqlite3
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,16 +41,16 @@ from typing import Any
 
 import aiohttp
 import orjson
-import yaml
-from aiohttp import web
 
 import record
+from api_procs import (BODY_TARGET, JOBS, Coordinator, CpuMeter, echo_server_main, psycopg_anchor, sqlite_anchor,
+                       start_replicas, stop_process, watch_client_main)
 
-BIN = Path(sys.executable).parent
-JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
-BODY_TARGET = 2048
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 TARGET_CREATES = 1000.0
 TARGET_WATCH_P99_MS = 50.0
+TARGET_PG_RATIO, TARGET_PG_WATCH_P99_MS = 0.5, 100.0
+"""On PostgreSQL (issue 14): creates at >= half the bare psycopg loop, watch p99 <= 100 ms."""
 WARMUP_S = 1.0
 
 
@@ -81,145 +84,6 @@ def job_body(name: str, env: list[dict[str, str]]) -> bytes:
 # ------------------------------------------------------------------------------------------------
 # process helpers
 # ------------------------------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of a process (and its reaped children) from /proc, in seconds; 0 if unreadable."""
-    try:
-        fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-class CpuMeter:
-    """CPU use of some processes over a phase, as % of one core."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.start = {k: cpu_seconds(p) for k, p in pids.items()}
-        self.t0 = time.monotonic()
-
-    def report(self) -> str:
-        dt = max(time.monotonic() - self.t0, 1e-9)
-        return ", ".join(f"{k} {100 * (cpu_seconds(p) - self.start[k]) / dt:.0f}%" for k, p in self.pids.items())
-
-
-def _exit_with_parent() -> None:
-    """Child processes: ignore Ctrl-C (the parent cleans up) and die if the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
-
-    async def watch_parent() -> None:
-        while True:
-            await asyncio.sleep(1)
-            if os.getppid() != parent:
-                os._exit(1)
-    return watch_parent  # type: ignore[return-value]
-
-
-@dataclass
-class Coordinator:
-    data_dir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    http: str = ""
-    token: str = ""
-    ca: Path = field(default_factory=Path)
-    log: Path = field(default_factory=Path)
-
-    def start(self, timeout: float = 60) -> None:
-        self.log = self.data_dir.parent / "coordinator.log"
-        out = open(self.log, "ab")
-        self.proc = subprocess.Popen(
-            [str(BIN / "nodus-coordinator"), "--data-dir", str(self.data_dir),
-             "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--log-level", "WARNING"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        out.close()
-        endpoints = self.data_dir / "endpoints.json"
-        deadline = time.monotonic() + timeout
-        while not endpoints.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nodus-coordinator exited {self.proc.returncode}:\n{self.log.read_text()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nodus-coordinator did not start in {timeout:.0f}s:\n{self.log.read_text()}")
-            time.sleep(0.05)
-        self.http = orjson.loads(endpoints.read_bytes())["http"]
-        config = yaml.safe_load((self.data_dir / "kubeconfig").read_text())
-        self.token = config["users"][0]["user"]["token"]
-        self.ca = self.data_dir.parent / "ca.crt"
-        self.ca.write_bytes(base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]))
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-
-def stop_process(p: mp.process.BaseProcess | None) -> None:
-    if p is None or p.pid is None:
-        return
-    if p.is_alive():
-        p.terminate()
-        p.join(5)
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-
-
-# ------------------------------------------------------------------------------------------------
-# anchor A: bare SQLite
-# ------------------------------------------------------------------------------------------------
-def sqlite_anchor(path: Path, seconds: float) -> tuple[float, int]:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID")
-    blob = secrets.token_bytes(BODY_TARGET)
-    n = 0
-    t0 = time.monotonic()
-    end = t0 + seconds
-    while True:
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO kv VALUES (?, ?)", (f"k{n:09d}", blob))
-        conn.execute("COMMIT")
-        n += 1
-        if (n & 15) == 0 and time.monotonic() >= end:
-            break
-    dt = time.monotonic() - t0
-    conn.close()
-    return n / dt, n
-
-
-# ------------------------------------------------------------------------------------------------
-# anchor B: the echo server (own process)
-# ------------------------------------------------------------------------------------------------
-def echo_server_main(cert: str, key: str, conn: Any) -> None:
-    parent_watch = _exit_with_parent()
-
-    async def echo(request: web.Request) -> web.Response:
-        obj = orjson.loads(await request.read())
-        return web.Response(body=orjson.dumps(obj), status=201, content_type="application/json")
-
-    async def serve() -> None:
-        app = web.Application()
-        app.router.add_post("/echo", echo)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await runner.setup()
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # as the coordinator's TlsFiles
-        ctx.load_cert_chain(cert, key)
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx, backlog=1024)
-        await site.start()
-        conn.send(runner.addresses[0][1])
-        await parent_watch()
-
-    asyncio.run(serve())
-
-
 # ------------------------------------------------------------------------------------------------
 # closed-loop load: C workers, keep-alive, count completions inside the measured window
 # ------------------------------------------------------------------------------------------------
@@ -300,86 +164,21 @@ def lat_text(v: list[float]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# watch client (own process)
-# ------------------------------------------------------------------------------------------------
-def watch_client_main(base: str, token: str, ca: str, watchers: int, rv: str, conn: Any) -> None:
-    parent_watch = _exit_with_parent()
-
-    async def run() -> None:
-        asyncio.create_task(parent_watch())
-        ctx = ssl.create_default_context(cafile=ca)
-        arrivals: list[dict[str, float]] = [{} for _ in range(watchers)]
-        other: Counter[str] = Counter()
-        errors: list[str] = []
-        opened = asyncio.Semaphore(0)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=30)
-        async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ssl=ctx), timeout=timeout,
-                headers={"Authorization": f"Bearer {token}"}) as session:
-
-            async def one(w: int) -> None:
-                got = arrivals[w]
-                try:
-                    async with session.get(f"{base}{JOBS}", params={"watch": "true", "resourceVersion": rv}) as r:
-                        if r.status != 200:
-                            errors.append(f"watcher {w}: HTTP {r.status} {(await r.read())[:300]!r}")
-                            opened.release()
-                            return
-                        opened.release()
-                        async for line in r.content:
-                            t = time.monotonic()
-                            if not line.strip():
-                                continue
-                            ev = orjson.loads(line)
-                            if ev.get("type") == "ADDED":
-                                got.setdefault(ev["object"]["metadata"]["name"], t)
-                            else:
-                                other[ev.get("type", "?")] += 1
-                                if ev.get("type") == "ERROR" and len(errors) < 5:
-                                    errors.append(f"watcher {w}: ERROR event {line[:300]!r}")
-                        errors.append(f"watcher {w}: stream ended by the server")
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - reported
-                    errors.append(f"watcher {w}: {e!r}")
-                    opened.release()
-
-            tasks = [asyncio.create_task(one(w)) for w in range(watchers)]
-            t0 = time.monotonic()
-            for _ in range(watchers):
-                await opened.acquire()
-            conn.send(("ready", time.monotonic() - t0, list(errors)))
-            loop = asyncio.get_running_loop()
-            names, wait_s = await loop.run_in_executor(None, conn.recv)
-            want = set(names)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if all(want.issubset(a.keys()) for a in arrivals):
-                    break
-                await asyncio.sleep(0.05)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        result = [{n: a[n] for n in want if n in a} for a in arrivals]
-        conn.send(("done", result, dict(other), errors))
-
-    asyncio.run(run())
-
-
-# ------------------------------------------------------------------------------------------------
 # the run
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class State:
     tmp: Path
-    coordinator: Coordinator | None = None
+    coordinators: list[Coordinator] = field(default_factory=list)
     children: list[mp.process.BaseProcess] = field(default_factory=list)
 
 
 async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -> None:
-    assert st.coordinator is not None
-    c = st.coordinator
+    c = st.coordinators[0]
     assert c.proc is not None
+    servers = {("server" if len(st.coordinators) == 1 else f"replica {i}"): r.proc.pid
+               for i, r in enumerate(st.coordinators) if r.proc is not None}
+    urls = [r.http + JOBS for r in st.coordinators]
     env = _padding_env()
     run_id = secrets.token_hex(3)
     sample = job_body(f"b-{run_id}-0000000", env)
@@ -413,16 +212,16 @@ async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -
     st.children.remove(echo)
 
     # -- creates ---------------------------------------------------------------------------------
-    url = c.http + JOBS
-    log(f"creates: concurrency {args.concurrency}, {args.seconds:.0f}s")
+    url = urls[0]
+    log(f"creates: concurrency {args.concurrency}, {args.seconds:.0f}s over {len(urls)} coordinator(s)")
 
     def make_create(i: int) -> tuple[str, str, bytes, str]:
         name = f"b-{run_id}-{i:07d}"
-        return "POST", url, job_body(name, env), name
+        return "POST", urls[i % len(urls)], job_body(name, env), name
 
     async with session() as s:
         res = await closed_loop(s, args.concurrency, args.seconds, 201, make_create,
-                                {"server": c.proc.pid, "client": os.getpid()})
+                                {**servers, "client": os.getpid()})
     results["creates"] = res
     names = res.ok_names
 
@@ -431,8 +230,9 @@ async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -
     if names:
         async with session() as s:
             res = await closed_loop(s, args.concurrency, args.seconds, 200,
-                                    lambda i: ("GET", f"{url}/{names[(i * 7919) % len(names)]}", None, ""),
-                                    {"server": c.proc.pid, "client": os.getpid()})
+                                    lambda i: ("GET", f"{urls[i % len(urls)]}/{names[(i * 7919) % len(names)]}",
+                                               None, ""),
+                                    {**servers, "client": os.getpid()})
         results["gets"] = res
 
     # -- watch -----------------------------------------------------------------------------------
@@ -444,7 +244,8 @@ async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -
             rv = orjson.loads(body)["metadata"]["resourceVersion"]
     log(f"watch: opening {args.watchers} watches at resourceVersion {rv}")
     parent, child = spawn.Pipe()
-    wproc = spawn.Process(target=watch_client_main, args=(c.http, c.token, str(c.ca), args.watchers, rv, child),
+    wproc = spawn.Process(target=watch_client_main, args=([r.http for r in st.coordinators], c.token, str(c.ca), args.watchers, rv,
+                                                             child),
                           daemon=True, name="bench-watch")
     wproc.start()
     st.children.append(wproc)
@@ -459,12 +260,12 @@ async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -
     sent: dict[str, float] = {}
     acked: dict[str, float] = {}
     werrors: Counter[str] = Counter()
-    meter = CpuMeter({"server": c.proc.pid, "watch client": wproc.pid, "creator": os.getpid()})
+    meter = CpuMeter({**servers, "watch client": wproc.pid, "creator": os.getpid()})
     async with session() as s:
         async def create(name: str) -> None:
             sent[name] = time.monotonic()
             try:
-                async with s.post(url, data=job_body(name, env)) as r:
+                async with s.post(urls[len(sent) % len(urls)], data=job_body(name, env)) as r:
                     await r.read()
                     t = time.monotonic()
                     if r.status == 201:
@@ -513,8 +314,13 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
       f"{args.watchers} watchers")
     p("")
     p("details")
-    sq_rate, sq_n = results["sqlite"]
-    p(f"  A  bare SQLite insert (WAL, sync=FULL, 1 row/commit): {sq_n} rows, {fmt_rate(sq_rate)}")
+    sq_rate, sq_n = results["anchor"]
+    on_pg = bool(args.store_url)
+    p(f"  store: {'PostgreSQL' if on_pg else 'embedded SQLite'}, {len(results['replicas'])} coordinator(s)"
+      + (f" ({', '.join(results['replicas'])})" if on_pg else ""))
+    anchor_label = ("bare psycopg insert (fsync=on, synchronous_commit=on)" if on_pg
+                    else "bare SQLite insert (sync=FULL)")
+    p(f"  A  {anchor_label}, 1 row/commit: {sq_n} rows, {fmt_rate(sq_rate)}")
     for key, label in (("echo", "B  bare 2 KB JSON echo (aiohttp+TLS, own process)"),
                        ("creates", "1  durable creates (201)"), ("gets", "2  gets (200)")):
         r: LoadResult | None = results.get(key)
@@ -544,10 +350,11 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
             p(f"     error: {e}")
     p("")
     echo = results["echo"].rate if results.get("echo") else 0.0
+    watch_target = TARGET_PG_WATCH_P99_MS if on_pg else TARGET_WATCH_P99_MS
     rows = []
     cr = results.get("creates")
     if cr:
-        rows.append(("durable creates/s", f"{cr.rate:,.0f}", "bare SQLite insert (sync=FULL)", fmt_rate(sq_rate),
+        rows.append(("durable creates/s", f"{cr.rate:,.0f}", anchor_label, fmt_rate(sq_rate),
                      f"{cr.rate / sq_rate:.2f}" if sq_rate else "-"))
         rows.append(("", "", "bare 2 KB JSON echo (same server)", fmt_rate(echo),
                      f"{cr.rate / echo:.2f}" if echo else "-"))
@@ -564,22 +371,26 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
     if w and w["ack"]:
         rows.append((f"watch p50 / p99 ({args.watchers} watchers)",
                      f"{pct(w['ack'], .5) * 1e3:.0f} ms / {pct(w['ack'], .99) * 1e3:.0f} ms",
-                     f"target p99 <= {TARGET_WATCH_P99_MS:.0f} ms", "", ""))
+                     f"target p99 <= {watch_target:.0f} ms", "", ""))
         rows.append(("watch events missed", f"{w['missed']}", "target 0", "", ""))
-    widths = [31, 20, 37, 15, 6]
+    widths = [31, 20, 55 if on_pg else 37, 15, 6]
     header = ("figure", "value", "anchor", "anchor value", "ratio")
     p("".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip())
     for row in rows:
         p("".join(str(x).ljust(wd) for x, wd in zip(row, widths)).rstrip())
     p("")
     verdict = []
-    if cr:
+    if cr and on_pg:
+        ratio = cr.rate / sq_rate if sq_rate else 0.0
+        verdict.append(f"durable creates >= {TARGET_PG_RATIO:.1f} x bare psycopg: "
+                       f"{'met' if ratio >= TARGET_PG_RATIO else 'NOT met'} ({ratio:.2f})")
+    elif cr:
         verdict.append(f"durable creates >= {TARGET_CREATES:,.0f}/s: {'met' if cr.rate >= TARGET_CREATES else 'NOT met'}"
                        f" ({cr.rate:,.0f}/s)")
     if w and w["ack"]:
         p99 = pct(w["ack"], .99) * 1e3
-        verdict.append(f"watch p99 <= {TARGET_WATCH_P99_MS:.0f} ms: "
-                       f"{'met' if p99 <= TARGET_WATCH_P99_MS and w['missed'] == 0 else 'NOT met'} "
+        verdict.append(f"watch p99 <= {watch_target:.0f} ms: "
+                       f"{'met' if p99 <= watch_target and w['missed'] == 0 else 'NOT met'} "
                        f"({p99:.0f} ms, {w['missed']} missed)")
     p("targets: " + "; ".join(verdict))
     print("\n".join(out), flush=True)
@@ -593,6 +404,10 @@ def main() -> None:
     ap.add_argument("--watch-rate", type=float, default=50, help="creates/s during the watch phase (default 50)")
     ap.add_argument("--watch-seconds", type=float, default=5, help="length of the watch phase (default 5)")
     ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
+    ap.add_argument("--store-url", default="",
+                    help="keep the store on PostgreSQL: `local` starts a throwaway durable cluster, or a "
+                         "postgresql://… URL of an empty database (the anchor's table goes there too)")
+    ap.add_argument("--replicas", type=int, default=1, help="coordinators on the one store (needs --store-url)")
     record.add_flags(ap)
     args = record.shrink(ap.parse_args(), {"seconds": 1.0, "watchers": 4, "concurrency": 8, "watch_rate": 20.0,
                                            "watch_seconds": 1.0})
@@ -602,34 +417,54 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us with SIGINT ignored
+    if args.replicas < 1 or (args.replicas > 1 and not args.store_url):
+        ap.error("--replicas N: N >= 1, and more than one needs --store-url (the replicas share one PostgreSQL)")
     st = State(Path(tempfile.mkdtemp(prefix="nodus-bench-", dir=args.tmp_dir)))
     results: dict[str, Any] = {}
+    cluster = None
     try:
-        log(f"temp dir {st.tmp}; starting nodus-coordinator")
-        st.coordinator = Coordinator(st.tmp / "data")
-        st.coordinator.start()
-        log(f"coordinator at {st.coordinator.http}")
-        log(f"anchor A: bare SQLite insert loop, {args.seconds:.0f}s")
-        results["sqlite"] = sqlite_anchor(st.tmp / "anchor.db", args.seconds)
+        store_url = anchor_url = args.store_url
+        if args.store_url == "local":
+            sys.path.insert(0, str(TESTS))
+            from postgres import PostgresCluster  # tests/postgres.py, here with fsync on
+            pg_root = Path(tempfile.mkdtemp(prefix="nodus-bench-api-pg-", dir=args.tmp_dir))  # the server's user reads it
+            pg = PostgresCluster(pg_root, durable=True)
+            pg.start()
+            cluster = pg
+            store_url, anchor_url = pg.database(), pg.database()
+        extra = ["--store-url", store_url] if store_url else []
+        log(f"temp dir {st.tmp}; starting {args.replicas} nodus-coordinator(s)")
+        st.coordinators = start_replicas(st.tmp, args.replicas, extra)
+        results["replicas"] = [r.http for r in st.coordinators]
+        if anchor_url:
+            log(f"anchor A: bare psycopg insert loop, {args.seconds:.0f}s")
+            results["anchor"] = psycopg_anchor(anchor_url, args.seconds)
+        else:
+            log(f"anchor A: bare SQLite insert loop, {args.seconds:.0f}s")
+            results["anchor"] = sqlite_anchor(st.tmp / "anchor.db", args.seconds)
         asyncio.run(phases(args, st, results))
-        if st.coordinator.proc is not None and st.coordinator.proc.poll() is not None:
-            log(f"coordinator exited {st.coordinator.proc.returncode} during the run")
+        for r in st.coordinators:
+            if r.proc is not None and r.proc.poll() is not None:
+                log(f"coordinator {r.http} exited {r.proc.returncode} during the run")
         with record.Report("api", args):
             report(args, results)
     except KeyboardInterrupt:
         log("interrupted; cleaning up")
         sys.exit(130)
     except Exception:
-        if st.coordinator is not None and st.coordinator.log.exists():
-            tail = st.coordinator.log.read_text(errors="replace")[-4000:]
+        for r in st.coordinators:
+            tail = r.log.read_text(errors="replace")[-4000:] if r.log.is_file() else ""
             if tail.strip():
-                log(f"coordinator log tail:\n{tail}")
+                log(f"coordinator log tail ({r.data_dir.name}):\n{tail}")
         raise
     finally:
         for p in list(st.children):
             stop_process(p)
-        if st.coordinator is not None:
-            st.coordinator.stop()
+        for r in st.coordinators:
+            r.stop()
+        if cluster is not None:
+            cluster.stop()
+            shutil.rmtree(cluster.root, ignore_errors=True)
         shutil.rmtree(st.tmp, ignore_errors=True)
 
 

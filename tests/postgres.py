@@ -41,8 +41,10 @@ def _free_port() -> int:
 class PostgresCluster:
     """One running cluster; `database()` creates an empty database and returns its URL."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, durable: bool = False) -> None:
         self.root = root
+        self.durable = durable
+        """fsync on (bench/api.py's anchor and its coordinator); the tests run with fsync off."""
         self.bindir = _bindir()
         self.data = root / "data"
         self.port = _free_port()
@@ -60,8 +62,8 @@ class PostgresCluster:
             os.chown(self.root, self.run_as.pw_uid, self.run_as.pw_gid)
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust",
                   "-E", "UTF8", "--locale=C", "--no-sync")
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c full_page_writes=off -c max_connections=300")
+        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=300"
+                   + ("" if self.durable else " -c fsync=off -c full_page_writes=off"))
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
                   "-o", options, "-w", "-t", "60", "start")
 

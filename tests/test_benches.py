@@ -19,8 +19,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 NUM = r"-?[\d,]+(?:\.\d+)?"
 
 
-def run_tiny(name: str, timeout: float = 240) -> str:
-    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--tiny"], capture_output=True, text=True,
+def run_tiny(name: str, timeout: float = 240, *flags: str) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--tiny", *flags], capture_output=True, text=True,
                           timeout=timeout, cwd=BENCH.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -42,6 +42,19 @@ def test_api_bench_reports_creates_gets_and_watch_latency_beside_their_anchors()
         "gets beside the echo": rf"^gets/s\s+({NUM})\s+bare 2 KB JSON echo \(same server\)\s+({NUM})/s",
         "watch p50 / p99": rf"^watch p50 / p99 \(\d+ watchers\)\s+({NUM}) ms / ({NUM}) ms\s*target p99",
         "watch events missed": rf"^watch events missed\s+({NUM})\s+target 0",
+    })
+
+
+def test_api_bench_on_postgresql_with_three_replicas_reports_creates_beside_bare_psycopg() -> None:
+    report = run_tiny("api", 300, "--store-url", "local", "--replicas", "3")
+    figures(report, {
+        "three replicas on PostgreSQL": r"^\s+store: PostgreSQL, 3 coordinator\(s\)",
+        "creates beside bare psycopg": rf"^durable creates/s\s+({NUM})\s+bare psycopg insert \(fsync=on, "
+                                       rf"synchronous_commit=on\)\s+({NUM})/s\s+({NUM})$",
+        "gets beside the echo": rf"^gets/s\s+({NUM})\s+bare 2 KB JSON echo \(same server\)\s+({NUM})/s",
+        "watch p50 / p99 over the replicas": rf"^watch p50 / p99 \(\d+ watchers\)\s+({NUM}) ms / ({NUM}) ms\s*"
+                                             rf"target p99 <= 100 ms",
+        "the PostgreSQL targets": r"^targets: durable creates >= 0.5 x bare psycopg: (?:met|NOT met)",
     })
 
 
