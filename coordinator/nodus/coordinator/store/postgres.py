@@ -30,16 +30,15 @@ import psycopg_pool
 
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store.base import Event, EventType, ListResult, Record
-from nodus.coordinator.store.lease import Fence, Lease, deposed
+from nodus.coordinator.store.lease import Fence, Lease
+from nodus.coordinator.store.pg_batch import DELETE as _DELETE, PUT as _PUT, plan
 from nodus.coordinator.store.pg_lease import PgLeases, fence_epochs
 from nodus.coordinator.store.pg_schema import migrate
-from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
-    precondition
+from nodus.coordinator.store.writes import QueuedWriteStore, Write, check_revision, expired, key_range
 
 CHANNEL = "nodus_store"
 """The NOTIFY channel a commit signals on; the payload is the new head revision."""
 
-_PUT, _DELETE = 1, 2
 _TYPES = {_PUT: EventType.PUT, _DELETE: EventType.DELETE}
 _LOG_COLUMNS = "revision, key, type, value, prev_value, create_revision"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
@@ -389,21 +388,20 @@ class PostgresStore(QueuedWriteStore):
                 locked = True
                 revision = int(row[0])
                 epochs = await fence_epochs(conn, writes)
-                for op in writes:
-                    if op.fence is not None and epochs.get(op.fence.lease) != op.fence.epoch:
-                        outcomes.append((op.future, None, deposed(op.fence, epochs.get(op.fence.lease))))
-                        continue
-                    cursor = await conn.execute(
-                        "SELECT value, revision, create_revision FROM kv WHERE key = %s", (op.key,))
-                    current = await cursor.fetchone()
-                    error = precondition(op, None if current is None else current[1])
-                    if error is not None:
-                        outcomes.append((op.future, None, error))
-                        continue
-                    revision += 1
-                    record = await _apply(conn, op, current, revision)
-                    outcomes.append((op.future, record, None))
-                if any(record is not None for _, record, _ in outcomes):
+                keys = sorted({op.key for op in writes})
+                cursor = await conn.execute(
+                    "SELECT key, value, revision, create_revision FROM kv WHERE key = ANY(%s)", (keys,))
+                stored = {k: (bytes(v), int(r), int(c)) for k, v, r, c in await cursor.fetchall()}
+                batch = plan(writes, stored, revision, epochs)
+                outcomes = batch.outcomes
+                revision = batch.revision
+                if batch.changed:
+                    async with conn.cursor() as many:  # executemany pipelines its rows: one round trip
+                        await many.executemany(_INSERT_LOG, batch.log)
+                        if batch.deletes:
+                            await many.execute("DELETE FROM kv WHERE key = ANY(%s)", (batch.deletes,))
+                        if batch.upserts:
+                            await many.executemany(_UPSERT_KV, batch.upserts)
                     await conn.execute("UPDATE meta SET value = %s WHERE name = 'revision'", (revision,))
                     await conn.execute(f"NOTIFY {CHANNEL}")
         except psycopg.Error as exc:
@@ -428,24 +426,7 @@ def _resolve(outcomes: Sequence[tuple[asyncio.Future[Record], Record | None, Nod
             future.set_result(result)  # type: ignore[arg-type]
 
 
+_UPSERT_KV = ("INSERT INTO kv AS k VALUES (%s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+              "revision = EXCLUDED.revision, create_revision = EXCLUDED.create_revision")
 _INSERT_LOG = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision, epoch) "
                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)")
-
-
-async def _apply(conn: Conn, op: Write, row: Sequence[Any] | None, revision: int) -> Record:
-    """Write one operation whose precondition holds; return the record its caller gets."""
-    epoch = None if op.fence is None else op.fence.epoch
-    if row is None:  # create
-        await conn.execute("INSERT INTO kv VALUES (%s, %s, %s, %s)", (op.key, op.value, revision, revision))
-        await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, None, None, revision, epoch))
-        return Record(op.key, op.value, revision, revision)
-    prev_value, prev_revision, create_revision = bytes(row[0]), row[1], row[2]
-    if op.kind is WriteKind.UPDATE:
-        await conn.execute("UPDATE kv SET value = %s, revision = %s WHERE key = %s", (op.value, revision, op.key))
-        await conn.execute(_INSERT_LOG, (revision, op.key, _PUT, op.value, prev_value, prev_revision, create_revision,
-                                    epoch))
-        return Record(op.key, op.value, revision, create_revision)
-    await conn.execute("DELETE FROM kv WHERE key = %s", (op.key,))
-    await conn.execute(_INSERT_LOG, (revision, op.key, _DELETE, prev_value, prev_value, prev_revision, create_revision,
-                                    epoch))
-    return Record(op.key, prev_value, revision, create_revision)
