@@ -12,12 +12,12 @@ from nodus.v1 import agent_pb2
 
 from . import checkpoints
 from .checkpoints.buckets import bucket_location
-from .agent_wire import cancel_message, lease_message, plan_message, probe_of, progress_of, report_of
+from .agent_wire import (cancel_message, fail_mutation, lease_message, on_node_of, plan_message, probe_of, progress_of,
+                         report_of)
 from .clock import parse
 from .controllers import assignment, desired
 from .controllers import gang_plan
-from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
-from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report, phase_of
+from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report
 from .controllers.cache import Cache, attempt_key
 from .controllers.desired import ASSIGNED, CANCELLED, Said, Told
 from .controllers.reasons import AttemptReason
@@ -207,8 +207,8 @@ class Session:
     async def _handle(self, message: agent_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("message")
         if kind == "heartbeat":
-            await self.service.registry.renew(self.node, self.session_id, self.epoch,
-                                              message.heartbeat.disk_free_bytes, message.heartbeat.gpus)
+            self.service.registry.beat(self.node, self.session_id, self.epoch,  # in memory; stored in the background
+                                       message.heartbeat.disk_free_bytes, message.heartbeat.gpus)
             self.send(lease_renewal=self._lease())
         elif kind == "attempt_update":
             await self._update(message.attempt_update)
@@ -289,7 +289,7 @@ class Session:
                                                                         list[agent_pb2.Cancel]]:
         """FullState's messages as `desired.full_state` decides them, recording what they say."""
         on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
-        decided = desired.full_state([_on_node(a, checkpoints.suspend_message(a)) for a in on_node.values()], hello)
+        decided = desired.full_state([on_node_of(a, checkpoints.suspend_message(a)) for a in on_node.values()], hello)
         assignments, cancels = [], []
         for entry in decided:
             attempt_id = entry.attempt_id
@@ -357,7 +357,7 @@ class Session:
         on_node = {a["spec"]["id"]: a for a in self.cache.attempts_on(self.node)}
         suspends = {attempt_id: suspend for attempt_id, attempt in on_node.items()
                     if (suspend := checkpoints.suspend_message(attempt)) is not None}
-        decided = desired.diff([_on_node(attempt, suspends.get(attempt_id)) for attempt_id, attempt in on_node.items()],
+        decided = desired.diff([on_node_of(attempt, suspends.get(attempt_id)) for attempt_id, attempt in on_node.items()],
                                self._said, self._known, self._finished)
         for message in decided.messages:
             attempt_id = message.attempt_id
@@ -436,7 +436,7 @@ class Session:
             message = f"{e.message}: {e.fix}" if e.fix else e.message
             log.warning("attempt %s cannot be assigned: %s", attempt["metadata"]["name"], message)
             await self.service.objects.mutate(attempt_key(project, attempt["metadata"]["name"]),
-                                              _fail(AttemptReason.INVALID_ASSIGNMENT, message, self.service.clock.now()))
+                                              fail_mutation(AttemptReason.INVALID_ASSIGNMENT, message, self.service.clock.now()))
             return None
 
     def _send_plan(self, attempt: dict[str, Any]) -> None:
@@ -481,24 +481,3 @@ class Session:
                          if o.get("name") == output and int(o.get("index") or 0) == index and o.get("sha256")), None)
         return find
 
-
-def _fail(reason: AttemptReason, message: str, now: float) -> Any:
-    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
-        status = transition(obj, AssignmentRefused(reason, message, now))
-        if isinstance(status, Refusal):
-            return None  # it ended meanwhile
-        obj["status"] = status
-        return obj
-    return mutate
-
-
-def _on_node(attempt: dict[str, Any], suspend: agent_pb2.Suspend | None) -> desired.OnNode:
-    """An attempt on the node as the diff reads it; `suspend`: its Suspend, when its stop asks for one."""
-    spec = attempt["spec"]
-    stop = spec.get("stop")
-    return desired.OnNode(
-        attempt_id=spec["id"], terminal=phase_of(attempt).terminal,
-        reason=(attempt.get("status") or {}).get("reason") or "",
-        stop=desired.Stop(stop.get("reason", AttemptReason.CANCELLED), int(stop.get("graceSeconds") or 0),
-                          None if suspend is None else suspend.seq) if stop else None,
-        gang=bool(spec.get("gang")))

@@ -1,5 +1,5 @@
 """agent.proto translation on the coordinator's side: the agent's reports into the controllers' values,
-the controllers' plans into messages. No I/O."""
+the controllers' plans into messages, an attempt into what the desired-state diff reads. No I/O."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,8 +10,10 @@ from nodus.v1 import agent_pb2, common_pb2
 
 from .clock import rfc3339
 from .controllers import gang as gangs
-from .controllers import gang_plan
-from .controllers.attempts import GANG_STEPS, AttemptPhase, ProgressReport, Report
+from .controllers import desired, gang_plan
+from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
+from .controllers.attempts import GANG_STEPS, AttemptPhase, ProgressReport, Report, phase_of
+from .controllers.reasons import AttemptReason
 
 
 def seconds_of(ts: timestamp_pb2.Timestamp) -> float | None:
@@ -103,3 +105,26 @@ def lease_message(duration: float, expire: float) -> agent_pb2.LeaseRenewal:
     expire_time = timestamp_pb2.Timestamp()
     expire_time.FromNanoseconds(int(expire * 1e9))
     return agent_pb2.LeaseRenewal(valid_for=seconds_as_duration(duration), expire_time=expire_time)
+
+
+def fail_mutation(reason: AttemptReason, message: str, now: float) -> Any:
+    """The mutation that fails an attempt whose Assignment cannot be built (AssignmentRefused)."""
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        status = transition(obj, AssignmentRefused(reason, message, now))
+        if isinstance(status, Refusal):
+            return None  # it ended meanwhile
+        obj["status"] = status
+        return obj
+    return mutate
+
+
+def on_node_of(attempt: dict[str, Any], suspend: agent_pb2.Suspend | None) -> desired.OnNode:
+    """An attempt on the node as the diff reads it; `suspend`: its Suspend, when its stop asks for one."""
+    spec = attempt["spec"]
+    stop = spec.get("stop")
+    return desired.OnNode(
+        attempt_id=spec["id"], terminal=phase_of(attempt).terminal,
+        reason=(attempt.get("status") or {}).get("reason") or "",
+        stop=desired.Stop(stop.get("reason", AttemptReason.CANCELLED), int(stop.get("graceSeconds") or 0),
+                          None if suspend is None else suspend.seq) if stop else None,
+        gang=bool(spec.get("gang")))

@@ -12,7 +12,7 @@ attempt placed on the node that should run, every one that should stop (spec.sto
 still runs that the coordinator already gave up: Lost and replaced, deleted, or placed elsewhere).
 From then on the stream sends what changes, computed as a diff between the node's desired state
 (from the cache, fed by the store) and what this stream already said; and it takes Heartbeats
-(renew the lease, answered with LeaseRenewal), AttemptUpdates and Progress (folded into the Attempt,
+(kept in memory and renewing the stored lease at a fraction of it, ADR 0049; answered with LeaseRenewal), AttemptUpdates and Progress (folded into the Attempt,
 then acknowledged once durable) and Acks. A reconnect starts from scratch both ways, and every fold
 is idempotent, so a resent report never counts twice.
 
@@ -225,6 +225,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     task.cancel()
             if self.sessions.get(session.node) is session:
                 del self.sessions[session.node]
+                self.registry.forget(session.node, session.session_id)
         if session.error is not None:
             await context.abort_with_status(status_for(session.error, rid))
 

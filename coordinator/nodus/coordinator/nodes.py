@@ -1,8 +1,11 @@
 """Nodes: the registry of hosts and their leases (NodeService, its transport, is node_api.py).
 
 A node is two records in the store: `_nodes/<name>` (identity, session, inventory, cordon and drain
-state; written on registration and by operators) and `_leases/<name>` (written by every heartbeat,
-so that renewals do not rewrite the inventory). A node is Ready while its lease holds. The lease
+state; written on registration and by operators) and `_leases/<name>` (its lease, apart so that
+renewals do not rewrite the inventory). A node is Ready while its lease holds. A heartbeat is kept in
+memory on the replica holding the node's stream, which renews the stored lease only at a fraction of
+the lease (controllers/liveness.py, ADR 0049): on that replica `lease()` is the stored lease renewed
+by the newest heartbeat. The lease
 controller (controllers/lease.py) marks an expired lease `expired` and its attempts Lost.
 
 Why a grace after a restart: while the coordinator is down no heartbeat can arrive, so every lease
@@ -13,6 +16,8 @@ go only to nodes whose lease a heartbeat renewed (`Leases.fresh`).
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 from typing import Any, Sequence
 
@@ -24,6 +29,7 @@ from .clock import Clock, parse, rfc3339
 from .controllers.attempts import phase_of
 from .controllers.cache import LEASES, NODES, attempt_key
 from .controllers.fleet import Fleet, lease_fresh
+from .controllers.liveness import Beat, alive, overlay, persist_due
 from .controllers.job_controller import stop
 from .controllers.objects import Objects
 from .controllers.reasons import AttemptReason
@@ -32,6 +38,8 @@ from .money.books import PriceBooks
 from .money.fit import MeasuredGpu, MeasuredShape, differences
 from .money.pricebook import PriceBook
 from .scheduler import OCI, PROCESS, NodeView, Reservation, gpu_family
+
+log = logging.getLogger("nodus.nodes")
 
 _RUNTIMES = {common_pb2.RUNTIME_PROCESS: PROCESS, common_pb2.RUNTIME_OCI: OCI}
 
@@ -78,6 +86,10 @@ class NodeRegistry:
         self.leases = Leases(clock, lease_duration)
         self.heartbeat_interval = heartbeat_interval
         self.price_books = PriceBooks(objects.store)
+        self.beats: dict[str, Beat] = {}
+        """node → the newest heartbeat a stream on this replica heard (ADR 0049)."""
+        self._writing: dict[str, asyncio.Task[None]] = {}
+        """node → its stored lease's write in flight: at most one per node, carrying the newest beat."""
 
     # -- reads ------------------------------------------------------------------------------------
     def node(self, name: str) -> dict[str, Any] | None:
@@ -87,7 +99,15 @@ class NodeRegistry:
         return next((doc for _, doc in self.cache.under(NODES) if doc.get("id") == node_id), None)
 
     def lease(self, name: str) -> dict[str, Any] | None:
-        return self.cache.get(LEASES + name)
+        """The node's lease as this replica knows it: the stored one, renewed by a newer heartbeat
+        that a stream here heard (its write may not have landed yet)."""
+        stored = self.cache.get(LEASES + name)
+        return overlay(stored, self.beats.get(name), self.node(name), self.leases.duration, self.clock.now())
+
+    def alive(self, name: str, now: float | None = None) -> bool:
+        """A stream on this replica heard the node's current session within the lease duration."""
+        return alive(self.beats.get(name), self.node(name), self.leases.duration,
+                     self.clock.now() if now is None else now)
 
     def names(self) -> list[str]:
         return sorted(doc["name"] for _, doc in self.cache.under(NODES))
@@ -132,20 +152,61 @@ class NodeRegistry:
         return {"node": node["name"], "epoch": node["epoch"], "sessionId": node["sessionId"], "renewTime": rfc3339(now),
                 "expireTime": rfc3339(now + self.leases.duration), "expired": False}
 
-    async def renew(self, name: str, session_id: str, epoch: int, disk_free_bytes: int = 0,
-                    gpus: Sequence[common_pb2.Gpu] = ()) -> dict[str, Any]:
-        """A heartbeat of the current session renews the lease (and revives an expired one), with the
-        GPUs' health it carries (index -> why unhealthy, "" when healthy) for placement."""
+    def beat(self, name: str, session_id: str, epoch: int, disk_free_bytes: int = 0,
+             gpus: Sequence[common_pb2.Gpu] = ()) -> None:
+        """A heartbeat of the current session: kept in memory at once, so the node is alive on this
+        replica whatever the store's latency; the stored lease (which revives an expired one, and
+        carries the GPUs' health, index -> why unhealthy, for placement) is written in the background
+        when `persist_due` says so, one write per node at a time."""
         node = self.node(name)
         if node is None or node.get("sessionId") != session_id or int(node.get("epoch", 0)) != epoch:
             raise NodusError("StaleSession", f'session {epoch} of node "{name}" was superseded or is unknown')
-        now = self.clock.now()
-        lease = self._lease(node, now)
-        if disk_free_bytes:
-            lease["diskFreeBytes"] = disk_free_bytes
-        if gpus:
-            lease["gpuUnhealthy"] = {str(g.index): unhealthy(g) for g in gpus}
-        return await self.objects.upsert(LEASES + name, lambda _: lease)
+        beat = Beat(session_id, epoch, self.clock.now(), disk_free_bytes,
+                    {str(g.index): unhealthy(g) for g in gpus})
+        self.beats[name] = beat
+        if name not in self._writing and persist_due(self.cache.get(LEASES + name), beat, self.leases.duration):
+            self._writing[name] = asyncio.create_task(self._persist(name), name=f"lease-write:{name}")
+
+    async def renew(self, name: str, session_id: str, epoch: int, disk_free_bytes: int = 0,
+                    gpus: Sequence[common_pb2.Gpu] = ()) -> dict[str, Any]:
+        """A heartbeat (`beat`) whose stored lease is written before it returns, due or not."""
+        self.beat(name, session_id, epoch, disk_free_bytes, gpus)
+        while (writing := self._writing.get(name)) is not None:
+            await writing
+        await self._persist(name)
+        return self.lease(name) or {}
+
+    async def written(self) -> None:
+        """Waits for the stored leases' writes in flight."""
+        while self._writing:
+            await asyncio.gather(*self._writing.values(), return_exceptions=True)
+
+    def forget(self, name: str, session_id: str) -> None:
+        """The stream of `session_id` ended: its heartbeats no longer keep the node alive here."""
+        beat = self.beats.get(name)
+        if beat is not None and beat.session_id == session_id:
+            del self.beats[name]
+
+    async def _persist(self, name: str) -> None:
+        """Writes the stored lease from the newest beat as it is when the write starts."""
+        try:
+            beat = self.beats.get(name)
+            node = self.node(name)
+            if beat is None or node is None or node.get("sessionId") != beat.session_id:
+                return
+            lease = self._lease(node, beat.time)
+            if beat.disk_free_bytes:
+                lease["diskFreeBytes"] = beat.disk_free_bytes
+            if beat.gpu_unhealthy:
+                lease["gpuUnhealthy"] = beat.gpu_unhealthy
+            await self.objects.upsert(LEASES + name, lambda _: lease)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the next heartbeat writes again; liveness here is in memory
+            log.exception("node %s: writing its lease failed", name)
+        finally:
+            if self._writing.get(name) is asyncio.current_task():
+                del self._writing[name]
 
     # -- operators --------------------------------------------------------------------------------
     async def set_cordon(self, name: str, cordoned: bool, message: str = "", draining: bool = False) -> dict[str, Any]:

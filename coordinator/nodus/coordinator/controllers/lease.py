@@ -5,7 +5,9 @@ that ran out `expired` (so the grace a restarted coordinator gives leases no lon
 and sweeps every non-terminal attempt on a node whose lease is expired into Lost. The Job controller
 then replaces them, counted against recovery.maxAttempts. A heartbeat of the node's session renews
 the lease again (the node comes back Ready); the agent stream then cancels the attempts that were
-replaced meanwhile, so nothing runs twice.
+replaced meanwhile, so nothing runs twice. A lease is read through the registry, which renews the
+stored one with the heartbeats a stream on this replica heard (ADR 0049): a node connected here and
+beating is never expired for a renewal write that has not landed yet.
 """
 from __future__ import annotations
 
@@ -61,8 +63,8 @@ class LeaseController:
             lease = self.registry.lease(name)
             if lease is not None and not lease.get("expired") and now >= leases.expiry(lease):
                 def expire(doc: dict[str, Any]) -> dict[str, Any] | None:
-                    if doc.get("expired") or now < leases.expiry(doc):
-                        return None  # renewed meanwhile
+                    if doc.get("expired") or now < leases.expiry(doc) or self.registry.alive(name):
+                        return None  # renewed meanwhile, in the store or by a heartbeat heard here
                     doc.update(expired=True, expiredTime=rfc3339(now))
                     return doc
                 if await self.objects.mutate(LEASES + name, expire) is not None:
