@@ -91,3 +91,53 @@ def test_a_producer_that_ended_without_the_output_fails_the_consumer(shared_coor
     assert st["phase"] == "Failed" and st["reason"] == "InputFailed", st
     assert st["message"] == "input data: Job broken ended Failed without committing its output model", st
     assert attempts_of(c, "after-broken") == [] and not seen.exists()
+
+
+PRODUCE_TREE = r"""
+import os
+from pathlib import Path
+root = Path(os.environ["NODUS_OUTPUTS_DIR"], "ckpt")
+(root / "shards" / "deep").mkdir(parents=True)
+(root / "config.json").write_text('{"layers": 2}')
+(root / "shards" / "0.bin").write_bytes(b"zero" * 500)
+(root / "shards" / "deep" / "1.bin").write_bytes(b"one" * 700)
+"""
+
+LIST_TREE = r"""
+import json, os, sys
+from pathlib import Path
+root = Path(os.environ["NODUS_INPUTS_DIR"], sys.argv[2])
+seen = {"is_dir": root.is_dir(), "files": {}}
+if root.is_dir():
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            seen["files"][p.relative_to(root).as_posix()] = p.read_bytes().decode()
+Path(sys.argv[1]).write_text(json.dumps(seen))
+"""
+
+TREE = {"config.json": '{"layers": 2}', "shards/0.bin": "zero" * 500, "shards/deep/1.bin": "one" * 700}
+
+
+def test_a_directory_output_reaches_its_consumer_as_that_directory(shared_coordinator: Coordinator,
+                                                                   agent: AgentProcess, tmp_path: Path) -> None:
+    import json
+    c = shared_coordinator
+    create(c, "tree-producer", command=[sys.executable, "-c", PRODUCE_TREE],
+           outputs=[{"name": "ckpt", "path": "/nodus/outputs/ckpt"}])
+    produced = ended(c, "tree-producer", timeout=120)["status"]
+    assert produced["phase"] == "Succeeded", produced
+    by_name = {o["name"]: o for o in produced["outputs"]}
+    assert by_name["ckpt"].get("directory") is True, "status.outputs says the output is a directory"
+    assert by_name["outputs"].get("directory") is True, "the default outputs directory is one too"
+
+    for i, wanted in enumerate(("ckpt", "outputs")):
+        seen = tmp_path / f"seen-{i}"
+        create(c, f"tree-consumer-{i}", command=[sys.executable, "-c", LIST_TREE, str(seen), "data"],
+               inputs=[{"name": "data", "output": {"job": "tree-producer", "name": wanted}}])
+        done = ended(c, f"tree-consumer-{i}", timeout=120)["status"]
+        assert done["phase"] == "Succeeded", done
+        got = json.loads(seen.read_text())
+        assert got["is_dir"], f"input {wanted} is a directory at $NODUS_INPUTS_DIR/data, not an archive file"
+        expected = TREE if wanted == "ckpt" else {f"ckpt/{k}": v for k, v in TREE.items()}
+        assert got["files"] == expected, got
+        assert done["inputs"] == [{"name": "data", "sha256": by_name[wanted]["sha256"]}]

@@ -197,7 +197,7 @@ class Attempt:
             u.restored_from_seq = self.restored_from_seq
         for o in self.outputs:
             u.outputs.add(name=o["name"], path=o["path"], uri=o["uri"], sha256=o["sha256"], size_bytes=o["size"],
-                          rank=int(o.get("rank") or 0))
+                          rank=int(o.get("rank") or 0), archive=bool(o.get("archive")))
         if self.gang and self.gang.get("done"):
             g = self.gang
             u.gang.CopyFrom(agent_pb2.GangMemberReport(

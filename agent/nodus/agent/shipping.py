@@ -107,7 +107,7 @@ class Shipping:
                 return
             att.outputs.append({"name": out["name"], "path": out["path"], "sha256": out["sha256"],
                                 "size": int(out["size"]), "uri": ref.uri or f"blob://sha256/{out['sha256']}",
-                                "rank": int((att.gang or {}).get("rank") or 0)})
+                                "rank": int((att.gang or {}).get("rank") or 0), "archive": bool(out.get("archive"))})
             self.table.persist()
         self.ends.finish(att, L.SUCCEEDED, str(fields.get("reason") or Reason.COMPLETED),
                          str(fields.get("message") or ""), finish_time=fields.get("finish_time") or self.clock.now())

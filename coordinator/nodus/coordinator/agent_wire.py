@@ -84,7 +84,8 @@ def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:
                   image_pull=(u.image_pull.bytes_done, u.image_pull.bytes_total) if u.HasField("image_pull") else None,
                   egress_denied=u.egress_denied, inputs=tuple(sorted(u.input_sha256.items())),
                   outputs=tuple({"name": o.name, "path": o.path, "rank": o.rank, "uri": o.uri, "sha256": o.sha256,
-                                 "size": o.size_bytes} for o in u.outputs))
+                                 "size": o.size_bytes, **({"archive": True} if o.archive else {})}
+                                for o in u.outputs))
 
 
 def progress_of(p: agent_pb2.Progress) -> ProgressReport:

@@ -249,20 +249,22 @@ class ImagePull(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ...) -> None: ...
 
 class OutputCommit(_message.Message):
-    __slots__ = ("name", "path", "rank", "uri", "sha256", "size_bytes")
+    __slots__ = ("name", "path", "rank", "uri", "sha256", "size_bytes", "archive")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     rank: int
     uri: str
     sha256: str
     size_bytes: int
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    archive: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., uri: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., archive: _Optional[bool] = ...) -> None: ...
 
 class GangMemberReport(_message.Message):
     __slots__ = ("epoch", "done", "address", "port", "probe_port")

@@ -172,6 +172,8 @@ JOB_STATUS = _o(
     observedGeneration=_i("ObservedGeneration is the spec generation the status reflects."),
     outputs=_l("Outputs are the committed outputs.", _o(
         "OutputStatus is a committed output.",
+        directory=_b("Directory is true when a directory was collected (stored as a tar.zst archive): an output "
+                     "input of it is that directory tree."),
         index=_i("Index is the Job index that produced it."),
         name=_s("Name is the declared output."),
         path=_s("Path is where it was collected from."),

@@ -188,7 +188,7 @@ async def _inputs(spec: dict[str, Any], status: dict[str, Any], outputs_of: Any,
                                  fix=f"the Job waits for Job {ref['job']} to commit it before it creates an attempt; "
                                      "this one was made before the output went away")
             out.append(agent_pb2.Input(name=name, source=_location(found["sha256"]), sha256=found["sha256"],
-                                       size_bytes=int(found.get("size") or 0)))
+                                       size_bytes=int(found.get("size") or 0), archive=bool(found.get("directory"))))
         else:
             kind = next((k for k in item if k != "name"), "?")
             raise NodusError("BadRequest", f"input {name}: {kind} inputs ({at}.{kind}) cannot be provided by this "

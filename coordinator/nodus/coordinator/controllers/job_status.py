@@ -149,6 +149,8 @@ def committed_outputs(committed: Any, mine: list[AttemptView], completions: int,
                 continue  # a writable volume's content: the Volume's next revision, not an output of the Job
             item = {"index": a.index, "name": o.get("name", ""), "path": o.get("path", ""),
                     "sha256": o.get("sha256", ""), "size": int(o.get("size") or 0)}
+            if o.get("archive"):
+                item["directory"] = True  # stored as a tar.zst archive: an output input unpacks it
             if gang or o.get("rank"):
                 item["rank"] = int(o.get("rank") or 0)
             key = (a.index, item["name"], int(o.get("rank") or 0))
