@@ -228,6 +228,10 @@ def duplicate(path: str, value: Any) -> Cause:
     return Cause(path, "FieldValueDuplicate", f"Duplicate value: {render_value(value)}")
 
 
+def not_found(path: str, value: Any, detail: str) -> Cause:
+    return Cause(path, "FieldValueNotFound", f"Not found: {render_value(value)}: {detail}")
+
+
 def forbidden(path: str, detail: str) -> Cause:
     return Cause(path, "FieldValueForbidden", f"Forbidden: {detail}")
 
