@@ -168,7 +168,9 @@ def test_registry_table_and_openapi() -> None:
     schema = doc["components"]["schemas"]["dev.nodus.v1.Connection"]
     s3 = schema["properties"]["spec"]["properties"]["s3"]
     assert s3["required"] == ["bucket", "secret"] and "accessKeyId" in s3["properties"]["secret"]["description"]
-    assert schema["properties"]["spec"]["properties"]["type"]["enum"] == ["S3", "Postgres"]
+    assert schema["properties"]["spec"]["properties"]["type"]["enum"] == ["S3", "Postgres", "Git"]
+    git = schema["properties"]["spec"]["properties"]["git"]
+    assert git["required"] == ["urlPrefix", "secret"] and "username" in git["properties"]["secret"]["description"]
 
 
 # -- the checkpoint store of an assignment -------------------------------------------------------------

@@ -11,6 +11,7 @@ refused keys fail the attempt with InputFailed, naming the input and the cause.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 import re
@@ -265,13 +266,19 @@ class Materializer:
         git = a.source.git
         target = layout.translate(a.source.path) if a.source.path else working_dir(a, layout)
         target.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+        creds = dict(git.repo.credentials)
+        if creds.get("username") or creds.get("password"):  # a private repository: basic auth, never in argv or URL
+            basic = base64.b64encode(f"{creds.get('username', '')}:{creds.get('password', '')}".encode()).decode()
+            env.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader",
+                        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}"})
         steps = [("init", ["git", "init", "-q", str(target)]),
                  ("fetch", ["git", "-C", str(target), "fetch", "-q", "--depth", "1", git.repo.uri, git.commit]),
                  ("checkout", ["git", "-C", str(target), "checkout", "-q", "FETCH_HEAD"])]
         for step, argv in steps:
             try:
                 proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
-                                                            stderr=asyncio.subprocess.PIPE)
+                                                            stderr=asyncio.subprocess.PIPE, env=env)
             except OSError as e:
                 raise InputError(f"source: git is not available on this node: {e.strerror or e}") from e
             _, err = await proc.communicate()

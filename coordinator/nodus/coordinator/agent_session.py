@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from nodus.v1 import agent_pb2
 
-from . import checkpoints
+from . import checkpoints, git_access
 from .checkpoints.buckets import bucket_location
 from .agent_wire import (cancel_message, fail_mutation, lease_message, on_node_of, plan_message, probe_of, progress_of,
                          report_of)
@@ -419,6 +419,7 @@ class Session:
             view = self._view(attempt)
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project),
                                            self.service.image_registry, self._bucket_of(project, running))
+            await git_access.fill(built, checkpoints.reader(self.service.objects), self.service.vault, job)
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),

@@ -42,15 +42,17 @@ def _quiet(text: str) -> str:
     return re.sub(r"://[^/@\s]+@", "://", last)
 
 
-async def resolve(repo: str, ref: str = "", timeout: float = LS_REMOTE_TIMEOUT) -> str:
-    """The commit `ref` names in `repo` now."""
+async def resolve(repo: str, ref: str = "", timeout: float = LS_REMOTE_TIMEOUT,
+                  auth: dict[str, str] | None = None) -> str:
+    """The commit `ref` names in `repo` now; `auth` is git's environment for a private repository
+    (git_access.git_env)."""
     if FULL_COMMIT.match(ref):
         return ref
     url = repo_url(repo)
     try:
         proc = await asyncio.create_subprocess_exec(
             "git", "ls-remote", "--", url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"})
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", **(auth or {})})
     except OSError as e:
         raise SourceRefused("spec.source.git.repo", f"git is not available on the coordinator: {e.strerror or e}")
     try:

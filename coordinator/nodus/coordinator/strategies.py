@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from . import errors, sources
+from . import errors, git_access, sources
 from .api.admission import Lookup
 from .api.job_folding import effective_image
 from .api.references import not_found, secret_version
@@ -124,7 +124,7 @@ class JobStrategy(KindStrategy):
         self.vault, self.images, self.lookup, self.estimates, self.store = vault, images, lookup, estimates, store
 
     async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
-        await _pin_source(obj, project, self.store)
+        await _pin_source(obj, project, self.store, self.lookup.get, self.vault)
         if self.images is not None:
             await self._pin_images(self.images, project, obj)
         else:  # no resolver: an imageRef cannot be resolved, so it is refused, never ignored
@@ -274,7 +274,8 @@ def _raw(value: str) -> bytes:
         return value.encode()
 
 
-async def _pin_source(obj: dict[str, Any], project: str, store: Store | None) -> None:
+async def _pin_source(obj: dict[str, Any], project: str, store: Store | None, read: git_access.Read,
+                      vault: Vault) -> None:
     """status.source: the commit spec.source.git names now, or the blob the project pushed (sources.py);
     spec.source is immutable, so this runs on create only."""
     source = (obj.get("spec") or {}).get("source") or {}
@@ -289,13 +290,22 @@ async def _pin_source(obj: dict[str, Any], project: str, store: Store | None) ->
     git = source.get("git")
     if not git:
         return
+    login = await git_access.login_for(read, vault, project, obj.get("spec") or {}, sources.repo_url(git["repo"]))
     try:
-        commit = await sources.resolve(git["repo"], git.get("ref") or "")
+        commit = await sources.resolve(git["repo"], git.get("ref") or "",
+                                       auth=git_access.git_env(login.username, login.password) if login else None)
     except sources.SourceRefused as e:
         value = git["repo"] if e.field.endswith(".repo") else git.get("ref", "")
+        fix = "name a repository the coordinator can read and a branch, tag or full commit of it"
+        if login is not None and e.field.endswith(".repo"):
+            e.message += (f' (read with the username and password of Secret "{login.secret}", through Git Connection '
+                          f'"{login.connection}" of spec.connections)')
+            fix = f"update Secret {login.secret} with a username and token that can read the repository"
+        elif e.field.endswith(".repo"):
+            fix += "; for a private repository list a Git Connection whose spec.git.urlPrefix covers it in " \
+                   "spec.connections"
         raise errors.invalid("Job", obj["metadata"]["name"], [errors.invalid_value(e.field, value, e.message)],
-                             fix="name a repository the coordinator can read and a branch, tag or full commit of it"
-                             ) from None
+                             fix=fix) from None
     obj.setdefault("status", {})["source"] = {"commit": commit}
 
 

@@ -22,9 +22,10 @@ from .job import DNS_LABEL, DNS_LABEL_MESSAGE
 from .limits import AdmissionLimits
 from .schema import Int, KindSchema, Obj, Str
 
-TYPES = ("S3", "Postgres")
+TYPES = ("S3", "Postgres", "Git")
 """S3: an S3 bucket, on AWS or any S3-compatible server (MinIO, R2, Ceph …). Postgres: a PostgreSQL
-database (Neon and Supabase included) that output sinks load into. Other types come with the features
+database (Neon and Supabase included) that output sinks load into. Git: private git repositories
+under a URL prefix, read for source.git (docs/adr/0050). Other types come with the features
 that use them."""
 POSTGRES_KEYS = ("user", "password")
 """The keys a Postgres Connection's Secret must hold."""
@@ -131,10 +132,27 @@ POSTGRES_SPEC = Obj(description="PostgresConnection is a PostgreSQL database (Ne
                   pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE, max_length=63),
 })
 
+GIT_KEYS = ("username", "password")
+"""The keys a Git Connection's Secret must hold (password: a personal access token, as git hosts take)."""
+
+GIT_SPEC = Obj(description="GitConnection is the repositories under a URL prefix that need credentials.",
+               required=("urlPrefix", "secret"), fields={
+    "urlPrefix": Str(description="URLPrefix is where the repositories are (https:// or http://, no credentials); a "
+                                 "Job's source.git.repo under it is read with this Connection's Secret when the Job "
+                                 "lists the Connection in spec.connections (the longest prefix wins).",
+                     max_length=2048, pattern=r"^https?://[^@\s]+$",
+                     pattern_message="must be an http:// or https:// URL without credentials (put them in the "
+                                     "Secret)"),
+    "secret": Str(description="Secret names the Secret in the same project that holds the keys username and "
+                              "password (a token), sent as HTTP basic auth.",
+                  pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE, max_length=63),
+})
+
 CONNECTION_SPEC = Obj(description="ConnectionSpec says what the Connection reaches.", required=("type",), fields={
-    "type": Str(description="Type is the kind of system: S3 or Postgres.", enum=TYPES),
+    "type": Str(description="Type is the kind of system: S3, Postgres or Git.", enum=TYPES),
     "s3": S3_SPEC,
     "postgres": POSTGRES_SPEC,
+    "git": GIT_SPEC,
 })
 
 CONNECTION_STATUS = Obj(description="ConnectionStatus is empty: a Connection is checked when it is used (the "
@@ -150,6 +168,8 @@ def rules(body: dict[str, Any], limits: AdmissionLimits) -> list[Cause]:
     if spec.get("type") == "Postgres" and "postgres" not in spec:
         return [errors.required("spec.postgres", "spec.type is Postgres: set spec.postgres.host, database and "
                                                  "secret")]
+    if spec.get("type") == "Git" and "git" not in spec:
+        return [errors.required("spec.git", "spec.type is Git: set spec.git.urlPrefix and spec.git.secret")]
     return []
 
 
@@ -161,7 +181,7 @@ CONNECTION = KindSchema(
     body=Obj(fields={"spec": CONNECTION_SPEC}),
     status=CONNECTION_STATUS,
     rules=rules,
-    mutable=("spec.s3", "spec.postgres"),
+    mutable=("spec.s3", "spec.postgres", "spec.git"),
 )
 
-__all__ = ["CONNECTION", "POSTGRES_KEYS", "SECRET_KEYS", "SESSION_TOKEN", "TYPES", "bucket_problem"]
+__all__ = ["CONNECTION", "GIT_KEYS", "POSTGRES_KEYS", "SECRET_KEYS", "SESSION_TOKEN", "TYPES", "bucket_problem"]
