@@ -5,9 +5,12 @@ refused with the same words (402) instead of being admitted with cells that ever
 cell Job is refused by the Budget on its own, and another Sweep is not held back by it."""
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from agent_double import wait_for
 from conftest import Coordinator
 from e2e import JOBS, grant, joined
 from test_placement_price_e2e import ON_DEMAND, _agent, _book
@@ -53,3 +56,45 @@ def test_a_budget_for_one_sweep_blocks_its_cells_and_no_other(tmp_path: Path) ->
                 == ["grid-only"], r.text
             assert c.session().post(c.url(JOBS), json=cell).status_code == 402
             assert c.session().get(c.url(f"{SWEEPS}/grid")).status_code == 404
+
+
+def test_a_budget_selecting_the_sweeps_own_label_caps_its_cells(tmp_path: Path) -> None:
+    """The Sweep's labels (over its template's) reach every cell Job, so a Budget narrowed by one of them
+    refuses the Sweep whose cells would pass it, and, raised, counts every cell's charge."""
+    book = _book(tmp_path / "pricebook.yaml")
+    labelled = sweep("vision")
+    labelled["metadata"]["labels"] = {"team": "vision"}
+    labelled["spec"]["template"]["metadata"] = {"labels": {"stage": "tune", "team": "other"}}
+    with Coordinator(tmp_path / "data").start(extra_args=("--price-book", str(book))) as c:
+        grant(c)
+        c.run("nodus", "budgets", "set", "--project", "default", "--name", "team-vision", "--amount", "0.10",
+              "--selector", "team=vision")
+        with joined([_agent(c, tmp_path, "n-ondemand", "A100", ON_DEMAND)], c):
+            r = c.session().post(c.url(SWEEPS), json=labelled, params={"dryRun": "All"})
+            assert r.status_code == 201, r.text
+            assert [b["budget"] for b in r.json()["status"]["estimate"]["blockingReasons"]] == ["team-vision"], r.text
+            refused = c.session().post(c.url(SWEEPS), json=labelled)
+            assert refused.status_code == 402 and 'budget "team-vision"' in refused.json()["message"], refused.text
+
+            c.run("nodus", "budgets", "set", "--project", "default", "--name", "team-vision", "--amount", "50.00",
+                  "--selector", "team=vision")
+            created = c.session().post(c.url(SWEEPS), json=labelled)
+            assert created.status_code == 201, created.text
+
+            def cells() -> list[dict[str, Any]]:
+                r = c.session().get(c.url(JOBS), params={"labelSelector": "nodus.dev/sweep=vision"})
+                assert r.status_code == 200, r.text
+                items = list(r.json()["items"])
+                done = len(items) == 2 and all(((j.get("status") or {}).get("cost") or {}).get("final") for j in items)
+                return items if done else []
+
+            jobs = wait_for(cells, timeout=120, interval=0.5, what="both cells finished with their final cost")
+            for job in jobs:
+                assert job["status"]["phase"] == "Succeeded", job["status"]
+                assert job["metadata"]["labels"] == {
+                    "stage": "tune", "team": "vision", "nodus.dev/sweep": "vision",
+                    "nodus.dev/cell": job["metadata"]["name"].removeprefix("vision-")}, job["metadata"]
+            charged = sum(Decimal(j["status"]["cost"]["totalUSD"]) for j in jobs)
+            assert charged > 0
+            (budget,) = json.loads(c.run("nodus", "budgets", "-o", "json", "ls", "--project", "default").stdout)
+            assert budget["name"] == "team-vision" and Decimal(budget["used_usd"]) == charged, (budget, charged)

@@ -41,6 +41,15 @@ def test_cells_are_numbered_gpu_outermost_then_region_then_sorted_params_then_re
     assert len(cells_of({"template": {"spec": {}}})) == 1, "empty dimensions keep the template's value"
 
 
+def test_a_cell_carries_the_template_labels_under_the_sweeps_own_and_the_sweep_labels_last() -> None:
+    labelled = sweep(template={**SPEC["template"], "metadata": {"labels": {
+        "team": "other", "stage": "tune", "nodus.dev/sweep": "elsewhere", "nodus.dev/cell": "0"}}})
+    labelled["metadata"] = {**labelled["metadata"], "labels": {"team": "vision", "cost-center": "r-and-d"}}
+    body = cell_job(labelled, cells_of(SPEC)[3])
+    assert body["metadata"]["labels"] == {"team": "vision", "stage": "tune", "cost-center": "r-and-d",
+                                          "nodus.dev/sweep": "s", "nodus.dev/cell": "3"}
+
+
 def test_at_most_max_parallel_cells_are_active_and_finished_ones_free_their_slot() -> None:
     d = decide_sweep(sweep(), [], 100.0)
     assert [a.cell.index for a in d.actions if isinstance(a, CreateCell)] == [0, 1, 2]

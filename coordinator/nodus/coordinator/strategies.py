@@ -22,7 +22,7 @@ from .api.job_folding import effective_image
 from .api.references import not_found, secret_version
 from .clock import parse, rfc3339
 from .controllers.fleet import Fleet
-from .controllers.sweep import CELL_LABEL, SWEEP_LABEL
+from .controllers.sweep import cell_labels
 from .controllers.views import topology
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
@@ -235,8 +235,7 @@ class SweepStrategy(KindStrategy):
                     cell["placement"] = {**(cell.get("placement") or {}), "regions": [region]}
                 # Its first hold must fit the Budgets the cell Jobs count towards: those of the group's
                 # first cell's labels (controllers/sweep.py: index = (gpu · R + region) · same + …).
-                labels = {SWEEP_LABEL: str((obj.get("metadata") or {}).get("name") or ""),
-                          CELL_LABEL: str((g * len(regions) + r) * same)}
+                labels = cell_labels(obj, (g * len(regions) + r) * same)
                 cells.append((await self.estimates.estimate(project, cell, {}, labels), same))
         estimate = quote.combine(cells, int(spec.get("maxParallel") or 4))
         obj.setdefault("status", {})["estimate"] = bind(estimate, obj, if_match, "sweeps", self.estimates.sign)

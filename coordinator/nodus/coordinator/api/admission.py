@@ -20,6 +20,7 @@ from .jsondoc import copy_json
 from .connection import CONNECTION
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
 from .kinds import KindInfo
+from .labels import labels_map, qualified_name_problem
 from .limits import BETA, AdmissionLimits
 from .schema import FIELD_VALIDATION, Any_, Bool, Decoding, KindSchema, List, Map, Node, Obj, Str, decode, get, join
 from .secret import SECRET
@@ -55,43 +56,8 @@ def schema_for(info: KindInfo) -> KindSchema:
 
 # -- metadata ----------------------------------------------------------------------------------------
 
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_NAME_PART = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-              "alphanumeric character (regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
 _MAX_ANNOTATIONS = 256 * 1024
-
-
-def _qualified_name_problem(key: str) -> str | None:
-    """Kubernetes' IsQualifiedName: an optional DNS-subdomain prefix, '/', and a name of at most 63."""
-    prefix, _, name = key.rpartition("/")
-    if "/" in prefix:
-        return "a qualified name must have at most one '/'"
-    if _ == "/" and (not prefix or len(prefix) > 253 or _DNS_SUBDOMAIN.match(prefix) is None):
-        return "prefix part must be a lowercase RFC 1123 subdomain of at most 253 characters"
-    if not name:
-        return "name part must be non-empty"
-    if len(name) > 63:
-        return "name part must be no more than 63 characters"
-    if _QUALIFIED_NAME.match(name) is None:
-        return _NAME_PART
-    return None
-
-
-def _labels(labels: dict[str, Any], path: str) -> list[Cause]:
-    causes = []
-    for key, value in labels.items():
-        if (problem := _qualified_name_problem(key)) is not None:
-            causes.append(errors.invalid_value(path, key, problem))
-        if isinstance(value, str):
-            if len(value) > 63:
-                causes.append(errors.invalid_value(path, value, "must be no more than 63 characters"))
-            elif _LABEL_VALUE.match(value) is None:
-                causes.append(errors.invalid_value(
-                    path, value, "a valid label must be an empty string or consist of alphanumeric characters, '-', "
-                                 "'_' or '.', and must start and end with an alphanumeric character"))
-    return causes
+_qualified_name_problem = qualified_name_problem
 
 
 def _annotations(annotations: dict[str, Any], path: str) -> list[Cause]:
@@ -128,7 +94,7 @@ METADATA = Obj(fields={
     "name": Str(checks=(_name,)),
     "generateName": Str(checks=(_generate_name,)),
     "namespace": Str(checks=(_name,)),
-    "labels": Map(values=Str(), checks=(_labels,)),
+    "labels": labels_map(),
     "annotations": Map(values=Str(), checks=(_annotations,)),
     "finalizers": List(items=Str(checks=(_finalizer,)), unique=True),
     "ownerReferences": List(items=Obj(required=("apiVersion", "kind", "name", "uid"), fields={

@@ -12,6 +12,7 @@ from ..errors import Cause
 from .job import GPU, JOB_SPEC, STATES, complete_spec, fold_gpu, fold_spec, resolve_secrets, spec_rules
 from .job_status import CONDITIONS, COST, ESTIMATE
 from .kinds import sweep_cell_count
+from .labels import labels_map
 from .limits import AdmissionLimits
 from .schema import Int, KindSchema, List, Map, Obj, Resolution, Scalar, Str, get, money, strings
 
@@ -94,6 +95,12 @@ SWEEP_SPEC = Obj(
         "template": Obj(description="SweepTemplate is the object every cell creates.", required=("spec",),
                         materialize=False, fields={
                             "kind": Str(description="Kind is the cell kind: Job.", enum=("Job",), default="Job"),
+                            "metadata": Obj(description="Metadata is every cell Job's: its labels, with the Sweep's own "
+                                                        "labels over them and nodus.dev/sweep and nodus.dev/cell "
+                                                        "last, so a Budget selecting the Sweep's labels caps its "
+                                                        "cells.", fields={
+                                "labels": labels_map("Labels are copied onto every cell Job, under the Sweep's "
+                                                     "own labels.")}),
                             "spec": JOB_SPEC,
                         }),
     },

@@ -121,9 +121,19 @@ def cell_name(sweep: str, index: int) -> str:
     return f"{sweep}-{index}"
 
 
+def cell_labels(sweep: Mapping[str, Any], index: int) -> dict[str, str]:
+    """The labels of cell `index`: the template's (spec.template.metadata.labels), the Sweep's own over
+    them, and nodus.dev/sweep and nodus.dev/cell last. The Sweep's win over the template's, so a Budget
+    narrowed by a label of the Sweep matches every cell (a template cannot label its cells out of it)."""
+    meta = sweep.get("metadata") or {}
+    template = ((sweep.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    return {**(template.get("labels") or {}), **(meta.get("labels") or {}),
+            SWEEP_LABEL: str(meta.get("name") or ""), CELL_LABEL: str(index)}
+
+
 def cell_job(sweep: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     """The Job of one cell: the template with the cell's GPU, its one region and NODUS_PARAM_<NAME>
-    for each parameter; labelled and owned by the Sweep."""
+    for each parameter; labelled (`cell_labels`) and owned by the Sweep."""
     meta, spec = sweep["metadata"], sweep["spec"]
     body = copy.deepcopy((spec.get("template") or {}).get("spec") or {})
     if cell.gpu is not None:
@@ -139,7 +149,7 @@ def cell_job(sweep: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
         body["state"] = state.value
     return {"apiVersion": "nodus.dev/v1", "kind": "Job",
             "metadata": {"name": cell_name(meta["name"], cell.index), "namespace": meta.get("namespace", ""),
-                         "labels": {SWEEP_LABEL: meta["name"], CELL_LABEL: str(cell.index)},
+                         "labels": cell_labels(sweep, cell.index),
                          "ownerReferences": [{"apiVersion": "nodus.dev/v1", "kind": "Sweep", "name": meta["name"],
                                               "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
             "spec": body}
