@@ -11,8 +11,10 @@ from cryptography.fernet import Fernet
 
 from nodus.coordinator.money.pricebook import parse
 from nodus.coordinator.vault import Vault
+from nodus.coordinator.money.estimate import Tariff
+from nodus.coordinator.money.policy import RESTART_OVERHEAD_S
 from nodus.coordinator.money.quote import (ETAG_PURPOSE, Binding, DurationSource, Preview, Shape, Startup, binding, combine, etag,
-                                          quote)
+                                          quote, redo_s)
 
 BOOK = parse(yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml").read_text()))
 H100 = BOOK.offering("h100-sxm-80g-x1-us")
@@ -59,6 +61,28 @@ def test_interruptible_capacity_widens_the_band_and_says_so() -> None:
     p50, p90 = Decimal(e["costUSD"]["p50"]), Decimal(e["costUSD"]["p90"])
     assert p90 > p50 and Decimal(e["overheadUSD"]["p90"]) > 0
     assert "InterruptibleSelected" in codes(e) and e["placementPreview"]["interruptible"] is True
+
+
+def test_what_a_reclaim_makes_the_run_redo_follows_its_continuity() -> None:
+    """A reclaim is a notice: a Checkpointed Job checkpoints in the grace and redoes nothing (the reclaim
+    costs its replacement's boot and increments), a Restartable one redoes what its cursor cannot see
+    (placement's RESTART_OVERHEAD_S), an Ephemeral one starts over, half way through on average."""
+    assert redo_s("Checkpointed", Decimal(7200)) == 0 and redo_s("Ephemeral", Decimal(7200)) == 3600
+    assert redo_s("Restartable", Decimal(7200)) == RESTART_OVERHEAD_S
+
+    def band(offering: object, continuity: str | None) -> tuple[Decimal, Decimal]:
+        spec: dict = {"expectedDuration": "2h"}
+        if continuity:
+            spec["recovery"] = {"continuity": continuity}
+        e = quote(BOOK, Shape.of(spec), Preview(offering, "x"), Startup(cold=(Decimal(60),)), NOW)
+        return Decimal(e["costUSD"]["p50"]), Decimal(e["costUSD"]["p90"])
+
+    kept, cursor, over = band(SPOT, None), band(SPOT, "Restartable"), band(SPOT, "Ephemeral")
+    assert band(SPOT, "Checkpointed") == kept, "Checkpointed is the default"
+    assert kept[1] < cursor[1] < over[1] and kept[0] <= cursor[0] <= over[0], (kept, cursor, over)
+    # a reclaim of a Checkpointed run still costs its replacement's boot and whole increments
+    assert kept[1] > Tariff.of(SPOT).charge(Decimal(7200 + 60))
+    assert band(H100, "Ephemeral") == band(H100, "Checkpointed"), "on-demand capacity is not reclaimed"
 
 
 def test_measured_starts_give_a_band_and_are_billed_as_overhead() -> None:

@@ -71,6 +71,8 @@ class Shape:
     actual/declared ratios and the declaration itself (a 1: the user's word counts as one run, so one
     odd Job does not outweigh it); for a duration from history, the history over its median. Empty
     without a record: the run takes exactly `duration_s`."""
+    continuity: str = "Checkpointed"
+    """spec.recovery.continuity: what a reclaim of interruptible capacity makes the run redo (`redo_s`)."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = (),
@@ -100,8 +102,23 @@ class Shape:
             if duration > 0:
                 factors = spread([h / duration for h in history])
         cap = units.parse_money(spec["maxCostUSD"]) if spec.get("maxCostUSD") else None
+        continuity = str((spec.get("recovery") or {}).get("continuity") or "Checkpointed")
         return cls(completions, slots, members, timeout, retries, duration, source, cap, words or (
-            f"{members} nodes" if members > 1 else ""), factors)
+            f"{members} nodes" if members > 1 else ""), factors, continuity)
+
+
+def redo_s(continuity: str, run_s: Decimal) -> Decimal:
+    """The work one reclaim of interruptible capacity makes a run of `run_s` do again, by its continuity.
+    A reclaim is a notice (NodeService.Reclaim, checkpoints/reclaim.py): a Checkpointed Job checkpoints
+    within the grace and its replacement restores that checkpoint, so it redoes nothing (what the reclaim
+    costs is the replacement's allocation: its boot and restore, measured per offering like every start,
+    and its increments); a Restartable one resumes from its last progress cursor, which Nodus cannot see
+    (RESTART_OVERHEAD_S, placement's assumption); an Ephemeral one starts over, on average half way."""
+    if continuity == "Checkpointed":
+        return Decimal(0)
+    if continuity == "Ephemeral":
+        return run_s / 2
+    return RESTART_OVERHEAD_S
 
 
 SPREAD_POINTS = 64
@@ -242,13 +259,14 @@ def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) ->
     else:
         run_s = shape.duration_s / offering.relative_speed
         spot = offering.interruptions_per_hour
+        redo = redo_s(shape.continuity, run_s) if spot > 0 else Decimal(0)
         full = cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=spot,
-                         restart_overhead_s=RESTART_OVERHEAD_S, factors=shape.factors)
+                         restart_overhead_s=redo, factors=shape.factors)
         bare = cost_band(tariff, run_s, factors=shape.factors)
         p90 = full.p90
         if shape.factors:  # a record of runs shorter than said never narrows the p90 below the run said
             p90 = max(p90, cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=spot,
-                                     restart_overhead_s=RESTART_OVERHEAD_S).p90)
+                                     restart_overhead_s=redo).p90)
         cost = Band(full.p50 * allocations, p90 * allocations)
         overhead = Band(max(full.p50 - bare.p50, Decimal(0)) * allocations,
                         max(full.p90 - bare.p90, Decimal(0)) * allocations)
