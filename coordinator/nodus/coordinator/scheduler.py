@@ -353,8 +353,12 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
 
     def rank(policy: money.Policy) -> list[Candidate]:
         # A warm node first: its project pays for it through the window whether it is used or not.
-        return sorted(candidates, key=lambda c: (c.warm, money.score(policy, look(c)), scorer(request, c),
-                                                 _reverse(c.node.name)), reverse=True)
+        # One score per offering (hundreds of nodes are sold as a handful of offerings).
+        scores = {oid: money.score(policy, o) for oid, o in looks.items()}
+        unpriced = money.score(policy, None)
+        return sorted(candidates, key=lambda c: (
+            c.warm, scores[c.offering.id] if c.offering is not None else unpriced, scorer(request, c),
+            _reverse(c.node.name)), reverse=True)
 
     ranked = rank(policy)
     steer = money.late(policy, look(ranked[0]))

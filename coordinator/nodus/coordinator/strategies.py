@@ -7,6 +7,7 @@ the fleet as the controllers' cache holds it (controllers/fleet.py), and this fl
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import uuid
@@ -343,6 +344,31 @@ class Estimates:
         fleet = self.fleet
         now = fleet.clock.now()
         book = fleet.book()
+        if book is None:
+            return self._quote(project, spec, status, book, now)
+        # The balance is read from the store (the ledger is not in the cache, and another replica may
+        # have posted): read it on a reader thread while this one quotes.
+        accounts = asyncio.ensure_future(self.ledger.accounts(project))
+        await asyncio.sleep(0)  # the read starts (is handed to the store's reader) before the quote runs
+        try:
+            estimate = self._quote(project, spec, status, book, now)
+        except BaseException:
+            accounts.cancel()
+            raise
+        hold = Decimal(estimate.get("holdUSD") or 0)
+        funds = await accounts
+        if hold > 0:  # the first hold must fit the project's credits
+            refusal = first_hold_refusal(funds, hold, "this Job") or \
+                await self.budgets.first_hold_refusal(project, fleet.labels_of(project), rfc3339(now)[:7],
+                                                      labels or {}, hold, "this Job")  # and every matching Budget
+            if refusal is not None:
+                estimate["blockingReasons"] = [*estimate.get("blockingReasons", []), refusal]
+        return estimate
+
+    def _quote(self, project: str, spec: dict[str, Any], status: dict[str, Any], book: PriceBook | None,
+               now: float) -> dict[str, Any]:
+        """The estimate without the project's credits and Budgets: what the fleet's cache answers."""
+        fleet = self.fleet
         held = fleet.reservations()
         history: list[Decimal] = []
         overruns: list[Decimal] = []
@@ -354,15 +380,7 @@ class Estimates:
         preview = self._preview(project, {**spec, "image": image} if image else spec, book, fleet.nodes(), held, now)
         offering = preview.offering.id if preview.offering is not None else ""
         shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None, overruns)
-        estimate = quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
-        hold = Decimal(estimate.get("holdUSD") or 0)
-        if book is not None and hold > 0:  # the first hold must fit the project's credits
-            refusal = first_hold_refusal(await self.ledger.accounts(project), hold, "this Job") or \
-                await self.budgets.first_hold_refusal(project, fleet.labels_of(project), rfc3339(now)[:7],
-                                                      labels or {}, hold, "this Job")  # and every matching Budget
-            if refusal is not None:
-                estimate["blockingReasons"] = [*estimate.get("blockingReasons", []), refusal]
-        return estimate
+        return quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
 
     @staticmethod
     def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],

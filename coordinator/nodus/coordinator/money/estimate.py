@@ -10,6 +10,7 @@ is the allocation's charge to the cent and no fraction of a cent is lost or coun
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
@@ -184,7 +185,27 @@ def cost_band(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decim
     `interruptions_per_hour` × the run's hours; each reclaim ends the allocation (its increments and
     minimum charge apply) and the replacement boots again and redoes `restart_overhead_s` of work
     (restoring, and what ran since the last checkpoint). The work is taken as split evenly between the
-    allocations, and the billed seconds are priced once."""
+    allocations, and the billed seconds are priced once.
+
+    Memoized (`MEMO_SIZE` inputs): the band is a pure function of exactly these arguments, so a repeated
+    estimate (the same Job's dry runs, a Sweep's like cells) sums its outcomes once per record and book."""
+    return _band(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s, tuple(factors))
+
+
+MEMO_SIZE = 4096
+"""Distinct inputs of `cost_band` and `expected_charge` kept (each entry a Band or an amount and its key:
+at most a record's SPREAD_POINTS factors)."""
+
+
+def clear_memo() -> None:
+    """Forgets every memoized band and expected charge (bench/estimate.py times an estimate that misses)."""
+    _band.cache_clear()
+    _expected.cache_clear()
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _band(tariff: Tariff, duration_s: Decimal, startup_s: Decimal, interruptions_per_hour: Decimal,
+          restart_overhead_s: Decimal, factors: tuple[Decimal, ...]) -> Band:
     steps = _cumulative(_outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s, factors))
     return Band(_nearest_half(steps), _quantile(steps, 0.9))
 
@@ -192,7 +213,14 @@ def cost_band(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decim
 def expected_charge(tariff: Tariff, duration_s: Decimal, *, startup_s: Decimal = Decimal(0),
                     interruptions_per_hour: Decimal = Decimal(0), restart_overhead_s: Decimal = Decimal(0)) -> Decimal:
     """The mean cost over the same outcomes as `cost_band`, to the cent. Placement ranks by it: a p50
-    would hide the restarts of a rarely reclaimed offering, the mean counts each at its probability."""
+    would hide the restarts of a rarely reclaimed offering, the mean counts each at its probability.
+    Memoized as `cost_band` is: placement asks it of every fitting offering on every pass."""
+    return _expected(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _expected(tariff: Tariff, duration_s: Decimal, startup_s: Decimal, interruptions_per_hour: Decimal,
+              restart_overhead_s: Decimal) -> Decimal:
     outcomes = _outcomes(tariff, duration_s, startup_s, interruptions_per_hour, restart_overhead_s)
     total = Decimal(sum(p for _, p in outcomes))
     return cents(sum((c * Decimal(p) for c, p in outcomes), Decimal(0)) / total)

@@ -30,12 +30,14 @@ the 90th percentile of its reclaims, finish after it, placement ranks by Speed i
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
 from ..api import units
 from .estimate import SECONDS_PER_HOUR, Tariff, cents, expected_charge, restarts_at
+from .estimate import clear_memo as clear_estimate_memo
 from .pricebook import Offering
 
 RESTART_OVERHEAD_S = Decimal(600)
@@ -152,18 +154,32 @@ class Outlook:
 
 
 def outlook(policy: Policy, offering: Offering) -> Outlook:
-    work_s = policy.duration_s if policy.duration_s is not None else REFERENCE_WORK_S
+    """What running the Job `policy` describes on `offering` is expected to cost and take. It reads
+    only the declared duration, so it is memoized on that and the offering (one entry per offering of
+    a price book version and duration: placement asks it of every fitting offering on every pass)."""
+    return _outlook(policy.duration_s, offering)
+
+
+def clear_memo() -> None:
+    """Forgets every memoized outlook, and the bands and charges they and the estimates are built from."""
+    _outlook.cache_clear()
+    clear_estimate_memo()
+
+
+@functools.lru_cache(maxsize=4096)
+def _outlook(duration_s: Decimal | None, offering: Offering) -> Outlook:
+    work_s = duration_s if duration_s is not None else REFERENCE_WORK_S
     run_s = work_s / offering.relative_speed
     per_hour = offering.interruptions_per_hour
     restarts = per_hour * run_s / SECONDS_PER_HOUR
     hours = (run_s + restarts * RESTART_OVERHEAD_S) / SECONDS_PER_HOUR
-    if policy.duration_s is None:
+    if duration_s is None:
         cost = offering.rate_usd_per_hour * hours  # unrounded: a cent apart is still apart
     else:
         cost = expected_charge(Tariff.of(offering), run_s, interruptions_per_hour=per_hour,
                                restart_overhead_s=RESTART_OVERHEAD_S)
     p90 = (run_s + restarts_at(restarts, Decimal("0.9")) * RESTART_OVERHEAD_S) / SECONDS_PER_HOUR
-    return Outlook(offering, cost, hours, policy.duration_s is None, p90)
+    return Outlook(offering, cost, hours, duration_s is None, p90)
 
 
 def late(policy: Policy, look: Outlook | None) -> str:
