@@ -6,12 +6,15 @@ rotate the join token (NodeService, grpcurl and `nodus`)."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from cryptography import x509
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -193,3 +196,59 @@ def test_rotating_the_join_token_keeps_enrolled_nodes_and_refuses_the_old_token(
         with joined([AgentProcess(tmp_path / "rot-n1", c.grpc, new, node="rot-n1", env=AGENT_ENV).start()], c):
             registered_names = set(nodes(c))
             assert {"rot-n0", "rot-n1"} <= registered_names
+
+
+def test_agents_notice_a_wiped_coordinator_say_what_to_do_and_enrol_with_the_token_file_they_reread(
+        tmp_path: Path) -> None:
+    port = free_port()
+    c = Coordinator(tmp_path / "data").start(grpc_port=port)
+    a = agent(c, tmp_path, "wipe-n0").start()
+    try:
+        with joined([a], c):
+            old_token = c.join_token
+            c.stop()
+            shutil.rmtree(c.data_dir)  # a new coordinator at the same address: new CA, new join token
+            c.start(grpc_port=port)
+            assert c.join_token != old_token
+            # The agent's certificate names a CA the coordinator no longer has: it enrols again with the
+            # join token it holds, which this coordinator refuses, and says what the operator does.
+            wait_for(lambda: "issued by a CA this coordinator no longer has" in a.log(), 30,
+                     what="the agent to notice the coordinator's new CA")
+            wait_for(lambda: "re-reads it and enrols without a restart" in a.log(), 30,
+                     what="the agent to say the old join token is refused and what to do")
+            assert f"in {a.token_file}" in a.log()
+            assert "wipe-n0" not in nodes(c)
+            # The operator puts the new coordinator's join token in the file; the running agent enrols.
+            a.token_file.write_text(c.join_token + "\n")
+            wait_for(lambda: "wipe-n0" in nodes(c) and nodes(c)["wipe-n0"].enrolled
+                     and nodes(c)["wipe-n0"].phase == node_pb2.NODE_PHASE_READY, 60, interval=0.3,
+                     what="the agent to enrol with the new join token")
+            assert a.log().count("enrolled node wipe-n0") == 2
+            create(c, "after-wipe", command=["python3", "-c", "print('ok')"])
+            wait_for(lambda: any(x["status"].get("phase") == "Succeeded" for x in attempts_of(c, "after-wipe")),
+                     60, interval=0.2, what="a Job on the re-enrolled node")
+    finally:
+        c.stop()
+
+
+def test_an_expired_node_certificate_re_enrols_with_the_rotated_token_the_operator_puts_in_its_file(
+        tmp_path: Path) -> None:
+    c = Coordinator(tmp_path / "data").start(extra_args=("--node-certificate-lifetime", "10s"))
+    a = agent(c, tmp_path, "exp-n0").start()
+    try:
+        with joined([a], c):
+            a.reap()  # the host is down while its certificate expires and the join token is rotated
+            new = c.run("nodus", "join-token", "rotate").stdout.strip()
+            cert = a.work_dir / "identity" / "node.crt"
+            expiry = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
+            wait_for(lambda: time.time() > expiry + 1, 30, interval=0.3, what="the certificate to expire")
+            a.start()
+            wait_for(lambda: "refused the join token" in a.log() and "re-reads it" in a.log(), 30,
+                     what="the agent to say the old join token is refused")
+            a.token_file.write_text(new + "\n")
+            wait_for(lambda: a.log().count("enrolled node exp-n0") == 2, 30, what="the agent to enrol again")
+            wait_for(lambda: nodes(c)["exp-n0"].phase == node_pb2.NODE_PHASE_READY, 30, interval=0.2,
+                     what="the re-enrolled node to be Ready")
+            assert "read a new join token from" in a.log()
+    finally:
+        c.stop()

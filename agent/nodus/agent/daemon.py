@@ -68,7 +68,8 @@ class Agent:
         self.link = Link(self, channel, metadata, cfg.coordinator, clock=self.clock,
                          backoff=Backoff(base=cfg.reconnect_base, cap=cfg.reconnect_max),
                          tls=not cfg.coordinator_insecure, identity_dir=cfg.work_dir / "identity",
-                         coordinator_ca=cfg.coordinator_ca, on_channel=self.blobs.use)
+                         coordinator_ca=cfg.coordinator_ca, on_channel=self.blobs.use,
+                         trust_files=(cfg.join_token_file, cfg.coordinator_ca_file))
         self.materializer = Materializer(self.blobs, cfg.input_ca_file)
         self.checkpoints = Checkpoints(self.runtime, self.blobs, self.link, self.table, self, self.clock,
                                        cfg.stop_grace)

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import orjson
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -72,6 +73,35 @@ class Certificate:
 
     def renew_time(self) -> float:
         return self.not_before + (self.not_after - self.not_before) * RENEW_AT
+
+
+def read_trust_file(path: Path | None) -> bytes | None:
+    """A join token or CA file's current bytes (stripped); None when unset, unreadable or empty: the
+    agent keeps what it had, so a file being rewritten is never mistaken for a new trust."""
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes().strip()
+    except OSError:
+        return None
+    return data or None
+
+
+def issued_by(cert_pem: bytes, ca_pem: bytes) -> bool:
+    """Whether the node certificate was signed by (one of) the CA(s) in `ca_pem`: a coordinator whose
+    data dir was replaced has a new CA, and a certificate of the old one is no identity there."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        cas = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError:
+        return False
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+            return True
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    return False
 
 
 class NodeCredentials:

@@ -29,7 +29,7 @@ from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 from .backoff import Backoff
 from .clock import Clock
-from .enrolment import Certificate, NodeCredentials, agent_address
+from .enrolment import Certificate, NodeCredentials, agent_address, issued_by, read_trust_file
 
 log = logging.getLogger("nodus.agent.link")
 
@@ -108,8 +108,11 @@ class Link:
     def __init__(self, node: Node, channel: grpc.aio.Channel, metadata: Metadata, target: str, *, backoff: Backoff,
                  clock: Clock, register_timeout: float = 15.0, tls: bool = True,
                  identity_dir: Path | None = None, coordinator_ca: bytes | None = None,
-                 on_channel: Callable[[grpc.aio.Channel, Metadata], None] | None = None) -> None:
+                 on_channel: Callable[[grpc.aio.Channel, Metadata], None] | None = None,
+                 trust_files: tuple[Path | None, Path | None] = (None, None)) -> None:
         self.node = node
+        self.token_file, self.ca_file = trust_files
+        """--join-token-file and --coordinator-ca, re-read before each enrolment and reconnect."""
         self.tls = tls
         self.credentials = NodeCredentials(identity_dir, coordinator_ca) if tls and identity_dir else None
         """The node certificate's keeper; None against a --grpc-insecure coordinator (the join token)."""
@@ -185,7 +188,7 @@ class Link:
                     self.session = None
                 elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     what = "the node certificate" if self.certificate is not None else "the join token"
-                    self._note(f"the coordinator refused {what}: {e.details()}", logging.ERROR)
+                    self._note(f"the coordinator refused {what}: {e.details()}{self._token_hint(e)}", logging.ERROR)
                     self.session = None
                     if self.certificate is not None and self.credentials is not None:
                         self.credentials.forget()  # enrol again: refused until an operator re-admits it
@@ -208,12 +211,52 @@ class Link:
             self._last_error = text
 
     # -- the node certificate ---------------------------------------------------------------------
+    def _token_hint(self, e: grpc.aio.AioRpcError) -> str:
+        """What the operator does about a refused join token (a rotated one, or a new coordinator's)."""
+        if self.certificate is not None or e.code() != grpc.StatusCode.UNAUTHENTICATED or self.token_file is None:
+            return ""
+        return (f"; this node holds no valid certificate and must enrol: put the coordinator's current join token "
+                f"(its DATA_DIR/join-token, or the output of `nodus join-token rotate`) in {self.token_file}; "
+                "the agent re-reads it and enrols without a restart")
+
+    def _refresh_trust(self) -> None:
+        """Picks up a replaced join token or coordinator CA file (level-triggered: compared on every try)."""
+        assert self.credentials is not None
+        token = read_trust_file(self.token_file)
+        if token is not None:
+            metadata: Metadata = (("authorization", f"Bearer {token.decode()}"),)
+            if metadata != self.join_metadata:
+                if self.join_metadata:
+                    log.info("read a new join token from %s", self.token_file)
+                self.join_metadata = metadata
+                if self.certificate is None:
+                    self.metadata = metadata
+                    if self.on_channel is not None:
+                        self.on_channel(self.channel, metadata)
+        ca = read_trust_file(self.ca_file)
+        if ca is None or ca == (self.credentials.given_ca or b"").strip():
+            return
+        log.warning("the coordinator's CA in %s changed: reconnecting with it", self.ca_file)
+        self.credentials.given_ca = ca
+        old, on_old = self.bootstrap, self.channel is self.bootstrap
+        self.bootstrap, _ = open_channel(self.target, "", ca)
+        self._use(self.bootstrap, self.join_metadata, None)  # closes the channel in use
+        if not on_old:
+            asyncio.get_running_loop().create_task(old.close(grace=30.0), name="link-old-bootstrap")
+
     async def _ensure_certificate(self) -> None:
         """A valid certificate on the mTLS channel: the one on disk, or a new enrolment."""
         assert self.credentials is not None
+        self._refresh_trust()
         if self.certificate is not None and self.certificate.not_after > WALL():
             return
         cert = self.credentials.load()
+        if cert is not None and not issued_by(cert.pem, cert.ca_pem):
+            log.warning("the node certificate of %s was issued by a CA this coordinator no longer has (its data dir "
+                        "was replaced?): enrolling again with the join token in %s", self.node.node_name,
+                        self.token_file or "--join-token-file")
+            self.credentials.forget()
+            cert = None
         if cert is None or cert.not_after <= WALL():
             stub = agent_pb2_grpc.AgentServiceStub(self.bootstrap)
             answer = await stub.Enrol(agent_pb2.EnrolRequest(node_name=self.node.node_name,

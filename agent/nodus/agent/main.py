@@ -232,6 +232,7 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         advertise_address=args.advertise_address or "", interruptible=_bool(args.interruptible),
         cgroup_root=args.cgroup_root, cgroups=_bool(args.cgroups), stop_grace=float(args.stop_grace),
         poll_interval=float(args.poll_interval), input_ca_file=args.input_ca_file or None, coordinator_ca=ca,
+        coordinator_ca_file=Path(args.coordinator_ca) if args.coordinator_ca else None, join_token_file=token_file,
         coordinator_insecure=insecure,
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
         clock_offset_file=str(args.clock_offset_file or ""),

@@ -94,6 +94,10 @@ class AgentConfig:
     input_ca_file: str | None = None
     coordinator_ca: bytes | None = None
     """The CA the coordinator's gRPC certificate is verified with; None: the system's roots."""
+    coordinator_ca_file: Path | None = None
+    """--coordinator-ca's file, re-read on every reconnect: a coordinator with a new CA is noticed."""
+    join_token_file: Path | None = None
+    """--join-token-file, re-read before every enrolment: an operator replaces a rotated token in place."""
     coordinator_insecure: bool = False
     """Plaintext gRPC, for a coordinator run with --grpc-insecure (loopback only)."""
     reconnect_base: float = 0.2
