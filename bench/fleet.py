@@ -42,6 +42,7 @@ import orjson
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the client processes inherit it: no C-core INFO lines
 
 import api
+import api_procs
 import record
 from daemons import Coordinator, start_coordinator, stop_all
 from fleet_agents import RUN_ENV, anchor_server_main, worker_main
@@ -121,15 +122,15 @@ class Fleet:
                     w.ask("stop", timeout=20)
             except (RuntimeError, OSError, EOFError):
                 pass
-            api.stop_process(w.proc)
+            api_procs.stop_process(w.proc)
 
 
 def cpu_of(pids: list[int], seconds: float) -> list[float]:
     """Each pid's CPU over `seconds`, as % of one core."""
-    t0, c0 = time.monotonic(), [api.cpu_seconds(p) for p in pids]
+    t0, c0 = time.monotonic(), [api_procs.cpu_seconds(p) for p in pids]
     time.sleep(seconds)
     dt = time.monotonic() - t0
-    return [100 * (api.cpu_seconds(p) - c) / dt for p, c in zip(pids, c0)]
+    return [100 * (api_procs.cpu_seconds(p) - c) / dt for p, c in zip(pids, c0)]
 
 
 def steady(cs: list[Coordinator], limit: float) -> float:
@@ -247,7 +248,7 @@ def anchor(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, 
         parent.send("stop")
         server.join(10)
     finally:
-        api.stop_process(server)
+        api_procs.stop_process(server)
     return out
 
 
