@@ -38,6 +38,7 @@ import grpc
 import orjson
 
 import api
+import api_procs
 import record
 from daemons import BIN, Coordinator, start_coordinator, stop_all
 from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
@@ -139,9 +140,9 @@ async def create_all(session: aiohttp.ClientSession, url: str, names: list[str],
 
 
 def cpu_percent(pid: int, seconds: float) -> float:
-    t0, c0 = time.monotonic(), api.cpu_seconds(pid)
+    t0, c0 = time.monotonic(), api_procs.cpu_seconds(pid)
     time.sleep(seconds)
-    return 100 * (api.cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+    return 100 * (api_procs.cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
 def settle(pid: int, limit: float) -> float:
@@ -163,7 +164,7 @@ async def burst(args: argparse.Namespace, c: Coordinator, tag: str, gets: list[s
             rv = orjson.loads(await r.read())["metadata"]["resourceVersion"]
         spawn = mp.get_context("spawn")
         parent, child = spawn.Pipe()
-        watch = spawn.Process(target=api.watch_client_main, args=(c.http, c.token, str(c.ca), args.watchers, rv, child),
+        watch = spawn.Process(target=api_procs.watch_client_main, args=([c.http], c.token, str(c.ca), args.watchers, rv, child),
                               daemon=True, name="bench-watch")
         watch.start()
         loop = asyncio.get_running_loop()
@@ -199,7 +200,7 @@ async def burst(args: argparse.Namespace, c: Coordinator, tag: str, gets: list[s
                 raise RuntimeError("watch client did not report results")
             _, per_watcher, _, errors = parent.recv()
         finally:
-            api.stop_process(watch)
+            api_procs.stop_process(watch)
     lat = [t - acked[name] for arrivals in per_watcher for name, t in arrivals.items()]
     return {"get_p99": api.pct(got.latencies, .99) * 1e3, "gets": got.ok, "get_errors": sum(got.errors.values()),
             "watch_p99": api.pct(lat, .99) * 1e3, "watch_p50": api.pct(lat, .5) * 1e3,
