@@ -9,7 +9,7 @@ import pytest
 
 from nodus.v1 import common_pb2
 
-from nodus.coordinator.agent_session import _fail
+from nodus.coordinator.agent_wire import fail_mutation
 from nodus.coordinator.controllers.attempt_machine import (LEGAL, AssignmentRefused, AttemptPhase, Created, NodeLost,
                                                            Placed, Refusal, Reported, StoppedUnplaced, transition)
 from nodus.coordinator.controllers.attempts import Report, fold_report
@@ -53,7 +53,7 @@ def test_every_writer_moves_through_the_machine():
     unplaced = stop("Cancelled", 0, 4.0)(new_attempt(_job(), 0, 2, 0.0))
     assert unplaced["status"]["phase"] == "Cancelled" and unplaced["status"]["reason"] == "Cancelled"
 
-    refused = _fail("InvalidAssignment", "secret s is missing", 5.0)(dict(on_node))
+    refused = fail_mutation("InvalidAssignment", "secret s is missing", 5.0)(dict(on_node))
     assert refused["status"]["phase"] == "Failed" and refused["status"]["reason"] == "InvalidAssignment"
 
 
