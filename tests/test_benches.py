@@ -105,6 +105,9 @@ def test_gang_bench_reports_assembly_and_probe_beside_their_anchors() -> None:
         "probe / plain": rf"^probe / plain \(best of each\)\s+({NUM})",
         "RTT beside the echo": rf"^probe worst RTT\s+({NUM}) ms .*raw TCP echo on loopback ({NUM}) ms",
         "through the daemons": rf"^gang of 2 through the daemons, probe on\s+({NUM}) Gbit/s .*rttMs ({NUM})",
+        "probed gang start": rf"^gang of 2, probe on: create → started p50 / max\s+({NUM}) s / ({NUM}) s\s+≤ 3 s",
+        "hosts' first": rf"^gang of 2, probe on, hosts' first: create → started\s+({NUM}) s",
+        "inside the probe": rf"^\s+all-reduce sizes\s+({NUM}) / ({NUM})$",
     })
 
 

@@ -75,7 +75,7 @@ class Agent:
                                        cfg.stop_grace)
         self.shipping = Shipping(self.runtime, self.blobs, self.link, self.table, self, self.clock, cfg.reconnect_max)
         self.gangs = Gangs(self.table, self.runtime, self.link, self, cfg.advertise_address or default_address(),
-                           self.clock)
+                           self.clock, cfg.warm_probe)
         self.session = Session(self.table, self.link, self, self.checkpoints, self.gangs, self.runtime, self.clock,
                                cfg.stop_grace)
         self.stopping = asyncio.Event()
@@ -122,6 +122,7 @@ class Agent:
         tasks = [*self._tasks, *(t for v in self.table.volatile.values() for t in (v.task, v.log_task) if t)]
         if self._sweeper is not None:
             tasks.append(self._sweeper)
+        self.gangs.warm.close()
         for t in tasks:
             t.cancel()
         if tasks:

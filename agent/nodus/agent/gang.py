@@ -8,7 +8,9 @@ The coordinator tells each member its step (GangPlan), derived from what every m
    probe's echo port) and reports done = Assemble with its advertised address and both ports.
 2. Mesh: the probe (`probe/`, a subprocess) measures TCP RTT to every peer and the gang's
    all-reduce bus bandwidth within its budget; the agent sends the ProbeResult and reports
-   done = Mesh. A failed probe is reported as such and does not stop the gang.
+   done = Mesh. A failed probe is reported as such and does not stop the gang. When the plan says
+   the Mesh step will come (GangPlan.probe), the member takes a probe process started ahead
+   (`probe_process`: torch already imported, or importing while the gang assembles) at accept.
 3. Start: the launcher (`nodus.launchers`) turns the plan into this member's steps and environment;
    the agent releases its reservations and writes run/launch.json, which opens the gate.
 
@@ -22,7 +24,6 @@ import asyncio
 import json
 import logging
 import socket
-import sys
 from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -35,6 +36,7 @@ from . import layout as L
 from .attempts import GangStep, gang_step
 from .clock import Clock
 from .launch import GangLaunch
+from .probe_process import ProbeProcess, WarmProbes, discard, start_probe
 from .reasons import Reason
 from .statefile import read_json, write_json
 
@@ -95,12 +97,16 @@ class Member:
         self.rendezvous: socket.socket | None = None
         self.probe: socket.socket | None = None
         self.task: asyncio.Task[None] | None = None
+        self.preloaded: asyncio.Task[ProbeProcess] | None = None
+        """The probe's process, started ahead and waiting for its plan (None: started at Mesh)."""
 
     def release(self) -> None:
         for s in (self.rendezvous, self.probe):
             if s is not None:
                 s.close()
         self.rendezvous = self.probe = None
+        discard(self.preloaded)
+        self.preloaded = None
 
 
 class Stream(Protocol):
@@ -119,7 +125,7 @@ class Gangs:
     """The gang members of one agent."""
 
     def __init__(self, table: "AttemptTable", runtime: "ProcessRuntime", stream: Stream, host: Host, address: str,
-                 clock: Clock) -> None:
+                 clock: Clock, warm_probe: bool = True) -> None:
         self.table = table
         self.runtime = runtime
         self.stream = stream
@@ -127,6 +133,7 @@ class Gangs:
         self.address = address
         self.clock = clock
         self.members: dict[str, Member] = {}
+        self.warm = WarmProbes(warm_probe)
 
     # -- joining -----------------------------------------------------------------------------------
     def accept(self, att: "Attempt", a: agent_pb2.Assignment) -> None:
@@ -140,6 +147,8 @@ class Gangs:
             m.release()
             raise
         self.members[att.id] = m
+        if a.gang.probe:
+            m.preloaded = self.warm.take()
         att.gang = {"epoch": plan["epoch"], "rank": plan["rank"], "size": plan["size"],
                     "gpus_per_node": plan["gpus_per_node"], "launcher": plan["launcher"], "done": "",
                     "address": self.address, "port": m.rendezvous.getsockname()[1],
@@ -211,25 +220,16 @@ class Gangs:
                    "store": {"address": plan.get("rendezvous_address"), "port": plan.get("rendezvous_port")},
                    "backend": "auto", "max_bytes": int(plan.get("probe_max_bytes") or (16 << 20)),
                    "budget_s": budget}
-        fds: tuple[int, ...] = ()
-        if m.probe is not None:
-            request["listen_fd"] = m.probe.fileno()
-            fds = (m.probe.fileno(),)
         if g["rank"] == 0 and m.rendezvous is not None:
             m.rendezvous.close()  # the probe's store binds it; reserved again afterwards
             m.rendezvous = None
         result: dict[str, Any] = {}
         error = ""
-        proc: asyncio.subprocess.Process | None = None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "nodus.agent.probe", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=fds)
+            proc = await self._probe_process(m)
             try:
-                out, err = await asyncio.wait_for(proc.communicate(json.dumps(request).encode()), budget + PROBE_GRACE)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+                out, err = await proc.run(request, m.probe, budget + PROBE_GRACE)
+            except TimeoutError:
                 out, err = b"", b"the probe ran past its budget"
             lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
             if lines:
@@ -241,12 +241,8 @@ class Gangs:
                 error = (err.decode(errors="replace").strip().splitlines() or ["the probe failed"])[-1][:300]
         except OSError as e:
             error = f"the probe could not start: {e}"
-        except asyncio.CancelledError:  # forgotten (stopped) meanwhile: the probe goes with it
-            if proc is not None and proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            raise
         finally:
+            self.warm.replenish()
             if g["rank"] == 0 and m.rendezvous is None and self.members.get(att.id) is m:
                 try:
                     m.rendezvous = _reserve(self.address, int(g["port"]), listen=False)
@@ -260,6 +256,23 @@ class Gangs:
             m.task = None
             self.step(att)
 
+    async def _probe_process(self, m: Member) -> ProbeProcess:
+        """The probe started ahead when it still waits for a plan, else one started now."""
+        task, m.preloaded = m.preloaded, None
+        if task is not None:
+            try:
+                probe = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                discard(task)  # forgotten meanwhile: the probe goes too
+                raise
+            except OSError as e:
+                log.warning("the probe could not be started ahead (%s); starting it now", e)
+            else:
+                if probe.waiting:
+                    return probe
+                log.warning("the probe started ahead had exited (%s); starting another", probe.proc.returncode)
+        return await start_probe(preload=False)
+
     def _send_probe(self, att: "Attempt", result: dict[str, Any], error: str) -> None:
         g = att.gang or {}
         measured = Timestamp()
@@ -271,8 +284,9 @@ class Gangs:
         if result.get("bus_gbps") is not None:
             probe.bus_gbps = f"{float(result['bus_gbps']):.3f}"
         probe.path = PATHS.get(str(result.get("path") or ""), common_pb2.NETWORK_PATH_UNSPECIFIED)
-        log.info("attempt %s: probe rank %d: rtt %s ms, busbw %s Gbit/s%s", att.id, g["rank"], probe.rtt_ms or "?",
-                 probe.bus_gbps or "?", f" ({error})" if error else "")
+        phases = ", ".join(f"{name} {float(sec):.3f}" for name, sec in (result.get("phase_seconds") or {}).items())
+        log.info("attempt %s: probe rank %d: rtt %s ms, busbw %s Gbit/s%s; seconds per phase: %s", att.id, g["rank"],
+                 probe.rtt_ms or "?", probe.bus_gbps or "?", f" ({error})" if error else "", phases or "?")
         self.stream.send(probe_result=probe)
 
     def _start(self, att: "Attempt", m: Member, plan: dict[str, Any]) -> None:

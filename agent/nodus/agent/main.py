@@ -64,6 +64,7 @@ DEFAULTS = {
     "workload_user": "",
     "attempt_uids": DEFAULT_ATTEMPT_UIDS,
     "zygote": True,
+    "warm_probe": True,
     "simulate_gpus": "",
     "simulate_gpu_faults": "",
     "gpu_max_temperature": DEFAULT_MAX_TEMPERATURE_C,
@@ -138,6 +139,8 @@ def parser() -> argparse.ArgumentParser:
                         f"attempts run as the agent's own user; needs root, ignored with --workload-user)")
     p.add_argument("--zygote", type=_bool, help="fork supervisors from a warm process (default true; false "
                    "starts a Python interpreter per attempt)")
+    p.add_argument("--warm-probe", type=_bool, help="after this host's first gang with the mesh probe, keep one probe "
+                   "process ready with torch imported, about 220 MB (default true; false starts it per member)")
     p.add_argument("--simulate-gpus", metavar="MODEL:COUNT[:MEMORY]",
                    help="for development and tests: report COUNT GPUs of MODEL (MEMORY each, such as 80Gi) instead "
                         "of what NVML sees, each marked simulated in the inventory")
@@ -237,7 +240,7 @@ def build_config(args: argparse.Namespace) -> "AgentConfig":
         reconnect_base=float(args.reconnect_base), reconnect_max=float(args.reconnect_max),
         clock_offset_file=str(args.clock_offset_file or ""),
         workload_user=str(args.workload_user or ""), attempt_uids=attempt_uids(args.attempt_uids),
-        zygote=_bool(args.zygote), simulate_gpus=simulated, simulate_gpu_faults=faults,
+        zygote=_bool(args.zygote), warm_probe=_bool(args.warm_probe), simulate_gpus=simulated, simulate_gpu_faults=faults,
         gpu_max_temperature=max_temperature,
         image_cache=Path(args.image_cache).resolve() if args.image_cache else None, image_disk_budget=budget,
         egress_presets=presets, egress_range=str(args.egress_range),

@@ -108,6 +108,8 @@ class AgentConfig:
     attempt_uids: str = DEFAULT_ATTEMPT_UIDS
     """START:COUNT, or "off"; not used with workload_user, nor when the agent is not root."""
     zygote: bool = True
+    warm_probe: bool = True
+    """Keep a probe process ready (torch imported) once this host has run a probed gang member."""
     simulate_gpus: SimulatedGpus | None = None
     """Report these GPUs, marked simulated, instead of what NVML sees."""
     simulate_gpu_faults: Path | None = None

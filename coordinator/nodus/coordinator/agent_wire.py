@@ -69,7 +69,7 @@ def plan_message(plan: gang_plan.Plan, config: gangs.GangConfig) -> agent_pb2.Ga
         step=_STEP_NUMBERS[plan.step],
         peers=[agent_pb2.GangPeer(rank=r, address=a, port=p, probe_port=pp) for r, a, p, pp in plan.peers],
         probe_max_bytes=config.probe_max_bytes, probe_budget=seconds_as_duration(config.probe_budget_seconds),
-        startup_timeout=seconds_as_duration(plan.startup_timeout))
+        startup_timeout=seconds_as_duration(plan.startup_timeout), probe=config.probe)
 
 
 def report_of(u: agent_pb2.AttemptUpdate) -> Report | None:

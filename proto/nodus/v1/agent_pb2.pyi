@@ -628,7 +628,7 @@ class Egress(_message.Message):
     def __init__(self, policy: _Optional[_Union[EgressPolicy, str]] = ..., allow: _Optional[_Iterable[str]] = ..., presets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GangPlan(_message.Message):
-    __slots__ = ("attempt_id", "gang_id", "epoch", "rank", "size", "gpus_per_node", "launcher", "rendezvous_address", "rendezvous_port", "step", "peers", "probe_max_bytes", "probe_budget", "startup_timeout")
+    __slots__ = ("attempt_id", "gang_id", "epoch", "rank", "size", "gpus_per_node", "launcher", "rendezvous_address", "rendezvous_port", "step", "peers", "probe_max_bytes", "probe_budget", "startup_timeout", "probe")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     GANG_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -643,6 +643,7 @@ class GangPlan(_message.Message):
     PROBE_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROBE_BUDGET_FIELD_NUMBER: _ClassVar[int]
     STARTUP_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     gang_id: str
     epoch: int
@@ -657,7 +658,8 @@ class GangPlan(_message.Message):
     probe_max_bytes: int
     probe_budget: _duration_pb2.Duration
     startup_timeout: _duration_pb2.Duration
-    def __init__(self, attempt_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., size: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., launcher: _Optional[_Union[_common_pb2.Launcher, str]] = ..., rendezvous_address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., step: _Optional[_Union[GangStep, str]] = ..., peers: _Optional[_Iterable[_Union[GangPeer, _Mapping]]] = ..., probe_max_bytes: _Optional[int] = ..., probe_budget: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., startup_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    probe: bool
+    def __init__(self, attempt_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., size: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., launcher: _Optional[_Union[_common_pb2.Launcher, str]] = ..., rendezvous_address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., step: _Optional[_Union[GangStep, str]] = ..., peers: _Optional[_Iterable[_Union[GangPeer, _Mapping]]] = ..., probe_max_bytes: _Optional[int] = ..., probe_budget: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., startup_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probe: _Optional[bool] = ...) -> None: ...
 
 class GangPeer(_message.Message):
     __slots__ = ("rank", "address", "port", "probe_port")

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import stat
 import sys
 import threading
 import time
@@ -30,7 +32,7 @@ from .rtt import EchoServer, measure_rtt, open_listener
 
 # What tests and the bench import from `nodus.agent.probe` (run_probe looks measure_allreduce up here).
 __all__ = ["TARGET_S", "Budget", "EchoServer", "Peer", "Plan", "PlanError", "Report", "bus_factor", "classify_path",
-           "main", "measure_allreduce", "message_sizes", "parse_plan", "plain_allreduce_busbw", "run_probe"]
+           "main", "measure_allreduce", "message_sizes", "parse_plan", "plain_allreduce_busbw", "preload", "run_probe"]
 
 log = logging.getLogger("nodus.agent.probe")
 
@@ -81,11 +83,49 @@ def _watchdog(report: Report, budget: Budget) -> None:
     timer.start()
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="probe %(levelname)s %(message)s")
-    start = time.monotonic()
+def preload() -> None:
+    """Imports torch.distributed before the plan arrives: the agent starts the probe when it accepts a
+    member and hands it the plan once the gang has assembled, so the import (seconds on a busy host)
+    overlaps the assembly instead of delaying the gang's start. A torch that fails to import is
+    reported by the all-reduce, which imports it again."""
     try:
-        plan = parse_plan(json.loads(sys.stdin.read()))
+        import psutil  # noqa: F401  (the all-reduce finds the interface with it)
+        import torch.distributed  # noqa: F401
+    except Exception:  # noqa: BLE001 - reported later, with the plan's report
+        pass
+
+
+def read_request() -> tuple[str, int | None]:
+    """The plan, and the listening socket the agent reserved for this member's echo server when stdin is
+    the agent's Unix socket (it passes the socket with SCM_RIGHTS; `probe_process`); from a pipe, the
+    plan alone (its `listen_fd`, if any, names an inherited descriptor)."""
+    if not stat.S_ISSOCK(os.fstat(0).st_mode):
+        return sys.stdin.read(), None
+    channel = socket.socket(fileno=os.dup(0))
+    try:
+        data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 1)
+        chunks = [data]
+        while data and (chunk := channel.recv(1 << 16)):
+            chunks.append(chunk)
+    finally:
+        channel.close()
+    return b"".join(chunks).decode(), (fds[0] if fds else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="probe %(levelname)s %(message)s")
+    if "--preload" in (sys.argv[1:] if argv is None else argv):
+        preload()
+    try:
+        text, listen_fd = read_request()
+        start = time.monotonic()  # the budget counts from the plan, not from a preloaded process's start
+        if not text.strip():
+            print("probe: no plan was given (the agent went away)", file=sys.stderr)
+            return 2
+        raw = json.loads(text)
+        if listen_fd is not None and isinstance(raw, dict):
+            raw["listen_fd"] = listen_fd
+        plan = parse_plan(raw)
     except json.JSONDecodeError as e:
         print(f"probe: bad plan: plan: not JSON ({e})", file=sys.stderr)
         return 2

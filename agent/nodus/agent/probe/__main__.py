@@ -1,4 +1,4 @@
-"""`python -m nodus.agent.probe < plan.json` (the agent runs one per gang member, gang.py)."""
+"""`python -m nodus.agent.probe [--preload] < plan.json` (the agent runs one per gang member, gang.py)."""
 from __future__ import annotations
 
 import os

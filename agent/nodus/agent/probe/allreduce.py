@@ -22,7 +22,10 @@ WARMUP_ITERS = 2
 CALIBRATION_ITERS = 2   # timed to choose the iteration count; one alone is too noisy
 MIN_ITERS = 2
 MAX_ITERS = 10_000
-TARGET_S = 0.2      # timed window per size, shrunk when the budget cannot afford it
+TARGET_S = 0.2      # timed window of the largest size (the bandwidth the probe reports), shrunk when the budget cannot afford it
+STEP_TARGET_S = 0.02
+"""Timed window of every smaller size: the sweep's curve, not its headline. At 0.2 s for each of 22 sizes
+the sweep alone took 4.4 s of a gang's start (issue 17's 3 s target for a probed 2-node gang)."""
 DTYPE_BYTES = 4     # float32 elements
 
 
@@ -115,9 +118,11 @@ def _sweep(plan: Plan, report: Report, budget: Budget, torch: Any, dist: Any, sy
     sizes = message_sizes(plan.max_bytes)
     stop_at = budget.total * SIZES_END
     (elapsed,) = agree(budget.elapsed())
-    target = max(0.01, min(TARGET_S, 0.5 * (stop_at - elapsed) / len(sizes)))
+    # What the budget affords, spread over the sizes as the windows are: one large one, the rest small.
+    scale = min(1.0, 0.5 * (stop_at - elapsed) / (TARGET_S + STEP_TARGET_S * (len(sizes) - 1)))
     per_iter = 0.0   # of the previous size
     for nbytes in sizes:
+        target = max(0.005, scale * (TARGET_S if nbytes == sizes[-1] else STEP_TARGET_S))
         predicted = (WARMUP_ITERS + CALIBRATION_ITERS + MIN_ITERS) * 2 * per_iter + target + 0.05
         if elapsed + predicted > stop_at:
             if not report.sizes:

@@ -227,10 +227,24 @@ class Report:
         self.sizes: list[SizeResult] = []
         self.errors: list[str] = []
         self.backend = plan.backend if plan.backend != "auto" else "none"
-        self.phase = "start"
         self.path: NetworkPath = gang_path(plan)
         self._lock = threading.Lock()
         self._printed = False
+        self._phase = "start"
+        self._phase_since = time.monotonic()
+        self.phase_seconds: dict[str, float] = {}
+        """Seconds spent in each phase so far, in the order they came: where a slow probe's time went."""
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.phase_seconds[self._phase] = self.phase_seconds.get(self._phase, 0.0) + now - self._phase_since
+            self._phase, self._phase_since = name, now
 
     def set_rtt(self, rank: int, ms: float) -> None:
         with self._lock:
@@ -253,6 +267,8 @@ class Report:
             rtt = dict(self.rtt_ms)
             sizes = list(self.sizes)
             errors = list(self.errors)
+            phases = {**self.phase_seconds,
+                      self._phase: self.phase_seconds.get(self._phase, 0.0) + time.monotonic() - self._phase_since}
         worst = max(rtt, key=lambda r: rtt[r]) if rtt else None
         last = sizes[-1] if sizes else None
         return {
@@ -268,6 +284,7 @@ class Report:
             "backend": self.backend,
             "path": self.path,
             "error": "; ".join(errors),
+            "phase_seconds": {name: round(sec, 4) for name, sec in phases.items()},
         }
 
     def print_once(self, stream: Any) -> bool:
