@@ -278,8 +278,11 @@ class Checkpoints:
         if r.HasField("deadline"):
             timeout = max(0.0, r.deadline.ToNanoseconds() / 1e9 - self.clock.now())
         try:
-            await asyncio.wait_for(self.checkpoint(r.attempt_id, r.seq, r.reason), timeout)
-        except (CheckpointFailed, asyncio.TimeoutError) as e:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands as the
+            # checkpoint ends, and the agent's stop would then wait on it (nodus.coordinator.stopping).
+            async with asyncio.timeout(timeout):
+                await self.checkpoint(r.attempt_id, r.seq, r.reason)
+        except (CheckpointFailed, TimeoutError) as e:
             log.warning("attempt %s: checkpoint %d failed: %s", r.attempt_id, r.seq, e or "deadline passed")
 
 
@@ -299,10 +302,11 @@ class Checkpoints:
                     errors = []  # past the deadline the suspend stops without the checkpoint
                     break
                 try:
-                    await asyncio.wait_for(self.checkpoint(s.attempt_id, s.seq, why), left)
+                    async with asyncio.timeout(left):
+                        await self.checkpoint(s.attempt_id, s.seq, why)
                     errors = []
                     break
-                except (CheckpointFailed, asyncio.TimeoutError) as e:
+                except (CheckpointFailed, TimeoutError) as e:
                     errors.append(str(e) or "the checkpoint deadline passed")
                     log.warning("attempt %s: suspend checkpoint try %d failed: %s", s.attempt_id, n + 1, errors[-1])
                     if n + 1 < SUSPEND_TRIES:
