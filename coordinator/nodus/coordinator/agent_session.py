@@ -16,7 +16,7 @@ from .agent_wire import (cancel_message, fail_mutation, lease_message, on_node_o
                          report_of)
 from .clock import parse
 from .controllers import assignment, desired
-from .controllers import gang_plan
+from .controllers import gang_plan, workload_tokens
 from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report
 from .controllers.cache import Cache, attempt_key
 from .controllers.desired import ASSIGNED, CANCELLED, Said, Told
@@ -420,6 +420,8 @@ class Session:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project),
                                            self.service.image_registry, self._bucket_of(project, running))
             await git_access.fill(built, checkpoints.reader(self.service.objects), self.service.vault, job)
+            await workload_tokens.attach(built, attempt, job, self.service.identity, self.service.objects.store,
+                                         self.service.api)  # ADR 0055: spec.serviceAccountName's token
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),

@@ -37,6 +37,7 @@ from .controllers.attempts import phase_of
 from .controllers.cache import ATTEMPTS, NODES, Cache
 from .controllers.interruptions import Interruptions
 from .controllers.objects import Objects
+from .controllers.workload_tokens import ApiEndpoint
 from .enrol import Enrolments, Peer, peer_of
 from .errors import NodusError, new_request_id
 from .grpc_api import authorization, status_for
@@ -74,6 +75,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         """Node certificates (a TLS coordinator); None: the join token authenticates (--grpc-insecure)."""
         self.agent_port = 0
         """The mTLS port, told to enrolling nodes."""
+        self.api = ApiEndpoint()
+        """How attempts reach the REST API with their ServiceAccount's token (main sets it once bound)."""
         self.scope = NodeScope(self.cache, clock)
         """What a node's BlobService calls reach: its attempts' blobs and logs while they run (ADR 0045)."""
         self.cache.listen(ATTEMPTS, self._on_attempt)

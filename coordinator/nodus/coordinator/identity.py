@@ -130,6 +130,10 @@ class Identity:
         self._writes: set[asyncio.Task[None]] = set()
         self._follower: asyncio.Task[None] | None = None
 
+    def now(self) -> float:
+        """The clock tokens expire by (unix seconds)."""
+        return self._clock()
+
     # -- projects ---------------------------------------------------------------------------------
     async def ensure_project(self, name: str, display_name: str = "") -> dict[str, Any]:
         existing = await self.get_project(name)
@@ -164,8 +168,10 @@ class Identity:
                              fix=f"create it with `nodus project create {name}` or use an existing project")
 
     # -- tokens -----------------------------------------------------------------------------------
-    async def create_token(self, project: str, role: Role, subject: str = "", ttl_seconds: int = 0) -> tuple[str, dict[str, Any]]:
-        """Returns the token (shown once) and its stored record (without the secret)."""
+    async def create_token(self, project: str, role: Role, subject: str = "", ttl_seconds: int = 0,
+                           workload: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+        """Returns the token (shown once) and its stored record (without the secret). `workload` names the
+        attempt and ServiceAccount of a workload's token (ADR 0055), shown by `nodus token ls`."""
         if project != ALL_PROJECTS:
             await self.require_project(project)
         if role == Role.METRICS and project != ALL_PROJECTS:
@@ -182,6 +188,7 @@ class Identity:
             "createTime": _now(),
             "expireTime": _stamp(self._clock() + ttl_seconds) if ttl_seconds > 0 else "",
             "expireUnix": self._clock() + ttl_seconds if ttl_seconds > 0 else 0,
+            **({"workload": dict(workload)} if workload else {}),
         }
         await self._store.create(f"_identity/tokens/{token_id}", orjson.dumps(record))
         return f"nodus_{token_id}_{secret}", _public(record)
@@ -218,6 +225,25 @@ class Identity:
                     raise
         self._cache = {k: v for k, v in self._cache.items() if v[1].token_id != token_id}
         return _public(record)
+
+    async def extend_token(self, token_id: str, ttl_seconds: float) -> float | None:
+        """Moves an unrevoked token's expiry to `ttl_seconds` from now (a workload token renewed while its
+        attempt runs, ADR 0055); returns the new expiry (unix), or None when it is gone or revoked."""
+        while True:
+            rec = await self._store.get(f"_identity/tokens/{token_id}")
+            if rec is None:
+                return None
+            record = orjson.loads(rec.value)
+            if record.get("revokeTime"):
+                return None
+            until = self._clock() + ttl_seconds
+            record["expireUnix"], record["expireTime"] = until, _stamp(until)
+            try:
+                await self._store.update(rec.key, orjson.dumps(record), rec.revision)
+                return until
+            except NodusError as e:
+                if e.reason != "Conflict":
+                    raise
 
     async def get_token(self, token_id: str) -> dict[str, Any] | None:
         rec = await self._store.get(f"_identity/tokens/{token_id}")

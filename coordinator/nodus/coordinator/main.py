@@ -28,6 +28,7 @@ from nodus import config as daemon_config
 
 from . import gc_settings, grpc_api, replica_settings
 from .bootstrap import bootstrap
+from .controllers.workload_tokens import ApiEndpoint
 from .api import units
 from .blobs.open import add_flags as add_blob_flags, from_args as open_blob_store
 from .clock import OffsetClock, SystemClock
@@ -210,6 +211,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     endpoints = Endpoints(f"{_client_host(grpc_host)}:{grpc_server.port}",
                           f"https://{_client_host(http_host)}:{bound_http}")
     await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc, grpc_insecure)
+    # What an attempt with a ServiceAccount reaches the REST API by: the kubeconfig's server and CA (ADR 0055).
+    plane.agents.api = ApiEndpoint(endpoints.http, tls.ca.read_bytes() if tls.ca is not None else b"")
     write_private(data_dir / "endpoints.json", orjson.dumps({
         "grpc": endpoints.grpc, "http": endpoints.http, "grpcTls": not grpc_insecure,
         **({"agent": f"{_client_host(agent_host)}:{grpc_server.agent_port}"} if grpc_server.agent_port else {})}))

@@ -45,6 +45,7 @@ from .controllers.leader import LeaderSettings, Leadership
 from .controllers.objects import Objects
 from .controllers.placement import PlacementController
 from .controllers.sweep_controller import SweepController
+from .controllers.workload_tokens import WorkloadTokens
 from .money.ledger_store import Ledger
 from .stopping import cancel_and_wait
 
@@ -79,6 +80,7 @@ class ControlPlane:
         self.volume_commits = (VolumeCommits(self.cache, self.objects, VolumeService(service), blobs)
                                if blobs is not None else None)  # writable mounts into their Volumes' revisions
         self.sinks = SinkLoader(self.cache, self.objects, blobs, vault)  # outputs into customers' tables
+        self.workload_tokens = WorkloadTokens(self.cache, store, service.identity)  # ServiceAccount tokens (ADR 0055)
         self._identity = service.identity
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,7 +114,7 @@ class ControlPlane:
         runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
                 ("billing", self.billing.run), ("sweeps", self.sweeps.run), ("events", self.events.run),
                 ("gpu-warnings", self.gpu_warnings.run),
-                ("output-sinks", self.sinks.run)]
+                ("output-sinks", self.sinks.run), ("workload-tokens", self.workload_tokens.run)]
         if self.retention is not None:
             runs.append(("checkpoint-retention", self.retention.run))
         if self.gc is not None:

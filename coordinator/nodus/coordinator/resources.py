@@ -128,7 +128,7 @@ class ResourceService:
                  fleet: Fleet | None = None, sweeps: SweepSettings = SweepSettings()) -> None:
         self.store, self.identity, self.vault, self._now = store, identity, vault, now
         self._lookup = _Lookup(self)
-        self._strategies = strategies(vault, images, self._lookup, store, fleet)  # Jobs: digests, estimates
+        self._strategies = strategies(vault, images, self._lookup, store, fleet, identity)  # Jobs: digests, estimates
         self.bookmark_seconds, self._watch_cache = bookmark_seconds, EventCache()  # one decode per event
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""

@@ -22,9 +22,11 @@ from .api.admission import Lookup
 from .api.job_folding import effective_image
 from .api.references import not_found, secret_version
 from .clock import parse, rfc3339
+from .controllers import workload_tokens
 from .controllers.fleet import Fleet
 from .controllers.sweep import cell_labels
 from .controllers.views import topology
+from .identity import Identity
 from .images import ImageRefused, ImageResolver, RegistryCredentials, ResolvedImage, refusal, registry_of
 from .money import quote
 from .operator_registry import NameRefused, OperatorRegistry, split_name
@@ -106,6 +108,17 @@ class SecretStrategy(KindStrategy):
 
     async def on_delete(self, project: str, name: str) -> None:
         await self.vault.drop(project, name)
+
+
+class ServiceAccountStrategy(KindStrategy):
+    """Deleting a ServiceAccount revokes its live workload tokens at once (ADR 0055); the controller's
+    sweep would reach them within a resync, this makes it immediate on every replica's deletes."""
+
+    def __init__(self, identity: Identity, store: Store) -> None:
+        self.identity, self.store = identity, store
+
+    async def on_delete(self, project: str, name: str) -> None:
+        await workload_tokens.revoke_account(self.identity, self.store, project, name)
 
 
 class JobStrategy(KindStrategy):
@@ -310,11 +323,14 @@ async def _pin_source(obj: dict[str, Any], project: str, store: Store | None, re
 
 
 def strategies(vault: Vault, images: ImageResolver | None = None, lookup: Lookup | None = None,
-               store: Store | None = None, fleet: Fleet | None = None) -> dict[str, KindStrategy]:
+               store: Store | None = None, fleet: Fleet | None = None,
+               identity: Identity | None = None) -> dict[str, KindStrategy]:
     """The strategy of each kind that has its own (by kind name); every other kind takes the default.
     Without `images` (a resource service built without a resolver) a Job's images are admitted as
     written; without `store` and `fleet` it gets no estimate."""
     own: dict[str, KindStrategy] = {"Secret": SecretStrategy(vault)}
+    if identity is not None and store is not None:
+        own["ServiceAccount"] = ServiceAccountStrategy(identity, store)
     estimates = Estimates(store, fleet, vault.signer(quote.ETAG_PURPOSE)) \
         if store is not None and fleet is not None else None
     if lookup is not None and (images is not None or estimates is not None):

@@ -38,6 +38,7 @@ log = logging.getLogger("nodus.agent.runtime")
 # What a workload inherits from the agent's environment; everything else is the Assignment's.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "LD_LIBRARY_PATH")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TOKEN_MOUNT = "nodus.serviceaccount"  # the ServiceAccount token's SecretMount (ADR 0055, coordinator: workload_tokens)
 
 
 class Refused(Exception):
@@ -81,6 +82,10 @@ def attempt_env(a: agent_pb2.Assignment, layout: AttemptLayout, base: Mapping[st
     env.update(handshake_env(layout))  # the checkpoint handshake's request and answer files (recovery)
     if a.secrets:
         env["NODUS_SECRETS_DIR"] = str(layout.secrets)
+    token: Mapping[str, bytes] = next((m.data for m in a.secrets if m.name == TOKEN_MOUNT), {})
+    for key, var in (("token", "NODUS_TOKEN_FILE"), ("ca.crt", "NODUS_CA_FILE")):  # a container sees them at /nodus/
+        if key in token:
+            env[var] = str(layout.secrets / TOKEN_MOUNT / key)
     for vol in a.volumes:
         env[f"NODUS_VOLUME_{_env_name(vol.volume)}"] = str(layout.volumes / vol.volume)
     if a.gpu_indexes:

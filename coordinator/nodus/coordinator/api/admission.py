@@ -24,6 +24,7 @@ from .labels import labels_map, qualified_name_problem
 from .limits import BETA, AdmissionLimits
 from .schema import FIELD_VALIDATION, Any_, Bool, Decoding, KindSchema, List, Map, Node, Obj, Str, decode, get, join
 from .secret import SECRET
+from .serviceaccount import SERVICE_ACCOUNT
 from .sweep import SWEEP
 from .trainingjob import TRAINING_JOB
 from .trainingruntime import TRAINING_RUNTIME
@@ -47,7 +48,7 @@ class Admitted:
 
 
 _SCHEMAS: dict[str, KindSchema] = {s.kind: s for s in (JOB, SWEEP, TRAINING_JOB, TRAINING_RUNTIME, SECRET,
-                                                           VOLUME, CONNECTION, ATTEMPT)}
+                                                           VOLUME, CONNECTION, SERVICE_ACCOUNT, ATTEMPT)}
 
 
 def schema_for(info: KindInfo) -> KindSchema:

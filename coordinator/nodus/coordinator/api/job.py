@@ -346,7 +346,9 @@ JOB_SPEC = Obj(
             fields={"name": Str(description="Name is the Secret.", pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE),
                     "version": Int(description="Version pins a version; unset pins the latest at admission.",
                                    minimum=1)})),
-        "serviceAccountName": Str(description="ServiceAccountName is the identity the Job's workload runs as."),
+        "serviceAccountName": Str(description="ServiceAccountName is the project's ServiceAccount the workload runs as: "
+                                              "each attempt gets a short-lived token of it in $NODUS_TOKEN_FILE.",
+                                  pattern=DNS_LABEL, pattern_message=DNS_LABEL_MESSAGE, max_length=63),
         "sidecars": SIDECARS,
         "source": Obj(description="Source is the code for the container: exactly one of git and blob.",
                       one_of=(("git", "blob"),), fields={

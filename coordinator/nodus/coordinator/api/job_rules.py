@@ -89,12 +89,6 @@ def spec_rules(spec: dict[str, Any], limits: AdmissionLimits, at: str = "spec") 
     egress = get(spec, "network.egress") or {}
     if egress.get("allow") and egress.get("policy") != "AllowList":
         causes.append(errors.forbidden(f"{at}.network.egress.allow", "allowed only with policy AllowList"))
-    if spec.get("serviceAccountName"):
-        # Stored and ignored, the program would run without the identity it names (docs/adr/0050).
-        causes.append(errors.not_found(
-            f"{at}.serviceAccountName", spec["serviceAccountName"],
-            "no ServiceAccount kind exists in this release, so the workload could never get its token: remove "
-            f"{at}.serviceAccountName and pass a token through a Secret (spec.env[].valueFrom.secretKeyRef)"))
     causes += distributed_rules(spec, at, limits)
     causes += input_rules(spec, at)
     return causes

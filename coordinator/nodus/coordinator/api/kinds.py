@@ -225,6 +225,12 @@ KINDS: tuple[KindInfo, ...] = (
         _col("Secret", "spec.s3.secret", "Secret holds the keys.", priority=1),
         _col("Prefix", "spec.s3.prefix", "Prefix is where under the bucket Nodus writes.", priority=1),
     )),
+    # A ServiceAccount holds no credential: its tokens are minted per attempt and never stored in it.
+    KindInfo("ServiceAccount", "serviceaccounts", "serviceaccount", GROUP, "v1", ("sa",), ("nodus",), True, False, (
+        _col("Role", "spec.role", "Role is what the account's tokens may do in the project (viewer or editor)."),
+        _age(),
+        _col("Description", "spec.description", "Description says what the account is for.", priority=1),
+    )),
     KindInfo("Attempt", "attempts", "attempt", GROUP, "v1", ("att",), ("nodus",), True, True, (
         _col("Job", "spec.job", "Job is the owning Job."),
         _col("Index", "spec.index", "Index is the Job index.", type="integer"),

@@ -1,5 +1,6 @@
 """References from a spec to other objects, checked and pinned at admission: the Secrets it mounts or
-reads keys of, and the Volumes it takes as inputs or mounts (Job and Sweep specs share these rules)."""
+reads keys of, the Volumes it takes as inputs or mounts, and the ServiceAccount it runs as (Job and Sweep specs
+share these rules)."""
 from __future__ import annotations
 
 from typing import Any
@@ -139,12 +140,26 @@ async def resolve_volumes(spec: dict[str, Any], lookup: Any, project: str, at: s
     return out
 
 
+async def resolve_service_account(spec: dict[str, Any], lookup: Any, project: str, at: str = "spec") -> list[Cause]:
+    """The ServiceAccount a spec runs as exists in its project: without it no attempt could get the token
+    its program expects (ADR 0055). Checked once, at admission, as Kubernetes' ServiceAccount admission
+    does: deleting the account later revokes its tokens, and the attempts after that run without one."""
+    name = spec.get("serviceAccountName")
+    if not isinstance(name, str) or not name or await lookup.get("serviceaccounts", project, name) is not None:
+        return []
+    return [errors.not_found(
+        f"{at}.serviceAccountName", name,
+        f'no ServiceAccount "{name}" in project "{project}": create it first (kubectl apply -f a nodus.dev/v1 '
+        f"ServiceAccount named {name} with spec.role viewer or editor), or remove {at}.serviceAccountName")]
+
+
 async def resolve_references(body: dict[str, Any], lookup: Any, project: str) -> Resolution:
-    """A Job body's Secrets and Volumes, checked and pinned."""
+    """A Job body's Secrets, Volumes and ServiceAccount, checked; Secrets and Volumes pinned."""
     spec = body.get("spec")
     if not isinstance(spec, dict):
         return Resolution()
     out = await resolve_secrets(spec, lookup, project)
+    out.causes += await resolve_service_account(spec, lookup, project)
     volumes = await resolve_volumes(spec, lookup, project)
     out.causes += volumes.causes
     out.status.update(volumes.status)

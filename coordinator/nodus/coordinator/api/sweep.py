@@ -10,6 +10,7 @@ from typing import Any
 from .. import errors
 from ..errors import Cause
 from .job import GPU, JOB_SPEC, STATES, complete_spec, fold_gpu, fold_spec, resolve_secrets, spec_rules
+from .references import resolve_service_account
 from .job_status import CONDITIONS, COST, ESTIMATE
 from .kinds import sweep_cell_count
 from .labels import labels_map
@@ -157,7 +158,7 @@ async def _resolve(body: dict[str, Any], lookup: Any, project: str) -> Resolutio
     if not isinstance(template, dict):
         return Resolution()
     found = await resolve_secrets(template, lookup, project, "spec.template.spec")
-    return Resolution(found.causes)
+    return Resolution(found.causes + await resolve_service_account(template, lookup, project, "spec.template.spec"))
 
 
 SWEEP = KindSchema(

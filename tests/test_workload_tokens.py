@@ -1,0 +1,141 @@
+"""Workload tokens (ADR 0055): minted into an attempt's Assignment, renewed while it lives, revoked when it
+ends, when it is deleted, when its ServiceAccount is deleted or its role lowered. `decide` is pure; the
+controller runs here against a real SQLite store, the real Identity and the watch-fed cache, on a manual
+clock (nothing sleeps)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from nodus.agent.runtime import process as agent_process
+from nodus.coordinator.clock import ManualClock
+from nodus.coordinator.controllers import workload_tokens as wt
+from nodus.coordinator.controllers.cache import Cache, attempt_key, job_key
+from nodus.coordinator.controllers.job_controller import new_attempt
+from nodus.coordinator.controllers.objects import Objects
+from nodus.coordinator.errors import NodusError
+from nodus.coordinator.identity import Identity
+from nodus.coordinator.store import SqliteStore
+from nodus.v1 import agent_pb2
+
+TTL = 600.0
+
+
+def running(attempt_id: str = "att-1", phase: str = "Running") -> dict[str, Any]:
+    return {"spec": {"id": attempt_id}, "status": {"phase": phase}}
+
+
+def sa(uid: str = "u-sa", role: str = "editor") -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "spec": {"role": role}}
+
+
+ENTRY = {"tokenId": "t1", "attemptId": "att-1", "serviceAccount": "bot", "serviceAccountUID": "u-sa",
+         "role": "editor", "expireUnix": 1000.0 + TTL}
+
+
+@pytest.mark.parametrize(("attempt", "account", "now", "verdict", "why"), [
+    (running(), sa(), 1000.0, wt.Verdict.KEEP, ""),
+    (running(), sa(), 1000.0 + TTL / 2 + 1, wt.Verdict.RENEW, ""),
+    (running(phase="Pending"), sa(), 1000.0, wt.Verdict.KEEP, ""),
+    (running(phase="Succeeded"), sa(), 1000.0, wt.Verdict.REVOKE, "its attempt ended (Succeeded)"),
+    (running(phase="Failed"), sa(), 1000.0, wt.Verdict.REVOKE, "its attempt ended (Failed)"),
+    (running(phase="Lost"), sa(), 1000.0, wt.Verdict.REVOKE, "its attempt ended (Lost)"),
+    (running(phase="Cancelled"), sa(), 1000.0, wt.Verdict.REVOKE, "its attempt ended (Cancelled)"),
+    (None, sa(), 1000.0, wt.Verdict.REVOKE, "its attempt was deleted"),
+    (running("att-2"), sa(), 1000.0, wt.Verdict.REVOKE, "its attempt was deleted"),
+    (running(), None, 1000.0, wt.Verdict.REVOKE, 'ServiceAccount "bot" was deleted'),
+    (running(), sa(uid="u-new"), 1000.0, wt.Verdict.REVOKE, 'ServiceAccount "bot" was deleted'),
+    (running(), sa(role="viewer"), 1000.0, wt.Verdict.REVOKE, "the ServiceAccount's role was lowered to viewer"),
+])
+def test_decide(attempt: dict[str, Any] | None, account: dict[str, Any] | None, now: float, verdict: wt.Verdict,
+                why: str) -> None:
+    assert wt.decide(ENTRY, attempt, account, now, TTL) == wt.Decision(verdict, why)
+
+
+def test_the_agent_names_the_token_mount_as_the_coordinator_does() -> None:
+    assert agent_process.TOKEN_MOUNT == wt.TOKEN_MOUNT
+
+
+async def _scenario(path: Path) -> None:
+    clock = ManualClock(1_000_000.0)
+    store = await SqliteStore.open(path / "store.db")
+    identity = Identity(store, clock=clock.now)
+    await identity.ensure_project("default")
+    cache = Cache(store)
+    await cache.start()
+    objects = Objects(store, cache)
+    account = {"apiVersion": "nodus.dev/v1", "kind": "ServiceAccount",
+               "metadata": {"name": "bot", "namespace": "default", "uid": "u-sa"}, "spec": {"role": "editor"}}
+    await store.create(wt.account_key("default", "bot"), orjson.dumps(account))
+    job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default", "uid": "u1"},
+           "spec": {"command": ["true"], "serviceAccountName": "bot"}}
+    await objects.create(job_key("default", "j"), job)
+    attempts = [new_attempt(job, i, 1, clock.now()) for i in range(2)]
+    for a in attempts:
+        await objects.create(attempt_key("default", a["metadata"]["name"]), a)
+    api = wt.ApiEndpoint("https://127.0.0.1:1", b"-----BEGIN CERTIFICATE-----\n")
+    tokens = []
+    for a in attempts:
+        built = agent_pb2.Assignment(attempt_id=a["spec"]["id"])
+        await wt.attach(built, a, job, identity, store, api, ttl=TTL)
+        [mount] = [m for m in built.secrets if m.name == wt.TOKEN_MOUNT]
+        assert set(mount.data) == {"token", "namespace", "ca.crt"} and built.env[wt.API_SERVER_ENV] == api.url
+        tokens.append(mount.data["token"].decode())
+    callers = [await identity.authenticate(f"Bearer {t}") for t in tokens]
+    assert {(c.subject, c.project, c.role.name) for c in callers} == {("system:serviceaccount:default:bot", "default",
+                                                                         "EDITOR")}
+    controller = wt.WorkloadTokens(cache, store, identity, ttl=TTL)
+
+    # Past half its lifetime a live attempt's token is renewed: the same token outlives its first expiry.
+    clock.advance(TTL / 2 + 1)
+    await controller.reconcile("")
+    clock.advance(TTL / 2 + 1)
+    for t in tokens:
+        assert (await identity.authenticate(f"Bearer {t}")).subject.endswith(":bot")
+
+    # The first attempt ends: only its token is revoked.
+    first = attempt_key("default", attempts[0]["metadata"]["name"])
+    await objects.mutate(first, lambda o: {**o, "status": {**o["status"], "phase": "Succeeded"}})
+    queued = await asyncio.wait_for(controller.queue.get(), 30)  # the attempt's change queued it
+    assert queued == first
+    await controller.reconcile(queued)
+    controller.queue.done(queued)
+    with pytest.raises(NodusError) as e:
+        await identity.authenticate(f"Bearer {tokens[0]}")
+    assert e.value.reason == "Unauthorized" and "was revoked at" in e.value.message
+    assert (await identity.authenticate(f"Bearer {tokens[1]}")).role.name == "EDITOR"
+    assert len(await wt.entries(store)) == 1, "a revoked token leaves the live index"
+
+    # Deleting the account revokes the rest at once.
+    assert await wt.revoke_account(identity, store, "default", "bot") == 1
+    with pytest.raises(NodusError):
+        await identity.authenticate(f"Bearer {tokens[1]}")
+    assert await wt.entries(store) == []
+
+    # An attempt assigned after its account was deleted fails, naming the account.
+    await store.delete(wt.account_key("default", "bot"))
+    with pytest.raises(NodusError) as e:
+        await wt.attach(agent_pb2.Assignment(), attempts[1], job, identity, store, api)
+    assert 'ServiceAccount "bot"' in e.value.message and "create the ServiceAccount bot again" in (e.value.fix or "")
+    await cache.stop()
+    await store.close()
+
+
+def test_minted_renewed_and_revoked_against_a_real_store(tmp_path: Path) -> None:
+    asyncio.run(_scenario(tmp_path))
+
+
+def test_a_job_without_an_account_gets_no_token(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        built = agent_pb2.Assignment()
+        job = {"metadata": {"name": "j"}, "spec": {"command": ["true"]}}
+        await wt.attach(built, {"metadata": {"namespace": "default", "name": "a"}, "spec": {"id": "x"}}, job,
+                        Identity(store), store, wt.ApiEndpoint("https://x"))
+        assert not built.secrets and wt.API_SERVER_ENV not in built.env
+        await store.close()
+    asyncio.run(go())
