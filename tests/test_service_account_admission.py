@@ -113,7 +113,7 @@ def test_a_bad_role_is_refused_naming_the_field_and_the_fix(shared_coordinator: 
         assert 'use "editor"' in r.json()["message"], "the fix is named"
 
 
-def test_kubectl_creates_lists_and_deletes_accounts(shared_coordinator: Coordinator) -> None:
+def test_kubectl_and_nodus_create_list_and_delete_accounts(shared_coordinator: Coordinator) -> None:
     c = shared_coordinator
     manifest = {**account("kc-bot"), "spec": {"role": "editor", "description": "creates evaluation Jobs"}}
     out = c.run("kubectl", "create", "-f", "-", input=yaml.safe_dump(manifest)).stdout
@@ -124,5 +124,9 @@ def test_kubectl_creates_lists_and_deletes_accounts(shared_coordinator: Coordina
     wide = c.run("kubectl", "get", "sa", "kc-bot", "-o", "wide").stdout
     assert "creates evaluation Jobs" in wide, wide
     assert "kc-bot" in c.run("kubectl", "get", "serviceaccounts", "-o", "name").stdout
+    shown = c.run("nodus", "get", "serviceaccounts").stdout.splitlines()
+    assert shown[0].split()[:3] == ["NAME", "ROLE", "AGE"] and any(r.split()[:2] == ["kc-bot", "editor"]
+                                                                    for r in shown[1:]), shown
+    assert "kc-bot" in c.run("nodus", "get", "sa", "kc-bot", "-o", "yaml").stdout
     assert "deleted" in c.run("kubectl", "delete", "sa", "kc-bot").stdout
     assert c.session().get(c.url(f"{ACCOUNTS}/kc-bot")).status_code == 404
