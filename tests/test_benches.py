@@ -218,3 +218,14 @@ def test_guards_bench_reports_the_rate_limit_and_audit_costs_beside_their_anchor
                  rf"\(anchor\)$",
         "revocation": rf"^revocation on one Identity refused by another on the same store after ({NUM}) ms",
     })
+
+
+def test_workload_tokens_bench_reports_mint_revoke_and_resync_beside_their_anchors() -> None:
+    figures(run_tiny("workload_tokens"), {
+        "mint": rf"^\s+attach \(account read, token, index record\)\s+({NUM}) ms each",
+        "mint anchor": rf"^\s+anchor: identity.create_token\s+({NUM}) ms each",
+        "mint ratio": rf"^\s+ratio ({NUM})x the anchor before, ({NUM})x after$",
+        "an attempt ends": rf"^\s+an attempt ends: .*\s({NUM}) ms each",
+        "resync": rf"^\s+resync, every token due for renewal\s+({NUM}) ms each",
+        "resync anchor": rf"^\s+anchor: store.get of each live token record\s+({NUM}) ms each",
+    })

@@ -40,6 +40,7 @@ TOKEN_MOUNT = "nodus.serviceaccount"
 """The SecretMount carrying the token. A Secret's name is a DNS label, so no customer Secret can take it;
 the agent keeps the same name (nodus.agent.runtime.process.TOKEN_MOUNT) to set NODUS_TOKEN_FILE."""
 INDEX = "_identity/workload-tokens/"
+"""Live workload tokens, keyed `<project>/<attempt>/<token id>`: an ended attempt's are one prefix list."""
 TTL_SECONDS = 3600.0
 """A workload token's lifetime; renewed while its attempt lives once less than half of it is left, so a
 token outlives its attempt by at most this long if every revocation failed."""
@@ -120,7 +121,7 @@ async def attach(built: agent_pb2.Assignment, attempt: dict[str, Any], job: dict
              "attemptId": attempt["spec"]["id"], "serviceAccount": name,
              "serviceAccountUID": account["metadata"].get("uid"), "role": role.name.lower(),
              "expireUnix": identity.now() + int(ttl)}
-    await store.create(INDEX + record["id"], orjson.dumps(entry))
+    await store.create(f"{INDEX}{project}/{attempt['metadata']['name']}/{record['id']}", orjson.dumps(entry))
     data = {"token": token.encode(), "namespace": project.encode()}
     if api.ca_pem:
         data["ca.crt"] = api.ca_pem
@@ -129,9 +130,10 @@ async def attach(built: agent_pb2.Assignment, attempt: dict[str, Any], job: dict
         built.env[API_SERVER_ENV] = api.url
 
 
-async def entries(store: Store) -> list[tuple[str, int, dict[str, Any]]]:
-    """Every live workload token's index record: (key, revision, record)."""
-    found = await store.list(INDEX)
+async def entries(store: Store, under: str = "") -> list[tuple[str, int, dict[str, Any]]]:
+    """The live workload tokens' index records (key, revision, record): every one, or those `under` a
+    project ("P/") or an attempt ("P/ATTEMPT/")."""
+    found = await store.list(INDEX + under)
     return [(r.key, r.revision, dict(orjson.loads(r.value))) for r in found.records]
 
 
@@ -154,8 +156,8 @@ async def revoke(identity: Identity, store: Store, key: str, entry: dict[str, An
 async def revoke_account(identity: Identity, store: Store, project: str, name: str) -> int:
     """Revokes every live token of ServiceAccount `project/name` (it was deleted); returns how many."""
     n = 0
-    for key, _, entry in await entries(store):
-        if entry.get("project") == project and entry.get("serviceAccount") == name:
+    for key, _, entry in await entries(store, f"{project}/"):
+        if entry.get("serviceAccount") == name:
             await revoke(identity, store, key, entry, f'ServiceAccount "{name}" was deleted')
             n += 1
     return n
@@ -187,10 +189,9 @@ class WorkloadTokens:
     async def reconcile(self, key: str) -> None:
         """The tokens of the attempt at `key` ("": of every attempt), each decided and acted on."""
         accounts: dict[tuple[str, str], dict[str, Any] | None] = {}
-        for index_key, revision, entry in await entries(self.store):
+        under = key[len(ATTEMPTS):] + "/" if key else ""  # attempts/P/NAME -> P/NAME/
+        for index_key, revision, entry in await entries(self.store, under):
             attempt_at = attempt_key(str(entry.get("project")), str(entry.get("attempt")))
-            if key and attempt_at != key:
-                continue
             which = (str(entry.get("project")), str(entry.get("serviceAccount")))
             if which not in accounts:
                 accounts[which] = await read_account(self.store, *which)
