@@ -20,6 +20,7 @@ from nodus.coordinator.controllers.objects import Objects
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.identity import Identity
 from nodus.coordinator.store import SqliteStore
+from nodus.coordinator.strategies import ServiceAccountStrategy
 from nodus.v1 import agent_pb2
 
 TTL = 600.0
@@ -137,5 +138,32 @@ def test_a_job_without_an_account_gets_no_token(tmp_path: Path) -> None:
         await wt.attach(built, {"metadata": {"namespace": "default", "name": "a"}, "spec": {"id": "x"}}, job,
                         Identity(store), store, wt.ApiEndpoint("https://x"))
         assert not built.secrets and wt.API_SERVER_ENV not in built.env
+        await store.close()
+    asyncio.run(go())
+
+
+def test_lowering_an_accounts_role_revokes_its_tokens_at_once(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        identity = Identity(store)
+        await identity.ensure_project("default")
+        old = {"metadata": {"name": "bot", "namespace": "default", "uid": "u-sa", "generation": 1},
+               "spec": {"role": "editor"}}
+        await store.create(wt.account_key("default", "bot"), orjson.dumps(old))
+        job = {"metadata": {"name": "j"}, "spec": {"serviceAccountName": "bot"}}
+        built = agent_pb2.Assignment()
+        await wt.attach(built, {"metadata": {"namespace": "default", "name": "j-0-1"}, "spec": {"id": "x"}}, job,
+                        identity, store, wt.ApiEndpoint())
+        token = built.secrets[0].data["token"].decode()
+        strategy = ServiceAccountStrategy(identity, store)
+        described = {**old, "spec": {"role": "editor", "description": "now described"}}
+        await strategy.on_update("default", "bot", old, described, "")
+        assert (await identity.authenticate(f"Bearer {token}")).role.name == "EDITOR", "a description keeps it"
+        assert described["metadata"]["generation"] == 2
+        await strategy.on_update("default", "bot", old, {**old, "spec": {"role": "viewer"}}, "")
+        with pytest.raises(NodusError) as e:
+            await identity.authenticate(f"Bearer {token}")
+        assert "was revoked at" in e.value.message
+        assert await wt.entries(store) == []
         await store.close()
     asyncio.run(go())

@@ -111,11 +111,17 @@ class SecretStrategy(KindStrategy):
 
 
 class ServiceAccountStrategy(KindStrategy):
-    """Deleting a ServiceAccount revokes its live workload tokens at once (ADR 0055); the controller's
-    sweep would reach them within a resync, this makes it immediate on every replica's deletes."""
+    """Deleting a ServiceAccount, or lowering its role, revokes its live workload tokens at once (ADR 0055);
+    the controller's resync would reach them within a quarter of their lifetime, this makes it immediate."""
 
     def __init__(self, identity: Identity, store: Store) -> None:
         self.identity, self.store = identity, store
+
+    async def on_update(self, project: str, name: str, old: dict[str, Any], result: dict[str, Any],
+                        now: str) -> Values | None:
+        if workload_tokens.role_of(result) < workload_tokens.role_of(old):
+            await workload_tokens.revoke_account(self.identity, self.store, project, name, "its role was lowered")
+        return await super().on_update(project, name, old, result, now)
 
     async def on_delete(self, project: str, name: str) -> None:
         await workload_tokens.revoke_account(self.identity, self.store, project, name)

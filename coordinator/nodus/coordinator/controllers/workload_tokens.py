@@ -82,12 +82,17 @@ def decide(entry: dict[str, Any], attempt: dict[str, Any] | None, account: dict[
         return Decision(Verdict.REVOKE, f"its attempt ended ({phase.value})")
     if account is None or account["metadata"].get("uid") != entry.get("serviceAccountUID"):
         return Decision(Verdict.REVOKE, f'ServiceAccount "{entry.get("serviceAccount")}" was deleted')
-    role = Role.parse(str((account.get("spec") or {}).get("role") or "viewer"))
+    role = role_of(account)
     if role < Role.parse(str(entry.get("role") or "viewer")):
         return Decision(Verdict.REVOKE, f"the ServiceAccount's role was lowered to {role.name.lower()}")
     if float(entry.get("expireUnix") or 0) - now < ttl / 2:
         return Decision(Verdict.RENEW)
     return Decision(Verdict.KEEP)
+
+
+def role_of(account: dict[str, Any]) -> Role:
+    """The role a stored ServiceAccount grants (admission defaults it to viewer)."""
+    return Role.parse(str((account.get("spec") or {}).get("role") or "viewer"))
 
 
 def account_key(project: str, name: str) -> str:
@@ -113,7 +118,7 @@ async def attach(built: agent_pb2.Assignment, attempt: dict[str, Any], job: dict
         raise NodusError("NotFound", f'ServiceAccount "{name}" (spec.serviceAccountName) no longer exists in project '
                          f'"{project}"', name=name, kind="serviceaccounts",
                          fix=f"create the ServiceAccount {name} again; the Job's next attempt gets its token")
-    role = Role.parse(str((account.get("spec") or {}).get("role") or "viewer"))
+    role = role_of(account)
     token, record = await identity.create_token(
         project, role, subject(project, name), ttl_seconds=int(ttl),
         workload={"attempt": attempt["metadata"]["name"], "serviceAccount": name})
@@ -153,12 +158,13 @@ async def revoke(identity: Identity, store: Store, key: str, entry: dict[str, An
              entry.get("project"), entry.get("serviceAccount"), entry.get("attempt"), why)
 
 
-async def revoke_account(identity: Identity, store: Store, project: str, name: str) -> int:
-    """Revokes every live token of ServiceAccount `project/name` (it was deleted); returns how many."""
+async def revoke_account(identity: Identity, store: Store, project: str, name: str,
+                         why: str = "it was deleted") -> int:
+    """Revokes every live token of ServiceAccount `project/name`; returns how many."""
     n = 0
     for key, _, entry in await entries(store, f"{project}/"):
         if entry.get("serviceAccount") == name:
-            await revoke(identity, store, key, entry, f'ServiceAccount "{name}" was deleted')
+            await revoke(identity, store, key, entry, f'ServiceAccount "{name}": {why}')
             n += 1
     return n
 
@@ -213,4 +219,4 @@ class WorkloadTokens:
                     raise
 
 __all__ = ["API_SERVER_ENV", "ApiEndpoint", "Decision", "INDEX", "TOKEN_MOUNT", "TTL_SECONDS", "Verdict",
-           "WorkloadTokens", "attach", "decide", "revoke_account"]
+           "WorkloadTokens", "attach", "decide", "revoke_account", "role_of"]
