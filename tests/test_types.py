@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("nodus.agent", "nodus.coordinator", "nodus.checkpoint", "nodus.launchers", "nodus.cli", "nodus.client",
-            "nodus.config", "nodus.progress", "nodus.handshake", "nodus.hf")
+            "nodus.config", "nodus.progress", "nodus.handshake", "nodus.hf", "nodus.hostinstall")
 
 
 def mypy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,8 @@
                 [--region CLASS] [--offering ID] [--pool PROJECT/NAME]
                 [--labels k=v,…]
                 [--config FILE]
+    nodus-agent install --coordinator HOST:PORT --join-token-file FILE [...]   (install.py)
+    nodus-agent uninstall [--stop-attempts] [--purge]
 
 Every flag is also a config-file key and a NODUS_* environment variable (nodus.config). SIGTERM
 stops the agent and leaves every workload running; a restarted agent re-adopts them.
@@ -281,6 +283,11 @@ def egress_presets(value: object) -> dict[str, tuple[str, ...]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("install", "uninstall"):  # nodus-agent install|uninstall … (install.py)
+        from .install import main as install_main
+        install_main(argv[0], argv[1:])
+        return
     args = daemon_config.resolve(parser(), argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

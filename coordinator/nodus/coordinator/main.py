@@ -486,6 +486,10 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:2] in (["store", "copy"], ["vault", "rotate"], ["audit", "query"]):  # beside the daemon (ADR 0046)
         {"store": _store_copy, "vault": vault_rotate.main, "audit": audit_query.main}[argv[0]](argv[2:])
         return
+    if argv[:1] in (["install"], ["uninstall"]):  # the host set up or taken down (install.py, ADR 0056)
+        from .install import main as install_main
+        install_main(argv[0], argv[1:])
+        return
     args = daemon_config.resolve(parser(), argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
