@@ -12,6 +12,8 @@ Figures (see bench/README.md):
   3  watch delivery latency: W watch streams, creates at a steady rate, per (watcher, object)
      latency = ADDED event arrival - time the create's 201 arrived at the creator (CLOCK_MONOTONIC,
      which is system-wide, so the two processes' stamps compare)
+  4  TLS on gRPC (bench/api_tls.py): gRPC creates/s and calls/s with TLS, and agent calls/s with mTLS,
+     each beside plaintext (--grpc-insecure on loopback) in the same run; target: TLS costs <= 15 %
 
 With --store-url the coordinator keeps its store on PostgreSQL (`local`: a throwaway cluster with fsync
 on, made with initdb and pg_ctl as the tests make theirs) and anchor A is a bare psycopg loop on the
@@ -42,6 +44,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+import api_tls
 import record
 from api_procs import (BODY_TARGET, JOBS, Coordinator, CpuMeter, echo_server_main, psycopg_anchor, sqlite_anchor,
                        start_replicas, stop_process, watch_client_main)
@@ -393,6 +396,9 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
                        f"{'met' if p99 <= watch_target and w['missed'] == 0 else 'NOT met'} "
                        f"({p99:.0f} ms, {w['missed']} missed)")
     p("targets: " + "; ".join(verdict))
+    if results.get("tls"):
+        p("")
+        out.extend(api_tls.report_lines(results["tls"]))
     print("\n".join(out), flush=True)
 
 
@@ -408,9 +414,14 @@ def main() -> None:
                     help="keep the store on PostgreSQL: `local` starts a throwaway durable cluster, or a "
                          "postgresql://… URL of an empty database (the anchor's table goes there too)")
     ap.add_argument("--replicas", type=int, default=1, help="coordinators on the one store (needs --store-url)")
+    ap.add_argument("--tls-seconds", type=float, default=5, help="seconds per TLS-on-gRPC measurement (default 5; "
+                    "0 skips figure 4)")
+    ap.add_argument("--tls-rounds", type=int, default=3, help="alternating rounds of figure 4 (default 3)")
+    ap.add_argument("--tls-clients", type=int, default=8, help="concurrent callers of figure 4's calls (default 8)")
     record.add_flags(ap)
     args = record.shrink(ap.parse_args(), {"seconds": 1.0, "watchers": 4, "concurrency": 8, "watch_rate": 20.0,
-                                           "watch_seconds": 1.0})
+                                           "watch_seconds": 1.0, "tls_seconds": 0.3, "tls_rounds": 1,
+                                           "tls_clients": 2})
 
     def on_term(signum: int, frame: Any) -> None:
         signal.raise_signal(signal.SIGINT)  # handled like Ctrl-C (asyncio.run cancels its tasks cleanly)
@@ -443,6 +454,11 @@ def main() -> None:
             log(f"anchor A: bare SQLite insert loop, {args.seconds:.0f}s")
             results["anchor"] = sqlite_anchor(st.tmp / "anchor.db", args.seconds)
         asyncio.run(phases(args, st, results))
+        if args.tls_seconds > 0:
+            log(f"TLS on gRPC: {args.tls_rounds} rounds of {args.tls_seconds:g}s per figure")
+            env = _padding_env()
+            results["tls"] = api_tls.run(st.tmp / "tls-bench", lambda i: job_body(f"t-{i:07d}", env),
+                                         args.concurrency, args.tls_clients, args.tls_seconds, args.tls_rounds)
         for r in st.coordinators:
             if r.proc is not None and r.proc.poll() is not None:
                 log(f"coordinator {r.http} exited {r.proc.returncode} during the run")

@@ -42,6 +42,13 @@ def test_api_bench_reports_creates_gets_and_watch_latency_beside_their_anchors()
         "gets beside the echo": rf"^gets/s\s+({NUM})\s+bare 2 KB JSON echo \(same server\)\s+({NUM})/s",
         "watch p50 / p99": rf"^watch p50 / p99 \(\d+ watchers\)\s+({NUM}) ms / ({NUM}) ms\s*target p99",
         "watch events missed": rf"^watch events missed\s+({NUM})\s+target 0",
+        "gRPC creates with TLS beside plaintext": rf"^gRPC creates/s\s+({NUM}) \(TLS\)\s+creates plaintext\s+"
+                                                  rf"({NUM})/s\s+({NUM}) %\s+({NUM}), ({NUM}) vs ({NUM}), ({NUM})$",
+        "operator calls with TLS": rf"^gRPC calls/s \(operator\)\s+({NUM}) \(TLS\)\s+operator plaintext\s+({NUM})/s"
+                                   rf"\s+({NUM}) %",
+        "agent calls with mTLS": rf"^gRPC calls/s \(agent\)\s+({NUM}) \(mTLS\)\s+agent plaintext\s+({NUM})/s\s+({NUM}) %",
+        "the load beside them": rf"^TLS on gRPC: .*load average before ({NUM}) ({NUM}) ({NUM}), after",
+        "the TLS targets": r"^TLS targets: creates TLS costs <= 15 %: (?:met|NOT met).*agent mTLS costs <= 15 %",
     })
 
 
