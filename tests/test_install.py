@@ -115,6 +115,14 @@ def test_bad_input_is_refused_naming_the_flag_and_the_fix(coordinator: Coordinat
     assert (root / "etc/nodus/agent.yaml").read_text() == "coordinator: elsewhere:7070\n"
     bad_listen = run(BIN / "nodus-coordinator", "install", "--root", root, "--grpc-listen", "7070", check=False)
     assert bad_listen.returncode == 2 and "--grpc-listen: '7070' is not HOST:PORT" in bad_listen.stderr
+    from nodus.agent.enrolment import new_key
+    coordinator.enrol("taken-node", new_key())  # another host's key holds the name
+    taken = agent_install(tmp_path / "root2", "--coordinator", coordinator.grpc, "--join-token-file", token, *ca,
+                          "--node", "taken-node")
+    assert taken.returncode == 2 and "--node: the coordinator refused to enrol 'taken-node'" in taken.stderr
+    assert "nodus node readmit taken-node" in taken.stderr
+    settings = agent_install(root, "--upgrade", "--coordinator", "other:7070")
+    assert settings.returncode == 2 and "--coordinator: --upgrade keeps the installed configuration" in settings.stderr
     nothing = run(BIN / "nodus-agent", "uninstall", "--root", tmp_path / "empty", check=False)
     assert nothing.returncode == 2 and "no nodus-agent installed here" in nothing.stderr
 

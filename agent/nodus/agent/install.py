@@ -149,6 +149,13 @@ def enrol(address: str, token: str, ca: bytes | None, node: str, identity: Path)
 def install(argv: list[str], say: Callable[[str], None] = print) -> None:
     args = parser().parse_args(argv)
     layout = hi.Layout("agent", Path(args.root))
+    if args.upgrade:
+        for key in ("coordinator", "join_token_file", "coordinator_ca", "node", "offering", "region", "labels", "pool"):
+            if getattr(args, key) is not None:
+                flag = "--" + key.replace("_", "-")
+                raise hi.InstallError(flag, "--upgrade keeps the installed configuration and takes no settings",
+                                      f"edit {layout.config} (the agent reads it at the restart), then run "
+                                      f"--upgrade without {flag}")
     mode = hi.decide("agent", args.upgrade, layout.found(), layout.config)
     previous = hi.current_venv(layout)
     files: list[str] = []
