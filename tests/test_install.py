@@ -115,6 +115,9 @@ def test_bad_input_is_refused_naming_the_flag_and_the_fix(coordinator: Coordinat
     assert (root / "etc/nodus/agent.yaml").read_text() == "coordinator: elsewhere:7070\n"
     bad_listen = run(BIN / "nodus-coordinator", "install", "--root", root, "--grpc-listen", "7070", check=False)
     assert bad_listen.returncode == 2 and "--grpc-listen: '7070' is not HOST:PORT" in bad_listen.stderr
+    labels = agent_install(tmp_path / "root3", "--coordinator", coordinator.grpc, "--join-token-file", token, *ca,
+                           "--labels", "rack")
+    assert labels.returncode == 2 and "--labels: label 'rack' is not key=value" in labels.stderr
     from nodus.agent.enrolment import new_key
     coordinator.enrol("taken-node", new_key())  # another host's key holds the name
     taken = agent_install(tmp_path / "root2", "--coordinator", coordinator.grpc, "--join-token-file", token, *ca,
@@ -184,8 +187,12 @@ def installed(tmp_path: Path) -> Iterator[InstalledAgent]:
 
 
 def interpreter_of(pid: int) -> str:
-    """The venv a process runs from: its script's #! names the interpreter, which /proc shows as argv[0]."""
-    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    """The venv a process runs from: its script's #! names the interpreter, which /proc shows as argv[0] once
+    the process has exec'd the script (until then its cmdline is empty or the forking parent's)."""
+    def argv() -> list[str] | None:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        return words if len(words) > 1 and words[1].endswith("/bin/nodus-agent") else None
+    return str(wait_for(argv, 30, what=f"process {pid} to exec nodus-agent")[0])
 
 
 @pytest.mark.slow

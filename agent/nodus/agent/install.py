@@ -63,7 +63,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", help="what pip installs into the venv: a nodus wheel, checkout or requirement "
                    "(default: the checkout this runs from, else nodus==this version)")
     p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
-                   help="an argument for pip install, such as --find-links=DIR (repeatable)")
+                   help="an argument for pip install, written --pip-arg=--find-links=DIR (repeatable)")
 
 
 def uninstall_parser() -> argparse.ArgumentParser:
@@ -113,6 +113,20 @@ def _check_address(address: str | None) -> str:
         raise hi.InstallError("--coordinator", f"{address!r} is not HOST:PORT",
                               "give the coordinator's gRPC address, such as coordinator.internal:7070")
     return address
+
+
+def _check_placement(args: argparse.Namespace) -> None:
+    """--labels and --pool as the agent will read them from agent.yaml (it would refuse them at its start)."""
+    from .inventory import parse_labels
+
+    try:
+        parse_labels(args.labels)
+    except ValueError as e:
+        raise hi.InstallError("--labels", str(e), "write k=v,k2=v2, such as rack=r12,fabric=ib") from e
+    if args.pool is not None:
+        project, _, name = str(args.pool).partition("/")
+        if not project or not name or "/" in name:
+            raise hi.InstallError("--pool", f"{args.pool!r} is not PROJECT/NAME", "such as team-a/a100s")
 
 
 def enrol(address: str, token: str, ca: bytes | None, node: str, identity: Path) -> int:
@@ -166,6 +180,7 @@ def install(argv: list[str], say: Callable[[str], None] = print) -> None:
         ca = _read_ca(args.coordinator_ca)
         if not Path(args.work_dir).is_absolute():
             raise hi.InstallError("--work-dir", f"{args.work_dir!r} is not an absolute path", "such as /var/lib/nodus/agent")
+        _check_placement(args)
         node = args.node or socket.gethostname()
         work_dir = Path(args.work_dir)
         port = enrol(address, token, ca, node, layout.host(work_dir) / "identity")

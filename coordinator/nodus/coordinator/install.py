@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", help="what pip installs into the venv: a nodus wheel, checkout or requirement "
                    "(default: the checkout this runs from, else nodus==this version)")
     p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
-                   help="an argument for pip install, such as --find-links=DIR (repeatable)")
+                   help="an argument for pip install, written --pip-arg=--find-links=DIR (repeatable)")
     p.add_argument("--upgrade", action="store_true", help="replace the installed venv with --source's and restart "
                    "the coordinator (configuration and data are kept)")
     return p
