@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from conftest import Coordinator
 from e2e import create, ended, job_events, start_agent, wait_events
@@ -91,6 +92,44 @@ def test_the_recorder_writes_each_event_once_across_a_restart_and_drops_it_after
             assert left == ["Succeeded"]
             await again.reconcile(job_key("team", "train"))
             assert len((await store.list(PREFIX)).records) == 1  # an expired fact is not written again
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_of_many_attempts_costs_a_change_one_attempts_events(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Attempt change queues its whole Job; the recorder derives Events again only for the Attempts
+    that changed since their Events were written (a 500-index Job's change is not 500 Attempts' work), and
+    an Attempt's new fact at its new resourceVersion is still written."""
+    async def scenario() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db", synchronous="OFF")
+        clock = ManualClock(T0 + 100)
+        derived: list[str] = []
+        of_attempt = events.of_attempt
+
+        def counting(attempt: dict[str, Any]) -> list[events.Happened]:
+            derived.append(attempt["metadata"]["name"])
+            return of_attempt(attempt)
+
+        monkeypatch.setattr(events, "of_attempt", counting)
+        try:
+            cache = Cache(store)
+            cache.apply(job_key("team", "train"), _job(phase="Running"), 1)
+            for n in range(1, 51):
+                cache.apply(attempt_key("team", f"train-0-{n}"), _attempt(n, phase="Running",
+                            provisioningTime=rfc3339(T0), startTime=rfc3339(T0 + 1)), 1 + n)
+            recorder = EventRecorder(cache, store, clock, ttl=3600)
+            await recorder.reconcile(job_key("team", "train"))
+            assert len(derived) == 50
+            derived.clear()
+            cache.apply(attempt_key("team", "train-0-7"), _attempt(7, phase="Failed", reason="Error", exitCode=3,
+                        provisioningTime=rfc3339(T0), startTime=rfc3339(T0 + 1), finishTime=rfc3339(T0 + 2)), 60)
+            await recorder.reconcile(job_key("team", "train"))
+            assert derived == ["train-0-7"]
+            reasons = [orjson.loads(r.value)["reason"] for r in (await store.list(PREFIX)).records]
+            assert reasons.count("AttemptFailed") == 1 and reasons.count("Started") == 50
         finally:
             await store.close()
 

@@ -2,7 +2,9 @@
 
 Each change of a Job or an Attempt queues its Job; a worker writes the Events not written yet, each a
 create under its derived name, so a restart (which loads the names already stored) or a retry writes
-none twice. Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
+none twice. An Attempt whose every Event was written at its current resourceVersion is not looked at
+again until it changes: a Job of many indexes costs each change one Attempt's Events, not every
+Attempt's (bench/startup.py's indexes/s). Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from ..clock import Clock, parse
 from ..errors import NodusError
 from ..store.base import Store
 from . import events
-from .cache import ATTEMPTS, JOBS, Cache, owner_of
+from .cache import ATTEMPTS, JOBS, Cache, attempt_key, owner_of
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.events")
@@ -39,11 +41,15 @@ class EventRecorder:
         self.queue: WorkQueue[str] = WorkQueue()
         self._written: dict[str, float] = {}
         """The key of every stored Event and when it happened (its TTL counts from then)."""
+        self._done: dict[str, int] = {}
+        """Attempt key → the revision (resourceVersion) at which every Event it implies was written (or had expired)."""
         cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
         cache.listen(ATTEMPTS, self._on_attempt)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
+        if new is None:
+            self._done.pop(key, None)
         if obj is not None:
             project, job = owner_of(obj)
             self.queue.add(f"{JOBS}{project}/{job}")
@@ -73,18 +79,27 @@ class EventRecorder:
         if job is None:
             return
         project, name = key[len(JOBS):].split("/", 1)
-        happened = events.of_job(job)
+        await self._write(project, job, events.of_job(job))
         for attempt in sorted(self.cache.attempts_of(project, name), key=lambda a: a["metadata"]["name"]):
-            happened.extend(events.of_attempt(attempt))
+            akey = attempt_key(project, attempt["metadata"]["name"])
+            version = self.cache.revision(akey)
+            if version is not None and self._done.get(akey) == version:
+                continue
+            await self._write(project, job, events.of_attempt(attempt))
+            if version is not None:
+                self._done[akey] = version
+
+    async def _write(self, project: str, job: dict[str, Any], happened: list[events.Happened]) -> None:
         now = self.clock.now()
         for h in happened:
-            obj = events.event(job, h, str(uuid.uuid4()))
-            ekey = event_key(project, obj["metadata"]["name"])
+            ekey = event_key(project, events.event_name(job, h))
+            if ekey in self._written:
+                continue
             at = parse(h.time) or now
-            if ekey in self._written or at + self.ttl <= now:
+            if at + self.ttl <= now:
                 continue
             try:
-                await self.store.create(ekey, orjson.dumps(obj))
+                await self.store.create(ekey, orjson.dumps(events.event(job, h, str(uuid.uuid4()))))
             except NodusError as e:
                 if e.reason != "AlreadyExists":
                     raise

@@ -122,13 +122,19 @@ def _colon(message: Any) -> str:
     return f": {message}" if message else ""
 
 
-def event(job: Mapping[str, Any], happened: Happened, uid: str) -> dict[str, Any]:
-    """The core v1 Event about `job` for `happened`; its name is the Job's plus a digest of what it records."""
+def event_name(job: Mapping[str, Any], happened: Happened) -> str:
+    """The name of the Event about `job` for `happened`: the Job's plus a digest of what it records."""
     meta = _s(job, "metadata")
     digest = hashlib.sha256(f"{meta.get('uid')}/{happened.reason.value}/{happened.key}".encode()).hexdigest()[:16]
+    return f"{meta.get('name')}.{digest}"
+
+
+def event(job: Mapping[str, Any], happened: Happened, uid: str) -> dict[str, Any]:
+    """The core v1 Event about `job` for `happened`, named by `event_name`."""
+    meta = _s(job, "metadata")
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{meta.get('name')}.{digest}", "namespace": meta.get("namespace"), "uid": uid,
+        "metadata": {"name": event_name(job, happened), "namespace": meta.get("namespace"), "uid": uid,
                      "creationTimestamp": happened.time},
         "involvedObject": {"apiVersion": str(job.get("apiVersion") or "nodus.dev/v1"), "kind": "Job",
                            "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
