@@ -176,3 +176,32 @@ def test_process_runtime_refuses_images_and_sets_the_gpu_mask(tmp_path: Path) ->
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and "SECRET" not in env and env["PATH"] == "/bin"
     assert attempt_env(agent_pb2.Assignment(attempt_id="x"), lay, {}, host_gpus=8)["CUDA_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in attempt_env(agent_pb2.Assignment(attempt_id="x"), lay, {})
+
+
+def test_a_supervisors_poke_names_its_attempt_so_the_agent_looks_at_that_one() -> None:
+    """Each status write's datagram carries the attempt id: the agent's watch loop folds that attempt's
+    status at once without reading every other attempt's files (bench/startup.py's indexes/s)."""
+    import asyncio
+    import socket
+
+    from nodus.agent.notices import SupervisorNotices
+
+    async def main() -> None:
+        wake = asyncio.Event()
+        notices = SupervisorNotices(f"\0nodus-test-notices-{os.getpid()}-{random.getrandbits(32):x}", wake)
+        notices.open(0.5)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # as Supervisor._notify sends
+                for attempt_id in ("att-a", "att-b", "att-a"):
+                    s.sendto(attempt_id.encode(), notices.address)
+            await asyncio.wait_for(wake.wait(), 10)
+            await asyncio.sleep(0.05)  # the three datagrams read
+            assert notices.take() == {"att-a", "att-b"}
+            assert notices.take() == set()  # taken once
+            wake.clear()
+            notices.add("att-c")  # the agent's own "look at this one" (after a spawn)
+            assert wake.is_set() and notices.take() == {"att-c"}
+        finally:
+            notices.close()
+
+    asyncio.run(main())

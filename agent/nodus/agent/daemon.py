@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from typing import Any, Coroutine
 
 from nodus.v1 import agent_pb2, common_pb2
@@ -29,6 +30,7 @@ from .backoff import Backoff
 from .blobs import BlobClient
 from .clock import Clock, SystemClock
 from .decisions import Event, Forget, MarkAcked, LogShipped, MoveLease, Tick, decide, progress_due, shown_phase
+from .forgetting import Forgetting
 from .gang import Gangs
 from .inputs import InputError, Materializer
 from .inventory import default_address, disk_free, node_inventory
@@ -49,8 +51,6 @@ from .table import AttemptTable, Volatile, lock_work_dir
 
 log = logging.getLogger("nodus.agent")
 
-FORGET_BATCH_SECONDS = 0.01  # acknowledged ends within this are forgotten with one state.json write
-
 
 class Agent:
     def __init__(self, cfg: AgentConfig, nvml: Nvml | None = None, clock: Clock | None = None) -> None:
@@ -60,6 +60,8 @@ class Agent:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.nvml = nvml if nvml is not None else Nvml()
         self.wake = asyncio.Event()
+        self._look_all = False
+        """Set by `poke`: the next look is at every attempt."""
         self.notices = SupervisorNotices(notify_address(cfg.work_dir), self.wake)
         self.runtime = node_runtime(cfg, self.notices.address, len(self.nvml.handles), self.clock, self.nvml)
         self.table = AttemptTable(cfg.work_dir / "state.json", cfg.node, self.clock)
@@ -82,9 +84,7 @@ class Agent:
         self.shutting_down = False
         self._tasks: list[asyncio.Task[None]] = []
         self._work_dir_lock = -1
-        self._doomed: list[L.AttemptLayout] = []
-        """Directories of forgotten attempts, removed by the next sweep (or by `load` after a restart)."""
-        self._sweeper: asyncio.Task[None] | None = None
+        self.forgetting = Forgetting(self.table, self.runtime, self.checkpoints, self._spawn_task)
 
     # -- life --------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -120,8 +120,8 @@ class Agent:
         sdnotify.notify("STOPPING=1")
         self.shutting_down = True
         tasks = [*self._tasks, *(t for v in self.table.volatile.values() for t in (v.task, v.log_task) if t)]
-        if self._sweeper is not None:
-            tasks.append(self._sweeper)
+        if self.forgetting.sweeper is not None:
+            tasks.append(self.forgetting.sweeper)
         self.gangs.warm.close()
         for t in tasks:
             t.cancel()
@@ -131,9 +131,7 @@ class Agent:
                 log.warning("%d tasks did not stop in time: %s", len(stuck), ", ".join(t.get_name() for t in stuck))
         self.table.persist()
         await self.table.close()
-        for layout in self._doomed:
-            self._remove_dir(layout)
-        self._doomed = []
+        self.forgetting.remove_left()
         await self.link.close()
         await asyncio.to_thread(self.runtime.close)
         self.notices.close()
@@ -142,11 +140,21 @@ class Agent:
                  sum(1 for a in self.table if a.stage == Stage.SUPERVISED))
 
     async def _watch(self) -> None:
+        """Looks at the attempts whose supervisors poked as soon as they poke, and at every attempt
+        (and the lease) at least once per poll interval, or at once after `poke`."""
+        last_full = float("-inf")
         while not self.shutting_down:
             await wait_event(self.wake, self.cfg.poll_interval)
             self.wake.clear()
+            poked = self.notices.take()
+            now = time.monotonic()  # the loop's own cadence, as wait_event's timeout (not the agent's clock)
+            full = self._look_all or now - last_full >= self.cfg.poll_interval
             try:
-                self.tick()
+                if full:
+                    self._look_all, last_full = False, now
+                    self.tick()
+                else:
+                    self.tick(poked)
             except Exception:  # noqa: BLE001 - one bad attempt must not stop the watch
                 log.exception("watch tick failed")
 
@@ -156,7 +164,8 @@ class Agent:
             await asyncio.sleep(interval)
 
     def poke(self) -> None:
-        """Looks at the attempts now, not at the next poll."""
+        """Looks at every attempt now, not at the next poll."""
+        self._look_all = True
         self.wake.set()
 
     # -- what the link asks (link.Node) -------------------------------------------------------------
@@ -196,7 +205,7 @@ class Agent:
             if att.stage == Stage.ACCEPTED:
                 log.info("attempt %s had not started when the agent stopped; it starts afresh if assigned again",
                          att.id)
-                self._remove_dir(layout)
+                self.forgetting.remove_dir(layout)
                 continue
             self._adopt(att)
         known_dirs = {self.runtime.layout(a.id).root.name for a in self.table}
@@ -210,7 +219,7 @@ class Agent:
                 self._adopt(Attempt(spec["attempt_id"], stage=Stage.SUPERVISED, phase="INITIALIZING"))
             else:
                 self.runtime.kill_leftovers(layout)
-                self._remove_dir(layout)
+                self.forgetting.remove_dir(layout)
         self.table.persist()
 
     def _adopt(self, att: Attempt) -> None:
@@ -263,11 +272,11 @@ class Agent:
         layout = self.runtime.layout(att.id)
         try:
             if layout.root.exists():
-                await asyncio.to_thread(self._remove_dir, layout)
-            await asyncio.to_thread(self.runtime.prepare, a)
+                await asyncio.to_thread(self.forgetting.remove_dir, layout)
+            # the image first (oci; progress folds in tick): a pull that fails wastes no input download.
+            # One thread call for both: each hop waits for a thread to be scheduled on a busy host.
+            await asyncio.to_thread(self._prepare, a, layout)
             v.progress = ProgressTail(layout.progress)
-            # the image first (oci; progress folds in tick): a pull that fails wastes no input download
-            await asyncio.to_thread(self.runtime.pull, a, layout)
             att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             att.phase = "MATERIALIZING"
             self.report(att)
@@ -280,20 +289,20 @@ class Agent:
                 self._note_in_log(layout, f"restore failed: {e}")
                 self.finish(att, L.FAILED, Reason.RESTORE_FAILED, f"the checkpoint could not be restored: {e}")
                 return
-            await asyncio.to_thread(self.runtime.write_spec, a, layout)
             att.stage = Stage.SUPERVISED
             v.spawning = True
             self.table.persist()  # on disk before the spawn: a restart then finds the lock or knows nothing ran
-            await self.table.flush()
+            # the spec is written while state.json is fsynced: the spawn waits for both, not one after the other
+            await asyncio.gather(asyncio.to_thread(self.runtime.write_spec, a, layout), self.table.flush())
             try:
                 v.proc = (await asyncio.to_thread(self.runtime.spawn, a, layout)).proc
             finally:
                 v.spawning = False
                 # A supervisor forked from the zygote may have written its status (and poked us) while
                 # the spawn was still ours: look now, not at the next poll.
-                self.wake.set()
+                self.notices.add(att.id)
             v.assignment = None  # the supervisor holds the secrets now
-            v.log_task = self._spawn_task(self.shipping.ship_log(att, v.log_wake), f"log:{att.id}")
+            v.log_task = self._spawn_task(self.shipping.ship_log(att, v.log_wake, fresh=True), f"log:{att.id}")
             self.report(att)
         except asyncio.CancelledError:
             if self.shutting_down:
@@ -312,6 +321,10 @@ class Agent:
         finally:
             if att.stage != Stage.SUPERVISED:
                 v.assignment = None
+
+    def _prepare(self, a: agent_pb2.Assignment, layout: L.AttemptLayout) -> None:
+        self.runtime.prepare(a)
+        self.runtime.pull(a, layout)
 
     @staticmethod
     def _note_in_log(layout: L.AttemptLayout, text: str) -> None:
@@ -353,7 +366,8 @@ class Agent:
         if v is not None:
             if v.log_task is None and not att.log_done:
                 if self.runtime.layout(att.id).log.exists():
-                    v.log_task = self._spawn_task(self.shipping.ship_log(att, v.log_wake), f"log:{att.id}")
+                    v.log_task = self._spawn_task(self.shipping.ship_log(att, v.log_wake, fresh=True),
+                                                  f"log:{att.id}")
                 else:
                     att.log_done = True
             self._send_progress(att, v, force=True)
@@ -365,9 +379,12 @@ class Agent:
         att.log_done = True
         self.handle(LogShipped(att.id))
 
-    def tick(self) -> None:
-        """Folds every supervisor's status, forwards progress; then the decisions (lease, forgetting)."""
-        for att in self.table:
+    def tick(self, only: set[str] | None = None) -> None:
+        """Folds every supervisor's status, forwards progress; then the decisions (lease, forgetting).
+        With `only` (the attempts whose supervisors just poked), those attempts alone, no decisions:
+        a poke costs one attempt's reads, not every attempt's (bench/startup.py's indexes/s)."""
+        attempts = self.table if only is None else [a for i in only if (a := self.table.get(i)) is not None]
+        for att in attempts:
             v = self.table.volatile.get(att.id)
             if v is None:
                 continue
@@ -380,7 +397,8 @@ class Agent:
                 self._send_progress(att, v)
             if not att.log_done:
                 v.log_wake.set()
-        self.handle(Tick(self.clock.monotonic()))
+        if only is None:
+            self.handle(Tick(self.clock.monotonic()))
 
     # -- the decisions -----------------------------------------------------------------------------
     def handle(self, event: Event) -> None:
@@ -399,18 +417,14 @@ class Agent:
                 if att is not None:
                     att.acked = True
             elif isinstance(action, Forget):
-                self._forget(action.attempt_id)
+                self.forgetting.forget(action.attempt_id)
                 forgotten = True
             elif isinstance(action, MoveLease):
                 self.table.lease_deadline = action.deadline
                 if action.persist:
                     self.table.persist()
-        if forgotten and self._sweeper is None:
-            # Ends acknowledged together are forgotten together: one state.json write and one
-            # removal pass for all of them. Until then state.json may still list one whose directory
-            # is gone; a restart meanwhile re-reports its end (a no-op for the coordinator) and
-            # forgets it again, as after a crash between a removal and the write.
-            self._sweeper = self._spawn_task(self._sweep(), "forget")
+        if forgotten:
+            self.forgetting.sweep_soon()  # ends acknowledged together are forgotten together (forgetting.py)
 
     def _observe(self, att: Attempt, v: Volatile) -> None:
         layout = self.runtime.layout(att.id)
@@ -465,37 +479,3 @@ class Agent:
         if self.link.send(progress=msg) is not None:
             tail.changed = False
             v.progress_sent = now
-
-    def _forget(self, attempt_id: str) -> None:
-        v = self.table.forget(attempt_id)
-        self.checkpoints.forget(attempt_id)
-        if v and v.log_task:
-            v.log_task.cancel()
-        self._doomed.append(self.runtime.layout(attempt_id))
-
-    async def _sweep(self) -> None:
-        try:
-            await asyncio.sleep(FORGET_BATCH_SECONDS)
-        finally:
-            self._sweeper = None  # cancelled (shutdown): what is doomed stays for shutdown to remove
-        doomed, self._doomed = self._doomed, []
-        self.table.persist()
-        try:
-            await self.table.flush()  # the tombstones on disk before the directories go
-        except asyncio.CancelledError:
-            self._doomed.extend(doomed)  # for shutdown to remove, once it has flushed
-            raise
-        if doomed:
-            await asyncio.to_thread(self._remove_dirs, doomed)
-
-    def _remove_dirs(self, layouts: list[L.AttemptLayout]) -> None:
-        for layout in layouts:
-            self._remove_dir(layout)
-
-    def _remove_dir(self, layout: L.AttemptLayout) -> None:
-        if layout.root.exists():
-            try:
-                self.runtime.remove(layout)
-            except OSError as e:
-                log.warning("could not remove %s: %s", layout.root, e)
-

@@ -1,5 +1,6 @@
 """The datagram socket supervisors poke after every status write, so the agent looks at once
-instead of at the next poll."""
+instead of at the next poll. Each datagram names its attempt, so the agent looks at that attempt
+alone (the poll interval still looks at every one)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,12 +18,24 @@ def notify_address(work_dir: Path) -> str:
 
 
 class SupervisorNotices:
-    """Sets `wake` whenever a supervisor pokes; without the socket the agent polls only."""
+    """Sets `wake` whenever a supervisor pokes, and keeps the attempt ids the pokes named until
+    `take`; without the socket the agent polls only."""
 
     def __init__(self, address: str, wake: asyncio.Event) -> None:
         self.address = address
         self.wake = wake
         self._sock: socket.socket | None = None
+        self._poked: set[str] = set()
+
+    def add(self, attempt_id: str) -> None:
+        """As if the attempt's supervisor had poked."""
+        self._poked.add(attempt_id)
+        self.wake.set()
+
+    def take(self) -> set[str]:
+        """The attempts poked since the last take."""
+        poked, self._poked = self._poked, set()
+        return poked
 
     def open(self, poll_interval: float) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
@@ -39,11 +52,12 @@ class SupervisorNotices:
         assert self._sock is not None
         while True:
             try:
-                self._sock.recv(512)
+                data = self._sock.recv(512)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 break
+            self._poked.add(data.decode(errors="replace"))
         self.wake.set()
 
     def close(self) -> None:

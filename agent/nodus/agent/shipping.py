@@ -112,11 +112,14 @@ class Shipping:
         self.ends.finish(att, L.SUCCEEDED, str(fields.get("reason") or Reason.COMPLETED),
                          str(fields.get("message") or ""), finish_time=fields.get("finish_time") or self.clock.now())
 
-    async def ship_log(self, att: Attempt, wake: asyncio.Event) -> None:
+    async def ship_log(self, att: Attempt, wake: asyncio.Event, fresh: bool = False) -> None:
         """Streams logs/attempt.log with AppendLog by offset, resuming from the server's size; `wake` is
-        set when there may be more to read (the watch loop's tick, the attempt's end)."""
+        set when there may be more to read (the watch loop's tick, the attempt's end). `fresh`: the
+        attempt started in this agent process, so the server holds none of its log yet and the first
+        append is from 0 without asking (one RPC less per attempt; a server that does hold some answers
+        FAILED_PRECONDITION with its size, and shipping resumes from there)."""
         path = self.runtime.layout(att.id).log
-        offset: int | None = None
+        offset: int | None = 0 if fresh else None
         backoff = Backoff(base=0.2, cap=self.reconnect_max)
         while True:
             await self.stream.connected.wait()
