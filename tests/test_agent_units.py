@@ -205,3 +205,32 @@ def test_a_supervisors_poke_names_its_attempt_so_the_agent_looks_at_that_one() -
             notices.close()
 
     asyncio.run(main())
+
+
+def test_state_json_keeps_every_tombstone_as_ends_are_forgotten_and_read_back(tmp_path: Path) -> None:
+    """The tombstones are encoded once per change of them (not on every write of state.json), and each
+    forgotten end is in the file the next write makes: a restarted agent answers an assignment sent again
+    with its end instead of running it twice."""
+    from nodus.agent.clock import SystemClock
+    from nodus.agent.table import AttemptTable, Volatile
+
+    path = tmp_path / "state.json"
+    table = AttemptTable(path, "node-a", SystemClock())
+    for i in range(3):
+        table.add(Attempt(f"att-{i}", phase=L.SUCCEEDED, reason="Completed", exit_code=0), Volatile())
+    table.forget("att-0")
+    table.persist()  # outside an event loop: written at once
+    table.add(Attempt("att-9"), Volatile())
+    table.persist()  # a write with the tombstones unchanged
+    table.forget("att-1")
+    table.persist()
+    on_disk = read_json(path)
+    assert [i for i, _ in on_disk["finished"]] == ["att-0", "att-1"]
+    assert sorted(on_disk["attempts"]) == ["att-2", "att-9"]
+    again = AttemptTable(path, "node-a", SystemClock())
+    assert [a.id for a in again.read()] == ["att-2", "att-9"]
+    again.add(Attempt("att-2", phase=L.FAILED), Volatile())
+    again.forget("att-2")
+    again.persist()
+    assert [i for i, _ in read_json(path)["finished"]] == ["att-0", "att-1", "att-2"]
+    assert read_json(path)["finished"][0][1]["phase"] == L.SUCCEEDED

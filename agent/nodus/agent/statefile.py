@@ -24,6 +24,11 @@ def encode_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
+def _encoded(snapshot: Any) -> bytes:
+    """A snapshot as the file holds it: bytes as they are (a snapshot that encodes itself), else JSON."""
+    return snapshot if isinstance(snapshot, bytes) else encode_json(snapshot)
+
+
 def write_json(path: Path, value: Any, mode: int = 0o600, durable: bool = True) -> None:
     """Atomically replaces `path` with `value` as JSON."""
     write_bytes(path, encode_json(value), mode, durable)
@@ -153,7 +158,7 @@ class StateWriter:
         try:
             while self._written < self._changes or self._synced < self._durable_asked:
                 change, durable = self._changes, self._durable_asked > self._synced
-                data = encode_json(self._snapshot())
+                data = _encoded(self._snapshot())
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write:{self.path.name}")
                 await loop.run_in_executor(self._pool, write_bytes, self.path, data, self.mode, durable)
@@ -167,7 +172,7 @@ class StateWriter:
 
     def _write(self, durable: bool) -> None:
         change = self._changes
-        write_bytes(self.path, encode_json(self._snapshot()), self.mode, durable)
+        write_bytes(self.path, _encoded(self._snapshot()), self.mode, durable)
         self._done(change, durable)
 
     def _done(self, change: int, durable: bool) -> None:

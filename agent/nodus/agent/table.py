@@ -35,7 +35,7 @@ from .attempts import Attempt
 from .clock import Clock, deadline_of, wall_of
 from .decisions import AttemptFacts
 from .progress_tail import ProgressTail
-from .statefile import StateWriter, read_json
+from .statefile import StateWriter, encode_json, read_json
 
 log = logging.getLogger("nodus.agent")
 
@@ -69,6 +69,9 @@ class AttemptTable:
         self.volatile: dict[str, Volatile] = {}
         self.finished: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         """Tombstones: attempt id → how it ended, for attempts forgotten after their end was acked."""
+        self._finished_json: bytes | None = None
+        """`finished` as state.json holds it, encoded once per change of it: up to 512 tombstones are most of
+        the file, and it is written on every change of stage (bench/startup.py's CPU per index)."""
         self.lease_deadline: float | None = None
         """Monotonic; None until the first lease."""
         self.writer = StateWriter(path, self._state)
@@ -107,6 +110,7 @@ class AttemptTable:
                                  "finish_time": att.finish_time}
         while len(self.finished) > TOMBSTONES:
             self.finished.popitem(last=False)
+        self._finished_json = None
         return self.volatile.pop(attempt_id, None)
 
     # -- state.json --------------------------------------------------------------------------------
@@ -128,11 +132,13 @@ class AttemptTable:
         """Writes what is left and stops the writer's thread."""
         await self.writer.close()
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> bytes:
         lease = None if self.lease_deadline is None else wall_of(self.clock, self.lease_deadline)
-        return {"version": STATE_VERSION, "node": self.node,
-                "attempts": {i: a.persisted() for i, a in self.attempts.items()},
-                "finished": list(self.finished.items()), "lease_expires": lease}
+        if self._finished_json is None:
+            self._finished_json = encode_json(list(self.finished.items()))
+        rest = encode_json({"version": STATE_VERSION, "node": self.node,
+                            "attempts": {i: a.persisted() for i, a in self.attempts.items()}, "lease_expires": lease})
+        return b'{"finished":' + self._finished_json + b"," + rest[1:]
 
     def read(self) -> list[Attempt]:
         """What a previous agent process left: its tombstones and lease (taken), its attempts (returned,
@@ -140,6 +146,7 @@ class AttemptTable:
         state = read_json(self.path) or {}
         for attempt_id, end in state.get("finished") or []:
             self.finished[attempt_id] = end
+        self._finished_json = None
         expires = state.get("lease_expires")
         if expires:
             self.lease_deadline = deadline_of(self.clock, float(expires))

@@ -72,12 +72,13 @@ class Supervisor:
         return self.procs.cgroup
 
     # -- status ------------------------------------------------------------------------------------
-    def set(self, durable: bool = False, **changes: Any) -> None:
+    def set(self, durable: bool = False, notify: bool = True, **changes: Any) -> None:
         self.status.update(changes)
         self.status["process_groups"] = list(self.procs.process_groups)
         self.status["time"] = self.clock.now()
         write_json(self.layout.status, self.status, mode=0o644, durable=durable)
-        self._notify()
+        if notify:
+            self._notify()
 
     def _notify(self) -> None:
         if not self.notify_path:
@@ -135,7 +136,9 @@ class Supervisor:
         return str(self.spec.get("working_dir") or self.layout.root)
 
     def run(self) -> None:
-        self.set(phase=P.SPAWNED)
+        # Not poked: a live supervisor's SPAWNED is no news to the agent (attempts.observe), and its wake
+        # would take a CPU from this supervisor on its way to the main command.
+        self.set(phase=P.SPAWNED, notify=False)
         try:
             self._prepare()
             self._run()
