@@ -77,6 +77,12 @@ def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floo
         "RSS fresh": rf"^agent RSS \(idle, fresh\)\s+({NUM}) MB .*RSS ({NUM}) MB .*PSS ({NUM}) MB",
         "CPU after": rf"^agent CPU \(idle, after runs\)\s+({NUM}) % .*with zygote: ({NUM}) %",
         "where the time goes": rf"^  process\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})$",
+        "the indexes' phases": rf"^  the many-index Job's indexes \(medians, ms\): created → placed ({NUM}), placed → "
+                               rf"inputs ready ({NUM}), inputs ready → started ({NUM}), started → finished ({NUM}), "
+                               rf"end → next created ({NUM})$",
+        "CPU per index beside the rate it allows": rf"^  CPU per index \(ms\): agent ({NUM}), supervisors ({NUM}), "
+                                                  rf"coordinator ({NUM}); sum ({NUM}): .* at most ({NUM}) indexes/s",
+        "load average": rf"load average ({NUM}) at the start, ({NUM}) at the end",
     })
     if any(shutil.which(t) is None for t in ("runc", "skopeo", "umoci", "docker-registry")) or os.geteuid() != 0:
         assert re.search(r"^create→Running p50 \(image, warm cache\)\s+skipped", report, re.MULTILINE), report
