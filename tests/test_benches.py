@@ -99,14 +99,20 @@ def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floo
 
 def test_checkpoint_bench_reports_save_restore_and_freeze_pause_beside_the_shell_pipeline() -> None:
     report = run_tiny("checkpoint")
-    row = rf"\s+({NUM})\s+({NUM})\s+({NUM})\s+≥ 1\.0\s+({NUM})\s+({NUM})\s+({NUM})"
+    cols = rf"\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})-({NUM})\s+"
+    tail = rf"\s+({NUM})\s+({NUM})\s+({NUM})$"
     figures(report, {
-        "save beside tar|zstd": rf"^save{row}\s+tar -cf",
-        "restore beside zstd|tar": rf"^restore{row}\s+zstd -d",
-        "compression": rf"^compression ratio: nodus ({NUM}), anchor ({NUM})",
+        "mixed save beside tar|zstd": rf"^mixed {NUM} MiB\s+save{cols}≥ 1\.5\s+(?:met|MISSED){tail}",
+        "mixed restore beside zstd|tar": rf"^mixed {NUM} MiB\s+restore{cols}≥ 1\.5\s+(?:met|MISSED){tail}",
+        "text save": rf"^text {NUM} MiB\s+save{cols}≥ 1\.0\s+(?:met|MISSED){tail}",
+        "text restore": rf"^text {NUM} MiB\s+restore{cols}≥ 1\.0\s+(?:met|MISSED){tail}",
+        "random save": rf"^random {NUM} MiB\s+save{cols}-{tail}",
+        "random restore": rf"^random {NUM} MiB\s+restore{cols}-{tail}",
+        "archive sizes": rf"archive: nodus ({NUM}) MB, anchor ({NUM}) MB of ({NUM}) MB",
+        "the anchors": r"^save anchor: tar -cf - data \| zstd -T0 -3 -o A && sync A; restore anchor: zstd -d",
         "freeze pause beside cp -a": rf"^freeze pause: (?:({NUM})s .* vs )?(?:n/a, .*)?plain cp -a (?:of the state )?({NUM})s",
     })
-    assert "restored tree vs source: identical" in report
+    assert report.count("restored tree vs source: identical") == 3, report
 
 
 def test_gang_bench_reports_assembly_and_probe_beside_their_anchors() -> None:

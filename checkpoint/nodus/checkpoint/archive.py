@@ -1,4 +1,4 @@
-"""Writing a checkpoint archive: the saved paths as one tar stream, compressed by multithreaded zstd.
+"""Writing a checkpoint archive: the saved paths as one tar stream, cut into independent zstd frames.
 
 The stream goes straight to a sink (a store's upload), never to a local copy first. sha256 and the
 size are computed on the compressed bytes as they pass, and `max_size` is enforced there too, so an
@@ -16,17 +16,18 @@ import os
 import posixpath
 import stat
 import tarfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Iterable, Iterator, Protocol, cast
-
-import zstandard
+from typing import Iterable, Iterator, Protocol
 
 from .errors import ArchiveTooLarge, CheckpointError, SourceError, UnsafeArchive
+from .frames import FRAME, Encoder
 from .members import check_symlink
 from .pipeline import Drain, Prefetch
 
 DEFAULT_LEVEL = 3
-CHUNK = 4 << 20
+CHUNK = FRAME
 """Read and write granularity: large enough that per-call overhead (and the GIL's hand-offs between
 the stages) vanishes next to the copy, even on a loaded machine."""
 
@@ -209,7 +210,47 @@ def _header(e: Entry, owner: tuple[int, int] | None = None) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _chunks(e: Entry) -> Iterator[bytes]:
+class _Cutter:
+    """Fills FRAME-sized buffers with the tar stream: file contents are read straight into them
+    (one read per file or per buffer, no copy), headers copied in; zero padding is only skipped,
+    the buffers being zeroed when made."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(FRAME)
+        self.pos = 0
+        self.full: list[bytearray] = []
+
+    def room(self) -> memoryview:
+        return memoryview(self.buf)[self.pos:]
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+        if self.pos == FRAME:
+            self.full.append(self.buf)
+            self.buf = bytearray(FRAME)
+            self.pos = 0
+
+    def put(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            room = self.room()
+            n = min(len(view), len(room))
+            room[:n] = view[:n]
+            view = view[n:]
+            self.advance(n)
+
+    def skip(self, n: int) -> None:
+        while n:
+            k = min(n, FRAME - self.pos)
+            self.advance(k)
+            n -= k
+
+    def take(self) -> list[bytearray]:
+        full, self.full = self.full, []
+        return full
+
+
+def _read_into(e: Entry, cut: _Cutter) -> Iterator[bytearray]:
     """The file's first st_size bytes and the tar padding (growth is ignored, as tar does; shrinking
     is an error: the archive would be wrong)."""
     remaining = e.st.st_size
@@ -221,25 +262,32 @@ def _chunks(e: Entry) -> Iterator[bytes]:
         raise SourceError(f"{e.path}: {err.strerror}") from None
     try:
         while remaining:
-            data = os.read(fd, min(CHUNK, remaining))
-            if not data:
+            room = cut.room()
+            n = os.readv(fd, [room[:min(remaining, len(room))]])
+            room.release()
+            if not n:
                 raise SourceError(f"{e.path}: shrank while being saved ({remaining} bytes missing); "
                                   "pause the writer or checkpoint at a consistent point")
-            remaining -= len(data)
-            yield data
+            remaining -= n
+            cut.advance(n)
+            yield from cut.take()
     finally:
         os.close(fd)
-    pad = -e.st.st_size % tarfile.BLOCKSIZE
-    if pad:
-        yield bytes(pad)
+    cut.skip(-e.st.st_size % tarfile.BLOCKSIZE)
 
 
-def _tar(plan: Plan, owner: tuple[int, int] | None = None) -> Iterator[bytes]:
+def _pieces(plan: Plan, owner: tuple[int, int] | None = None) -> Iterator[bytes | bytearray | memoryview]:
+    """The tar stream in FRAME-sized pieces (the last one shorter), each to become one zstd frame."""
+    cut = _Cutter()
     for e in plan.entries:
-        yield _header(e, owner)
+        cut.put(_header(e, owner))
         if stat.S_ISREG(e.st.st_mode) and not e.hardlink_to:
-            yield from _chunks(e)
-    yield bytes(2 * tarfile.BLOCKSIZE)  # end of archive: two zero blocks
+            yield from _read_into(e, cut)
+        yield from cut.take()
+    cut.skip(2 * tarfile.BLOCKSIZE)  # end of archive: two zero blocks
+    yield from cut.take()
+    if cut.pos:
+        yield memoryview(cut.buf)[:cut.pos]
 
 
 def write(plan: Plan, sink: Sink, *, level: int = DEFAULT_LEVEL, max_size: int | None = None,
@@ -248,20 +296,31 @@ def write(plan: Plan, sink: Sink, *, level: int = DEFAULT_LEVEL, max_size: int |
     the paths, and the sink's own errors (the caller aborts the upload). `owner` (uid, gid) replaces
     every member's owner: an archive of the same tree is then the same bytes whoever made it.
 
-    Three stages: the tar stream is read ahead on a thread, zstd compresses on its workers, and the
-    compressed bytes are hashed and written to the sink on another thread."""
+    Three stages: the tar stream is read ahead on a thread in FRAME-sized pieces, `threads` workers
+    (default: one per CPU) encode each piece as a frame of its own (frames.Encoder: stored, level 1
+    or `level`, by a sample), and the frames are hashed and written to the sink, in order, on another
+    thread."""
     if not 1 <= level <= 22:
         raise CheckpointError(f"zstd level {level} is outside 1..22")
+    workers = threads if threads > 0 else (os.cpu_count() or 1)
     digest = _Digest(sink, max_size)
-    tar: Prefetch[bytes] = Prefetch(_tar(plan, owner), depth=4, name="checkpoint-read")
+    encoder = Encoder(level)
+    tar: Prefetch[bytes | bytearray | memoryview] = Prefetch(_pieces(plan, owner), depth=workers + 1,
+                                                             name="checkpoint-read")
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-zstd")
+    pending: deque[Future[bytes]] = deque()
     try:
-        cctx = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
-        out = cctx.stream_writer(cast(IO[bytes], digest), write_size=CHUNK, closefd=False)
-        while (data := tar.next()) is not None:
-            out.write(data)
-        out.flush(zstandard.FLUSH_FRAME)
+        while (piece := tar.next()) is not None:
+            pending.append(pool.submit(encoder.encode, piece))
+            if len(pending) > workers:
+                digest.write(pending.popleft().result())
+        while pending:
+            digest.write(pending.popleft().result())
         digest.stage.finish()
     finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
         tar.close()
         digest.stage.close()
     return ArchiveInfo(digest.size, digest.sha.hexdigest(), plan.files, plan.unpacked_size, plan.paths)

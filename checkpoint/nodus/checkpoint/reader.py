@@ -1,18 +1,21 @@
-"""Reading a tar.zst stream forward only: decompression on its own thread, members one by one.
+"""Reading a tar.zst stream forward only: decompression on threads of its own, members one by one.
 
 `tarfile` parses the headers (PAX, GNU long names) from a file object that only moves forward;
 member data is taken straight from the decompressed chunks, without copies, by whoever extracts.
-Decompression runs on a thread (zstd releases the GIL), so it overlaps with the writes of the files.
+Decompression runs on a thread (zstd releases the GIL), so it overlaps with the writes of the files;
+an archive in memory (a mapped file) is decoded frame by frame on several (frames.contents).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import tarfile
 from typing import IO, BinaryIO, Iterator, cast
 
 import zstandard
 
 from .errors import ArchiveTooLarge, CorruptArchive
+from .frames import contents
 from .pipeline import Prefetch
 
 CHUNK = 4 << 20
@@ -48,12 +51,20 @@ def _decompress(raw: BinaryIO | HashingReader) -> Iterator[bytes]:
 
 
 class Decompressed:
-    """A forward-only file object over the decompressed stream (read, tell, forward seek)."""
+    """A forward-only file object over the decompressed stream (read, tell, forward seek).
 
-    def __init__(self, raw: BinaryIO | HashingReader) -> None:
-        self._chunks: Prefetch[bytes] = Prefetch(_decompress(raw), depth=4, name="checkpoint-unzstd")
+    `Decompressed(stream)` decodes a stream on one thread; `Decompressed.of_buffer(buf)` decodes an
+    archive in memory (a mapped file) frame by frame on a thread per CPU (frames.contents)."""
+
+    def __init__(self, raw: BinaryIO | HashingReader | None = None, *, chunks: Iterator[bytes] | None = None) -> None:
+        source = chunks if chunks is not None else _decompress(cast(BinaryIO, raw))
+        self._chunks: Prefetch[bytes] = Prefetch(source, depth=4, name="checkpoint-unzstd")
         self._chunk = memoryview(b"")
         self._pos = 0
+
+    @classmethod
+    def of_buffer(cls, buf: memoryview, threads: int | None = None) -> "Decompressed":
+        return cls(chunks=contents(buf, threads or os.cpu_count() or 1))
 
     def _next_chunk(self) -> bool:
         data = self._chunks.next()
@@ -107,6 +118,7 @@ class Decompressed:
 
     def close(self) -> None:
         self._chunks.close()
+        self._chunk = memoryview(b"")
 
 
 def members(stream: Decompressed) -> Iterator[tarfile.TarInfo]:

@@ -2,20 +2,23 @@
 
 The order is what makes a restore safe:
 
-1. size and sha256 of the archive are checked against what the manifest committed, in a first pass
-   over the bytes, before anything is extracted (an oversize archive is refused before even that);
+1. the archive's size is checked against maxSize and against what the manifest committed, before
+   any byte is read;
 2. members are extracted into a staging directory inside the target, each one checked first
    (no absolute path, no `..`, no link that leaves the target, no device or fifo, nothing written
-   through a symlink, the unpacked total within bounds); any refusal removes the staging directory,
-   so the target is left as it was;
-3. only then is the staging tree moved into the target, entry by entry (renames on one filesystem),
-   replacing what the archive replaces, as `tar -C DIR -x` would.
+   through a symlink, the unpacked total within bounds), while the archive's sha256 is computed on
+   a thread of its own over the same mapped bytes (one pass, not two: ADR 0053); a refusal or a
+   digest other than the committed one removes the staging directory, so the target is left as
+   it was;
+3. only then, the digest matching, is the staging tree moved into the target, entry by entry
+   (renames on one filesystem), replacing what the archive replaces, as `tar -C DIR -x` would.
 
 Modes keep their permission bits (setuid, setgid and sticky are dropped); mtimes are restored to the
 second; ownership is not restored (the restoring process owns what it writes).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import mmap
@@ -24,8 +27,9 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 from .errors import ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace, UnsafeArchive
 from .members import check_hardlink, check_symlink, normalize_name, under_symlink
@@ -161,10 +165,52 @@ def _count(out: Summary, m: tarfile.TarInfo, name: str) -> None:
         out.unpacked_size += m.size
 
 
+def _check_size(path: str | os.PathLike[str], size: int | None, max_size: int | None) -> int:
+    """Refusals that need no byte of the archive: larger than max_size, not the committed size."""
+    actual = os.stat(path).st_size
+    if max_size is not None and actual > max_size:
+        raise ArchiveTooLarge(f"{os.fspath(path)} is {actual} bytes, larger than maxSize ({max_size} bytes); "
+                              "nothing was extracted")
+    if size is not None and actual != size:
+        raise DigestMismatch(f"{os.fspath(path)} is {actual} bytes but its manifest committed {size}; "
+                             "nothing was extracted")
+    return actual
+
+
+class _Hasher:
+    """sha256 of the mapped archive on a thread of its own, beside the extraction reading the same pages."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self.sha = hashlib.sha256()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(buf,), name="checkpoint-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self, buf: memoryview) -> None:
+        step = 16 * CHUNK
+        for start in range(0, len(buf), step):
+            if self._stop.is_set():
+                return
+            self.sha.update(buf[start:start + step])
+
+    def digest(self) -> str:
+        self._thread.join()
+        return self.sha.hexdigest()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha256: str | None = None,
             size: int | None = None, max_size: int | None = None, max_unpacked: int | None = None) -> Summary:
-    """Verify `path` (when sha256 or size is given), then extract it under `into` (created if needed)."""
-    digest = verify_digest(path, sha256=sha256, size=size, max_size=max_size)
+    """Extract `path` under `into` (created if needed), its sha256 (when given) checked in the same pass.
+
+    The archive is read once: mapped, hashed on one thread while its frames are decoded on others
+    and its members written into a staging directory inside the target. Only once the digest
+    matches does anything move from staging into the target; a mismatch, or any refusal, removes
+    the staging directory and leaves the target as it was."""
+    actual = _check_size(path, size, max_size)
     target = os.fspath(into)
     created = not os.path.lexists(target)
     try:
@@ -174,9 +220,19 @@ def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha25
         raise _os_error(e, target) from None
     done = False
     try:
-        with open(path, "rb") as f:
-            out, dirs = _extract(f, staging, max_unpacked)
-        out.size, out.sha256 = os.stat(path).st_size, digest
+        with open(path, "rb", buffering=0) as f, _mapped(f, actual) as buf:
+            hasher = _Hasher(buf)
+            try:
+                out, dirs = _extract(buf, staging, max_unpacked)
+            except (CorruptArchive, UnsafeArchive, ArchiveTooLarge) as e:
+                _compare(path, sha256, hasher.digest(), e)  # a damaged or foreign archive: say that first
+                raise
+            except BaseException:
+                hasher.stop()
+                raise
+            digest = hasher.digest()
+            _compare(path, sha256, digest, None)
+        out.size, out.sha256 = actual, digest
         _merge_all(staging, target)
         for name, mode, mtime in sorted(dirs, key=lambda d: d[0].count("/"), reverse=True):
             dest = os.path.join(target, name)
@@ -196,6 +252,30 @@ def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha25
                 pass
 
 
+def _compare(path: str | os.PathLike[str], sha256: str | None, digest: str, cause: Exception | None) -> None:
+    if sha256 is not None and digest != sha256.lower():
+        raise DigestMismatch(f"{os.fspath(path)} has sha256 {digest} but its manifest committed {sha256}; "
+                             "nothing was extracted") from cause
+
+
+@contextlib.contextmanager
+def _mapped(f: BinaryIO, size: int) -> Iterator[memoryview]:
+    """The file's bytes in memory, mapped (no copy out of the page cache)."""
+    if not size:
+        yield memoryview(b"")
+        return
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mm)
+    try:
+        yield view
+    finally:
+        try:
+            view.release()
+            mm.close()
+        except BufferError:
+            pass  # a slice still held by a decoder thread being torn down: the mapping goes with the last one
+
+
 def _os_error(e: OSError, target: str) -> CheckpointError:
     if e.errno == errno.ENOSPC:
         return NoSpace(f"no space left on device while restoring into {target}; the target was not changed "
@@ -211,8 +291,8 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _extract(source: BinaryIO, staging: str, max_unpacked: int | None) -> tuple[Summary, list[tuple[str, int, int]]]:
-    stream = Decompressed(source)
+def _extract(buf: memoryview, staging: str, max_unpacked: int | None) -> tuple[Summary, list[tuple[str, int, int]]]:
+    stream = Decompressed.of_buffer(buf)
     rules = _Rules(max_unpacked)
     out = Summary()
     dirs: list[tuple[str, int, int]] = []

@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 
 from . import archive
 from .errors import CheckpointError, DigestMismatch, NoSpace, SourceError
+from .filesink import FileSink
 from .manifest import Manifest
 from .restore import Summary, inspect, restore
 from .stores.base import Clock, utcnow
@@ -32,24 +33,12 @@ def read_sidecar(path: str | os.PathLike[str]) -> Manifest | None:
         return None
 
 
-class _FileSink:
-    def __init__(self, fd: int, path: str) -> None:
-        self.fd = fd
-        self.path = path
-
-    def write(self, data: bytes | memoryview, /) -> int:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
-        return len(data)
-
-
-def _atomic_write(path: str, fill: Callable[[_FileSink], object]) -> None:
+def _atomic_write(path: str, fill: Callable[[FileSink], object]) -> None:
     tmp = os.path.join(os.path.dirname(path) or ".", f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
-            fill(_FileSink(fd, path))
+            fill(FileSink(fd))
             os.fsync(fd)
         finally:
             os.close(fd)

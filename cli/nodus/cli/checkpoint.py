@@ -18,137 +18,12 @@ import tempfile
 import time
 from typing import Any
 
-from nodus.checkpoint import (ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, Manifest, NoSpace,
-                              NotFound, SourceError, StoreError, Store, UnsafeArchive, format_size, open_store,
-                              parse_size, restore_file, save_file, verify_file)
-
+from nodus.checkpoint import CheckpointError, format_size
 from nodus.checkpoint.restore import restore
 
+from .checkpoint_files import _cli_error, _store, add_file_verbs
 from .client import CliError, Client
 from .data import JOBS, download, filename_of, namespace_of, send
-
-FILE_SUFFIXES = (".tar.zst", ".tzst")
-DEFAULT_MAX_SIZE = "1Ti"
-
-_FIXES: list[tuple[type[CheckpointError], str]] = [
-    (ArchiveTooLarge, "raise --max-size, or save less"),
-    (DigestMismatch, "the archive is damaged or was replaced; restore an earlier one (nodus checkpoint ls STORE)"),
-    (UnsafeArchive, "this archive was not written by nodus checkpoint save; look inside with tar -tvf"),
-    (CorruptArchive, "the archive is damaged or truncated; restore an earlier one"),
-    (NoSpace, "free space on that filesystem (earlier checkpoints are intact)"),
-    (NotFound, "see what exists with: nodus checkpoint ls STORE"),
-    (StoreError, "check the location, credentials and endpoint (--endpoint-url, AWS_ENDPOINT_URL, AWS_* variables)"),
-    (SourceError, ""),
-]
-
-
-def _cli_error(e: CheckpointError) -> CliError:
-    fix = next((f for t, f in _FIXES if isinstance(e, t)), "")
-    return CliError(str(e), fix)
-
-
-def _is_file(location: str) -> bool:
-    return location.endswith(FILE_SUFFIXES) or os.path.isfile(location)
-
-
-def _store(location: str, args: argparse.Namespace) -> Store:
-    options: dict[str, Any] = {}
-    if location.startswith("s3://"):
-        if args.endpoint_url:
-            options["endpoint_url"] = args.endpoint_url
-    elif not location:
-        raise CliError("an empty location", "give FILE.tar.zst, DIR or s3://bucket/prefix")
-    try:
-        return open_store(location, **options)
-    except ValueError as e:
-        raise CliError(str(e), "use s3://BUCKET/PREFIX") from None
-
-
-def _size(text: str | None, flag: str) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(parse_size(text))
-    except ValueError as e:
-        raise CliError(f"{flag}: {e}") from None
-
-
-def _describe(m: Manifest) -> str:
-    return (f"{format_size(m.unpacked_size)} in {m.files} files → {format_size(m.size)} "
-            f"(zstd -{m.level}), sha256 {m.sha256}")
-
-
-def cmd_save(args: argparse.Namespace) -> int:
-    max_size = _size(args.max_size, "--max-size")
-    started = time.monotonic()
-    common: dict[str, Any] = dict(root=args.directory, level=args.level, max_size=max_size, attempt=args.attempt,
-                                  epoch=args.epoch)
-    try:
-        if not args.out.startswith("s3://") and _is_file(args.out) and not os.path.isdir(args.out):
-            m = save_file(args.paths, args.out, seq=args.seq or 0, **common)
-            where = args.out
-        else:
-            store = _store(args.out, args)
-            m = store.save(args.paths, seq=args.seq, **common)
-            where = f"{store.url} as checkpoint {m.seq}"
-    except CheckpointError as e:
-        raise _cli_error(e) from None
-    print(f"saved {', '.join(m.paths)} to {where}: {_describe(m)} in {time.monotonic() - started:.1f}s")
-    return 0
-
-
-def cmd_restore(args: argparse.Namespace) -> int:
-    max_size = _size(args.max_size, "--max-size")
-    started = time.monotonic()
-    try:
-        if not args.source.startswith("s3://") and os.path.isfile(args.source):
-            if args.seq is not None:
-                raise CliError("--seq applies to a store, not to one archive file")
-            manifest, summary = restore_file(args.source, args.into, max_size=max_size)
-            checked = "sha256 verified against its manifest" if manifest else \
-                "no manifest beside it: sha256 not compared (zstd's checksum still is)"
-            what = args.source
-        else:
-            if not args.source.startswith("s3://") and not os.path.isdir(args.source):
-                raise CliError(f"{args.source}: no such archive file or store directory",
-                               "give FILE.tar.zst, DIR or s3://bucket/prefix")
-            store = _store(args.source, args)
-            manifest, summary = store.restore(args.into, seq=args.seq, max_size=max_size)
-            checked = "sha256 verified"
-            what = f"checkpoint {manifest.seq} of {store.url}"
-    except CheckpointError as e:
-        raise _cli_error(e) from None
-    print(f"restored {what} into {args.into}: {summary.files} files, {summary.dirs} directories, "
-          f"{format_size(summary.unpacked_size)}; {checked}; {time.monotonic() - started:.1f}s")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    try:
-        if not args.source.startswith("s3://") and os.path.isfile(args.source):
-            manifest, summary = verify_file(args.source, sha256=args.sha256)
-            if args.sha256:
-                compared = "matches --sha256"
-            elif manifest:
-                compared = "matches its manifest"
-            else:
-                compared = "not compared: no manifest beside it (pass --sha256 to compare)"
-            what = args.source
-        else:
-            if not args.source.startswith("s3://") and not os.path.isdir(args.source):
-                raise CliError(f"{args.source}: no such archive file or store directory",
-                               "give FILE.tar.zst, DIR or s3://bucket/prefix")
-            store = _store(args.source, args)
-            manifest, summary = store.verify(args.seq)
-            compared = "matches its manifest"
-            what = f"checkpoint {manifest.seq} of {store.url}"
-    except CheckpointError as e:
-        raise _cli_error(e) from None
-    print(f"{what}: ok. sha256 {summary.sha256} ({compared}); {format_size(summary.size)} compressed, "
-          f"{summary.files} files, {summary.dirs} directories, {format_size(summary.unpacked_size)} unpacked; "
-          "every member safe to restore")
-    return 0
-
 
 def cmd_ls(args: argparse.Namespace) -> int:
     if args.job:
@@ -281,34 +156,7 @@ def add_parser(subparsers: Any) -> None:
     def s3_flag(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--endpoint-url", help="S3 endpoint (default $AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL)")
 
-    s = verbs.add_parser("save", help="snapshot PATHs into an archive file or a store")
-    s.add_argument("paths", nargs="+", metavar="PATH", help="files or directories (saved as tar would name them)")
-    s.add_argument("--out", required=True, metavar="FILE|DIR|s3://BUCKET/PREFIX",
-                   help="FILE ending in .tar.zst/.tzst, a store directory, or an S3 store")
-    s.add_argument("-C", "--directory", help="take relative PATHs from this directory, like tar -C")
-    s.add_argument("--level", type=int, default=3, help="zstd level 1..22 (default 3)")
-    s.add_argument("--max-size", default=DEFAULT_MAX_SIZE,
-                   help=f"refuse an archive larger than this, before the upload completes (default {DEFAULT_MAX_SIZE})")
-    s.add_argument("--seq", type=int, help="sequence number (default: one past the store's latest)")
-    s.add_argument("--attempt", default="", help="the attempt saving it, recorded in the manifest")
-    s.add_argument("--epoch", type=int, default=0, help="the gang epoch, recorded in the manifest")
-    s3_flag(s)
-    s.set_defaults(func=cmd_save, operator=True)
-
-    r = verbs.add_parser("restore", help="restore an archive file or a store's checkpoint under a directory")
-    r.add_argument("source", metavar="FILE|DIR|s3://BUCKET/PREFIX")
-    r.add_argument("--into", required=True, metavar="DIR", help="each saved path is recreated under DIR, as tar -C DIR")
-    r.add_argument("--seq", type=int, help="which checkpoint of a store (default: the latest committed)")
-    r.add_argument("--max-size", help="refuse an archive larger than this")
-    s3_flag(r)
-    r.set_defaults(func=cmd_restore, operator=True)
-
-    v = verbs.add_parser("verify", help="read an archive through: digest, checksum, every member's safety")
-    v.add_argument("source", metavar="FILE|DIR|s3://BUCKET/PREFIX")
-    v.add_argument("--seq", type=int, help="which checkpoint of a store (default: the latest committed)")
-    v.add_argument("--sha256", help="compare a FILE with this digest instead of its manifest")
-    s3_flag(v)
-    v.set_defaults(func=cmd_verify, operator=True)
+    add_file_verbs(verbs, s3_flag)
 
     ls = verbs.add_parser("ls", help="list a store's committed checkpoints, or a Job's (--job)")
     ls.add_argument("store", nargs="?", metavar="DIR|s3://BUCKET/PREFIX")

@@ -12,17 +12,9 @@ import orjson
 import requests
 import yaml
 
+from .errors import CliError as CliError  # re-exported: every verb imports it from here
+
 GROUP = "nodus.dev"
-
-
-class CliError(Exception):
-    """An error the CLI prints as one line plus the fix."""
-
-    def __init__(self, message: str, fix: str = "", request_id: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.fix = fix
-        self.request_id = request_id
 
 
 def default_kubeconfig() -> Path:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import BinaryIO
 
 from ..errors import AlreadyCommitted, NoSpace, NotFound, StoreError
+from ..filesink import FileSink
 from ..manifest import archive_key, manifest_key, seq_of_manifest_key
 from .base import Clock, Store, Upload, utcnow
 
@@ -44,17 +45,14 @@ class _LocalUpload(Upload):
             self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise _os_error(e, f"creating {self.tmp}") from None
+        self.sink: FileSink | None = FileSink(self.fd)
 
     def write(self, data: bytes | memoryview, /) -> int:
-        assert self.fd is not None
-        view = memoryview(data)
+        assert self.sink is not None
         try:
-            while view:
-                n = os.write(self.fd, view)
-                view = view[n:]
+            return self.sink.write(data)
         except OSError as e:
             raise _os_error(e, f"writing checkpoint {self.seq} to {self.store.root}") from None
-        return len(data)
 
     def commit(self, sha256: str) -> str:
         assert self.fd is not None
