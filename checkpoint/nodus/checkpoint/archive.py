@@ -19,12 +19,11 @@ import tarfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import Generator, Iterable, Iterator, Protocol
 
 from .errors import ArchiveTooLarge, CheckpointError, SourceError, UnsafeArchive
 from .frames import FRAME, Encoder
 from .members import check_symlink
-from .pipeline import Drain, Prefetch
 
 DEFAULT_LEVEL = 3
 CHUNK = FRAME
@@ -169,27 +168,24 @@ def scan(paths: Iterable[str | os.PathLike[str]], *, root: str | os.PathLike[str
 
 
 class _Digest:
-    """Counts compressed bytes as zstd emits them (stopping the save past max_size at once), and hashes
-    and hands them to the sink on a thread of their own."""
+    """Counts the compressed bytes (stopping the save past max_size at once), hashes them and hands
+    them to the sink, on the thread that runs the save: zstd's frames are made on the pool's threads
+    meanwhile, so one more thread would only add hand-offs."""
 
     def __init__(self, sink: Sink, max_size: int | None) -> None:
         self.sink = sink
         self.max_size = max_size
         self.size = 0
         self.sha = hashlib.sha256()
-        self.stage: Drain[bytes] = Drain(self._consume, depth=4, name="checkpoint-sink")
 
-    def _consume(self, data: bytes) -> None:
-        self.sha.update(data)
-        self.sink.write(data)
-
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes) -> int:
         n = len(data)
         self.size += n
         if self.max_size is not None and self.size > self.max_size:
             raise ArchiveTooLarge(f"the archive passed maxSize ({self.max_size} bytes) after {self.size} "
                                   "compressed bytes; nothing was committed (raise maxSize or save less)")
-        self.stage.put(data if isinstance(data, bytes) else bytes(data))
+        self.sha.update(data)
+        self.sink.write(data)
         return n
 
 
@@ -276,7 +272,7 @@ def _read_into(e: Entry, cut: _Cutter) -> Iterator[bytearray]:
     cut.skip(-e.st.st_size % tarfile.BLOCKSIZE)
 
 
-def _pieces(plan: Plan, owner: tuple[int, int] | None = None) -> Iterator[bytes | bytearray | memoryview]:
+def _pieces(plan: Plan, owner: tuple[int, int] | None = None) -> Generator[bytes | bytearray | memoryview, None, None]:
     """The tar stream in FRAME-sized pieces (the last one shorter), each to become one zstd frame."""
     cut = _Cutter()
     for e in plan.entries:
@@ -296,31 +292,27 @@ def write(plan: Plan, sink: Sink, *, level: int = DEFAULT_LEVEL, max_size: int |
     the paths, and the sink's own errors (the caller aborts the upload). `owner` (uid, gid) replaces
     every member's owner: an archive of the same tree is then the same bytes whoever made it.
 
-    Three stages: the tar stream is read ahead on a thread in FRAME-sized pieces, `threads` workers
-    (default: one per CPU) encode each piece as a frame of its own (frames.Encoder: stored, level 1
-    or `level`, by a sample), and the frames are hashed and written to the sink, in order, on another
-    thread."""
+    The calling thread reads the tar stream in FRAME-sized pieces and hands each to a pool of
+    `threads` workers (default: one per CPU), which encode it as frames of its own (frames.Encoder:
+    stored, level 1 or `level`, by samples); it hashes and writes the frames to the sink in order
+    while the workers encode the next pieces."""
     if not 1 <= level <= 22:
         raise CheckpointError(f"zstd level {level} is outside 1..22")
     workers = threads if threads > 0 else (os.cpu_count() or 1)
     digest = _Digest(sink, max_size)
     encoder = Encoder(level)
-    tar: Prefetch[bytes | bytearray | memoryview] = Prefetch(_pieces(plan, owner), depth=workers + 1,
-                                                             name="checkpoint-read")
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-zstd")
+    pieces = _pieces(plan, owner)
     pending: deque[Future[bytes]] = deque()
-    try:
-        while (piece := tar.next()) is not None:
-            pending.append(pool.submit(encoder.encode, piece))
-            if len(pending) > workers:
+    with ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-zstd") as pool:
+        try:
+            for piece in pieces:
+                pending.append(pool.submit(encoder.encode, piece))
+                if len(pending) > workers:
+                    digest.write(pending.popleft().result())
+            while pending:
                 digest.write(pending.popleft().result())
-        while pending:
-            digest.write(pending.popleft().result())
-        digest.stage.finish()
-    finally:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=True)
-        tar.close()
-        digest.stage.close()
+        finally:
+            for f in pending:
+                f.cancel()
+            pieces.close()
     return ArchiveInfo(digest.size, digest.sha.hexdigest(), plan.files, plan.unpacked_size, plan.paths)

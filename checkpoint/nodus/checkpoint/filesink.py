@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 
 WRITEBACK = 8 << 20
+WRITE = 1 << 20
+"""Bytes per write(2): measured here, writing 1 GiB into the page cache costs 0.3 CPU-s in 1 MiB or
+256 KiB writes and 1.3–2.9 CPU-s (3–6× the wall time) in 4 MiB ones."""
 
 
 class FileSink:
@@ -24,7 +27,7 @@ class FileSink:
     def write(self, data: bytes | memoryview, /) -> int:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view[:WRITE]):]
         self.written += len(data)
         if self.written - self._flushed >= WRITEBACK:
             _start_writeback(self.fd, self._flushed, self.written - self._flushed)

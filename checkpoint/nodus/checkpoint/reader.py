@@ -57,8 +57,11 @@ class Decompressed:
     archive in memory (a mapped file) frame by frame on a thread per CPU (frames.contents)."""
 
     def __init__(self, raw: BinaryIO | HashingReader | None = None, *, chunks: Iterator[bytes] | None = None) -> None:
-        source = chunks if chunks is not None else _decompress(cast(BinaryIO, raw))
-        self._chunks: Prefetch[bytes] = Prefetch(source, depth=4, name="checkpoint-unzstd")
+        self._chunks: Prefetch[bytes] | _Inline
+        if chunks is not None:
+            self._chunks = _Inline(chunks)  # decoded ahead by the pool already
+        else:
+            self._chunks = Prefetch(_decompress(cast(BinaryIO, raw)), depth=4, name="checkpoint-unzstd")
         self._chunk = memoryview(b"")
         self._pos = 0
 
@@ -119,6 +122,21 @@ class Decompressed:
     def close(self) -> None:
         self._chunks.close()
         self._chunk = memoryview(b"")
+
+
+class _Inline:
+    """An iterator taken on the caller's thread, with Prefetch's next/close."""
+
+    def __init__(self, source: Iterator[bytes]) -> None:
+        self._source = source
+
+    def next(self) -> bytes | None:
+        return next(self._source, None)
+
+    def close(self) -> None:
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
 
 
 def members(stream: Decompressed) -> Iterator[tarfile.TarInfo]:

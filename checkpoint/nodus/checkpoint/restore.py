@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
 from .errors import ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace, UnsafeArchive
+from .filesink import WRITE
 from .members import check_hardlink, check_symlink, normalize_name, under_symlink
 from .reader import CHUNK, Decompressed, HashingReader, members
 
@@ -348,7 +349,7 @@ def _write_file(stream: Decompressed, dest: str, size: int, mode: int, mtime: in
     try:
         remaining = size
         while remaining:
-            piece = stream.view(min(remaining, CHUNK))
+            piece = stream.view(min(remaining, WRITE))
             if not piece:
                 raise CorruptArchive(f"the archive ends inside {member!r} ({remaining} bytes missing)")
             while piece:

@@ -26,6 +26,7 @@ from typing import BinaryIO, Callable, Iterable
 
 from .. import archive
 from ..errors import AlreadyCommitted, ArchiveTooLarge, DigestMismatch, NotFound
+from ..filesink import WRITE
 from ..manifest import Manifest, manifest_key
 from ..restore import Summary, inspect, restore
 
@@ -109,7 +110,7 @@ class Store(ABC):
     def fetch(self, key: str, dest: str) -> None:
         """Copy the archive to a local file (stores with a faster way override this)."""
         with contextlib.closing(self.open_archive(key)) as src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out, archive.CHUNK)
+            shutil.copyfileobj(src, out, WRITE)
 
     # -- checkpoints, the same for every store ----------------------------------------------------
 
