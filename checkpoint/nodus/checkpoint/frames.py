@@ -211,14 +211,13 @@ def _streamed(buf: memoryview) -> Iterator[bytes]:
         raise CorruptArchive(f"not a valid zstd stream: {e}") from None
 
 
-def contents(buf: memoryview, threads: int) -> Iterator[bytes]:
-    """The decompressed stream, frame by frame in order, frames decoded on `threads` threads ahead of
-    the consumer (each frame's checksum, when it has one, is checked by zstd)."""
+def contents(buf: memoryview, threads: int) -> Iterator[bytes | memoryview]:
+    """The decompressed stream, frame by frame in order: compressed frames decoded on `threads` threads
+    ahead of the consumer (each frame's checksum, when it has one, checked by zstd), stored frames
+    handed on as views of `buf`, block by block, without a copy."""
     local = threading.local()
 
     def one(frame: Frame) -> bytes:
-        if frame.stored is not None:
-            return b"".join([buf[o:o + n] for o, n in frame.stored])
         dctx = getattr(local, "dctx", None)
         if dctx is None:
             dctx = local.dctx = zstandard.ZstdDecompressor()
@@ -227,7 +226,13 @@ def contents(buf: memoryview, threads: int) -> Iterator[bytes]:
         except zstandard.ZstdError as e:
             raise CorruptArchive(f"not a valid zstd stream: {e}") from None
 
-    pending: deque[Future[bytes]] = deque()
+    def ready(item: Future[bytes] | list[memoryview]) -> Iterator[bytes | memoryview]:
+        if isinstance(item, list):
+            yield from item
+        else:
+            yield item.result()
+
+    pending: deque[Future[bytes] | list[memoryview]] = deque()
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="checkpoint-unzstd") as pool:
         try:
             frames = walk(buf)
@@ -237,22 +242,26 @@ def contents(buf: memoryview, threads: int) -> Iterator[bytes]:
                     frame = next(frames, None)
                 except CorruptArchive:
                     while pending:
-                        yield pending.popleft().result()
+                        yield from ready(pending.popleft())
                     yield from _streamed(buf[done:])  # zstd itself says what is wrong, after what decodes
                     return
                 if frame is None:
                     break
                 done = frame.end
-                if frame.stored is None and (frame.content_size is None or frame.content_size > MAX_PARALLEL_FRAME):
+                if frame.stored is not None:
+                    pending.append([buf[o:o + n] for o, n in frame.stored])
+                elif frame.content_size is None or frame.content_size > MAX_PARALLEL_FRAME:
                     while pending:
-                        yield pending.popleft().result()
+                        yield from ready(pending.popleft())
                     yield from _streamed(buf[frame.start:frame.end])
                     continue
-                pending.append(pool.submit(one, frame))
-                if len(pending) > 2 * threads:
-                    yield pending.popleft().result()
+                else:
+                    pending.append(pool.submit(one, frame))
+                while len(pending) > 2 * threads:
+                    yield from ready(pending.popleft())
             while pending:
-                yield pending.popleft().result()
+                yield from ready(pending.popleft())
         finally:
             for f in pending:
-                f.cancel()
+                if not isinstance(f, list):
+                    f.cancel()

@@ -56,7 +56,8 @@ class Decompressed:
     `Decompressed(stream)` decodes a stream on one thread; `Decompressed.of_buffer(buf)` decodes an
     archive in memory (a mapped file) frame by frame on a thread per CPU (frames.contents)."""
 
-    def __init__(self, raw: BinaryIO | HashingReader | None = None, *, chunks: Iterator[bytes] | None = None) -> None:
+    def __init__(self, raw: BinaryIO | HashingReader | None = None, *,
+                 chunks: Iterator[bytes | memoryview] | None = None) -> None:
         self._chunks: Prefetch[bytes] | _Inline
         if chunks is not None:
             self._chunks = _Inline(chunks)  # decoded ahead by the pool already
@@ -127,10 +128,10 @@ class Decompressed:
 class _Inline:
     """An iterator taken on the caller's thread, with Prefetch's next/close."""
 
-    def __init__(self, source: Iterator[bytes]) -> None:
+    def __init__(self, source: Iterator[bytes | memoryview]) -> None:
         self._source = source
 
-    def next(self) -> bytes | None:
+    def next(self) -> bytes | memoryview | None:
         return next(self._source, None)
 
     def close(self) -> None:
