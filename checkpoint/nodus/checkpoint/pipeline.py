@@ -1,16 +1,16 @@
-"""Two small thread stages, so that reading, compressing and hashing/writing overlap.
+"""A thread stage that reads ahead: a stream-decoded archive (`verify`, a store's stream) is
+decompressed on its own thread while the caller parses it.
 
-zstd, sha256, file reads and writes all release the GIL, so a save runs as three stages (files read
-ahead on one thread, compressed by zstd's workers, hashed and handed to the store on another) and a
-restore decompresses on a thread while the caller writes files. Queues are bounded: memory stays at
-a few chunks whatever the size. An error in a stage is raised in the caller's thread, at its next
-call; `close` stops a stage early without leaving a thread blocked.
+zstd releases the GIL, so the two overlap. The queue is bounded: memory stays at a few chunks
+whatever the size. An error in the stage is raised in the caller's thread, at its next call;
+`close` stops the stage early without leaving a thread blocked. (Saves and restores from a file
+encode and decode frames on a pool instead: frames.py, ADR 0053.)
 """
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 _END = object()
@@ -59,52 +59,6 @@ class Prefetch(Generic[T]):
         """Stop reading ahead; returns once the thread is gone (it never outlives its caller)."""
         self._stop.set()
         _drain(self._queue)
-        self._thread.join()
-
-
-class Drain(Generic[T]):
-    """Hands items to `consume` on its own thread; `finish` waits for the last one."""
-
-    def __init__(self, consume: Callable[[T], object], depth: int, name: str) -> None:
-        self._consume = consume
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _END or self._stop.is_set():
-                return
-            try:
-                self._consume(item)  # type: ignore[arg-type]
-            except BaseException as e:
-                self._error = e
-                self._stop.set()
-                _drain(self._queue)
-                return
-
-    def put(self, item: T) -> None:
-        if self._error is not None:
-            raise self._error
-        if not _put(self._queue, item, self._stop) and self._error is not None:
-            raise self._error
-
-    def finish(self) -> None:
-        """Wait until every item is consumed; raises the consumer's error, if any."""
-        _put(self._queue, _END, self._stop)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        """Drop what is queued; returns once the consumer has left its current item, so the caller
-        may abort what it was writing to without racing it."""
-        self._stop.set()
-        _drain(self._queue)
-        _put(self._queue, _END, threading.Event())
         self._thread.join()
 
 
