@@ -163,6 +163,23 @@ class Cluster:
         stop_all([*self.agents, self.coordinator], [self.root / f"agent-{i}" for i in range(self.agent_count)])
 
 
+def wait_warm_probes_idle(timeout: float = 120.0) -> int:
+    """Waits until every agent's waiting probe (`nodus.agent.probe --preload`) has finished importing: no
+    such process used CPU over the last 0.3 s. Returns how many there are."""
+    deadline = time.monotonic() + timeout
+    while True:
+        probes = [p for p in psutil.process_iter(["cmdline"])
+                  if "nodus.agent.probe" in (p.info["cmdline"] or []) and "--preload" in (p.info["cmdline"] or [])]
+        try:
+            before = [sum(p.cpu_times()[:2]) for p in probes]
+            time.sleep(0.3)
+            busy = [sum(p.cpu_times()[:2]) - b > 0.005 for p, b in zip(probes, before)]
+        except psutil.Error:
+            continue  # one ended meanwhile (taken and run): look again
+        if not any(busy) or time.monotonic() > deadline:
+            return len(probes)
+
+
 def create(cluster: Cluster, name: str, spec: dict[str, Any]) -> None:
     body = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": name}, "spec": spec}
     r = cluster.session.post(cluster.url(f"{API}/jobs"), json=body)
@@ -524,6 +541,10 @@ def main() -> None:
             res.probed_cold = probed("probed-cold")
             probed("probed-warm-up", max(sizes))
             for i in range(args.probe_runs):
+                # A warm host: its waiting probe has imported torch (ADR 0058: it starts once the host's
+                # previous probe has measured, and gangs here come back to back).
+                waiting = wait_warm_probes_idle()
+                log(f"  {waiting} warm probes waiting, idle")
                 res.probed.append(probed(f"probed-{i}"))
             logged = agent_log_times(root, cluster.agent_count, PROBED_STEPS)
             phases = probe_phases(root, cluster.agent_count)

@@ -102,18 +102,17 @@ class WarmProbes:
         self._ready: asyncio.Task[ProbeProcess] | None = None
 
     def take(self) -> "asyncio.Task[ProbeProcess]":
-        """The ready probe, and the next one started behind it; else one started now (the next then
-        follows once this member's probe is done, so that two imports do not share a cold host)."""
+        """The ready probe, else one started now."""
         task, self._ready = self._ready, None
         if task is not None and (not task.done() or (not task.cancelled() and task.exception() is None
                                                      and task.result().waiting)):
-            self.replenish()
             return task
         discard(task)
         return asyncio.get_running_loop().create_task(start_probe(preload=True), name="probe-preload")
 
     def replenish(self) -> None:
-        """Starts the next one ahead, unless one is ready or starting."""
+        """Starts the next one ahead, unless one is ready or starting: called once a member's probe has
+        measured, so that the import (1-2 CPU-seconds) never runs beside a measurement."""
         if self.keep and self._ready is None:
             self._ready = asyncio.get_running_loop().create_task(start_probe(preload=True), name="probe-warm")
 
