@@ -104,6 +104,10 @@ class Session:
         async def pump() -> None:
             try:
                 async for message in messages:
+                    if message.WhichOneof("message") == "heartbeat":
+                        # Liveness as it arrives, never behind the durable writes of the reports before it:
+                        # a busy store must not make a connected node's lease run out (ADR 0049, 0054).
+                        self._beat(message.heartbeat)
                     inbox.put_nowait(message)
             except asyncio.CancelledError:
                 raise
@@ -121,6 +125,8 @@ class Session:
                 last = batch[-1]
                 ended = last is _END or isinstance(last, Exception)
                 await self._handle_batch(batch[:-1] if ended else batch)
+                if isinstance(last, NodusError):
+                    raise last  # a heartbeat of a superseded session
                 if ended:
                     if isinstance(last, Exception):
                         log.info("node %s: stream ended: %s", self.node, last)
@@ -207,9 +213,7 @@ class Session:
     async def _handle(self, message: agent_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("message")
         if kind == "heartbeat":
-            self.service.registry.beat(self.node, self.session_id, self.epoch,  # in memory; stored in the background
-                                       message.heartbeat.disk_free_bytes, message.heartbeat.gpus)
-            self.send(lease_renewal=self._lease())
+            pass  # taken as it arrived (`_beat`); acknowledged in order with the rest
         elif kind == "attempt_update":
             await self._update(message.attempt_update)
             if message.attempt_update.reason == AttemptReason.SUSPEND_FAILED:
@@ -274,6 +278,12 @@ class Session:
             status = fold_progress(obj, report)
             return None if status is None else {**obj, "status": status}
         await self.service.objects.mutate(key, mutate)
+
+    def _beat(self, heartbeat: agent_pb2.Heartbeat) -> None:
+        """A heartbeat: the node is alive on this replica (in memory; the stored lease is written in the
+        background), and the agent hears its lease renewed."""
+        self.service.registry.beat(self.node, self.session_id, self.epoch, heartbeat.disk_free_bytes, heartbeat.gpus)
+        self.send(lease_renewal=self._lease())
 
     def _lease(self) -> agent_pb2.LeaseRenewal:
         lease = self.service.registry.lease(self.node) or {}

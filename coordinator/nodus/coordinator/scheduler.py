@@ -93,6 +93,15 @@ class NodeView:
     labels: Mapping[str, str] = field(default_factory=dict)
     region: str = ""
     offering: str = ""
+    indexes: frozenset[int] = frozenset()
+    """Every GPU index of the node (derived from `gpus`)."""
+    healthy: tuple[int, ...] = ()
+    """The indexes of its healthy GPUs, in order (derived from `gpus`)."""
+
+    def __post_init__(self) -> None:
+        if self.gpus and not self.indexes:
+            object.__setattr__(self, "indexes", frozenset(g.index for g in self.gpus))
+            object.__setattr__(self, "healthy", tuple(sorted(g.index for g in self.gpus if not g.unhealthy)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,15 +247,64 @@ def free_on(node: NodeView, reservations: Iterable[Reservation]) -> tuple[Amount
         if r.node == node.name:
             held = held + r.amount
             used.update(r.gpu_indexes)
-    return node.capacity - held, frozenset(g.index for g in node.gpus) - used
+    return node.capacity - held, node.indexes - used
+
+
+@dataclass(slots=True)
+class Room:
+    """What one node has free during a decision: its amount, its free GPU indexes and its warm holds
+    (project → until). `rooms` makes them from the reservations once; a pass takes from them as it places,
+    so deciding a request costs O(nodes) however many reservations there are."""
+
+    free: Amount
+    gpus: frozenset[int]
+    warm: dict[str, float]
+
+    def take(self, amount: Amount, gpu_indexes: Iterable[int], warm_reuse: bool = False) -> None:
+        self.free = self.free - amount
+        self.gpus = self.gpus - frozenset(gpu_indexes)
+        if warm_reuse:  # taken: from now on the attempt holds it, and the hold is over
+            self.warm = {}
+
+
+def rooms(nodes: Iterable[NodeView], reservations: Iterable[Reservation]) -> dict[str, Room]:
+    """Each node's Room after `reservations` (one walk over them)."""
+    held: dict[str, list[int]] = {}
+    used: dict[str, set[int]] = {}
+    warm: dict[str, dict[str, float]] = {}
+    for r in reservations:
+        if r.warm_for:
+            warm.setdefault(r.node, {})[r.warm_for] = r.until
+        a = r.amount
+        if (sums := held.get(r.node)) is None:
+            held[r.node] = [a.cpu_millis, a.memory_bytes, a.disk_bytes, a.gpus]
+        else:
+            sums[0] += a.cpu_millis
+            sums[1] += a.memory_bytes
+            sums[2] += a.disk_bytes
+            sums[3] += a.gpus
+        if r.gpu_indexes:
+            used.setdefault(r.node, set()).update(r.gpu_indexes)
+    out = {}
+    for node in nodes:
+        gpus, name = node.indexes, node.name
+        taken = used.get(name)
+        free = node.capacity - Amount(*held[name]) if name in held else node.capacity
+        out[name] = Room(free, gpus - taken if taken else gpus, warm.get(name, {}))
+    return out
 
 
 def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
         book: PriceBook | None = None) -> Candidate | str:
     """A Candidate, or the reason (in a customer's words) why the request does not fit the node."""
+    return fit_room(request, node, rooms((node,), reservations)[node.name], book)
+
+
+def fit_room(request: Request, node: NodeView, room: Room, book: PriceBook | None = None) -> Candidate | str:
+    """`fit` against the node's Room."""
     if not node.ready:
         return "NotReady"
-    if node.name in request.avoid_nodes:
+    if request.avoid_nodes and node.name in request.avoid_nodes:
         return "this rank lost it or never assembled there in the previous epoch"
     if node.cordoned:
         return "cordoned"
@@ -254,19 +312,19 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
         return f"region {node.region or 'unset'} is not in {', '.join(request.regions)}"
     if request.offerings and node.offering not in request.offerings:
         return f"offering {node.offering or 'unset'} is not in {', '.join(request.offerings)}"
-    if (pooled := _pool_refusal(request, node.labels.get(POOL_LABEL, ""))):
+    if (request.pool or node.labels) and (pooled := _pool_refusal(request, node.labels.get(POOL_LABEL, ""))):
         return pooled
     offering = book.offering(node.offering) if book is not None and node.offering else None
     if book is not None and (refused := money.refusal(request.policy, offering, node.offering)):
         return refused
-    warm = {r.warm_for: r.until for r in reservations if r.node == node.name and r.warm_for} if book else {}
+    warm = room.warm if book else {}
     if warm and request.project not in warm:
         project, until = next(iter(warm.items()))
         return f"kept warm for project {project} until {rfc3339(until)} (the scaledownWindow of its last Job)"
     if request.runtime not in node.runtimes:
         need = "an image needs the oci runtime" if request.runtime == OCI else "no image needs the process runtime"
         return f"{need} (node offers {', '.join(sorted(node.runtimes)) or 'none'})"
-    free, free_gpus = free_on(node, reservations)
+    free, free_gpus = room.free, room.gpus
     for label, want, have, fmt in (("cpu", request.cpu_millis, free.cpu_millis, lambda m: f"{m / 1000:g}"),
                                    ("memory", request.memory_bytes, free.memory_bytes, _quantity),
                                    ("disk", request.disk_bytes, free.disk_bytes, _quantity)):
@@ -278,16 +336,21 @@ def fit(request: Request, node: NodeView, reservations: Iterable[Reservation],
         sold = (not request.gpu_types or acc is None or gpu_matches(acc.id, request.gpu_types, request.gpu_exact)
                 or (not request.gpu_exact and gpu_matches(acc.family, request.gpu_types, False)))
         nvlink_sold = acc is not None and acc.interconnect is Interconnect.NVLINK
+        if not (request.gpu_types or request.gpu_min_memory or request.nvlink):  # any healthy GPU will do
+            if len(free_gpus) >= request.gpu_count:
+                chosen = tuple(i for i in node.healthy if i in free_gpus)[:request.gpu_count]
+                if len(chosen) == request.gpu_count:
+                    return Candidate(node, free - request.amount, chosen, offering, bool(warm))
         usable = [g for g in node.gpus if g.index in free_gpus and not g.unhealthy
                   and (not request.gpu_types or gpu_matches(g.name, request.gpu_types, request.gpu_exact)
                        or (acc is not None and sold))
                   and g.memory_bytes >= request.gpu_min_memory
-                  and (not request.nvlink or g.nvlink_links > 0 or nvlink_sold)]
+                  and (not request.nvlink or g.nvlink_links > 0 or nvlink_sold)] if free_gpus else []
         if len(usable) < request.gpu_count:
             kind = "/".join(request.gpu_types) or "any"
             extra = (f" with ≥{_quantity(request.gpu_min_memory)}" if request.gpu_min_memory else "") + \
                 (" on NVLink" if request.nvlink else "")
-            sick = [g for g in node.gpus if g.index in free_gpus and g.unhealthy]
+            sick = [g for g in node.gpus if g.index in free_gpus and g.unhealthy] if free_gpus else []
             why = f" ({len(sick)} unhealthy: {sick[0].unhealthy})" if sick else ""
             return f"gpu: wants {request.gpu_count} × {kind}{extra}, {len(usable)} free{why}"
         chosen = tuple(sorted(g.index for g in usable)[:request.gpu_count])
@@ -315,24 +378,38 @@ def place(request: Request, nodes: Sequence[NodeView], reservations: Sequence[Re
           scorer: Scorer = spread, book: PriceBook | None = None) -> Placement:
     """The best node for `request`, deterministically (same inputs, same answer). With `book`, the
     Job's placement policy filters and its profile ranks first (module docstring)."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    return place_in(request, ordered, rooms(ordered, reservations), scorer, book)
+
+
+MAX_SHOWN = 5
+"""Refusals an explain names before it says how many more there are."""
+
+
+def place_in(request: Request, ordered: Sequence[NodeView], room: Mapping[str, Room], scorer: Scorer = spread,
+             book: PriceBook | None = None) -> Placement:
+    """`place` over nodes already in name order and their Rooms."""
     candidates: list[Candidate] = []
     refusals: list[str] = []
-    on_node: dict[str, list[Reservation]] = {}
-    for r in reservations:  # once, not once per node: fit reads only its node's reservations
-        on_node.setdefault(r.node, []).append(r)
-    for node in sorted(nodes, key=lambda n: n.name):
-        result = fit(request, node, on_node.get(node.name, []), book)
+    refused = 0
+    for node in ordered:
+        result = fit_room(request, node, room[node.name], book)
         if isinstance(result, Candidate):
             candidates.append(result)
         else:
-            refusals.append(f"{node.name}: {result}")
+            refused += 1
+            if book is not None or len(refusals) < MAX_SHOWN:  # a priced explain lists more (_priced)
+                refusals.append(f"{node.name}: {result}")
     if not candidates:
-        if not nodes:
+        if not ordered:
             return Placement(None, explain="no node has registered")
-        shown = "; ".join(refusals[:5]) + (f"; and {len(refusals) - 5} more" if len(refusals) > 5 else "")
+        shown = "; ".join(refusals[:MAX_SHOWN]) + (f"; and {refused - MAX_SHOWN} more" if refused > MAX_SHOWN else "")
         return Placement(None, explain=f"no node fits: {shown}")
     if book is None:
-        best = max(candidates, key=lambda c: (scorer(request, c), _reverse(c.node.name)))
+        best, score = candidates[0], scorer(request, candidates[0])
+        for c in candidates[1:]:  # in name order: a tie stays with the alphabetically first node
+            if (s := scorer(request, c)) > score:
+                best, score = c, s
         of = (f"the most free capacity of {len(candidates)} fitting nodes" if len(candidates) > 1
               else "the only fitting node")
         return Placement(best.node.name, best.gpu_indexes, explain=f"{best.node.name}: {of}")
@@ -398,16 +475,17 @@ def _reverse(name: str) -> tuple[int, ...]:
 def place_all(requests: Sequence[tuple[Key, Request]], nodes: Sequence[NodeView],
               reservations: Sequence[Reservation], scorer: Scorer = spread,
               book: PriceBook | None = None) -> dict[Key, Placement]:
-    """Places requests in order, each seeing the capacity the earlier ones took (one scheduling pass)."""
-    held = list(reservations)
+    """Places requests in order, each seeing the capacity the earlier ones took (one scheduling pass):
+    the nodes are sorted and their Rooms made once, and each placement takes from its node's Room, so a
+    pass costs O(requests × nodes) whatever the reservations."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    room = rooms(ordered, reservations)
     out: dict[Key, Placement] = {}
     for key, request in requests:
-        placement = place(request, nodes, held, scorer, book)
+        placement = place_in(request, ordered, room, scorer, book)
         out[key] = placement
         if placement.node is not None:
-            if placement.warm_reuse:  # taken: from now on its own attempt holds it
-                held = [r for r in held if not (r.warm_for and r.node == placement.node)]
-            held.append(Reservation(placement.node, request.amount, placement.gpu_indexes))
+            room[placement.node].take(request.amount, placement.gpu_indexes, placement.warm_reuse)
     return out
 
 

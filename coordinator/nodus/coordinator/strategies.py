@@ -391,7 +391,7 @@ class Estimates:
                now: float) -> dict[str, Any]:
         """The estimate without the project's credits and Budgets: what the fleet's cache answers."""
         fleet = self.fleet
-        held = fleet.reservations()
+        held = fleet.held()  # one Reservation per node: the same free capacity, in O(nodes)
         history: list[Decimal] = []
         overruns: list[Decimal] = []
         if book is not None:  # durations and warm nodes only change a priced estimate

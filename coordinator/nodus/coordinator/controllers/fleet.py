@@ -132,7 +132,9 @@ class Fleet:
         self._sum_on: dict[str, Amount] = {}
         self._gpus_on: dict[str, Counter[int]] = defaultdict(Counter)
         """Per node, what its reservations hold together (placement reads one Reservation per node)."""
-        self._views: dict[str, tuple[int | None, int | None, NodeView]] = {}
+        self._views: dict[str, tuple[int | None, int | None, NodeView, float]] = {}
+        """Per node: the revisions of the node and its lease the view was built at, the view, and the
+        lease's expiry (parsed once per revision: `nodes()` runs on every create and placement pass)."""
         """Per node: the node's and its lease's revisions, and the view built from them."""
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
@@ -219,10 +221,11 @@ class Fleet:
             hit = self._views.get(name)
             if hit is None or hit[:2] != revisions:
                 view = node_view(doc, lease, now)
-                self._views[name] = (*revisions, view)
+                expire = -1.0 if not lease or lease.get("expired") else parse(lease.get("expireTime")) or 0.0
+                self._views[name] = (*revisions, view, expire)
             else:
-                view = hit[2]
-                if view.ready != (ready := lease_fresh(lease, now)):
+                view, expire = hit[2], hit[3]
+                if view.ready != (ready := now < expire):  # lease_fresh, from the expiry parsed once
                     view = replace(view, ready=ready)
             out.append(view)
         if len(self._views) > len(out):
