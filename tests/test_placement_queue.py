@@ -19,7 +19,7 @@ from nodus.coordinator.controllers.fleet import Fleet
 from nodus.coordinator.controllers.job_controller import new_attempt
 from nodus.coordinator.controllers.objects import Objects
 from nodus.coordinator.controllers.placement import PlacementController
-from nodus.coordinator.controllers.placement_queue import RETRY_SECONDS, PlacementQueue
+from nodus.coordinator.controllers.placement_queue import RETRY_SECONDS, Headroom, PlacementQueue
 from nodus.coordinator.nodes import NodeRegistry
 from nodus.coordinator.scheduler import PROCESS, Amount, Gpu, NodeView, Request, Reservation
 from nodus.coordinator.store import SqliteStore
@@ -139,3 +139,27 @@ def test_a_gang_wakes_whole_and_deadlines_come_in_order() -> None:
     assert q.next_due() == 60
     assert q.wake(["r1"]) == 2 and q.active == {"money", "r0", "r1"}, "one member wakes its gang"
     assert q.next_due() is None
+
+
+def test_a_timed_retry_that_fits_nowhere_waits_another_period_without_a_pass() -> None:
+    """The safety net on a full fleet: a due attempt above the fleet's headroom (the most any ready,
+    uncordoned node has free, per dimension) is parked again for RETRY_SECONDS instead of woken for a pass
+    over every node; one the headroom admits wakes as before."""
+    q = PlacementQueue(retry_seconds=60)
+    for key, request in (("two", _gpus(2)), ("one", _gpus(1)), ("cpu", Request.of({"cpu": "16"}, None))):
+        q.add(key)
+        q.park(key, "p", key, request, 0.0)
+    nodes = [_node("a", 4), _node("b", 4),
+             NodeView("idle-but-down", False, False, frozenset({PROCESS}), Amount(64000, 256 * GI, 100 * GI, 8),
+                      tuple(Gpu(i, "H100") for i in range(8))),
+             NodeView("idle-but-cordoned", True, True, frozenset({PROCESS}), Amount(64000, 256 * GI, 100 * GI, 8),
+                      tuple(Gpu(i, "H100") for i in range(8)))]
+    held = [Reservation("a", Amount(gpus=3), (0, 1, 2)), Reservation("b", Amount(gpus=4), (0, 1, 2, 3))]
+    room = Headroom.of(nodes, held)
+    assert room == Headroom(gpus=1, cpu_millis=8000, memory_bytes=32 * GI, disk_bytes=100 * GI)
+    assert q.due(60, room) == 1 and q.active == {"one"}, "one GPU free on a: only the one-GPU attempt can use it"
+    assert set(q.parked) == {"two", "cpu"} and q.next_due() == 120, "the others wait a whole period again"
+    sick = NodeView("sick", True, False, frozenset({PROCESS}), Amount(8000, 32 * GI, 100 * GI, 2),
+                    (Gpu(0, "H100", unhealthy="Xid 79"), Gpu(1, "H100", unhealthy="Xid 79")))
+    assert Headroom.of([sick], []).gpus == 0, "an unhealthy GPU is no room"
+    assert q.due(120) == 2 and set(q.active) == {"one", "two", "cpu"}, "without a headroom every due attempt wakes"

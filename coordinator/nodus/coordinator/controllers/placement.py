@@ -44,7 +44,7 @@ from ..money.holds import first_hold
 from .billing import UNFUNDED_RECHECK_S
 from .cache import ATTEMPTS, BOOKS, JOBS, LEASES, NODES, SWEEPS, Cache, attempt_key, job_key, owner_of
 from .objects import Objects
-from .placement_queue import RETRY_SECONDS, PlacementQueue
+from .placement_queue import RETRY_SECONDS, Headroom, PlacementQueue
 from .reasons import AttemptReason
 from .views import AttemptView
 
@@ -295,7 +295,9 @@ class PlacementController:
             except TimeoutError:
                 pass
             self._dirty.clear()
-            self.queue.due(time.monotonic())
+            mono = time.monotonic()
+            if (due := self.queue.next_due()) is not None and due <= mono:
+                self.queue.due(mono, Headroom.of(self.registry.views(), self.registry.fleet.held()))
             if self._release is not None and self.clock.now() >= self._release:
                 self._release = None
                 self.queue.wake_all()  # a warm hold ended: what it kept from others may fit now

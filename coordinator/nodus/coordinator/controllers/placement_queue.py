@@ -12,7 +12,10 @@ that can change its answer happens:
   price book changed or a warm hold ended (`wake_all`);
 - its retry deadline passed (`due`): RETRY_SECONDS after it was parked (a slow safety net, so a missed
   trigger is only ever late), or sooner where the pass asked (a hold the project could not pay retries
-  after billing's UNFUNDED_RECHECK_S: a grant is no event placement hears).
+  after billing's UNFUNDED_RECHECK_S: a grant is no event placement hears). A due attempt whose amounts
+  exceed the fleet's `Headroom` (the most any node that takes work has free, per dimension) cannot fit
+  anywhere, whatever a missed event: it is parked for another period without a pass deciding it, so the
+  safety net of a queue of thousands on a full fleet costs O(1) per attempt, not a pass over every node.
 
 A gang's members wake together (a gang is placed whole). Pure bookkeeping on the event loop: no I/O,
 and the work of a wake-up is proportional to the parked attempts it looks at, never to the store.
@@ -24,10 +27,39 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ..money.pricebook import PriceBook
-from ..scheduler import Candidate, NodeView, Request, Reservation, fit, free_on
+from ..scheduler import Candidate, NodeView, Request, Reservation, fit, free_on, rooms
 
 RETRY_SECONDS = 60.0
 """How long an unschedulable attempt waits at most before a pass tries it again without any event."""
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """The most any ready, uncordoned node has free, each dimension on its own (so no single node need
+    have all of it): a request above it in any dimension fits no node."""
+
+    gpus: int = 0
+    """Free healthy GPUs."""
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeView], held: Sequence[Reservation]) -> "Headroom":
+        gpus = cpu = memory = disk = 0
+        live = [n for n in nodes if n.ready and not n.cordoned]
+        free = rooms(live, held)
+        for node in live:
+            room = free[node.name]
+            gpus = max(gpus, sum(1 for i in node.healthy if i in room.gpus))
+            cpu, memory = max(cpu, room.free.cpu_millis), max(memory, room.free.memory_bytes)
+            disk = max(disk, room.free.disk_bytes)
+        return cls(gpus, cpu, memory, disk)
+
+    def admits(self, r: Request) -> bool:
+        """The request may fit some node (a necessary condition only: `fit` decides)."""
+        return (r.gpu_count <= self.gpus and r.cpu_millis <= self.cpu_millis and r.memory_bytes <= self.memory_bytes
+                and r.disk_bytes <= self.disk_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +166,17 @@ class PlacementQueue:
                 free, gpus = free - r.amount, gpus - len(got.gpu_indexes)
         return self.wake(wake)
 
-    def due(self, now: float) -> int:
-        """Wakes the parked attempts whose retry deadline passed."""
+    def due(self, now: float, headroom: Headroom | None = None) -> int:
+        """Wakes the parked attempts whose retry deadline passed; with `headroom`, one that it does not
+        admit is parked again for another period instead (module docstring)."""
         keys = []
         while (top := self._next()) is not None and top[0] <= now:
-            keys.append(heapq.heappop(self._deadlines)[1])
+            key = heapq.heappop(self._deadlines)[1]
+            p = self.parked[key]
+            if headroom is not None and not headroom.admits(p.request):
+                self.park(key, p.project, p.job, p.request, now, p.gang)
+            else:
+                keys.append(key)
         return self.wake(keys)
 
     def next_due(self) -> float | None:
