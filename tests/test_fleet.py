@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from nodus.coordinator.clock import ManualClock
+from nodus.coordinator.clock import ManualClock, rfc3339
 from nodus.coordinator.controllers.cache import Cache
 from nodus.coordinator.controllers.fleet import Fleet
 from nodus.coordinator.scheduler import Amount, Reservation
@@ -95,3 +95,37 @@ async def _scenario(path: Path) -> None:
 
 def test_fleet_indexes_follow_the_store(tmp_path: Path) -> None:
     asyncio.run(_scenario(tmp_path))
+
+
+async def _nodes_scenario(path: Path) -> None:
+    store = await SqliteStore.open(path / "store.db")
+    cache = Cache(store)
+    clock = ManualClock()
+    fleet = Fleet(cache, clock)
+    await cache.start()
+    t0 = clock.now()
+
+    def lease(expire: float) -> dict[str, Any]:
+        return {"node": "n1", "sessionId": "s", "expireTime": rfc3339(expire)}
+    await _put(store, "_nodes/n1", {"name": "n1", "runtimes": ["process"], "capacity": {"cpuMillis": 4000}})
+    await _put(store, "_leases/n1", lease(t0 + 15))
+    await _put(store, "_nodes/n2", {"name": "n2", "runtimes": ["process"], "capacity": {"cpuMillis": 4000}})
+    await _settle(fleet, lambda: [(v.name, v.ready) for v in fleet.nodes()] == [("n1", True), ("n2", False)])
+    assert fleet.nodes() == fleet.nodes(), "nothing changed: the same answer (kept, not rebuilt)"
+    clock.advance(15)
+    assert [v.ready for v in fleet.nodes()] == [False, False], "the lease ran out with no event: NotReady"
+    await _put(store, "_leases/n1", lease(clock.now() + 15))
+    await _settle(fleet, lambda: [v.ready for v in fleet.nodes()] == [True, False])
+    await _put(store, "_nodes/n2", {"name": "n2", "runtimes": ["process"], "cordoned": True,
+                                    "capacity": {"cpuMillis": 4000}})
+    await _settle(fleet, lambda: fleet.nodes()[1].cordoned)
+    await store.delete("_nodes/n2")
+    await _settle(fleet, lambda: [v.name for v in fleet.nodes()] == ["n1"])
+    await cache.stop()
+    await store.close()
+
+
+def test_node_views_follow_their_objects_and_readiness_follows_the_clock(tmp_path: Path) -> None:
+    """`Fleet.nodes` keeps its answer between changes (it runs on every create and pass) and still sees a node
+    or lease change at once, and a lease running out with no event at all."""
+    asyncio.run(_nodes_scenario(tmp_path))

@@ -135,13 +135,20 @@ class Fleet:
         self._views: dict[str, tuple[int | None, int | None, NodeView, float]] = {}
         """Per node: the revisions of the node and its lease the view was built at, the view, and the
         lease's expiry (parsed once per revision: `nodes()` runs on every create and placement pass)."""
-        """Per node: the node's and its lease's revisions, and the view built from them."""
+        self._changed: set[str] = set()
+        """Nodes whose node or lease object changed since `nodes()` last looked."""
+        self._listed: list[NodeView] | None = None
+        """What `nodes()` answered last; good while nothing changed and no lease ran out (`_turns`)."""
+        self._turns = 0.0
+        """When the first ready node's lease runs out (its view's readiness turns)."""
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
         self._overruns: dict[str, dict[str, Decimal]] = defaultdict(dict)
         """Per project: each succeeded Job's actual run over its declared expectedDuration."""
         cache.listen(ATTEMPTS, self._on_attempt)
         cache.listen(JOBS, self._on_job)
+        cache.listen(NODES, self._on_node)
+        cache.listen(LEASES, self._on_node)
 
     # -- indexes ----------------------------------------------------------------------------------
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
@@ -166,6 +173,9 @@ class Fleet:
             self._starts[before[0]].pop(key, None)
         if (after := _start_seconds(new)) is not None:
             self._starts[after[0]][key] = after[1]
+
+    def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        self._changed.add(key[key.index("/") + 1:])
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         project = key.removeprefix(JOBS).split("/", 1)[0]
@@ -211,8 +221,12 @@ class Fleet:
 
     def nodes(self) -> list[NodeView]:
         """What the scheduler sees of every node, by name. A view is built once per revision of the node
-        and its lease (a node of a thousand GPUs is a thousand Gpu values); only readiness moves with time."""
+        and its lease (a node of a thousand GPUs is a thousand Gpu values); only readiness moves with time.
+        The list itself is kept while no node or lease changed and no ready node's lease ran out."""
         now = self.clock.now()
+        if self._listed is not None and not self._changed and now < self._turns:
+            return list(self._listed)
+        self._changed.clear()
         out = []
         for key, doc in self.cache.under(NODES):
             name = doc["name"]
@@ -231,7 +245,9 @@ class Fleet:
         if len(self._views) > len(out):
             present = {v.name for v in out}
             self._views = {k: v for k, v in self._views.items() if k in present}
-        return sorted(out, key=lambda v: v.name)
+        self._listed = sorted(out, key=lambda v: v.name)
+        self._turns = min((self._views[v.name][3] for v in out if v.ready), default=float("inf"))
+        return list(self._listed)
 
     def reservations(self) -> list[Reservation]:
         """What every live placed attempt holds."""
