@@ -13,7 +13,7 @@ import binascii
 import uuid
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 
@@ -34,7 +34,7 @@ from .money.budget_store import Budgets
 from .money.credits import first_hold_refusal
 from .money.ledger_store import Ledger
 from .money.pricebook import PriceBook
-from .scheduler import NodeView, Request, Reservation, place
+from .scheduler import NodeView, Request, Reservation, Room, place, place_in
 from .store.base import Store
 from .vault import Vault
 
@@ -391,29 +391,34 @@ class Estimates:
                now: float) -> dict[str, Any]:
         """The estimate without the project's credits and Budgets: what the fleet's cache answers."""
         fleet = self.fleet
-        held = fleet.held()  # one Reservation per node: the same free capacity, in O(nodes)
+        nodes, free = fleet.rooms()  # each node's free capacity, kept between changes of the fleet
+        held: list[Reservation] = []
         history: list[Decimal] = []
         overruns: list[Decimal] = []
+        warm: list[Reservation] = []
         if book is not None:  # durations and warm nodes only change a priced estimate
-            held += fleet.warm(now)
+            warm = fleet.warm(now)
+            held = fleet.held() + warm  # one Reservation per node: the same free capacity, in O(nodes)
             history = fleet.history(project, (status.get("image") or {}).get("digest"), spec.get("command"))
             overruns = fleet.overruns(project)
         image = effective_image(spec, status)  # an imageRef Job needs a node that runs images too
-        preview = self._preview(project, {**spec, "image": image} if image else spec, book, fleet.nodes(), held, now)
+        preview = self._preview(project, {**spec, "image": image} if image else spec, book, nodes, held, now,
+                                None if warm else free)
         offering = preview.offering.id if preview.offering is not None else ""
         shape = quote.Shape.of(spec, history, topology(spec) if spec.get("distributed") else None, overruns)
         return quote.quote(book, shape, preview, quote.Startup(cold=fleet.start_seconds(offering)), now)
 
     @staticmethod
     def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],
-                 held: list[Reservation], now: float) -> quote.Preview:
-        """Where one attempt of the Job would be placed now (a gang's first member, for its offering)."""
+                 held: list[Reservation], now: float, free: Mapping[str, Room] | None = None) -> quote.Preview:
+        """Where one attempt of the Job would be placed now (a gang's first member, for its offering).
+        `free`: the nodes' Rooms after `held` when the caller has them (nodes in name order)."""
         deadline = parse(spec.get("completeByTime"))
         within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
         request = Request.of(spec.get("resources"), spec.get("image"), spec.get("placement"),
                              spec.get("expectedDuration"), within)
         request = replace(request, project=project)
-        chosen = place(request, nodes, held, book=book)
+        chosen = place_in(request, nodes, free, book=book) if free is not None else place(request, nodes, held, book=book)
         if chosen.offering is None and held and book is not None:
             # Nothing is free now: the Job will wait for capacity, and is priced as the offering it would
             # take once something frees up (the explain says it waits).

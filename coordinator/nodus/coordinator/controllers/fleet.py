@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import orjson
 
 from ..clock import Clock, parse, seconds
 from ..money.books import ACTIVE, VERSIONS, PriceBooks
 from ..money.pricebook import PriceBook
-from ..scheduler import Amount, Gpu, NodeView, Request, Reservation
+from ..scheduler import Amount, Gpu, NodeView, Request, Reservation, Room, rooms
 from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, LEASES, NODES, SWEEPS, Cache
 from .placement import warm_holds
@@ -141,6 +141,9 @@ class Fleet:
         """What `nodes()` answered last; good while nothing changed and no lease ran out (`_turns`)."""
         self._turns = 0.0
         """When the first ready node's lease runs out (its view's readiness turns)."""
+        self._versions = [0, 0]
+        """Bumped when `nodes()` rebuilds its answer, and when what the live placed attempts hold changes."""
+        self._rooms: tuple[tuple[int, int], dict[str, Room]] | None = None
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
         self._overruns: dict[str, dict[str, Decimal]] = defaultdict(dict)
@@ -154,6 +157,8 @@ class Fleet:
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         held = reservation_of(new) if new is not None else None
         was = self._held.pop(key, None)
+        if was is not None or held is not None:
+            self._versions[1] += 1
         if was is not None:
             self._held_on[was.node].pop(key, None)
             self._sum_on[was.node] = self._sum_on.get(was.node, Amount()) - was.amount
@@ -246,8 +251,19 @@ class Fleet:
             present = {v.name for v in out}
             self._views = {k: v for k, v in self._views.items() if k in present}
         self._listed = sorted(out, key=lambda v: v.name)
+        self._versions[0] += 1
         self._turns = min((self._views[v.name][3] for v in out if v.ready), default=float("inf"))
         return list(self._listed)
+
+    def rooms(self) -> tuple[list[NodeView], Mapping[str, Room]]:
+        """`nodes()` and each one's Room after what the live placed attempts hold (`scheduler.rooms` of
+        `held()`), kept until either changes: every create's estimate reads them. Read only (`place_in`);
+        a pass that takes from Rooms makes its own."""
+        nodes = self.nodes()
+        version = (self._versions[0], self._versions[1])
+        if self._rooms is None or self._rooms[0] != version:
+            self._rooms = (version, rooms(nodes, self.held()))
+        return nodes, self._rooms[1]
 
     def reservations(self) -> list[Reservation]:
         """What every live placed attempt holds."""
