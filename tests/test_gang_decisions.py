@@ -12,7 +12,8 @@ from nodus.coordinator.controllers.gang import (ASSEMBLE, MESH, START, CreateMem
                                                 weakest)
 from nodus.coordinator.controllers.gang_plan import plan
 from nodus.coordinator.controllers.job import AttemptView, Decision, JobView, StopAttempt
-from nodus.coordinator.scheduler import Amount, NodeView, Request, place_gang
+from nodus.coordinator.scheduler import Amount, NodeView, Request
+from nodus.coordinator.scheduler_gang import place_gang
 
 T0 = 1_767_225_600.0
 

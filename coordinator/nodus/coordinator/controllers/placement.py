@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, TypeGuard
 from ..api import units
 from ..clock import Clock, parse, rfc3339
 from ..money.pricebook import PriceBook
-from ..scheduler import Amount, NodeView, Placement, Request, Reservation, place_all, place_gang
+from ..scheduler import Amount, NodeView, Placement, Request, Reservation, place_all
+from ..scheduler_gang import place_gang
 from ..errors import NodusError
 from ..money.estimate import Tariff
 from ..money.ledger import Kind
@@ -64,6 +65,9 @@ def _holding(obj: dict[str, Any] | None) -> bool:
 
 RECHECK_SECONDS = 1.0
 """How long a pass waits at most while a warm hold is pending."""
+DUE_BATCH_SECONDS = 0.5
+"""How long the loop lets retry deadlines gather after the first: a queue parked over half a minute of
+creates retries in a few dozen wake-ups, not one per attempt."""
 BIND_RETRY_SECONDS = 1.0
 """When an attempt whose binding lost to a concurrent write is decided again."""
 POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile", "pool")
@@ -287,8 +291,8 @@ class PlacementController:
             waits = []
             if self._release is not None:
                 waits.append(min(max(self._release - self.clock.now(), 0.0), RECHECK_SECONDS))
-            if (due := self.queue.next_due()) is not None:
-                waits.append(max(due - time.monotonic(), 0.0))
+            if (due := self.queue.next_due()) is not None:  # those due within DUE_BATCH_SECONDS wake together
+                waits.append(max(due - time.monotonic(), 0.0) + DUE_BATCH_SECONDS)
             try:
                 async with asyncio.timeout(min(waits) if waits else None):
                     await self._dirty.wait()
