@@ -16,7 +16,8 @@ from nodus.coordinator.money.estimate import Tariff, cost_band, expected_charge,
 from nodus.coordinator.money.policy import Interruptible, Policy, Profile, outlook
 from nodus.coordinator.money.pricebook import PriceBook, parse
 from nodus.coordinator.scheduler import (POOL_LABEL, PROCESS, Amount, Candidate, Gpu, NodeView, Request, Reservation,
-                                         fit, place, place_all, place_gang)
+                                         fit, place, place_all)
+from nodus.coordinator.scheduler_gang import place_gang
 
 GI = 1 << 30
 
