@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 import requests
@@ -245,21 +245,25 @@ STEP_NAMES = {"accepted": "placed → last assignment accepted (coordinator stre
               "started": "→ last program started (supervisor's gate poll, spawn)"}
 
 
+def agent_log_lines(root: Path, agents: int) -> Iterator[str]:
+    """Every line the agents logged (their logs are in `root`)."""
+    for i in range(agents):
+        try:
+            yield from (root / f"agent-{i}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+
+
 def agent_log_times(root: Path, agents: int, steps: tuple[tuple[str, re.Pattern[str]], ...] = AGENT_STEPS
                     ) -> dict[tuple[str, str], float]:
     """(attempt id, step) → when the agent logged it (its log's local time, millisecond precision)."""
     times: dict[tuple[str, str], float] = {}
-    for i in range(agents):
-        try:
-            lines = (root / f"agent-{i}.log").read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            for step, pattern in steps:
-                m = pattern.match(line)
-                if m:
-                    stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                    times.setdefault((m.group(2), step), stamp)
+    for line in agent_log_lines(root, agents):
+        for step, pattern in steps:
+            m = pattern.match(line)
+            if m:
+                stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                times.setdefault((m.group(2), step), stamp)
     return times
 
 
@@ -269,15 +273,10 @@ _PHASES = re.compile(r"INFO nodus\.agent\.gang: attempt (\S+): probe rank \d+: .
 def probe_phases(root: Path, agents: int) -> dict[str, dict[str, float]]:
     """attempt id → the probe's seconds per phase, as its agent logged them."""
     found: dict[str, dict[str, float]] = {}
-    for i in range(agents):
-        try:
-            lines = (root / f"agent-{i}.log").read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            m = _PHASES.search(line)
-            if m and m.group(2) != "?":
-                found[m.group(1)] = {k.strip(): float(v) for k, v in (p.rsplit(" ", 1) for p in m.group(2).split(", "))}
+    for line in agent_log_lines(root, agents):
+        m = _PHASES.search(line)
+        if m and m.group(2) != "?":
+            found[m.group(1)] = {k.strip(): float(v) for k, v in (p.rsplit(" ", 1) for p in m.group(2).split(", "))}
     return found
 
 
