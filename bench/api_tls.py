@@ -64,7 +64,7 @@ async def measure_rate(call: Callable[[], Awaitable[Any]], clients: int, seconds
     return Rate(done / wall, (cpu_seconds(server_pid) - server0) * per, (cpu_seconds(os.getpid()) - client0) * per)
 
 
-def _answered(call: Callable[[], Awaitable[Any]], code: grpc.StatusCode) -> Callable[[], Awaitable[None]]:
+def answered(call: Callable[[], Awaitable[Any]], code: grpc.StatusCode) -> Callable[[], Awaitable[None]]:
     """The call, whose expected refusal (`code`) counts as its answer; any other error stops the bench."""
     async def one() -> None:
         try:
@@ -116,8 +116,8 @@ async def _measure(plain: Coordinator, tls: Coordinator, job: Callable[[int], by
         for call in (create_of(p_res, plain.token), create_of(t_res, tls.token),  # connect and warm up, uncounted
                      lambda: p_list.ListProjects(listing, metadata=_bearer(plain.token)),
                      lambda: t_list.ListProjects(listing, metadata=_bearer(tls.token)),
-                     _answered(lambda: p_stat.Stat(stat, metadata=plain_join), grpc.StatusCode.NOT_FOUND),
-                     _answered(lambda: m_stat.Stat(stat), grpc.StatusCode.PERMISSION_DENIED)):
+                     answered(lambda: p_stat.Stat(stat, metadata=plain_join), grpc.StatusCode.NOT_FOUND),
+                     answered(lambda: m_stat.Stat(stat), grpc.StatusCode.PERMISSION_DENIED)):
             await measure_rate(call, 2, min(seconds, 0.5), os.getpid())
         for _ in range(rounds):
             rows.append({
@@ -129,10 +129,10 @@ async def _measure(plain: Coordinator, tls: Coordinator, job: Callable[[int], by
                                                          clients, seconds, pid["plain"]),
                 "operator TLS": await measure_rate(lambda: t_list.ListProjects(listing, metadata=_bearer(tls.token)),
                                                    clients, seconds, pid["tls"]),
-                "agent plaintext": await measure_rate(_answered(lambda: p_stat.Stat(stat, metadata=plain_join),
+                "agent plaintext": await measure_rate(answered(lambda: p_stat.Stat(stat, metadata=plain_join),
                                                                 grpc.StatusCode.NOT_FOUND), clients, seconds,
                                                       pid["plain"]),
-                "agent mTLS": await measure_rate(_answered(lambda: m_stat.Stat(stat),
+                "agent mTLS": await measure_rate(answered(lambda: m_stat.Stat(stat),
                                                            grpc.StatusCode.PERMISSION_DENIED), clients, seconds,
                                                  pid["tls"]),
             })

@@ -29,6 +29,7 @@ import grpc
 import orjson
 
 import record
+from api_tls import answered
 from daemons import Coordinator, start_coordinator, stop_all
 from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, blob_pb2, blob_pb2_grpc, project_pb2, project_pb2_grpc
@@ -81,16 +82,6 @@ async def measure(plain: Coordinator, tls: Coordinator, args: argparse.Namespace
     agent_port = agent_address(tls.grpc, answer.agent_port)
     digest = hashlib.sha256(b"a blob nobody stored").hexdigest()
     plain_join = (("authorization", f"Bearer {_join(plain)}"),)
-
-    def answered(call: Callable[[], Awaitable[Any]], code: grpc.StatusCode) -> Callable[[], Awaitable[None]]:
-        """The call, whose expected refusal (`code`) counts as its answer; any other error stops the bench."""
-        async def one() -> None:
-            try:
-                await call()
-            except grpc.aio.AioRpcError as e:
-                if e.code() != code:
-                    raise
-        return one
 
     rows = []
     async with grpc.aio.insecure_channel(plain.grpc) as p_op, grpc.aio.secure_channel(tls.grpc, server_auth) as t_op, \

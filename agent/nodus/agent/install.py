@@ -51,19 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", metavar="PROJECT/NAME", help="dedicate the host to a pool")
     p.add_argument("--runtime", choices=["process", "oci", "auto"], default="auto")
     p.add_argument("--work-dir", default=str(WORK_DIR), help=f"the agent's state (default {WORK_DIR})")
-    add_common(p)
+    hi.add_install_flags(p)
     p.add_argument("--upgrade", action="store_true", help="replace the installed venv with --source's and restart "
                    "the agent; attempts keep running and are re-adopted (configuration files are kept)")
     return p
-
-
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root", default="/", help="install under this directory instead of / (an image, or tests): "
-                   "files only, no systemctl; it says what to run")
-    p.add_argument("--source", help="what pip installs into the venv: a nodus wheel, checkout or requirement "
-                   "(default: the checkout this runs from, else nodus==this version)")
-    p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
-                   help="an argument for pip install, written --pip-arg=--find-links=DIR (repeatable)")
 
 
 def uninstall_parser() -> argparse.ArgumentParser:

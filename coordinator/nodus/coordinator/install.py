@@ -36,12 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--http-listen", default="0.0.0.0:8080", help="REST (HTTPS)")
     p.add_argument("--store-url", help="postgresql://… (default: SQLite in the data dir)")
     p.add_argument("--user", default="nodus", help="the user the unit runs as (made as a system user if missing)")
-    p.add_argument("--root", default="/", help="install under this directory instead of / (an image, or tests): "
-                   "files only, no systemctl; it says what to run")
-    p.add_argument("--source", help="what pip installs into the venv: a nodus wheel, checkout or requirement "
-                   "(default: the checkout this runs from, else nodus==this version)")
-    p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
-                   help="an argument for pip install, written --pip-arg=--find-links=DIR (repeatable)")
+    hi.add_install_flags(p)
     p.add_argument("--upgrade", action="store_true", help="replace the installed venv with --source's and restart "
                    "the coordinator (configuration and data are kept)")
     return p

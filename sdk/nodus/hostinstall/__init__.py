@@ -15,6 +15,7 @@ modules list (a package, not a module, so it is not copied into containers: agen
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -179,6 +180,16 @@ def config_text(header: str, settings: list[tuple[str, Any, str]]) -> str:
 
 
 # -- the virtual environment -------------------------------------------------------------------------------
+def add_install_flags(p: argparse.ArgumentParser) -> None:
+    """--root, --source and --pip-arg: what both daemons' `install` take alike."""
+    p.add_argument("--root", default="/", help="install under this directory instead of / (an image, or tests): "
+                   "files only, no systemctl; it says what to run")
+    p.add_argument("--source", help="what pip installs into the venv: a nodus wheel, checkout or requirement "
+                   "(default: the checkout this runs from, else nodus==this version)")
+    p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
+                   help="an argument for pip install, written --pip-arg=--find-links=DIR (repeatable)")
+
+
 def default_source() -> str:
     """What pip installs when --source is not given: the checkout an editable install runs from, else this
     installation's version of nodus from the package index."""
