@@ -31,7 +31,7 @@ from ..errors import NodusError
 from ..identity import Identity, Role
 from ..store.base import Store
 from .attempt_machine import phase_of
-from .cache import ATTEMPTS, Cache, attempt_key
+from .cache import ATTEMPTS, Cache, attempt_key, owner_of
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.workload_tokens")
@@ -180,8 +180,14 @@ class WorkloadTokens:
         cache.listen(ATTEMPTS, self._on_attempt)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        if new is None or phase_of(new).terminal:
-            self.queue.add(key)
+        if new is not None and not phase_of(new).terminal:
+            return
+        attempt = new if new is not None else old
+        if attempt is not None:
+            job = self.cache.job(*owner_of(attempt))
+            if job is not None and not (job.get("spec") or {}).get("serviceAccountName"):
+                return  # its Job runs as no account: it holds no token, so no store read per ended attempt
+        self.queue.add(key)
 
     def resync(self) -> None:
         self.queue.add("")  # "": every live token
