@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import queue
+import random
 import socket
 import threading
 import time
@@ -40,6 +41,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def restart_ports(count: int = 2) -> int:
+    """The first of `count` consecutive TCP ports of 127.0.0.1, free now, for a server a test stops and starts
+    again on the same ports (a coordinator's gRPC port and its agent port, the next one). They lie below the
+    kernel's ephemeral range (ip_local_port_range starts at 32768), so no server that asked for port 0 and no
+    client's outgoing connection takes them while the server is down, as they could a free_port() one."""
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20000, 32000 - count)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports between 20000 and 32000 on 127.0.0.1")
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> Any:
     """Polls `predicate` until it returns something truthy; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -65,7 +89,8 @@ class Stream:
 
 
 class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer, blob_pb2_grpc.BlobServiceServicer):  # type: ignore[misc]
-    def __init__(self, token: str = "nodusjoin_test_secret", lease: float = 5.0, heartbeat: float = 0.2) -> None:
+    def __init__(self, token: str = "nodusjoin_test_secret", lease: float = 5.0, heartbeat: float = 0.2,
+                 port: int = 0) -> None:
         self.token = token
         self.lease = lease
         self.heartbeat = heartbeat
@@ -88,7 +113,7 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer, blob_pb2_grpc.BlobSer
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
         agent_pb2_grpc.add_AgentServiceServicer_to_server(self, self.server)
         blob_pb2_grpc.add_BlobServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.address = f"127.0.0.1:{self.port}"
 
     def start(self) -> "FakeCoordinator":

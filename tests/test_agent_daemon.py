@@ -16,7 +16,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from agent_double import AgentProcess, FakeCoordinator, wait_for
+from agent_double import AgentProcess, FakeCoordinator, restart_ports, wait_for
 from nodus.v1 import agent_pb2
 
 PY = sys.executable
@@ -274,22 +274,16 @@ def test_an_assignment_sent_again_after_the_end_is_not_run_again(fake: FakeCoord
 
 
 def test_agent_keeps_trying_while_the_coordinator_is_away(tmp_path: Path) -> None:
-    fake = FakeCoordinator().start()
-    address = fake.address
-    fake.stop()  # nobody listens there now
-    agent = AgentProcess(tmp_path / "work", address, fake.token, env={"NODUS_LOG_LEVEL": "DEBUG"})
+    port = restart_ports(1)  # nobody listens there now, and no port-0 server takes it meanwhile
+    address = f"127.0.0.1:{port}"
+    agent = AgentProcess(tmp_path / "work", address, "nodusjoin_test_secret", env={"NODUS_LOG_LEVEL": "DEBUG"})
     agent.start()
     try:
         # three refused attempts, each followed by its backoff: it outlived them
         wait_for(lambda: agent.log().count("reconnecting in") >= 3, 20, what="three refused attempts")
         assert agent.proc.poll() is None
-        port = int(address.rsplit(":", 1)[1])
-        second = FakeCoordinator()
-        second.server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(32))
-        from nodus.v1 import agent_pb2_grpc, blob_pb2_grpc
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(second, second.server)
-        blob_pb2_grpc.add_BlobServiceServicer_to_server(second, second.server)
-        assert second.server.add_insecure_port(f"127.0.0.1:{port}") == port
+        second = FakeCoordinator(port=port)
+        assert second.port == port
         second.start()
         try:
             wait_for(lambda: second.hellos(), 10, what="the agent to find the coordinator")

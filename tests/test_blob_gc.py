@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent_double import wait_for
+from agent_double import restart_ports, wait_for
 from conftest import Coordinator
 from e2e import JOBS, attempts_of, create, settled, start_agent, status
 from nodus.coordinator.blob_gc import decide_gc, digests_in
@@ -92,7 +92,8 @@ def test_a_ttl_deletion_takes_the_jobs_outputs_and_logs_and_storage_counts_logs(
 def test_kill_9_during_collection_loses_no_referenced_blob(tmp_path: Path) -> None:
     data = tmp_path / "data"
     c = Coordinator(data)
-    c.start(extra_args=("--blob-gc-interval", "1h"))  # no collection while the referenced blobs are made
+    first = restart_ports(3)  # gRPC, its agent port, HTTP: the same three on every restart
+    c.start(http_port=first + 2, grpc_port=first, extra_args=("--blob-gc-interval", "1h"))  # no collection yet
     pushed = []
     try:
         for i in range(12):  # sources a project pushed: referenced by their _sources records

@@ -188,10 +188,13 @@ def installed(tmp_path: Path) -> Iterator[InstalledAgent]:
 
 def interpreter_of(pid: int) -> str:
     """The venv a process runs from: its script's #! names the interpreter, which /proc shows as argv[0] once
-    the process has exec'd the script (until then its cmdline is empty or the forking parent's)."""
+    the process has exec'd the script (until then its cmdline is empty or the forking parent's). Where the venv's
+    path makes the #! line longer than the kernel reads (127 bytes: pytest's deep tmp paths do), pip writes a
+    `#!/bin/sh` script that execs the venv's python on its second line: wait past the shell."""
     def argv() -> list[str] | None:
         words = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        return words if len(words) > 1 and words[1].endswith("/bin/nodus-agent") else None
+        ran = len(words) > 1 and words[1].endswith("/bin/nodus-agent")
+        return words if ran and Path(words[0]).name not in ("sh", "dash", "bash") else None
     return str(wait_for(argv, 30, what=f"process {pid} to exec nodus-agent")[0])
 
 

@@ -24,7 +24,7 @@ import orjson
 import pytest
 import yaml
 
-from agent_double import AgentProcess, free_port, wait_for
+from agent_double import AgentProcess, restart_ports, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, JOBS, attempts_of, create, get_job, grant, joined
 from nodus.coordinator.money.ledger import Kind, fold
@@ -225,7 +225,7 @@ def test_a_kill_9_in_the_middle_of_posting_charges_nothing_twice(tmp_path: Path)
     status.cost is the sum of its postings to the cent."""
     offset = tmp_path / "offset"
     offset.write_text("0")
-    port = free_port()
+    port = restart_ports()
     args = ("--price-book", str(_book(tmp_path / "book.yaml")), "--lease-duration", "30m",
             "--heartbeat-interval", "1s", "--clock-offset-file", str(offset))
     c = Coordinator(tmp_path / "data").start(grpc_port=port, extra_args=args)

@@ -19,7 +19,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from conftest import Coordinator
-from agent_double import AgentProcess, free_port, wait_for
+from agent_double import AgentProcess, restart_ports, wait_for
 from e2e import AGENT_ENV, attempts_of, create, joined
 
 from nodus.agent.enrolment import new_key
@@ -62,7 +62,7 @@ def register_with(channel: grpc.Channel, node: str) -> agent_pb2.RegisterRespons
 
 
 def test_an_agent_enrols_once_keeps_a_private_key_and_renews_across_a_coordinator_restart(tmp_path: Path) -> None:
-    port = free_port()
+    port = restart_ports()
     args = ("--node-certificate-lifetime", "12s")
     c = Coordinator(tmp_path / "data").start(grpc_port=port, extra_args=args)
     a = agent(c, tmp_path, "id-n0").start()
@@ -200,7 +200,7 @@ def test_rotating_the_join_token_keeps_enrolled_nodes_and_refuses_the_old_token(
 
 def test_agents_notice_a_wiped_coordinator_say_what_to_do_and_enrol_with_the_token_file_they_reread(
         tmp_path: Path) -> None:
-    port = free_port()
+    port = restart_ports()
     c = Coordinator(tmp_path / "data").start(grpc_port=port)
     a = agent(c, tmp_path, "wipe-n0").start()
     try:

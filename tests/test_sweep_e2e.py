@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent_double import AgentProcess, free_port, wait_for
+from agent_double import AgentProcess, restart_ports, wait_for
 from conftest import Coordinator
 from e2e import AGENT_ENV, JOBS, attempts_of, get_job, grant, joined
 
@@ -189,7 +189,7 @@ def test_a_suspended_sweep_suspends_its_cells_and_resumes_them(tmp_path: Path) -
 
 def test_a_kill_9_of_the_coordinator_mid_sweep_creates_no_cell_twice_and_the_sweep_finishes(tmp_path: Path) -> None:
     log = tmp_path / "cells.log"
-    port = free_port()
+    port = restart_ports()
     c = Coordinator(tmp_path / "data").start(grpc_port=port)
     try:
         with joined([AgentProcess(tmp_path / "n1", c.grpc, c.join_token, node="n1", env=AGENT_ENV).start()], c):
