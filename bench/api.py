@@ -12,7 +12,7 @@ Figures (see bench/README.md):
   3  watch delivery latency: W watch streams, creates at a steady rate, per (watcher, object)
      latency = ADDED event arrival - time the create's 201 arrived at the creator (CLOCK_MONOTONIC,
      which is system-wide, so the two processes' stamps compare)
-  4  TLS on gRPC (bench/api_tls.py): gRPC creates/s and calls/s with TLS, and agent calls/s with mTLS,
+  4  TLS on gRPC (bench/api_tls.py): gRPC creates/s and calls/s with TLS, and agent heartbeats/s with mTLS,
      each beside plaintext (--grpc-insecure on loopback) in the same run; target: TLS costs <= 15 %
 
 With --store-url the coordinator keeps its store on PostgreSQL (`local`: a throwaway cluster with fsync

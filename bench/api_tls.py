@@ -7,22 +7,24 @@ on a shared machine hits both alike; the best round of each counts. Per side:
   one channel (an operator's call: the operators' port is TLS without client certificates, so creates
   have no mTLS column);
 - gRPC calls/s of a cheap operator call (ProjectService.ListProjects): plaintext vs TLS;
-- gRPC calls/s of an agent call (BlobService.Stat of a digest nobody stored) with the join token on the
-  plaintext coordinator vs an enrolled node's certificate on the agent port (mTLS). The mTLS side is
-  answered PermissionDenied by NodeScope after its certificate is checked, the plaintext side NotFound:
-  neither touches the disk, so the difference is transport and authentication.
+- agent heartbeats/s: `clients` nodes, each registered and holding its Connect stream as nodus-agent does,
+  write a Heartbeat and wait for the LeaseRenewal the coordinator answers it with as it arrives (ADR 0049):
+  the call every agent makes for as long as it runs. The plaintext coordinator's nodes authenticate with
+  the join token, the deployed one's with their enrolled certificates over mTLS on the agent port; the
+  coordinator's work behind it is the same (an in-memory beat, a renewal, an acknowledgement), so the
+  difference is the transport and the authentication.
 Beside each rate: the coordinator's CPU-seconds per 1,000 calls and the client's, which say on which side
 a cost lies.
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import orjson
@@ -31,7 +33,7 @@ from google.protobuf import json_format, struct_pb2
 from api_procs import cpu_seconds
 from daemons import Coordinator, start_coordinator, stop_all
 from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
-from nodus.v1 import (agent_pb2, agent_pb2_grpc, blob_pb2, blob_pb2_grpc, project_pb2, project_pb2_grpc,
+from nodus.v1 import (agent_pb2, agent_pb2_grpc, common_pb2, project_pb2, project_pb2_grpc,
                       resource_pb2, resource_pb2_grpc)
 
 TARGET_COST = 0.15
@@ -48,20 +50,105 @@ class Rate:
 
 async def measure_rate(call: Callable[[], Awaitable[Any]], clients: int, seconds: float, server_pid: int) -> Rate:
     """Calls/s that `clients` concurrent loops of `call` sustain for `seconds`, with each side's CPU per call."""
+    return await measure_each([call] * clients, seconds, server_pid)
+
+
+async def measure_each(calls: Sequence[Callable[[], Awaitable[Any]]], seconds: float, server_pid: int) -> Rate:
+    """Calls/s that one loop per call in `calls` sustains for `seconds` (a loop per stream, where each call
+    is a round trip on its own stream), with each side's CPU per call."""
     done = 0
     stop = time.perf_counter() + seconds
 
-    async def loop() -> None:
+    async def loop(call: Callable[[], Awaitable[Any]]) -> None:
         nonlocal done
         while time.perf_counter() < stop:
             await call()
             done += 1
     server0, client0 = cpu_seconds(server_pid), cpu_seconds(os.getpid())
     started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(clients)))
+    await asyncio.gather(*(loop(call) for call in calls))
     wall = time.perf_counter() - started
     per = 1000.0 / max(done, 1)
     return Rate(done / wall, (cpu_seconds(server_pid) - server0) * per, (cpu_seconds(os.getpid()) - client0) * per)
+
+
+class Beats:
+    """One node's Connect stream, held as nodus-agent holds it; calling it is one heartbeat's round trip: a
+    Heartbeat written, read up to the LeaseRenewal the coordinator answers it with (the acknowledgements the
+    coordinator sends in between, the same on either side, are read past)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.seq = 1
+
+    @classmethod
+    async def open(cls, channel: grpc.aio.Channel, node: str,
+                   metadata: tuple[tuple[str, str], ...] | None = None) -> "Beats":
+        """Registers `node` (an inventory of one CPU host), connects and says Hello; returns once FullState
+        came, as an agent starts."""
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        reg = await stub.Register(agent_pb2.RegisterRequest(node_name=node, inventory=common_pb2.NodeInventory(
+            host=common_pb2.HostInventory(cpus=8, memory_bytes=32 << 30, disk_bytes=1 << 40))),
+            metadata=metadata, timeout=30)
+        call = stub.Connect(metadata=metadata)
+        await call.write(agent_pb2.AgentMessage(seq=1, hello=agent_pb2.Hello(
+            node_id=reg.node_id, session_id=reg.session_id, epoch=reg.epoch)))
+        beats = cls(call)
+        await beats._until("full_state")
+        return beats
+
+    async def _until(self, kind: str) -> None:
+        while True:
+            message = await self.call.read()
+            if message is grpc.aio.EOF:
+                raise RuntimeError(f"the coordinator closed the Connect stream before {kind}: "
+                                   f"{await self.call.code()} {await self.call.details()}")
+            if message.WhichOneof("message") == kind:
+                return
+
+    async def __call__(self) -> None:
+        self.seq += 1
+        await self.call.write(agent_pb2.AgentMessage(seq=self.seq, heartbeat=agent_pb2.Heartbeat(
+            disk_free_bytes=1 << 40)))
+        await self._until("lease_renewal")
+
+    def close(self) -> None:
+        self.call.cancel()
+
+
+async def enrol(target: str, ca: bytes, join_token: str, node: str) -> tuple[grpc.ChannelCredentials, str]:
+    """A node enrolled with the join token over the TLS port at `target`: its mTLS channel credentials and
+    the agent port's address, as nodus-agent enrols."""
+    key = new_key()
+    async with grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca)) as boot:
+        answer = await agent_pb2_grpc.AgentServiceStub(boot).Enrol(agent_pb2.EnrolRequest(
+            node_name=node, csr_pem=csr_pem(key, node)), metadata=_bearer(join_token), timeout=30)
+    creds = grpc.ssl_channel_credentials(ca, key_pem(key), answer.certificate_pem.encode())
+    return creds, agent_address(target, answer.agent_port)
+
+
+@contextlib.asynccontextmanager
+async def heartbeat_streams(plain: Coordinator, tls: Coordinator, nodes: int,
+                            prefix: str) -> AsyncIterator[tuple[list[Beats], list[Beats]]]:
+    """`nodes` agents' Connect streams on each coordinator, each node on its own channel: on the plaintext
+    one with the join token, on the deployed one enrolled and over mTLS on the agent port."""
+    ca = (tls.data / "tls" / "ca.crt").read_bytes()
+    plain_join = _bearer((plain.data / "join-token").read_text().strip())
+    tls_join = (tls.data / "join-token").read_text().strip()
+    async with contextlib.AsyncExitStack() as stack:
+        plain_beats, mtls_beats = [], []
+        for i in range(nodes):
+            name = f"{prefix}-{i}"
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(plain.grpc))
+            plain_beats.append(await Beats.open(channel, name, plain_join))
+            creds, address = await enrol(tls.grpc, ca, tls_join, name)
+            channel = await stack.enter_async_context(grpc.aio.secure_channel(address, creds))
+            mtls_beats.append(await Beats.open(channel, name))
+        try:
+            yield plain_beats, mtls_beats
+        finally:
+            for beats in plain_beats + mtls_beats:
+                beats.close()
 
 
 def answered(call: Callable[[], Awaitable[Any]], code: grpc.StatusCode) -> Callable[[], Awaitable[None]]:
@@ -81,16 +168,7 @@ def _bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 async def _measure(plain: Coordinator, tls: Coordinator, job: Callable[[int], bytes], concurrency: int,
                    clients: int, seconds: float, rounds: int) -> list[dict[str, Rate]]:
-    ca = (tls.data / "tls" / "ca.crt").read_bytes()
-    server_auth = grpc.ssl_channel_credentials(ca)
-    key = new_key()
-    async with grpc.aio.secure_channel(tls.grpc, server_auth) as boot:
-        answer = await agent_pb2_grpc.AgentServiceStub(boot).Enrol(agent_pb2.EnrolRequest(
-            node_name="bench-api-tls", csr_pem=csr_pem(key, "bench-api-tls")),
-            metadata=_bearer((tls.data / "join-token").read_text().strip()), timeout=30)
-    node_creds = grpc.ssl_channel_credentials(ca, key_pem(key), answer.certificate_pem.encode())
-    plain_join = _bearer((plain.data / "join-token").read_text().strip())
-    digest = hashlib.sha256(b"a blob nobody stored").hexdigest()
+    server_auth = grpc.ssl_channel_credentials((tls.data / "tls" / "ca.crt").read_bytes())
     pid = {"plain": plain.proc.pid, "tls": tls.proc.pid}
     seq = [0]
 
@@ -106,19 +184,16 @@ async def _measure(plain: Coordinator, tls: Coordinator, job: Callable[[int], by
 
     rows: list[dict[str, Rate]] = []
     async with grpc.aio.insecure_channel(plain.grpc) as p_op, grpc.aio.secure_channel(tls.grpc, server_auth) as t_op, \
-            grpc.aio.insecure_channel(plain.grpc) as p_ag, \
-            grpc.aio.secure_channel(agent_address(tls.grpc, answer.agent_port), node_creds) as m_ag:
+            heartbeat_streams(plain, tls, clients, "bench-api-tls") as (p_beats, m_beats):
         p_res, t_res = resource_pb2_grpc.ResourceServiceStub(p_op), resource_pb2_grpc.ResourceServiceStub(t_op)
         p_list, t_list = project_pb2_grpc.ProjectServiceStub(p_op), project_pb2_grpc.ProjectServiceStub(t_op)
-        p_stat, m_stat = blob_pb2_grpc.BlobServiceStub(p_ag), blob_pb2_grpc.BlobServiceStub(m_ag)
-        stat = blob_pb2.StatBlobRequest(sha256=digest)
         listing = project_pb2.ListProjectsRequest()
         for call in (create_of(p_res, plain.token), create_of(t_res, tls.token),  # connect and warm up, uncounted
                      lambda: p_list.ListProjects(listing, metadata=_bearer(plain.token)),
-                     lambda: t_list.ListProjects(listing, metadata=_bearer(tls.token)),
-                     answered(lambda: p_stat.Stat(stat, metadata=plain_join), grpc.StatusCode.NOT_FOUND),
-                     answered(lambda: m_stat.Stat(stat), grpc.StatusCode.PERMISSION_DENIED)):
+                     lambda: t_list.ListProjects(listing, metadata=_bearer(tls.token))):
             await measure_rate(call, 2, min(seconds, 0.5), os.getpid())
+        for beats in (p_beats, m_beats):
+            await measure_each(beats, min(seconds, 0.5), os.getpid())
         for _ in range(rounds):
             rows.append({
                 "creates plaintext": await measure_rate(create_of(p_res, plain.token), concurrency, seconds,
@@ -129,12 +204,8 @@ async def _measure(plain: Coordinator, tls: Coordinator, job: Callable[[int], by
                                                          clients, seconds, pid["plain"]),
                 "operator TLS": await measure_rate(lambda: t_list.ListProjects(listing, metadata=_bearer(tls.token)),
                                                    clients, seconds, pid["tls"]),
-                "agent plaintext": await measure_rate(answered(lambda: p_stat.Stat(stat, metadata=plain_join),
-                                                                grpc.StatusCode.NOT_FOUND), clients, seconds,
-                                                      pid["plain"]),
-                "agent mTLS": await measure_rate(answered(lambda: m_stat.Stat(stat),
-                                                           grpc.StatusCode.PERMISSION_DENIED), clients, seconds,
-                                                 pid["tls"]),
+                "agent plaintext": await measure_each(p_beats, seconds, pid["plain"]),
+                "agent mTLS": await measure_each(m_beats, seconds, pid["tls"]),
             })
     return rows
 
@@ -161,7 +232,7 @@ def run(root: Path, job: Callable[[int], bytes], concurrency: int, clients: int,
 
 PAIRS = (("gRPC creates/s", "creates TLS", "creates plaintext"),
          ("gRPC calls/s (operator)", "operator TLS", "operator plaintext"),
-         ("gRPC calls/s (agent)", "agent mTLS", "agent plaintext"))
+         ("agent heartbeats/s", "agent mTLS", "agent plaintext"))
 
 
 def report_lines(tls: dict[str, Any]) -> list[str]:

@@ -46,7 +46,7 @@ def test_api_bench_reports_creates_gets_and_watch_latency_beside_their_anchors()
                                                   rf"({NUM})/s\s+({NUM}) %\s+({NUM}), ({NUM}) vs ({NUM}), ({NUM})$",
         "operator calls with TLS": rf"^gRPC calls/s \(operator\)\s+({NUM}) \(TLS\)\s+operator plaintext\s+({NUM})/s"
                                    rf"\s+({NUM}) %",
-        "agent calls with mTLS": rf"^gRPC calls/s \(agent\)\s+({NUM}) \(mTLS\)\s+agent plaintext\s+({NUM})/s\s+({NUM}) %",
+        "agent calls with mTLS": rf"^agent heartbeats/s\s+({NUM}) \(mTLS\)\s+agent plaintext\s+({NUM})/s\s+({NUM}) %",
         "the load beside them": rf"^TLS on gRPC: .*load average before ({NUM}) ({NUM}) ({NUM}), after",
         "the TLS targets": r"^TLS targets: creates TLS costs <= 15 %: (?:met|NOT met).*agent mTLS costs <= 15 %",
     })
