@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import statistics
 import tempfile
 import time
@@ -36,17 +37,7 @@ from nodus.v1 import blob_pb2, blob_pb2_grpc, project_pb2, project_pb2_grpc
 
 async def rate(call: Callable[[], Awaitable[Any]], clients: int, seconds: float) -> float:
     """Calls per second that `clients` concurrent loops of `call` sustain for `seconds`."""
-    done = 0
-    stop = time.perf_counter() + seconds
-
-    async def loop() -> None:
-        nonlocal done
-        while time.perf_counter() < stop:
-            await call()
-            done += 1
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(clients)))
-    return done / (time.perf_counter() - started)
+    return (await measure_each([call] * clients, seconds, os.getpid())).calls_per_s
 
 
 async def first_call_ms(open_channel: Callable[[], grpc.aio.Channel], call: Callable[[grpc.aio.Channel],
