@@ -13,6 +13,10 @@ Job's uid, index, output, rank and the output's sha256), and a load that finds i
 nothing and answers the rows it recorded, so an Append that committed just before a crash, or a pass
 that saw its own Loading again, is never repeated (ADR 0042).
 
+A directory output (the agent archives it as tar.zst) loads every .jsonl, .ndjson, .csv and .parquet file
+in it, in path order, each with its own columns, in the same one transaction; a directory with none of
+them fails naming the formats.
+
 Level-triggered: the cache's Job events mark the Jobs with a sink to load (`pending` is the pure
 decision), a start marks every stored one, and each marked Job is loaded in turn.
 """
@@ -24,10 +28,12 @@ import binascii
 import csv
 import io
 import logging
+import tarfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import orjson
+import zstandard
 
 from .api.connection import POSTGRES_KEYS
 from .controllers.cache import JOBS, Cache, job_key
@@ -101,21 +107,57 @@ def rows_of(data: bytes, fmt: str) -> tuple[list[str], Iterator[Sequence[Any]]]:
     return list(table.column_names), (tuple(_cell(v) for v in row.values()) for row in table.to_pylist())
 
 
+Part = tuple[list[str], Iterable[Sequence[Any]]]
+"""One file's (columns, rows): a file output is one part, a directory output one per loadable file."""
+
+
+def parts_of(data: bytes, path: str, output: str) -> list[Part]:
+    """The parts a committed output loads: a file by its path's extension, a directory (a tar.zst
+    archive) as each of its loadable files in path order. Raises ValueError naming what cannot load."""
+    if not data.startswith(ZSTD_MAGIC):
+        fmt = format_of(path)
+        if fmt is None:
+            raise ValueError(f"output {output} ({path}) is not a .jsonl, .ndjson, .csv or .parquet file "
+                             "nor a directory holding some: a sink loads those")
+        return [rows_of(data, fmt)]
+    files: list[tuple[str, bytes]] = []
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as raw, \
+                tarfile.open(fileobj=raw, mode="r|") as tar:
+            for member in tar:
+                fmt = format_of(member.name)
+                if member.isfile() and fmt is not None:
+                    f = tar.extractfile(member)
+                    files.append((member.name, f.read() if f else b""))
+    except (zstandard.ZstdError, tarfile.TarError) as e:
+        raise ValueError(f"output {output} ({path}) is not a readable directory archive: {e}") from None
+    if not files:
+        raise ValueError(f"output {output} is a directory ({path}) with no .jsonl, .ndjson, .csv or .parquet "
+                         "file in it: write the rows to such a file there, or name the file as the output")
+    out: list[Part] = []
+    for name, body in sorted(files):
+        try:
+            out.append(rows_of(body, str(format_of(name))))
+        except ValueError as e:
+            raise ValueError(f"{name.removeprefix('./')}: {e}") from None
+    return out
+
+
 def _cell(value: Any) -> Any:
     """A value COPY can write: nested JSON as its JSON text."""
     return orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value
 
 
-def load(dsn: dict[str, Any], table: str, mode: str, columns: list[str], rows: Iterable[Sequence[Any]],
-         load_id: str) -> int:
-    """Loads `rows` into `table` in one transaction (Replace: its rows are deleted first) that also records
-    `load_id`; the rows loaded. A load whose id is recorded already loads nothing and answers its rows."""
+def load(dsn: dict[str, Any], table: str, mode: str, parts: Sequence[Part], load_id: str) -> int:
+    """Loads every part's rows into `table` in one transaction (Replace: its rows are deleted first) that
+    also records `load_id`; the rows loaded. A load whose id is recorded already loads nothing and answers
+    its rows."""
     import psycopg  # noqa: PLC0415
     from psycopg import sql  # noqa: PLC0415
 
-    parts = table.split(".", 1)
-    name = sql.Identifier(*parts)
-    loads = sql.Identifier(*(parts[:-1] + [LOADS_TABLE]))  # beside the table, in its schema
+    names = table.split(".", 1)
+    name = sql.Identifier(*names)
+    loads = sql.Identifier(*(names[:-1] + [LOADS_TABLE]))  # beside the table, in its schema
     count = 0
     with psycopg.connect(**dsn, connect_timeout=10, autocommit=False) as conn:
         with conn.transaction(), conn.cursor() as cur:
@@ -127,11 +169,15 @@ def load(dsn: dict[str, Any], table: str, mode: str, columns: list[str], rows: I
                 return int(done[0])  # loaded before (a crash before its Loaded, or a second pass): once only
             if mode == "Replace":
                 cur.execute(sql.SQL("DELETE FROM {}").format(name))
-            copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(name, sql.SQL(", ").join(map(sql.Identifier, columns)))
-            with cur.copy(copy_sql) as copy:
-                for row in rows:
-                    copy.write_row(row)
-                    count += 1
+            for columns, rows in parts:
+                if not columns:
+                    continue  # an empty file: nothing to copy
+                copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
+                    name, sql.SQL(", ").join(map(sql.Identifier, columns)))
+                with cur.copy(copy_sql) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                        count += 1
             cur.execute(sql.SQL("INSERT INTO {} (load_id, rows) VALUES (%s, %s)").format(loads), (load_id, count))
     return count
 
@@ -176,7 +222,10 @@ class SinkLoader:
         except NodusError as e:
             await self._set(project, name, key, {"phase": "Failed", "message": e.message})
             return
-        except Exception as e:  # noqa: BLE001 - the database's or the file's words, for the customer
+        except ValueError as e:  # the file's words (parts_of, rows_of), naming the file and the line
+            await self._set(project, name, key, {"phase": "Failed", "message": str(e)})
+            return
+        except Exception as e:  # noqa: BLE001 - the database's words, for the customer
             await self._set(project, name, key, {"phase": "Failed", "message": f"{type(e).__name__}: {e}"})
             return
         await self._set(project, name, key, {"phase": "Loaded", "rows": rows})
@@ -184,22 +233,12 @@ class SinkLoader:
                  committed.get("index"), sink["table"], rows)
 
     async def _load(self, project: str, committed: dict[str, Any], sink: dict[str, Any], load_id: str) -> int:
-        path = str(committed.get("path") or "")
-        fmt = format_of(path)
-        if fmt is None:
-            raise NodusError("BadRequest", f"output {committed.get('name')} ({path}) is not a .jsonl, .ndjson, .csv "
-                             "or .parquet file: a sink loads one of those")
         if self.blobs is None:
             raise NodusError("ServiceUnavailable", "this coordinator keeps no blob store to read outputs from")
         data = await self.blobs.read_all(str(committed.get("sha256")))
-        if data.startswith(ZSTD_MAGIC) and fmt != "parquet":
-            raise NodusError("BadRequest", f"output {committed.get('name')} is a directory (archived as tar.zst): a "
-                             "sink loads one file; declare the file itself as the output")
+        parts = await asyncio.to_thread(parts_of, data, str(committed.get("path") or ""), str(committed.get("name")))
         dsn = await self._dsn(project, str(sink["connection"]))
-        columns, rows = rows_of(data, fmt)
-        if not columns:
-            return 0
-        return await asyncio.to_thread(load, dsn, str(sink["table"]), str(sink.get("mode") or "Append"), columns, rows,
+        return await asyncio.to_thread(load, dsn, str(sink["table"]), str(sink.get("mode") or "Append"), parts,
                                        load_id)
 
     async def _dsn(self, project: str, conn_name: str) -> dict[str, Any]:
