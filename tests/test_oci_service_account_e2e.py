@@ -1,7 +1,9 @@
 """A ServiceAccount's token inside a container (ADR 0055): a real coordinator, a real `nodus-agent --runtime
 oci` and a real registry on loopback. The image Job's program finds $NODUS_TOKEN_FILE and $NODUS_CA_FILE at
 /nodus/secrets/nodus.serviceaccount/ inside its pod, readable by the image's user, holding the token and the
-coordinator's CA, and $NODUS_API_SERVER set; the token is revoked once the attempt ends."""
+coordinator's CA; the token is revoked once the attempt ends. $NODUS_API_SERVER is not set: the coordinator
+listens on loopback, which the pod's own network namespace cannot reach, and no --attempt-api-server names
+an address it could (ADR 0065; tests/test_service_account_e2e.py covers the flag)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +21,7 @@ from test_oci_e2e import images, oci_agent, pytestmark, work  # noqa: F401 - the
 PROGRAM = r"""
 import os, sys
 token_file, ca_file = os.environ["NODUS_TOKEN_FILE"], os.environ["NODUS_CA_FILE"]
-print("files", token_file, ca_file, "server", bool(os.environ.get("NODUS_API_SERVER")), flush=True)
+print("files", token_file, ca_file, "server", os.environ.get("NODUS_API_SERVER", "unset"), flush=True)
 ok = (token_file == "/nodus/secrets/nodus.serviceaccount/token"
       and ca_file == "/nodus/secrets/nodus.serviceaccount/ca.crt"
       and open(token_file).read().startswith("nodus_")
@@ -45,7 +47,9 @@ def test_the_token_is_at_the_same_path_inside_the_container(c: Coordinator, imag
         create(c, "oci-sa", backoffLimit=0, image=images["python"], command=["python3", "-c", PROGRAM],
                serviceAccountName="in-pod")
         st = settled(c, "oci-sa", 180)
-        assert st["phase"] == "Succeeded", (st, c.run("nodus", "logs", "oci-sa", check=False).stdout)
+        logs = c.run("nodus", "logs", "oci-sa", check=False).stdout
+        assert st["phase"] == "Succeeded", (st, logs)
+        assert "server unset" in logs, "a pod is not told a loopback address it cannot reach"
 
     def revoked() -> bool:
         listed = json.loads(c.run("nodus", "token", "ls", "--project", "default", "--all", "-o", "json").stdout)

@@ -182,3 +182,51 @@ def test_deleting_the_account_revokes_its_live_tokens(coordinator: Coordinator, 
     r = c.session().post(c.url(JOBS), json={"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "late"},
                                             "spec": {"command": ["true"], "serviceAccountName": "temp"}})
     assert r.status_code == 422 and 'no ServiceAccount "temp"' in r.json()["message"], r.text
+
+
+READER = r'''
+import json, os, ssl, sys, urllib.request
+server = os.environ.get("NODUS_API_SERVER")
+print("server", server, flush=True)
+if server != sys.argv[1]:
+    sys.exit(6)
+token = open(os.environ["NODUS_TOKEN_FILE"]).read().strip()
+ctx = ssl.create_default_context(cafile=os.environ["NODUS_CA_FILE"])
+url = f"{server}/apis/nodus.dev/v1/namespaces/{os.environ['NODUS_PROJECT']}/jobs/{os.environ['NODUS_JOB']}"
+me = json.load(urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer " + token}),
+                                      context=ctx, timeout=60))
+print("read", me["metadata"]["name"], flush=True)
+sys.exit(0 if me["metadata"]["name"] == os.environ["NODUS_JOB"] else 7)
+'''
+
+
+def _host_address() -> str:
+    """This host's own non-loopback address (what another host would dial), else its name."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.254", 9))  # no packet is sent: this only picks the outgoing address
+            address = str(s.getsockname()[0])
+        except OSError:
+            address = ""
+    return address if address and not address.startswith("127.") else socket.gethostname()
+
+
+def test_attempts_are_told_the_attempt_api_server_and_reach_it(tmp_path: Path) -> None:
+    """--attempt-api-server (ADR 0065): the coordinator listens on every address, its kubeconfig says
+    127.0.0.1 (which an attempt on another host or in a pod cannot reach), and the Job is told the
+    host's own address instead, reaches the API there (the coordinator's certificate names it) and reads
+    itself with its token."""
+    from agent_double import free_port
+    port = free_port()
+    told = f"https://{_host_address()}:{port}"
+    with Coordinator(tmp_path / "data").start(http_port=port, host="0.0.0.0",
+                                              extra_args=("--attempt-api-server", told)) as c:
+        assert c.http.startswith("https://127.0.0.1:"), "the kubeconfig's server stays loopback"
+        account(c, "reader", "viewer")
+        with joined([AgentProcess(tmp_path / "work", c.grpc, c.join_token, node="sa-far").start()], c):
+            create(c, "reader", command=[sys.executable, "-c", READER, told], serviceAccountName="reader")
+            status = settled(c, "reader", timeout=120)
+            logs = c.run("nodus", "logs", "reader", check=False).stdout
+        assert status["phase"] == "Succeeded", (status, logs)
+        assert f"server {told}" in logs and "read reader" in logs, logs

@@ -167,3 +167,41 @@ def test_lowering_an_accounts_role_revokes_its_tokens_at_once(tmp_path: Path) ->
         assert await wt.entries(store) == []
         await store.close()
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(("api", "same_host", "own_netns", "told"), [
+    (wt.ApiEndpoint("https://127.0.0.1:8080"), True, False, "https://127.0.0.1:8080"),  # a local process attempt
+    (wt.ApiEndpoint("https://127.0.0.1:8080"), False, False, ""),  # an agent on another host
+    (wt.ApiEndpoint("https://127.0.0.1:8080"), True, True, ""),  # a pod: its own loopback
+    (wt.ApiEndpoint("https://localhost:8080"), True, True, ""),
+    (wt.ApiEndpoint("https://[::1]:8080"), False, False, ""),
+    (wt.ApiEndpoint("https://10.0.0.5:8080"), False, True, "https://10.0.0.5:8080"),  # listens on an address
+    (wt.ApiEndpoint("https://127.0.0.1:8080", configured=True), False, True, "https://127.0.0.1:8080"),  # as told
+    (wt.ApiEndpoint(), True, False, ""),
+])
+def test_the_api_address_an_attempt_is_told(api: wt.ApiEndpoint, same_host: bool, own_netns: bool, told: str) -> None:
+    assert wt.url_for(api, same_host, own_netns) == told
+
+
+@pytest.mark.parametrize(("peer", "local"), [
+    ("ipv4:127.0.0.1:5000", True), ("ipv6:[::1]:5000", True), ("unix:/run/nodus.sock", True),
+    ("ipv4:10.0.0.7:5000", False), ("ipv6:[fd00::2]:5000", False), ("weird", False),
+])
+def test_an_agent_on_this_host_is_told_by_its_peer_address(peer: str, local: bool) -> None:
+    from nodus.coordinator.agents import same_host
+    assert same_host(peer) is local
+
+
+def test_the_attempt_api_server_flag_is_checked() -> None:
+    import argparse
+
+    from nodus.coordinator import workload_settings as ws
+    args = argparse.Namespace(attempt_api_server="https://10.0.0.5:8080/")
+    assert ws.url(args) == "https://10.0.0.5:8080" and ws.hosts(args) == ["10.0.0.5"]
+    assert ws.endpoint(args, "https://127.0.0.1:8080", b"") == wt.ApiEndpoint("https://10.0.0.5:8080", b"", True)
+    assert ws.endpoint(argparse.Namespace(attempt_api_server=None), "https://127.0.0.1:1", b"x") == wt.ApiEndpoint(
+        "https://127.0.0.1:1", b"x", False)
+    for bad in ("10.0.0.5:8080", "ftp://h", "https://", "https://h:port", "https://h?x=1"):
+        with pytest.raises(SystemExit) as e:
+            ws.url(argparse.Namespace(attempt_api_server=bad))
+        assert "--attempt-api-server" in str(e.value) and "https://HOST[:PORT]" in str(e.value), bad

@@ -37,9 +37,9 @@ _UNLESS_FINISHED = (desired.Send.CANCEL, desired.Send.SUSPEND, desired.Send.PLAN
 class Session:
     """One Connect stream of one node's session."""
 
-    def __init__(self, service: AgentServicer, node: str, session_id: str, epoch: int) -> None:
+    def __init__(self, service: AgentServicer, node: str, session_id: str, epoch: int, same_host: bool = True) -> None:
         self.service = service
-        self.node, self.session_id, self.epoch = node, session_id, epoch
+        self.node, self.session_id, self.epoch, self.same_host = node, session_id, epoch, same_host
         self.dirty = asyncio.Event()
         self.error: NodusError | None = None
         self._out: asyncio.Queue[Any] = asyncio.Queue()
@@ -431,7 +431,7 @@ class Session:
                                            self.service.image_registry, self._bucket_of(project, running))
             await git_access.fill(built, checkpoints.reader(self.service.objects), self.service.vault, job)
             await workload_tokens.attach(built, attempt, job, self.service.identity, self.service.objects.store,
-                                         self.service.api)  # ADR 0055: spec.serviceAccountName's token
+                                         self.service.api, self.same_host)  # ADRs 0055, 0065
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),

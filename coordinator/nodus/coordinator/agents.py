@@ -22,6 +22,7 @@ the diff itself, pure, in `controllers/desired.py`.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from typing import Any, AsyncIterator
 
@@ -207,7 +208,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except NodusError as e:
             await context.abort_with_status(status_for(e, rid))
             return
-        session = Session(self, node["name"], hello.session_id, hello.epoch)
+        session = Session(self, node["name"], hello.session_id, hello.epoch, same_host=same_host(context.peer()))
         previous = self.sessions.get(session.node)
         if previous is not None:
             previous.end()  # the same session reconnected: the older stream is simply over
@@ -231,6 +232,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 self.registry.forget(session.node, session.session_id)
         if session.error is not None:
             await context.abort_with_status(status_for(session.error, rid))
+
+
+def same_host(peer: str) -> bool:
+    """Whether a gRPC peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:…") is on this host."""
+    kind, _, address = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def peer_certificate(context: grpc.aio.ServicerContext) -> bytes | None:

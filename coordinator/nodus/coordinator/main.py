@@ -26,9 +26,8 @@ from aiohttp import web
 
 from nodus import config as daemon_config
 
-from . import gc_settings, grpc_api, replica_settings
+from . import gc_settings, grpc_api, replica_settings, workload_settings
 from .bootstrap import bootstrap
-from .controllers.workload_tokens import ApiEndpoint
 from .api import units
 from .blobs.open import add_flags as add_blob_flags, from_args as open_blob_store
 from .clock import OffsetClock, SystemClock
@@ -184,7 +183,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     http_host, http_port = _split(args.http_listen)
     grpc_insecure = _grpc_insecure(args, grpc_host)
     agent_host, agent_port = _agent_listen(args, grpc_host, grpc_port)
-    own = ensure_tls(data_dir, [http_host, grpc_host, agent_host])  # the CA signs node certificates too
+    own = ensure_tls(data_dir, [http_host, grpc_host, agent_host, *workload_settings.hosts(args)])  # signs nodes' too
     tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), None) if args.tls_cert and args.tls_key else own
     agent_listen = None
     if not grpc_insecure:  # node identity (docs/adr/0039-grpc-tls-and-node-identity.md)
@@ -211,8 +210,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     endpoints = Endpoints(f"{_client_host(grpc_host)}:{grpc_server.port}",
                           f"https://{_client_host(http_host)}:{bound_http}")
     await bootstrap(data_dir, identity, endpoints.http, tls, endpoints.grpc, grpc_insecure)
-    # What an attempt with a ServiceAccount reaches the REST API by: the kubeconfig's server and CA (ADR 0055).
-    plane.agents.api = ApiEndpoint(endpoints.http, tls.ca.read_bytes() if tls.ca is not None else b"")
+    # What an attempt with a ServiceAccount reaches the REST API by: --attempt-api-server or the kubeconfig's (ADR 0065).
+    plane.agents.api = workload_settings.endpoint(args, endpoints.http, tls.ca.read_bytes() if tls.ca else b"")
     write_private(data_dir / "endpoints.json", orjson.dumps({
         "grpc": endpoints.grpc, "http": endpoints.http, "grpcTls": not grpc_insecure,
         **({"agent": f"{_client_host(agent_host)}:{grpc_server.agent_port}"} if grpc_server.agent_port else {})}))
@@ -478,6 +477,7 @@ def parser() -> argparse.ArgumentParser:
     replica_settings.add_flags(p)  # --leader-lease, --leader-renew-interval (ADR 0043)
     add_blob_flags(p)  # --blob-url, --blob-endpoint, --blob-region (ADR 0044)
     tokens_settings.add_flags(p)  # --rate-limit, --rate-burst, --audit-log-* (ADR 0046)
+    workload_settings.add_flags(p)  # --attempt-api-server (ADR 0065)
     return p
 
 

@@ -21,6 +21,7 @@ import enum
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -49,11 +50,30 @@ API_SERVER_ENV = "NODUS_API_SERVER"
 
 @dataclass(frozen=True, slots=True)
 class ApiEndpoint:
-    """How an attempt reaches the REST API: the URL the admin kubeconfig names, and the CA (PEM) that
-    signed the coordinator's certificate when the coordinator made it (empty: a public one)."""
+    """How an attempt reaches the REST API: the URL (--attempt-api-server, else the one the admin
+    kubeconfig names), and the CA (PEM) that signed the coordinator's certificate when the coordinator
+    made it (empty: a public one)."""
 
     url: str = ""
     ca_pem: bytes = b""
+    configured: bool = False
+    """The operator named `url` (--attempt-api-server): every attempt is told it as it is."""
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def url_for(api: ApiEndpoint, same_host: bool, own_netns: bool) -> str:
+    """The URL an attempt is told in NODUS_API_SERVER (ADR 0065); "" where the default, the kubeconfig's
+    server, is a loopback address the attempt cannot reach: its agent is on another host (it connected
+    from a non-loopback address), or the attempt runs in a pod, whose network namespace has its own
+    loopback."""
+    if api.configured or not api.url:
+        return api.url
+    host = urlsplit(api.url).hostname or ""
+    if host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        return api.url
+    return api.url if same_host and not own_netns else ""
 
 
 class Verdict(enum.Enum):
@@ -105,10 +125,11 @@ async def read_account(store: Store, project: str, name: str) -> dict[str, Any] 
 
 
 async def attach(built: agent_pb2.Assignment, attempt: dict[str, Any], job: dict[str, Any], identity: Identity,
-                 store: Store, api: ApiEndpoint, ttl: float = TTL_SECONDS) -> None:
-    """Adds the token of the Job's ServiceAccount to `built` (nothing when the Job names none). An account
-    deleted since admission fails the attempt (NodusError), naming it: the program would run without the
-    identity its Job asks for."""
+                 store: Store, api: ApiEndpoint, same_host: bool = True, ttl: float = TTL_SECONDS) -> None:
+    """Adds the token of the Job's ServiceAccount to `built` (nothing when the Job names none), and the
+    API's address where the attempt can reach it (`url_for`; `same_host`: its agent connected from the
+    coordinator's host). An account deleted since admission fails the attempt (NodusError), naming it:
+    the program would run without the identity its Job asks for."""
     name = (job.get("spec") or {}).get("serviceAccountName")
     if not name:
         return
@@ -131,8 +152,14 @@ async def attach(built: agent_pb2.Assignment, attempt: dict[str, Any], job: dict
     if api.ca_pem:
         data["ca.crt"] = api.ca_pem
     built.secrets.append(agent_pb2.SecretMount(name=TOKEN_MOUNT, data=data, mount_path=f"/nodus/secrets/{TOKEN_MOUNT}"))
-    if api.url:
-        built.env[API_SERVER_ENV] = api.url
+    told = url_for(api, same_host, own_netns=bool(built.image))
+    if told:
+        built.env[API_SERVER_ENV] = told
+    elif api.url:
+        log.warning("attempt %s gets no %s: the REST API's address %s is loopback, which it cannot reach (%s); "
+                    "start the coordinator with --attempt-api-server URL naming an address it reaches",
+                    attempt["metadata"]["name"], API_SERVER_ENV, api.url,
+                    "it runs in a pod" if built.image else "its node is another host")
 
 
 async def entries(store: Store, under: str = "") -> list[tuple[str, int, dict[str, Any]]]:
@@ -224,5 +251,5 @@ class WorkloadTokens:
                 if e.reason not in ("Conflict", "NotFound"):
                     raise
 
-__all__ = ["API_SERVER_ENV", "ApiEndpoint", "Decision", "INDEX", "TOKEN_MOUNT", "TTL_SECONDS", "Verdict",
+__all__ = ["API_SERVER_ENV", "ApiEndpoint", "url_for", "Decision", "INDEX", "TOKEN_MOUNT", "TTL_SECONDS", "Verdict",
            "WorkloadTokens", "attach", "decide", "revoke_account", "role_of"]
