@@ -230,3 +230,30 @@ def test_attempts_are_told_the_attempt_api_server_and_reach_it(tmp_path: Path) -
             logs = c.run("nodus", "logs", "reader", check=False).stdout
         assert status["phase"] == "Succeeded", (status, logs)
         assert f"server {told}" in logs and "read reader" in logs, logs
+
+
+def test_a_dead_workload_tokens_record_leaves_the_store(tmp_path: Path) -> None:
+    """ADR 0067: the token of an attempt that ended is revoked (and still listed, so a request presenting
+    it is told so); once its expiry is the grace past, on the coordinator's clock (moved forward here by
+    --clock-offset-file, across a restart), its record is deleted from the store."""
+    from nodus.coordinator.controllers.workload_tokens import GRACE_SECONDS, TTL_SECONDS
+    offset = tmp_path / "clock-offset"
+    offset.write_text("0")
+    flags = ("--clock-offset-file", str(offset))
+    subject = "system:serviceaccount:default:brief"
+    c = Coordinator(tmp_path / "data").start(extra_args=flags)
+    try:
+        account(c, "brief", "viewer")
+        with joined([AgentProcess(tmp_path / "work", c.grpc, c.join_token, node="sa-gc").start()], c):
+            create(c, "brief", command=[sys.executable, "-c", WAITER, str(tmp_path)], serviceAccountName="brief")
+            assert settled(c, "brief", timeout=120)["phase"] == "Succeeded"
+
+        def listed(*flag: str) -> bool:
+            return subject in c.run("nodus", "token", "ls", "--project", "default", *flag).stdout
+        wait_for(lambda: listed("--all") and not listed(), 60, what="the ended attempt's token to be revoked")
+        c.stop()
+        offset.write_text(str(TTL_SECONDS + GRACE_SECONDS + 60))
+        c.start(extra_args=flags)
+        wait_for(lambda: not listed("--all"), 60, what="the dead token's record to leave the store")
+    finally:
+        c.stop()

@@ -205,3 +205,61 @@ def test_the_attempt_api_server_flag_is_checked() -> None:
         with pytest.raises(SystemExit) as e:
             ws.url(argparse.Namespace(attempt_api_server=bad))
         assert "--attempt-api-server" in str(e.value) and "https://HOST[:PORT]" in str(e.value), bad
+
+
+@pytest.mark.parametrize(("record", "now", "gone"), [
+    ({"workload": {"attempt": "a"}, "expireUnix": 1000.0}, 1000.0 + 3600, True),
+    ({"workload": {"attempt": "a"}, "expireUnix": 1000.0}, 1000.0 + 3599, False),
+    ({"workload": {"attempt": "a"}, "expireUnix": 1000.0, "revokeTime": "x"}, 1000.0 + 10, False),
+    ({"expireUnix": 1000.0, "revokeTime": "x"}, 1e9, False),  # a user's token: kept as ever
+    ({"expireUnix": 0}, 1e9, False),
+])
+def test_a_dead_workload_token_is_forgotten_a_grace_after_its_expiry(record: dict[str, Any], now: float,
+                                                                      gone: bool) -> None:
+    assert wt.collectable(record, now, 3600.0) is gone
+
+
+def test_dead_workload_token_records_leave_the_store(tmp_path: Path) -> None:
+    """Against a real store: a revoked workload token's record is deleted once TTL + grace have passed; a
+    live attempt's token (renewed) and a revoked user token stay."""
+    async def go() -> None:
+        clock = ManualClock(1_000_000.0)
+        store = await SqliteStore.open(tmp_path / "store.db")
+        identity = Identity(store, clock=clock.now)
+        await identity.ensure_project("default")
+        cache = Cache(store)
+        await cache.start()
+        objects = Objects(store, cache)
+        await store.create(wt.account_key("default", "bot"), orjson.dumps(
+            {"metadata": {"name": "bot", "namespace": "default", "uid": "u-sa"}, "spec": {"role": "viewer"}}))
+        job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default",
+                                                                         "uid": "u1"},
+               "spec": {"command": ["true"], "serviceAccountName": "bot"}}
+        await objects.create(job_key("default", "j"), job)
+        attempts = [new_attempt(job, i, 1, clock.now()) for i in range(2)]
+        ids = []
+        for a in attempts:
+            await objects.create(attempt_key("default", a["metadata"]["name"]), a)
+            built = agent_pb2.Assignment()
+            await wt.attach(built, a, job, identity, store, wt.ApiEndpoint(), ttl=TTL)
+            ids.append([e["tokenId"] for _, _, e in await wt.entries(store, f"default/{a['metadata']['name']}/")][0])
+        _, user = await identity.create_token("default", wt.Role.VIEWER, "someone", ttl_seconds=60)
+        await identity.revoke_token(user["id"])
+        controller = wt.WorkloadTokens(cache, store, identity, ttl=TTL, grace=300.0)
+        ended = attempt_key("default", attempts[0]["metadata"]["name"])
+        await objects.mutate(ended, lambda o: {**o, "status": {**o["status"], "phase": "Succeeded"}})
+        assert await asyncio.wait_for(controller.queue.get(), 30) == ended  # the cache has the change
+        await controller.reconcile(ended)
+        controller.queue.done(ended)
+        assert (await identity.get_token(ids[0]) or {}).get("revokeTime"), "revoked, and kept while it says so"
+        assert await controller.forget_dead() == 0, "not before its expiry and the grace"
+
+        for _ in range(8):  # the resyncs of TTL + grace: each renews the live token, the dead one ages
+            clock.advance(TTL / 4)
+            await controller.reconcile("")
+        assert await identity.get_token(ids[0]) is None, "the revoked workload token's record is gone"
+        assert not (await identity.get_token(ids[1]) or {}).get("revokeTime"), "the live attempt's token stays"
+        assert (await identity.get_token(user["id"]) or {}).get("revokeTime"), "a user's revoked token stays"
+        await cache.stop()
+        await store.close()
+    asyncio.run(go())

@@ -161,9 +161,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
     store = await open_store(args.store_url, data_dir)
-    identity = tokens_settings.identity(store, args, data_dir)  # rate limits, audit log (ADR 0046)
-    vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     clock = OffsetClock(Path(args.clock_offset_file)) if args.clock_offset_file else SystemClock()
+    identity = tokens_settings.identity(store, args, data_dir, clock.now)  # rate limits, audit log (ADR 0046)
+    vault = Vault(store, load_or_create_key(data_dir / "secret.key"))
     fleet = Fleet(Cache(store), clock)  # the watch-fed view the controllers and the estimates read
     resolver = _image_resolver(args)
     service = ResourceService(store, identity, vault, limits=_admission_limits(args), images=resolver, fleet=fleet)

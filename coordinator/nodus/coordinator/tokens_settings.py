@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Callable
 
 from .api import units
 from .audit import DEFAULT_BACKUPS, AuditLog
@@ -56,6 +57,7 @@ def audit_log(args: argparse.Namespace, data_dir: Path) -> AuditLog:
     return AuditLog(data_dir / "audit.log", size, int(args.audit_log_backups))
 
 
-def identity(store: Store, args: argparse.Namespace, data_dir: Path) -> Identity:
-    """The coordinator's Identity, its tokens rate-limited and its writes audited as the flags say."""
-    return Identity(store, limiter=TokenBuckets(rate_settings(args)), audit=audit_log(args, data_dir))
+def identity(store: Store, args: argparse.Namespace, data_dir: Path, clock: Callable[[], float]) -> Identity:
+    """The coordinator's Identity, its tokens rate-limited and its writes audited as the flags say; token
+    expiry on the coordinator's clock (--clock-offset-file moves it as it moves every other deadline)."""
+    return Identity(store, clock=clock, limiter=TokenBuckets(rate_settings(args)), audit=audit_log(args, data_dir))

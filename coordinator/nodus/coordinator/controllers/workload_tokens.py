@@ -14,6 +14,11 @@ so the token the program holds stays the same and no file is rewritten), or revo
 (Succeeded, Failed, Lost, Cancelled: a replaced attempt ends so) or was deleted, its ServiceAccount was
 deleted (or replaced by another of the same name), or the account's role was lowered. Level-triggered: an
 attempt's change queues it, and a resync every quarter of the lifetime renews and revokes the rest.
+
+The resync also forgets dead tokens (ADR 0067): a workload token's record under `_identity/tokens/` (kept
+when revoked, so a request presenting it is told "revoked at T") is deleted once its expiry is `grace`
+past (`collectable`, pure). A live token's expiry keeps moving, so only a revoked token, or one whose
+renewals stopped, ever gets there; each attempt built leaves a record for at most TTL + grace.
 """
 from __future__ import annotations
 
@@ -46,6 +51,10 @@ TTL_SECONDS = 3600.0
 """A workload token's lifetime; renewed while its attempt lives once less than half of it is left, so a
 token outlives its attempt by at most this long if every revocation failed."""
 API_SERVER_ENV = "NODUS_API_SERVER"
+TOKENS = "_identity/tokens/"
+GRACE_SECONDS = 3600.0
+"""How long a dead workload token's record outlives its expiry (a request presenting it is told it was
+revoked or expired, rather than that it is not valid); then the resync deletes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,12 @@ def decide(entry: dict[str, Any], attempt: dict[str, Any] | None, account: dict[
     if float(entry.get("expireUnix") or 0) - now < ttl / 2:
         return Decision(Verdict.RENEW)
     return Decision(Verdict.KEEP)
+
+
+def collectable(record: dict[str, Any], now: float, grace: float) -> bool:
+    """Whether a token record is a workload token's whose expiry is at least `grace` past: nothing can
+    use it any more (a renewal moves only an unexpired, unrevoked token's expiry)."""
+    return bool(record.get("workload")) and float(record.get("expireUnix") or 0) + grace <= now
 
 
 def role_of(account: dict[str, Any]) -> Role:
@@ -200,8 +215,8 @@ class WorkloadTokens:
     """Renews the live workload tokens and revokes those whose attempt or account is gone."""
 
     def __init__(self, cache: Cache, store: Store, identity: Identity, ttl: float = TTL_SECONDS,
-                 now: Callable[[], float] | None = None) -> None:
-        self.cache, self.store, self.identity, self.ttl = cache, store, identity, ttl
+                 now: Callable[[], float] | None = None, grace: float = GRACE_SECONDS) -> None:
+        self.cache, self.store, self.identity, self.ttl, self.grace = cache, store, identity, ttl, grace
         self.now: Callable[[], float] = now or identity.now
         self.queue: WorkQueue[str] = WorkQueue()
         cache.listen(ATTEMPTS, self._on_attempt)
@@ -236,6 +251,25 @@ class WorkloadTokens:
                 accounts[which] = await read_account(self.store, *which)
             decision = decide(entry, self.cache.get(attempt_at), accounts[which], self.now(), self.ttl)
             await self._act(index_key, revision, entry, decision)
+        if not key:
+            await self.forget_dead()
+
+    async def forget_dead(self) -> int:
+        """Deletes the records of workload tokens `grace` past their expiry; returns how many."""
+        now, n = self.now(), 0
+        for rec in (await self.store.list(TOKENS)).records:
+            record = orjson.loads(rec.value)
+            if not collectable(record, now, self.grace):
+                continue
+            try:
+                await self.store.delete(rec.key, rec.revision)  # a renewal meanwhile (Conflict) keeps it
+                n += 1
+            except NodusError as e:
+                if e.reason not in ("Conflict", "NotFound"):
+                    raise
+        if n:
+            log.info("forgot %d workload token record(s) more than %.0f s past their expiry", n, self.grace)
+        return n
 
     async def _act(self, key: str, revision: int, entry: dict[str, Any], decision: Decision) -> None:
         if decision.verdict is Verdict.REVOKE:
@@ -251,5 +285,5 @@ class WorkloadTokens:
                 if e.reason not in ("Conflict", "NotFound"):
                     raise
 
-__all__ = ["API_SERVER_ENV", "ApiEndpoint", "url_for", "Decision", "INDEX", "TOKEN_MOUNT", "TTL_SECONDS", "Verdict",
+__all__ = ["API_SERVER_ENV", "ApiEndpoint", "GRACE_SECONDS", "collectable", "url_for", "Decision", "INDEX", "TOKEN_MOUNT", "TTL_SECONDS", "Verdict",
            "WorkloadTokens", "attach", "decide", "revoke_account", "role_of"]
