@@ -150,6 +150,19 @@ def _stored_sink(data_dir: Path, name: str) -> dict[str, Any] | None:
     return sink
 
 
+def _sink_phases(data_dir: Path, name: str) -> list[str]:
+    """The phases status.outputs[0].sink of Job `name` went through, oldest first, from the store's history."""
+    with sqlite3.connect(data_dir / "store.db") as db:
+        rows = db.execute("SELECT value FROM log WHERE key = ? ORDER BY revision", (f"jobs/default/{name}",)).fetchall()
+    phases: list[str] = []
+    for (value,) in rows:
+        outputs = (orjson.loads(value).get("status") or {}).get("outputs") or [{}] if value else [{}]
+        phase = (outputs[0].get("sink") or {}).get("phase")
+        if phase and phase not in phases[-1:]:
+            phases.append(phase)
+    return phases
+
+
 def _loads_recorded(conn: psycopg.Connection[Any]) -> int:
     """The loads PostgreSQL has committed (none while the table that records them is not committed yet)."""
     if conn.execute("SELECT to_regclass(%s)", (LOADS_TABLE,)).fetchone() == (None,):
@@ -199,6 +212,7 @@ def test_an_append_committed_before_a_kill_9_is_not_repeated(postgres_cluster: P
             store = None
             assert watcher.execute("SELECT count(*) FROM appended").fetchone() == (3,)
         assert _stored_sink(c.data_dir, "append") == {"phase": "Loading"}, "the kill landed before Loaded"
+        assert _sink_phases(c.data_dir, "append") == ["Pending", "Loading"], "Pending is written when committed"
         c.start()
         job = wait_job(c, "append", lambda j: j["status"]["outputs"][0].get("sink", {}).get("phase") == "Loaded",
                        what="the restarted coordinator to settle the sink")
