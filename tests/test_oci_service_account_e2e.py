@@ -56,3 +56,39 @@ def test_the_token_is_at_the_same_path_inside_the_container(c: Coordinator, imag
         mine = [t for t in listed if t["subject"] == "system:serviceaccount:default:in-pod"]
         return bool(mine) and all(t.get("revoke_time") for t in mine)
     wait_for(revoked, 30, what="the ended attempt's token to be revoked")
+
+
+def test_a_pod_reaches_the_api_at_the_attempt_api_server(images: dict[str, str], oci_registry: Registry,
+                                                         work: Path, tmp_path: Path) -> None:
+    """ADR 0065 from inside a runc pod: the coordinator listens on every address and is started with
+    --attempt-api-server naming the host's own address; a pod with an Open egress (its routed veth) is
+    told that URL, and reads its own Job through it with its token and the CA (the certificate names it)."""
+    import os
+
+    import netns
+    from agent_double import AgentProcess, free_port
+    from e2e import AGENT_ENV
+    from test_oci_egress_e2e import free_range
+    from test_service_account_e2e import READER, _host_address
+
+    port = free_port()
+    told = f"https://{_host_address()}:{port}"
+    with Coordinator(tmp_path / "data").start(http_port=port, host="0.0.0.0", extra_args=(
+            "--insecure-registry", oci_registry.host, "--attempt-api-server", told)) as far:
+        r = far.session().post(far.url(f"{NS}/serviceaccounts"), json={
+            "apiVersion": "nodus.dev/v1", "kind": "ServiceAccount", "metadata": {"name": "reader"},
+            "spec": {"role": "viewer"}})
+        assert r.status_code == 201, r.text
+        agent = AgentProcess(work, far.grpc, far.join_token, node="oci-sa-far",
+                             env={**AGENT_ENV, "LD_LIBRARY_PATH": "/opt/node-only/lib"},
+                             extra_args=("--advertise-address", "127.0.0.1", "--runtime", "oci",
+                                         "--insecure-registry", oci_registry.host, "--egress-range", free_range(),
+                                         "--egress-interface-prefix", f"{netns.PREFIX}{os.getpid()}-s",
+                                         "--egress-uplink", "lo"))  # forwarding stays off but for lo
+        with joined([agent.start()], far):
+            create(far, "far", backoffLimit=0, image=images["python"], command=["python3", "-c", READER, told],
+                   serviceAccountName="reader", network={"egress": {"policy": "Open"}})
+            st = settled(far, "far", 180)
+            logs = far.run("nodus", "logs", "far", check=False).stdout
+        assert st["phase"] == "Succeeded", (st, logs)
+        assert f"server {told}" in logs and "read far" in logs, logs

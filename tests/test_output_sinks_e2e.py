@@ -186,7 +186,7 @@ def test_an_append_committed_before_a_kill_9_is_not_repeated(postgres_cluster: P
     try:
         held.execute("LOCK TABLE appended IN ACCESS EXCLUSIVE MODE")
         post(c, "secrets", {"kind": "Secret", "metadata": {"name": "pg"},
-                            "stringData": {"user": where.username or "", "password": "unused-with-trust"}})
+                            "stringData": {"user": where.username or "", "password": "NODUS-TEST-SECRET-unused-with-trust"}})
         post(c, "connections", {"kind": "Connection", "metadata": {"name": "warehouse"}, "spec": {
             "type": "Postgres", "postgres": {"host": where.hostname, "port": where.port, "database": where.path[1:],
                                              "secret": "pg", "sslMode": "disable"}}})
