@@ -224,3 +224,55 @@ def test_an_append_committed_before_a_kill_9_is_not_repeated(postgres_cluster: P
             store.close()
         held.close()
         c.stop()
+
+
+def test_a_pass_that_could_not_write_its_outcome_is_retried_by_the_resync(tmp_path: Path) -> None:
+    """A finished Job may never change again: when the loader's first write (Loading) is refused, no event
+    comes back to mark the Job, and only the loader's resync brings its sink to an outcome (here Failed:
+    this loader has no blob store to read the output from)."""
+    import asyncio
+
+    from nodus.coordinator.controllers.cache import Cache, job_key
+    from nodus.coordinator.controllers.objects import Objects
+    from nodus.coordinator.errors import NodusError
+    from nodus.coordinator.sinks import SinkLoader
+    from nodus.coordinator.store import SqliteStore
+
+    class Refusing(Objects):
+        refused = 0
+
+        async def mutate(self, key: str, mutation: Any) -> dict[str, Any] | None:
+            if not self.refused:
+                self.refused += 1
+                raise NodusError("ServiceUnavailable", "the store refused the write (as a busy disk does)")
+            return await super().mutate(key, mutation)
+
+    async def go() -> dict[str, Any]:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        cache = Cache(store)
+        await cache.start()
+        objects = Refusing(store, cache)
+        await objects.create(job_key("default", "j"), {
+            "apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default", "uid": "u"},
+            "spec": {"outputs": [{"name": "rows", "path": "/o/rows.jsonl", "sink": {"connection": "w", "table": "t"}}]},
+            "status": {"phase": "Succeeded", "outputs": [{"index": 0, "name": "rows", "sha256": "a" * 64,
+                                                          "sink": {"phase": "Pending"}}]}})
+        await cache.synced.wait()
+        loader = SinkLoader(cache, objects, None, None, resync_seconds=0.05)  # type: ignore[arg-type]
+        task = asyncio.create_task(loader.run())
+        try:
+            for _ in range(600):
+                job = cache.get(job_key("default", "j")) or {}
+                if job["status"]["outputs"][0]["sink"]["phase"] == "Failed":
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await cache.stop()
+            await store.close()
+        assert objects.refused == 1
+        return job
+    job = asyncio.run(go())
+    assert job["status"]["outputs"][0]["sink"]["phase"] == "Failed", job["status"]
+    assert "no blob store" in job["status"]["outputs"][0]["sink"]["message"]

@@ -18,7 +18,9 @@ in it, in path order, each with its own columns, in the same one transaction; a 
 them fails naming the formats.
 
 Level-triggered: the cache's Job events mark the Jobs with a sink to load (`pending` is the pure
-decision), a start marks every stored one, and each marked Job is loaded in turn.
+decision), a start and a resync every RESYNC_SECONDS mark every stored one (a finished Job may never
+change again, so a pass that failed before its outcome was written, such as a store write refused, is
+retried there), and each marked Job is loaded in turn.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LOADS_TABLE = "_nodus_sink_loads"
 """The table, in the sink table's schema, where every load records itself in the load's own transaction."""
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+RESYNC_SECONDS = 60.0
+"""How often every Job with a sink still Pending or Loading is looked at again without an event."""
 
 
 class Blobs(Protocol):
@@ -185,8 +189,10 @@ def load(dsn: dict[str, Any], table: str, mode: str, parts: Sequence[Part], load
 # -- the executor ---------------------------------------------------------------------------------------
 
 class SinkLoader:
-    def __init__(self, cache: Cache, objects: Objects, blobs: Blobs | None, vault: Vault) -> None:
+    def __init__(self, cache: Cache, objects: Objects, blobs: Blobs | None, vault: Vault,
+                 resync_seconds: float = RESYNC_SECONDS) -> None:
         self.cache, self.objects, self.blobs, self.vault = cache, objects, blobs, vault
+        self.resync_seconds = resync_seconds
         self._marked: set[str] = set()
         self._wake = asyncio.Event()
         cache.listen(JOBS, self._on_job)
@@ -197,20 +203,28 @@ class SinkLoader:
             self._wake.set()
 
     async def run(self) -> None:
-        self._marked.update(key for key, job in self.cache.under(JOBS) if pending(job))
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._marked:
-                key = self._marked.pop()
-                job = self.cache.get(key)
+        loop = asyncio.get_running_loop()
+        while True:  # one round per resync: every Job with a sink still Pending or Loading is marked
+            self._marked.update(key for key, job in self.cache.under(JOBS) if pending(job))
+            resync_at = loop.time() + self.resync_seconds
+            while True:
+                while self._marked:
+                    await self._pass(self._marked.pop())
                 try:
-                    for _, committed, sink in pending(job or {}):
-                        await self._load_one(job or {}, committed, sink)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # noqa: BLE001 - the Job's next change marks it again
-                    log.exception("output sinks: loading %s failed", key)
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, resync_at - loop.time()))
+                except TimeoutError:
+                    break
+                self._wake.clear()
+
+    async def _pass(self, key: str) -> None:
+        job = self.cache.get(key)
+        try:
+            for _, committed, sink in pending(job or {}):
+                await self._load_one(job or {}, committed, sink)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the Job's next change, or the next resync, marks it again
+            log.exception("output sinks: loading %s failed", key)
 
     async def _load_one(self, job: dict[str, Any], committed: dict[str, Any], sink: dict[str, Any]) -> None:
         project, name = job["metadata"]["namespace"], job["metadata"]["name"]
