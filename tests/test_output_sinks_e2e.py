@@ -276,3 +276,31 @@ def test_a_pass_that_could_not_write_its_outcome_is_retried_by_the_resync(tmp_pa
     job = asyncio.run(go())
     assert job["status"]["outputs"][0]["sink"]["phase"] == "Failed", job["status"]
     assert "no blob store" in job["status"]["outputs"][0]["sink"]["message"]
+
+
+def test_two_passes_of_one_load_at_once_load_it_once_and_both_say_so(postgres_cluster: PostgresCluster) -> None:
+    """An old leader still loading while the new one starts the same load (ADR 0043's handover): both
+    wait on the table (held here), then one copies, and the other answers its rows, not a key violation."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nodus.coordinator.sinks import load
+
+    url = postgres_cluster.database()
+    where = urlsplit(url)
+    dsn = {"host": where.hostname, "port": where.port, "dbname": where.path[1:], "user": where.username or "",
+           "sslmode": "disable"}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE twice (n int)")  # and no table of loads yet: both would create it
+    held = psycopg.connect(url)
+    try:
+        held.execute("LOCK TABLE twice IN ACCESS EXCLUSIVE MODE")
+        with ThreadPoolExecutor(2) as pool, psycopg.connect(url, autocommit=True) as watcher:
+            passes = [pool.submit(load, dsn, "twice", "Append", [(["n"], iter([(1,), (2,)]))], "same-load")
+                      for _ in range(2)]
+            wait_for(lambda: watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone() == (2,),
+                     30, what="both passes to wait inside their transactions")
+            held.commit()
+            assert [f.result(timeout=60) for f in passes] == [2, 2]
+            assert watcher.execute("SELECT count(*) FROM twice").fetchone() == (2,)
+    finally:
+        held.close()

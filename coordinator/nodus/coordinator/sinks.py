@@ -165,9 +165,13 @@ def load(dsn: dict[str, Any], table: str, mode: str, parts: Sequence[Part], load
     count = 0
     with psycopg.connect(**dsn, connect_timeout=10, autocommit=False) as conn:
         with conn.transaction(), conn.cursor() as cur:
+            # Two passes of one load at once (an old leader's and the new one's, ADR 0043) take turns from
+            # here: the second then finds the first's record instead of failing on its primary key (or on
+            # creating the record's table beside it).
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (load_id,))
             cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (load_id text PRIMARY KEY, rows bigint NOT NULL, "
                                 "loaded_at timestamptz NOT NULL DEFAULT now())").format(loads))
-            cur.execute(sql.SQL("SELECT rows FROM {} WHERE load_id = %s FOR UPDATE").format(loads), (load_id,))
+            cur.execute(sql.SQL("SELECT rows FROM {} WHERE load_id = %s").format(loads), (load_id,))
             done = cur.fetchone()
             if done is not None:
                 return int(done[0])  # loaded before (a crash before its Loaded, or a second pass): once only
