@@ -201,6 +201,28 @@ def test_status_subresource(c: Coordinator) -> None:
     assert denied.status_code == 403
 
 
+def test_an_integer_past_64_bits_is_refused_naming_its_field_and_stores_nothing(c: Coordinator) -> None:
+    """JSON numbers past int64 (orjson reads them as floats, YAML as Python ints) cannot be stored: 422 naming
+    the field, on a create and on a status write alike (a status write once answered 500 for it)."""
+    s = c.session()
+    big = 2 ** 70
+    body = job("big-1")
+    body["spec"]["completions"] = big
+    r = create(c, body)
+    assert r.status_code == 422, r.text
+    assert r.json()["details"]["causes"][0]["field"] == "spec.completions"
+    assert "64-bit" in r.json()["message"]
+    assert s.get(c.url(f"{JOBS}/big-1")).status_code == 404
+    obj = create(c, job("big-2")).json()
+    before = s.get(c.url(f"{JOBS}/big-2")).json()
+    r = s.put(c.url(f"{JOBS}/big-2/status"), data=orjson.dumps({**obj, "status": {"phase": "Running"}})
+              .replace(b'"phase":"Running"', b'"phase":"Running","active":' + str(big).encode()),
+              headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["details"]["causes"][0]["field"] == "status.active"
+    assert s.get(c.url(f"{JOBS}/big-2")).json() == before
+
+
 def test_secret_values_are_write_only_and_versioned(c: Coordinator) -> None:
     s = c.session()
     secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "hf"},

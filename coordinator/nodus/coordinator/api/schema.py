@@ -301,6 +301,9 @@ def _decode_map(node: Map, value: Any, path: str, ctx: Decoding) -> Any:
     return _run_checks(node, out, path, ctx)
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _decode_int(node: Int, value: Any, path: str, ctx: Decoding) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return _type_error(ctx, path, value, "integer")
@@ -308,6 +311,9 @@ def _decode_int(node: Int, value: Any, path: str, ctx: Decoding) -> Any:
         if not value.is_integer():
             return _type_error(ctx, path, value, "integer")
         value = int(value)  # YAML and some encoders write 2.0 for 2
+    if not _INT64_MIN <= value <= _INT64_MAX:  # a fact of the format, checks or not (a status write too)
+        ctx.causes.append(errors.invalid_value(path, value, "must fit in a 64-bit integer"))
+        return _INVALID
     if ctx.checks:
         if node.enum and value not in node.enum:
             ctx.causes.append(errors.not_supported(path, value, [str(e) for e in node.enum]))
