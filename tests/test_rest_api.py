@@ -223,6 +223,17 @@ def test_an_integer_past_64_bits_is_refused_naming_its_field_and_stores_nothing(
     assert s.get(c.url(f"{JOBS}/big-2")).json() == before
 
 
+def test_if_match_on_a_create_with_no_estimate_to_bind_is_refused(c: Coordinator) -> None:
+    """If-Match binds a Job or Sweep create to its estimate; on a Secret it binds nothing, and is refused
+    naming the header rather than ignored."""
+    secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "bound"},
+              "stringData": {"K": "NODUS-TEST-SECRET-bound-1"}}
+    r = c.session().post(c.url(SECRETS), json=secret, headers={"If-Match": '"est-0123"'})
+    assert r.status_code == 400, r.text
+    assert "If-Match" in r.json()["message"] and "drop the If-Match header" in r.json()["fix"]
+    assert c.session().get(c.url(f"{SECRETS}/bound")).status_code == 404
+
+
 def test_secret_values_are_write_only_and_versioned(c: Coordinator) -> None:
     s = c.session()
     secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "hf"},

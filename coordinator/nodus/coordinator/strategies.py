@@ -51,7 +51,10 @@ class KindStrategy:
 
     async def prepare(self, project: str, obj: dict[str, Any], if_match: str = "") -> None:
         """After `on_create`, before anything is written (a dry run too): what needs I/O to admit.
-        `if_match` is the create's If-Match header: the ETag of the estimate it is bound to."""
+        `if_match` is the create's If-Match header: the ETag of the estimate it is bound to; a kind
+        without estimates refuses it rather than ignore a binding the client asked for."""
+        if if_match:
+            refuse_binding(obj)
 
     async def readable(self, project: str, name: str, old: dict[str, Any], base: dict[str, Any]) -> None:
         """Adds to `base` (a copy of the stored object) what a patch applies to but the store lacks."""
@@ -150,6 +153,8 @@ class JobStrategy(KindStrategy):
         else:  # no resolver: an imageRef cannot be resolved, so it is refused, never ignored
             project_image(obj.get("spec") or {}, None, project, obj["metadata"]["name"])
         if self.estimates is None:
+            if if_match:
+                refuse_binding(obj)
             return
         estimate = await self.estimates.estimate(project, obj.get("spec") or {}, obj.get("status") or {},
                                                  (obj.get("metadata") or {}).get("labels") or {})
@@ -211,6 +216,13 @@ class JobStrategy(KindStrategy):
             if chosen.get("versionID") is not None:
                 status.setdefault("secretVersionIDs", {}).setdefault(secret_name, chosen["versionID"])
         return out
+
+
+def refuse_binding(obj: dict[str, Any]) -> None:
+    """If-Match on a create that has no estimate to bind (a kind without one, or no pricing)."""
+    kind = obj.get("kind") or "this kind"
+    raise errors.NodusError("BadRequest", f"If-Match binds a create to its estimate, and a {kind} create has none here",
+                     fix="drop the If-Match header (it binds Job and Sweep creates to a dry run's estimate ETag)")
 
 
 def bind(estimate: dict[str, Any], obj: dict[str, Any], if_match: str, plural: str, sign: quote.Signer) -> dict[str, Any]:
