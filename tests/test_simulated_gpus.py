@@ -89,11 +89,15 @@ def test_a_node_joins_as_an_offering_it_fits_or_is_refused(tmp_path: Path) -> No
                 ("H100", str(80 << 30), True)]
 
             refused = AgentProcess(tmp_path / "short", c.grpc, c.join_token, node="sim-short",
-                                   extra_args=("--simulate-gpus", "H100:4:80Gi", "--offering", "h100-sxm-80g-x8-us"))
+                                   extra_args=("--simulate-gpus", "H100:4:80Gi", "--offering", "h100-sxm-80g-x8-us"),
+                                   env={"NODUS_LOG_LEVEL": "DEBUG"})
             refused.start()
             try:
                 wait_for(lambda: "OfferingMismatch" in refused.log(), 30, what="the refusal in the agent's log")
+                wait_for(lambda: refused.log().count("reconnecting in") >= 3, 30, what="three refused retries")
                 log = refused.log()
+                # Said once, not once per retry (each refusal carries its own requestId).
+                assert log.count("OfferingMismatch") == 1, log
                 assert "GPUs: the node has 4, offering h100-sxm-80g-x8-us has 8" in log
                 assert "vCPU: the node has" in log and "registered node" not in log
                 nodes = json.loads(grpcurl(c, "nodus.v1.NodeService/ListNodes", {}, token=c.token).stdout)["nodes"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -66,6 +67,10 @@ def open_channel(target: str, token: str, tls_ca: bytes | None = None,
         return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS), metadata
     creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
     return grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS), metadata
+
+
+_REQUEST_ID = re.compile(r"requestId: \S+?(?=[);,\s]|$)")
+"""The request id in a coordinator error's text (grpc_api.status_for: "… (fix: …; requestId: req_…)")."""
 
 
 def unavailable(target: str, details: str, tls: bool) -> tuple[str, int]:
@@ -205,10 +210,12 @@ class Link:
             await asyncio.sleep(delay)
 
     def _note(self, text: str, level: int = logging.WARNING) -> None:
-        """Logs a connection problem once, not on every retry."""
-        if text != self._last_error:
+        """Logs a connection problem once, not on every retry (each refusal's requestId differs, so the
+        problem is compared without it)."""
+        problem = _REQUEST_ID.sub("", text)
+        if problem != self._last_error:
             log.log(level, "%s", text)
-            self._last_error = text
+            self._last_error = problem
 
     # -- the node certificate ---------------------------------------------------------------------
     def _token_hint(self, e: grpc.aio.AioRpcError) -> str:
