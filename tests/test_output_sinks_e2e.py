@@ -55,21 +55,26 @@ def post(c: Coordinator, plural: str, body: dict[str, Any]) -> None:
     assert r.status_code == 201, r.text
 
 
+def warehouse(c: Coordinator, url: str) -> None:
+    """The Connection `warehouse` to the PostgreSQL database at `url`, with its Secret `pg`."""
+    where = urlsplit(url)
+    post(c, "secrets", {"kind": "Secret", "metadata": {"name": "pg"},
+                        "stringData": {"user": where.username or "", "password": "NODUS-TEST-SECRET-unused-with-trust"}})
+    post(c, "connections", {"kind": "Connection", "metadata": {"name": "warehouse"}, "spec": {
+        "type": "Postgres", "postgres": {"host": where.hostname, "port": where.port, "database": where.path[1:],
+                                         "secret": "pg", "sslMode": "disable"}}})
+
+
 def test_outputs_load_into_the_tables_their_sinks_name(coordinator: Coordinator, postgres_cluster: PostgresCluster,
                                                        tmp_path: Path) -> None:
     url = postgres_cluster.database()
-    where = urlsplit(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE metrics (step int, loss double precision, tags jsonb)")
         conn.execute("CREATE TABLE results (name text, score numeric)")
         conn.execute("INSERT INTO results VALUES ('old', 0.1)")
         conn.execute("CREATE TABLE rows_seen (id bigint, label text)")
         conn.execute("CREATE TABLE shards (shard text, n int)")
-    post(coordinator, "secrets", {"kind": "Secret", "metadata": {"name": "pg"},
-                                  "stringData": {"user": where.username or "", "password": "NODUS-TEST-SECRET-unused-with-trust"}})
-    post(coordinator, "connections", {"kind": "Connection", "metadata": {"name": "warehouse"}, "spec": {
-        "type": "Postgres", "postgres": {"host": where.hostname, "port": where.port, "database": where.path[1:],
-                                         "secret": "pg", "sslMode": "disable"}}})
+    warehouse(coordinator, url)
     out = tmp_path / "out"
     out.mkdir()
     sink = {"connection": "warehouse"}
@@ -177,7 +182,6 @@ def test_an_append_committed_before_a_kill_9_is_not_repeated(postgres_cluster: P
     write waits, and the kill lands in exactly that gap. The next coordinator finds the sink Loading,
     loads again, and the table keeps one copy of the rows."""
     url = postgres_cluster.database()
-    where = urlsplit(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE appended (n int)")
     c = Coordinator(tmp_path / "data").start()
@@ -185,11 +189,7 @@ def test_an_append_committed_before_a_kill_9_is_not_repeated(postgres_cluster: P
     store: sqlite3.Connection | None = None
     try:
         held.execute("LOCK TABLE appended IN ACCESS EXCLUSIVE MODE")
-        post(c, "secrets", {"kind": "Secret", "metadata": {"name": "pg"},
-                            "stringData": {"user": where.username or "", "password": "NODUS-TEST-SECRET-unused-with-trust"}})
-        post(c, "connections", {"kind": "Connection", "metadata": {"name": "warehouse"}, "spec": {
-            "type": "Postgres", "postgres": {"host": where.hostname, "port": where.port, "database": where.path[1:],
-                                             "secret": "pg", "sslMode": "disable"}}})
+        warehouse(c, url)
         out = tmp_path / "out"
         out.mkdir()
         program = "import sys; open(sys.argv[1], 'w').write(''.join('{\"n\": %d}\\n' % i for i in range(3)))"

@@ -61,7 +61,10 @@ def test_the_agent_names_the_token_mount_as_the_coordinator_does() -> None:
     assert agent_process.TOKEN_MOUNT == wt.TOKEN_MOUNT
 
 
-async def _scenario(path: Path) -> None:
+async def _world(path: Path, role: str) -> tuple[ManualClock, SqliteStore, Identity, Cache, Objects, dict[str, Any],
+                                                   list[dict[str, Any]]]:
+    """A real store, identity and cache on a manual clock, with the ServiceAccount `bot` of `role` in project
+    default, a Job `j` running as it, and two of its attempts (not yet stored)."""
     clock = ManualClock(1_000_000.0)
     store = await SqliteStore.open(path / "store.db")
     identity = Identity(store, clock=clock.now)
@@ -70,12 +73,16 @@ async def _scenario(path: Path) -> None:
     await cache.start()
     objects = Objects(store, cache)
     account = {"apiVersion": "nodus.dev/v1", "kind": "ServiceAccount",
-               "metadata": {"name": "bot", "namespace": "default", "uid": "u-sa"}, "spec": {"role": "editor"}}
+               "metadata": {"name": "bot", "namespace": "default", "uid": "u-sa"}, "spec": {"role": role}}
     await store.create(wt.account_key("default", "bot"), orjson.dumps(account))
     job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default", "uid": "u1"},
            "spec": {"command": ["true"], "serviceAccountName": "bot"}}
     await objects.create(job_key("default", "j"), job)
-    attempts = [new_attempt(job, i, 1, clock.now()) for i in range(2)]
+    return clock, store, identity, cache, objects, job, [new_attempt(job, i, 1, clock.now()) for i in range(2)]
+
+
+async def _scenario(path: Path) -> None:
+    clock, store, identity, cache, objects, job, attempts = await _world(path, "editor")
     for a in attempts:
         await objects.create(attempt_key("default", a["metadata"]["name"]), a)
     api = wt.ApiEndpoint("https://127.0.0.1:1", b"-----BEGIN CERTIFICATE-----\n")
@@ -223,20 +230,7 @@ def test_dead_workload_token_records_leave_the_store(tmp_path: Path) -> None:
     """Against a real store: a revoked workload token's record is deleted once TTL + grace have passed; a
     live attempt's token (renewed) and a revoked user token stay."""
     async def go() -> None:
-        clock = ManualClock(1_000_000.0)
-        store = await SqliteStore.open(tmp_path / "store.db")
-        identity = Identity(store, clock=clock.now)
-        await identity.ensure_project("default")
-        cache = Cache(store)
-        await cache.start()
-        objects = Objects(store, cache)
-        await store.create(wt.account_key("default", "bot"), orjson.dumps(
-            {"metadata": {"name": "bot", "namespace": "default", "uid": "u-sa"}, "spec": {"role": "viewer"}}))
-        job = {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default",
-                                                                         "uid": "u1"},
-               "spec": {"command": ["true"], "serviceAccountName": "bot"}}
-        await objects.create(job_key("default", "j"), job)
-        attempts = [new_attempt(job, i, 1, clock.now()) for i in range(2)]
+        clock, store, identity, cache, objects, job, attempts = await _world(tmp_path, "viewer")
         ids = []
         for a in attempts:
             await objects.create(attempt_key("default", a["metadata"]["name"]), a)
