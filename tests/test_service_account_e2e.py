@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent_double import AgentProcess, wait_for
+from agent_double import AgentProcess, restart_ports, wait_for
 from conftest import Coordinator
 from e2e import JOBS, NS, create, joined, settled
 from secret_scan import scan
@@ -255,5 +255,36 @@ def test_a_dead_workload_tokens_record_leaves_the_store(tmp_path: Path) -> None:
         offset.write_text(str(TTL_SECONDS + GRACE_SECONDS + 60))
         c.start(extra_args=flags)
         wait_for(lambda: not listed("--all"), 60, what="the dead token's record to leave the store")
+    finally:
+        c.stop()
+
+
+def test_a_reconnecting_agent_mints_no_second_token_for_its_running_attempt(tmp_path: Path) -> None:
+    """After a coordinator restart the agent reconnects and reports its running attempt; FullState's copy of
+    that attempt's Assignment is a no-op on the agent, so no second token is minted for it (one was, per
+    reconnect, each listed and valid until the attempt ended)."""
+    subject = "system:serviceaccount:default:steady"
+    port = restart_ports()
+    c = Coordinator(tmp_path / "data").start(grpc_port=port)
+    try:
+        account(c, "steady", "viewer")
+        agent = AgentProcess(tmp_path / "work", c.grpc, c.join_token, node="sa-steady").start()
+        with joined([agent], c):
+            release = tmp_path / "release"
+            create(c, "steady", command=[sys.executable, "-c", WAITER, str(release)], serviceAccountName="steady")
+            token = token_file(agent, "steady").read_text().strip()
+
+            def tokens() -> int:
+                return c.run("nodus", "token", "ls", "--project", "default", "--all").stdout.count(subject)
+            assert tokens() == 1
+            c.kill()
+            c.start(grpc_port=port)
+            wait_for(lambda: "node sa-steady connected" in c.log.read_text() and
+                     "1 attempts reported" in c.log.read_text().split("node sa-steady connected")[-1].split("\n")[0],
+                     60, what="the agent to reconnect and report its attempt")
+            assert tokens() == 1, "no second token for the attempt the agent already runs"
+            assert with_token(c, token).get(c.url(JOBS)).status_code == 200, "its token still works"
+            release.touch()
+            assert settled(c, "steady", 120)["phase"] == "Succeeded"
     finally:
         c.stop()

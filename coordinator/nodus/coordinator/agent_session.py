@@ -93,6 +93,8 @@ class Session:
         assignments, cancels = await self._full_state(hello)
         self.send(full_state=agent_pb2.FullState(assignments=assignments, cancels=cancels, lease=self._lease()))
         self.send(ack=agent_pb2.Ack(seq=first.seq))
+        log.info("node %s connected (session epoch %d): %d attempts reported, %d assigned, %d cancelled",
+                 self.node, self.epoch, len(hello), len(assignments), len(cancels))
         self.dirty.set()  # what FullState cannot say (a pending Suspend) follows from the first diff
 
     async def read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
@@ -430,8 +432,9 @@ class Session:
             built = await assignment.build(attempt, job, self.service.vault, self._output_of(project),
                                            self.service.image_registry, self._bucket_of(project, running))
             await git_access.fill(built, checkpoints.reader(self.service.objects), self.service.vault, job)
-            await workload_tokens.attach(built, attempt, job, self.service.identity, self.service.objects.store,
-                                         self.service.api, self.same_host)  # ADRs 0055, 0065
+            if not running:  # one the agent reported holds its token: a repeated Assignment is a no-op there
+                await workload_tokens.attach(built, attempt, job, self.service.identity, self.service.objects.store,
+                                             self.service.api, self.same_host)  # ADRs 0055, 0065
             siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
