@@ -7,6 +7,7 @@ the same rules with the same errors. Objects are plain JSON dicts; the store hol
 from __future__ import annotations
 
 import base64
+import copy
 import secrets as pysecrets
 import uuid
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import jsonpatch
 import orjson
 
 from .api.admission import admit_create, admit_status, admit_update
-from .api.jsondoc import copy_json, merge_patch
+from .api.jsondoc import copy_json
 from .api.kinds import KindInfo, resolve
 from .api.limits import BETA, AdmissionLimits
 from .controllers.fleet import Fleet
@@ -95,6 +96,19 @@ def _parse_rv(text: Any, field: str = "resourceVersion") -> int | None:
     if value < 0:
         raise NodusError("BadRequest", f"{field} {text!r} is not a valid resource version")
     return value
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
 
 
 class _Lookup:
@@ -236,8 +250,7 @@ class ResourceService:
                            bookmark_seconds=self.bookmark_seconds, cache=self._watch_cache)
 
     # -- writes -----------------------------------------------------------------------------------
-    def _check_body(self, info: KindInfo, project: str, obj: Any, copy: bool = True) -> dict[str, Any]:
-        """`obj` checked for a body's shape and namespace; a copy unless `copy` is False (the caller reads it)."""
+    def _check_body(self, info: KindInfo, project: str, obj: Any) -> dict[str, Any]:
         if not isinstance(obj, dict):
             raise NodusError("BadRequest", f"the body must be a {info.kind} object",
                              fix="send a JSON object with apiVersion, kind, metadata and spec")
@@ -249,7 +262,7 @@ class ResourceService:
             raise NodusError("BadRequest", f"the namespace of the provided object ({ns}) does not match "
                              f"the namespace sent on the request ({project})",
                              fix="drop metadata.namespace from the object or send it to that project")
-        return copy_json(obj) if copy else obj
+        return copy_json(obj)
 
     async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
                      dry_run: bool = False, field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -383,13 +396,13 @@ class ResourceService:
                             new: dict[str, Any], expected: int, subresource: str, dry_run: bool,
                             field_validation: str) -> tuple[dict[str, Any], tuple[str, ...]]:
         name = old["metadata"]["name"]
-        # status: `new` is only read, and only the top of `old` is copied (no deep copies of a whole Job)
-        new = self._check_body(info, project, new, copy=subresource != "status")
+        new = self._check_body(info, project, new)
         warnings: tuple[str, ...] = ()
         values: dict[str, str] | None = None
         if subresource == "status":
             admitted = admit_status(info, new, field_validation=field_validation)
-            result = {**old, "metadata": dict(old["metadata"]), "status": admitted.object.get("status", {})}
+            result = copy_json(old)
+            result["status"] = admitted.object.get("status", {})
             warnings = admitted.warnings
         elif subresource:
             raise NodusError("NotFound", f'the server could not find the requested resource ({info.plural}/{subresource})')
@@ -478,11 +491,15 @@ class ResourceService:
 
     # -- the Job controller's writes (controllers/job_controller.py JobWriter) -------------------------
     async def write_job_status(self, project: str, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """`status` over `job` as the controller last read it (its cache's copy): no store read, as the write
-        is conditional on its resourceVersion (a Job that moved on since is a Conflict)."""
-        expected = int(job["metadata"]["resourceVersion"])
-        written, _ = await self._write_update(SYSTEM, resolve("jobs"), project, job, {**job, "status": status},
-                                              expected, "status", False, "Strict")
+        """`status` over `job` as the controller last read it (its cache's copy, resourceVersion included).
+        The store is not read again, as a replace would: the write is conditional on that resourceVersion,
+        so a Job that moved on since raises Conflict all the same, and the copy is the stored object at it."""
+        info = resolve("jobs")
+        expected = _parse_rv(job["metadata"].get("resourceVersion"), "metadata.resourceVersion")
+        if expected is None:
+            raise NodusError("Invalid", f'Job "{job["metadata"]["name"]}" as read has no resourceVersion')
+        written, _ = await self._write_update(SYSTEM, info, project, job, {**job, "status": status}, expected,
+                                              "status", False, "Strict")
         return written
 
     async def delete_job(self, project: str, name: str) -> None:

@@ -9,7 +9,7 @@ cannot write (a non-string key, an integer past 64 bits, another type) falls bac
 from __future__ import annotations
 
 import copy
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 
@@ -27,16 +27,3 @@ def copy_json(doc: T) -> T:
     except TypeError:
         return copy.deepcopy(doc)
     return out
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            result.pop(k, None)
-        else:
-            result[k] = merge_patch(result.get(k), v)
-    return result
