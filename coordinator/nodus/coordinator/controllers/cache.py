@@ -100,7 +100,7 @@ class Cache:
                     revision = ev.revision
                     if ev.type is EventType.DELETE:
                         self.apply(ev.key, None, ev.revision)
-                    elif self._newer(ev.key, ev.revision):  # a controller's own write is applied already
+                    else:
                         self.apply(ev.key, decode(ev.key, ev.value, ev.revision), ev.revision)
                 return  # the store closed
             except asyncio.CancelledError:
@@ -124,14 +124,10 @@ class Cache:
     def listen(self, prefix: str, listener: Listener) -> None:
         self._listeners[prefix].append(listener)
 
-    def _newer(self, key: str, revision: int) -> bool:
-        """Whether `revision` of `key` is newer than what the cache holds (or its tombstone)."""
-        known = self._revisions.get(key, self._tombstones.get(key))
-        return known is None or revision > known
-
     def apply(self, key: str, obj: dict[str, Any] | None, revision: int) -> bool:
         """Takes a value the store holds at `revision` (None: deleted); False if it is older than ours."""
-        if not self._newer(key, revision):
+        known = self._revisions.get(key, self._tombstones.get(key))
+        if known is not None and revision <= known:
             return False
         old = self._objects.get(key)
         kind = self._kinds.get(_top(key))
