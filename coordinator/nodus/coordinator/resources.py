@@ -490,16 +490,9 @@ class ResourceService:
         raise self._conflict(info, name)
 
     # -- the Job controller's writes (controllers/job_controller.py JobWriter) -------------------------
-    async def write_job_status(self, project: str, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """`status` over `job` as the controller last read it (its cache's copy, resourceVersion included).
-        The store is not read again, as a replace would: the write is conditional on that resourceVersion,
-        so a Job that moved on since raises Conflict all the same, and the copy is the stored object at it."""
-        info = resolve("jobs")
-        expected = _parse_rv(job["metadata"].get("resourceVersion"), "metadata.resourceVersion")
-        if expected is None:
-            raise NodusError("Invalid", f'Job "{job["metadata"]["name"]}" as read has no resourceVersion')
-        written, _ = await self._write_update(SYSTEM, info, project, job, {**job, "status": status}, expected,
-                                              "status", False, "Strict")
+    async def write_job_status(self, project: str, job: dict[str, Any]) -> dict[str, Any]:
+        written, _ = await self.replace(SYSTEM, resolve("jobs"), project, job["metadata"]["name"], job,
+                                        subresource="status")
         return written
 
     async def delete_job(self, project: str, name: str) -> None:
