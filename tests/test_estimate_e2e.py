@@ -47,7 +47,8 @@ def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
                        scaledownWindow="20m")
             estimate, etag = _dry_run(c, body)
             assert set(FIELDS) <= set(estimate), estimate
-            assert estimate["rateUSDPerHour"] == "2.20" and estimate["costUSD"] == {"p50": "2.20", "p90": "2.20"}
+            # no finished Job of the project yet: the p90 lets the hour run half again (ADR 0068)
+            assert estimate["rateUSDPerHour"] == "2.20" and estimate["costUSD"] == {"p50": "2.20", "p90": "3.30"}
             assert estimate["pricebookVersion"] == "2026-12-01-placement" and estimate["minimumChargeUSD"] == "0.18"
             preview = estimate["placementPreview"]
             assert preview["offering"] == ON_DEMAND and preview["regionClass"] == "us" and not preview["interruptible"]
@@ -105,8 +106,9 @@ def test_dry_run_estimate_if_match_binding_and_412(tmp_path: Path) -> None:
             # "bound" ran on this offering, so its measured start is billed as overhead in every cell.
             assert grid["startup"]["cold"]["p50"] and "message" not in grid["startup"]["cold"]
             # (its p90: "bound" finished at once, so this project's record moves the p50 below the declared
-            # hour, and a record of early finishes never narrows the p90 below the run as declared)
-            assert Decimal(grid["costUSD"]["p90"]) == 6 * Decimal("3.00") + Decimal(grid["overheadUSD"]["p90"])
+            # hour, and a record of one run is too short to show a p90: each cell's lets the hour run half
+            # again, 1.5 h at $3.00, ADR 0068)
+            assert Decimal(grid["costUSD"]["p90"]) == 6 * Decimal("4.50") + Decimal(grid["overheadUSD"]["p90"])
             assert Decimal(grid["costUSD"]["p50"]) < Decimal(grid["costUSD"]["p90"])
             assert Decimal(grid["concurrentHoldUSD"]) == 2 * Decimal(grid["holdUSD"])  # maxParallel 2
             assert grid["rateUSDPerHour"] == "3.00" and r.headers["ETag"].startswith('"e1.')

@@ -13,8 +13,8 @@ from nodus.coordinator.money.pricebook import parse
 from nodus.coordinator.vault import Vault
 from nodus.coordinator.money.estimate import Tariff
 from nodus.coordinator.money.policy import RESTART_OVERHEAD_S
-from nodus.coordinator.money.quote import (ETAG_PURPOSE, Binding, DurationSource, Preview, Shape, Startup, binding, combine, etag,
-                                          quote, redo_s)
+from nodus.coordinator.money.quote import (ETAG_PURPOSE, THIN_RECORD, Binding, DurationSource, Preview, Shape, Startup,
+                                          binding, combine, etag, quote, redo_s)
 
 BOOK = parse(yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "pricebook.yaml").read_text()))
 H100 = BOOK.offering("h100-sxm-80g-x1-us")
@@ -34,8 +34,9 @@ def test_a_declared_duration_prices_every_field() -> None:
     assert shape.source is DurationSource.DECLARED and shape.duration_s == 3600
     e = quote(BOOK, shape, Preview(H100, "n1: offering h100-sxm-80g-x1-us"), Startup(), NOW)
     assert FIELDS <= set(e)
-    # One hour at $2.99 per index, four indexes; no boot measured and never reclaimed: p50 = p90.
-    assert e["costUSD"] == {"p50": "11.96", "p90": "11.96"} and e["overheadUSD"] == {"p50": "0.00", "p90": "0.00"}
+    # One hour at $2.99 per index, four indexes; no boot measured and never reclaimed. No record of this
+    # project's runs: the p90 lets each run take half again as long (quote.UNMEASURED_OVERRUN, $4.485 → $4.49).
+    assert e["costUSD"] == {"p50": "11.96", "p90": "17.96"} and e["overheadUSD"] == {"p50": "0.00", "p90": "0.00"}
     assert e["rateUSDPerHour"] == "2.99" and e["pricebookVersion"] == "2026-12-01"
     # A hold covers the next 10 minutes (money/holds.py): $0.4983 → $0.50; two slots start at once.
     assert e["holdUSD"] == "0.50" and e["concurrentHoldUSD"] == "1.00"
@@ -140,7 +141,8 @@ def test_a_sweep_sums_its_cells_and_holds_the_costliest_at_once() -> None:
     h100 = quote(BOOK, shape, Preview(H100, "n1"), Startup(), NOW)
     cpu = quote(BOOK, shape, Preview(BOOK.offering("cpu-2-8g-us"), "n2"), Startup(), NOW)
     e = combine([(h100, 3), (cpu, 3)], max_parallel=4)
-    assert e["costUSD"] == {"p50": "9.24", "p90": "9.24"}  # 3 × $2.99 + 3 × $0.09 (an hour at $0.085, rounded)
+    assert e["costUSD"] == {"p50": "9.24", "p90": "13.86"}  # 3 × $2.99 + 3 × $0.09 (an hour at $0.085, rounded);
+    # the p90s: 3 × $4.49 + 3 × $0.13 (no record: 1.5 hours each)
     assert e["rateUSDPerHour"] == "2.99" and e["holdUSD"] == "0.50"
     assert e["concurrentHoldUSD"] == "1.51"  # three H100 cells ($0.50) and one CPU cell ($0.01) start at once
     assert e["placementPreview"]["explain"] == "first cell: n1" and codes(e) == ["ColdStart"] * 2
@@ -162,7 +164,13 @@ def test_a_gang_of_total_gpus_counts_its_resolved_nodes() -> None:
 def test_the_p90_counts_how_much_longer_than_declared_this_projects_jobs_ran() -> None:
     spec = {"expectedDuration": "1h"}
     plain = quote(BOOK, Shape.of(spec), Preview(H100, "x"), Startup(), NOW)
-    assert plain["costUSD"] == {"p50": "2.99", "p90": "2.99"}, "no record: the declared hour is the whole band"
+    assert plain["costUSD"] == {"p50": "2.99", "p90": "4.49"}, \
+        "no record: the p50 is the declared hour, the p90 lets it run half again as long"
+    # A record too short to show its own p90 keeps that floor, however well its runs kept to the word.
+    kept = [Decimal("1.000")] * (THIN_RECORD - 1)
+    assert quote(BOOK, Shape.of(spec, overruns=kept), Preview(H100, "x"), Startup(), NOW)["costUSD"]["p90"] == "4.49"
+    long_enough = quote(BOOK, Shape.of(spec, overruns=[*kept, Decimal(1)]), Preview(H100, "x"), Startup(), NOW)
+    assert long_enough["costUSD"] == {"p50": "2.99", "p90": "2.99"}, "a record of THIN_RECORD runs replaces the floor"
     # Nine Jobs ran as said, one took half again as long: the p90 is a run of 1.5 h.
     ratios = [Decimal("1.000")] * 9 + [Decimal("1.500")]
     e = quote(BOOK, Shape.of(spec, overruns=ratios), Preview(H100, "x"), Startup(), NOW)

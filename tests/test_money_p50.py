@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from nodus.coordinator.money.estimate import Tariff, _cumulative, _outcomes, cost_band
 from nodus.coordinator.money.pricebook import PriceBook, parse
+from nodus.coordinator.money import quote as quote_module
 from nodus.coordinator.money.quote import SPREAD_POINTS, Preview, Shape, Startup, quote, spread
 
 BY_THE_MINUTE = Tariff(Decimal("2.20"), 60, 60)  # bench/estimate.py's on-demand offering
@@ -127,19 +128,21 @@ def _bench_book() -> PriceBook:
                                                                        offering("on-demand", "2.20", False)]})
 
 
-def _bench_run(seed: int, book: PriceBook, continuity: str) -> dict[bool, tuple[int, int]]:
+def _bench_run(seed: int, book: PriceBook, continuity: str, at_once: int = 4) -> dict[bool, tuple[int, int, int]]:
     """One bench/estimate.py run of 30 Jobs without its daemons, from an empty record: every other Job on
     the interruptible offering; the run is the guess times a log-normal factor (sigma 0.3); a reclaim
     comes after an exponential time of running at the book's rate, and, as NodeService.Reclaim does, the
     attempt checkpoints in its grace and a replacement (5 s of boot and restore) goes on from there; each
     allocation is charged its boot, its share of the work and 3 s of teardown. Each Job is estimated
-    through `quote` with the record of the Jobs before it and the boots measured so far.
-    Returns, per interruptible or not, (Jobs whose charge is at or below their p50, Jobs)."""
+    through `quote` with the record of the Jobs before it and the boots measured so far, except that the
+    first `at_once` (the bench's four nodes) are all created before any has finished or started.
+    Returns, per interruptible or not, (Jobs whose charge is at or below their p50, at or below their
+    p90, Jobs)."""
     rng = random.Random(seed)
     boot, teardown = 5.0, 3.0
     record: list[Decimal] = []
     starts: dict[bool, list[Decimal]] = {True: [], False: []}
-    out = {True: (0, 0), False: (0, 0)}
+    out = {True: (0, 0, 0), False: (0, 0, 0)}
     for j in range(30):
         spot = j % 2 == 0
         offering = book.offering("spot" if spot else "on-demand")
@@ -156,9 +159,12 @@ def _bench_run(seed: int, book: PriceBook, continuity: str) -> dict[bool, tuple[
             left -= ran
         charged = sum((Tariff.of(offering).charge(Decimal(str(round(s, 3)))) for s in allocations), Decimal(0))
         spec = {"expectedDuration": f"{guess // 60}m", "recovery": {"continuity": continuity}}
-        e = quote(book, Shape.of(spec, overruns=record), Preview(offering, ""), Startup(cold=tuple(starts[spot])), 0.0)
-        at, of = out[spot]
-        out[spot] = (at + (charged <= Decimal(e["costUSD"]["p50"])), of + 1)
+        first = j < at_once
+        e = quote(book, Shape.of(spec, overruns=[] if first else record), Preview(offering, ""),
+                  Startup(cold=() if first else tuple(starts[spot])), 0.0)
+        at50, at90, of = out[spot]
+        out[spot] = (at50 + (charged <= Decimal(e["costUSD"]["p50"])), at90 + (charged <= Decimal(e["costUSD"]["p90"])),
+                     of + 1)
         starts[spot] += [Decimal(str(boot))] * len(allocations)
         record.append(Decimal(str(round((work + (len(allocations) - 1) * boot) / guess, 3))))
     return out
@@ -172,7 +178,22 @@ def test_over_the_benchs_whole_run_about_half_the_charges_fall_at_or_below_the_p
     book = _bench_book()
     runs = [_bench_run(seed, book, "Checkpointed") for seed in range(60)]
     for spot in (True, False):
-        share = sum(r[spot][0] for r in runs) / sum(r[spot][1] for r in runs)
+        share = sum(r[spot][0] for r in runs) / sum(r[spot][2] for r in runs)
         assert 0.44 <= share <= 0.58, (spot, share)
     constant = [_bench_run(seed, book, "Restartable") for seed in range(60)]
-    assert sum(r[True][0] for r in constant) / sum(r[True][1] for r in constant) > 0.62
+    assert sum(r[True][0] for r in constant) / sum(r[True][2] for r in constant) > 0.62
+
+
+def _p90_share(runs: list[dict[bool, tuple[int, int, int]]]) -> float:
+    return sum(r[k][1] for r in runs for k in (True, False)) / sum(r[k][2] for r in runs for k in (True, False))
+
+
+def test_over_the_benchs_whole_run_nine_in_ten_charges_fall_at_or_below_the_p90(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same runs' p90s: at least 90 % of the charges at or below them, the project's first Jobs (quoted
+    with no record, four at once) included. Without the floor a thin record puts under the p90 (a record
+    too short to show its own 90th percentile, quote.THIN_RECORD) those first Jobs' p90 is the run as
+    declared, which half of them exceed, and the run as a whole falls short of 90 %."""
+    book = _bench_book()
+    assert _p90_share([_bench_run(seed, book, "Checkpointed") for seed in range(60)]) >= 0.90
+    monkeypatch.setattr(quote_module, "UNMEASURED_OVERRUN", Decimal(1))
+    assert _p90_share([_bench_run(seed, book, "Checkpointed") for seed in range(60)]) < 0.89

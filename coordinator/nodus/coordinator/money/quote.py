@@ -73,6 +73,9 @@ class Shape:
     without a record: the run takes exactly `duration_s`."""
     continuity: str = "Checkpointed"
     """spec.recovery.continuity: what a reclaim of interruptible capacity makes the run redo (`redo_s`)."""
+    runs: int = 0
+    """Finished runs behind `factors` (the project's record, or the comparable Jobs' history): fewer than
+    THIN_RECORD cannot show their own 90th percentile."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any], history: Sequence[Decimal] = (),
@@ -94,17 +97,20 @@ class Shape:
         retries = int(dist.get("maxAssemblyRetries", DEFAULT_ASSEMBLY_RETRIES)) if dist else 0
         duration, source = None, DurationSource.NONE
         factors: tuple[Decimal, ...] = ()
+        runs = 0
         if spec.get("expectedDuration"):
             duration, source = units.duration_seconds(str(spec["expectedDuration"])), DurationSource.DECLARED
             factors = spread([*overruns, Decimal(1)]) if overruns else ()  # the declaration counts as one run
+            runs = len(overruns)
         elif history:
             duration, source = median_low(sorted(history)), DurationSource.HISTORY
             if duration > 0:
                 factors = spread([h / duration for h in history])
+            runs = len(history)
         cap = units.parse_money(spec["maxCostUSD"]) if spec.get("maxCostUSD") else None
         continuity = str((spec.get("recovery") or {}).get("continuity") or "Checkpointed")
         return cls(completions, slots, members, timeout, retries, duration, source, cap, words or (
-            f"{members} nodes" if members > 1 else ""), factors, continuity)
+            f"{members} nodes" if members > 1 else ""), factors, continuity, runs)
 
 
 def redo_s(continuity: str, run_s: Decimal) -> Decimal:
@@ -120,6 +126,16 @@ def redo_s(continuity: str, run_s: Decimal) -> Decimal:
         return run_s / 2
     return RESTART_OVERHEAD_S
 
+
+THIN_RECORD = 9
+"""A record of fewer finished runs cannot show its own 90th percentile: the next run passes the largest
+of n about once in n + 1 (`spread`), so the largest of a handful is a p75 or less, and no record at all
+says nothing of how much longer than declared a run may take."""
+UNMEASURED_OVERRUN = Decimal("1.5")
+"""While the record is thin the p90 lets the run take at least this many times its duration: the one
+assumed figure of the estimate (a declared duration is a guess, and guesses of run time overrun by half
+often enough that a p90 without this floor covers about half of a project's first Jobs). The record
+replaces it once it holds THIN_RECORD runs."""
 
 SPREAD_POINTS = 64
 """A record is summed over at most this many of its order statistics (the estimate's latency stays flat
@@ -267,6 +283,9 @@ def _priced(shape: Shape, offering: Offering, startup: Startup, notes: Notes) ->
         if shape.factors:  # a record of runs shorter than said never narrows the p90 below the run said
             p90 = max(p90, cost_band(tariff, run_s, startup_s=boot_s, interruptions_per_hour=spot,
                                      restart_overhead_s=redo).p90)
+        if shape.runs < THIN_RECORD:  # nor does a record too short to show its own p90 (or none)
+            p90 = max(p90, cost_band(tariff, run_s * UNMEASURED_OVERRUN, startup_s=boot_s,
+                                     interruptions_per_hour=spot, restart_overhead_s=redo).p90)
         cost = Band(full.p50 * allocations, p90 * allocations)
         overhead = Band(max(full.p50 - bare.p50, Decimal(0)) * allocations,
                         max(full.p90 - bare.p90, Decimal(0)) * allocations)
