@@ -266,6 +266,9 @@ class Planned:
     opened: bool = False
     done: bool = False
     reclaims: int = 0
+    recorded: float | None = None
+    """The Job's run over its guess as the coordinator records it for later estimates (status.startTime to
+    completionTime; controllers/fleet.py overruns)."""
     unpriced: bool = False
     """The estimate said Unpriced (no offering fitted at that moment): its costUSD is 0.00."""
 
@@ -467,6 +470,9 @@ def drive(args: argparse.Namespace, fleet: Fleet, jobs: list[Planned]) -> None:
                     continue
                 job.done, job.cost = True, Decimal(cost["totalUSD"])
                 job.segments = dict(cost.get("bySegment") or {})
+                began, ended = parse_time(status.get("startTime")), parse_time(status.get("completionTime"))
+                if began is not None and ended is not None:
+                    job.recorded = (ended - began) / job.guess_s
                 ordered = sorted(mine, key=lambda a: int(a["spec"].get("number", 1)))
                 job.offering = ",".join(dict.fromkeys(str(a["spec"].get("offering", "")) for a in ordered))
                 if status["phase"] != "Succeeded":
@@ -562,13 +568,13 @@ def report_accuracy(args: argparse.Namespace, jobs: list[Planned], minutes: floa
         p50s = sum(1 for j in part if j.cost is not None and j.p50 is not None and j.cost <= j.p50)
         print(f"  {label:22s} <= p90 {p90s} of {len(part)}, <= p50 {p50s} of {len(part)}")
     print(f"  {'job':6s} {'offering':24s} {'guess':>6s} {'actual':>7s} {'p50':>7s} {'p90':>7s} {'cost':>7s}  "
-          f"{'reclaims':>8s}  segments (boot/running/restore/teardown, covered)")
+          f"{'reclaims':>8s} {'record':>6s}  segments (boot/running/restore/teardown, covered)")
     for j in jobs:
         seg = j.segments
         covered = ",".join(seg.get("coveredByNodus") or []) if isinstance(seg.get("coveredByNodus"), list) else \
             str(seg.get("coveredByNodus") or "")
         print(f"  {j.name:6s} {j.offering:24s} {j.guess_s / 60:5.0f}m {j.actual_s / 60:6.1f}m {j.p50!s:>7s} "
-              f"{j.p90!s:>7s} {j.cost!s:>7s}  {j.reclaims:8d}  {seg.get('bootUSD', '-')}/{seg.get('runningUSD', '-')}/"
+              f"{j.p90!s:>7s} {j.cost!s:>7s}  {j.reclaims:8d} {'-' if j.recorded is None else f'{j.recorded:.2f}':>6s}  {seg.get('bootUSD', '-')}/{seg.get('runningUSD', '-')}/"
               f"{seg.get('restoreUSD', '-')}/{seg.get('teardownUSD', '-')} {covered}{' (estimate Unpriced)' if j.unpriced else ''}")
 
 
