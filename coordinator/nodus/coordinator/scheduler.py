@@ -430,12 +430,18 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
 
     def rank(policy: money.Policy) -> list[Candidate]:
         # A warm node first: its project pays for it through the window whether it is used or not.
-        # One score per offering (hundreds of nodes are sold as a handful of offerings).
+        # One score per offering (hundreds of nodes are sold as a handful of offerings), and only each
+        # offering's best node is ranked (the explain names one node per losing offering): found in one
+        # pass over the candidates in name order, so a tie stays with the alphabetically first node.
         scores = {oid: money.score(policy, o) for oid, o in looks.items()}
         unpriced = money.score(policy, None)
-        return sorted(candidates, key=lambda c: (
-            c.warm, scores[c.offering.id] if c.offering is not None else unpriced, scorer(request, c),
-            _reverse(c.node.name)), reverse=True)
+        heads: dict[str | None, tuple[tuple[Any, ...], Candidate]] = {}
+        for c in candidates:
+            oid = c.offering.id if c.offering is not None else None
+            key = (c.warm, unpriced if oid is None else scores[oid], scorer(request, c))
+            if (head := heads.get(oid)) is None or key > head[0]:
+                heads[oid] = (key, c)
+        return [c for _, c in sorted(heads.values(), key=lambda h: (h[0], _reverse(h[1].node.name)), reverse=True)]
 
     ranked = rank(policy)
     steer = money.late(policy, look(ranked[0]))

@@ -380,21 +380,25 @@ class Estimates:
         book = fleet.book()
         if book is None:
             return self._quote(project, spec, status, book, now)
-        # The balance is read from the store (the ledger is not in the cache, and another replica may
-        # have posted): read it on a reader thread while this one quotes.
+        # The balance and the Budgets are read from the store (the ledger is not in the cache, and another
+        # replica may have posted): both reads go to the store's reader at once, while this thread quotes.
         accounts = asyncio.ensure_future(self.ledger.accounts(project))
-        await asyncio.sleep(0)  # the read starts (is handed to the store's reader) before the quote runs
+        budgets = asyncio.ensure_future(self.budgets.of_project(project))
+        await asyncio.sleep(0)  # the reads start (are handed to the store's reader) before the quote runs
         try:
             estimate = self._quote(project, spec, status, book, now)
         except BaseException:
             accounts.cancel()
+            budgets.cancel()
             raise
         hold = Decimal(estimate.get("holdUSD") or 0)
-        funds = await accounts
+        funds, listed = await asyncio.gather(accounts, budgets)
         if hold > 0:  # the first hold must fit the project's credits
-            refusal = first_hold_refusal(funds, hold, "this Job") or \
-                await self.budgets.first_hold_refusal(project, fleet.labels_of(project), rfc3339(now)[:7],
-                                                      labels or {}, hold, "this Job")  # and every matching Budget
+            refusal = first_hold_refusal(funds, hold, "this Job")
+            if refusal is None and any(b.matches(labels or {}) for b in listed):  # and every matching Budget
+                # (the project's Jobs' labels, which a Budget's room sums by, are gathered only then)
+                refusal = await self.budgets.first_hold_refusal(project, fleet.labels_of(project), rfc3339(now)[:7],
+                                                                labels or {}, hold, "this Job")
             if refusal is not None:
                 estimate["blockingReasons"] = [*estimate.get("blockingReasons", []), refusal]
         return estimate

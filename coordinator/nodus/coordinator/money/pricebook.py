@@ -26,9 +26,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import orjson
 
@@ -103,9 +103,14 @@ class PriceBook:
     offerings: tuple[Offering, ...]
     storage_usd_per_gib_month: Decimal
     """Checkpoints and outputs above the free inclusion are charged at this rate."""
+    by_id: Mapping[str, Offering] = field(init=False, repr=False, compare=False)
+    """The offerings by id (placement looks one up per node it fits)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_id", {o.id: o for o in self.offerings})
 
     def offering(self, offering_id: str) -> Offering | None:
-        return next((o for o in self.offerings if o.id == offering_id), None)
+        return self.by_id.get(offering_id)
 
     @property
     def digest(self) -> str:
