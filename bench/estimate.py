@@ -159,16 +159,19 @@ async def latency(args: argparse.Namespace) -> dict[str, list[float]]:
         frozen = settle(HeapSettings.of(args.gc_freeze))  # what nodus-coordinator does once its cache has synced
         try:
             times: dict[str, list[float]] = {"priced": [], "plain": [], "priced-gc": [], "plain-gc": [],
-                                             "cold": [], "cold-gc": [], "frozen": [float(frozen)]}
+                                             "cold": [], "cold-gc": [], "frozen": [float(frozen)],
+                                             "priced-cpu": [], "plain-cpu": []}
             for _ in range(args.runs):
                 for name, svc in (("priced", priced), ("plain", plain), ("cold", priced)):
                     if name == "cold":  # as the first dry run after the record, the starts or the book changed
                         clear_memo()
                     full = gc.get_stats()[2]["collections"]
-                    t = time.perf_counter()
+                    t, cpu = time.perf_counter(), time.process_time()
                     obj, _ = await svc.create(SYSTEM, info, "bench", copy.deepcopy(JOB), dry_run=True)
                     elapsed = (time.perf_counter() - t) * 1000
                     times[name].append(elapsed)
+                    if name != "cold":
+                        times[f"{name}-cpu"].append((time.process_time() - cpu) * 1000)
                     if gc.get_stats()[2]["collections"] != full:  # a full collection ran inside this create
                         times[f"{name}-gc"].append(elapsed)
                     estimate = obj["status"]["estimate"]
@@ -184,9 +187,14 @@ async def latency(args: argparse.Namespace) -> dict[str, list[float]]:
 
 
 def run(args: argparse.Namespace) -> None:
+    load = [os.getloadavg()[0]]
     times = asyncio.run(latency(args))
+    load.append(os.getloadavg()[0])
     jobs, minutes = accuracy(args)
+    load.append(os.getloadavg()[0])
     with record.Report("estimate", args):
+        print(f"load average (1 min) before the latency runs / after them / after the accuracy run: "
+              f"{' / '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} CPUs")
         pr, pl = times["priced"], times["plain"]
         print(f"dry run of a one-GPU Job over {args.nodes} nodes, {args.runs} runs each, interleaved; the project has "
               f"{args.record} finished Jobs, whose actual/declared record the priced estimate sums its charge over "
@@ -194,6 +202,10 @@ def run(args: argparse.Namespace) -> None:
         print(f"priced p50 / p99     {statistics.median(pr):8.2f} ms / {p(pr, 0.99):8.2f} ms    "
               f"without a book {statistics.median(pl):8.2f} ms / {p(pl, 0.99):8.2f} ms")
         print(f"pricing adds at p99  {p(pr, 0.99) - p(pl, 0.99):8.2f} ms    target <= 5 ms")
+        cp, cl = times["priced-cpu"], times["plain-cpu"]
+        print(f"  in CPU time (the process's, every thread; not stretched by other work on the host): priced "
+              f"p50 / p99 {statistics.median(cp):.2f} / {p(cp, 0.99):.2f} ms, without a book {statistics.median(cl):.2f} / "
+              f"{p(cl, 0.99):.2f} ms: pricing adds {p(cp, 0.99) - p(cl, 0.99):.2f} ms at p99")
         cold = times["cold"]
         print(f"  memos cleared before each priced run (the first dry run after the record, the measured starts or "
               f"the book changed): p50 / p99 {statistics.median(cold):.2f} / {p(cold, 0.99):.2f} ms, adds "
