@@ -26,6 +26,7 @@ from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .images import ImageResolver
 from .selectors import FieldSelector, LabelSelector
+from .status_write import write_status
 from .store.base import Record, Store
 from .strategies import KindStrategy, strategies
 from .sweep_cells import SweepCellService, SweepSettings
@@ -33,6 +34,7 @@ from .vault import Vault
 from .watches import EventCache, WatchStream
 
 _MAX_PATCH_RETRIES, _MAX_PAGE, _DEFAULT = 8, 1 << 31, KindStrategy()
+_JOBS = resolve("jobs")
 
 
 def utc_now() -> str:
@@ -490,10 +492,9 @@ class ResourceService:
         raise self._conflict(info, name)
 
     # -- the Job controller's writes (controllers/job_controller.py JobWriter) -------------------------
-    async def write_job_status(self, project: str, job: dict[str, Any]) -> dict[str, Any]:
-        written, _ = await self.replace(SYSTEM, resolve("jobs"), project, job["metadata"]["name"], job,
-                                        subresource="status")
-        return written
+    async def write_job_status(self, project: str, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """A controller's status write of a Job it holds as stored (compare-and-swap, status_write.py)."""
+        return await write_status(self.store, _JOBS, project, job, status, self._conflict, self._not_found)
 
     async def delete_job(self, project: str, name: str) -> None:
         await self.delete(SYSTEM, resolve("jobs"), project, name)

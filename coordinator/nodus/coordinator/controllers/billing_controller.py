@@ -232,7 +232,7 @@ class BillingController:
         if status == stored.get("status"):
             return
         try:
-            written = await self.writer.write_job_status(job.project, {**stored, "status": status})
+            written = await self.writer.write_job_status(job.project, stored, status)
         except NodusError as e:
             if e.reason in ("Conflict", "NotFound"):
                 self.queue.add_after(job_key(job.project, job.name), 0.05)

@@ -98,6 +98,8 @@ class Cache:
             try:
                 async for ev in self.store.watch(prefix, revision):
                     revision = ev.revision
+                    if self.holds(ev.key, ev.revision):
+                        continue  # a controller's own write, applied when it was acknowledged: no decode
                     if ev.type is EventType.DELETE:
                         self.apply(ev.key, None, ev.revision)
                     else:
@@ -123,6 +125,11 @@ class Cache:
     # -- updates ----------------------------------------------------------------------------------
     def listen(self, prefix: str, listener: Listener) -> None:
         self._listeners[prefix].append(listener)
+
+    def holds(self, key: str, revision: int) -> bool:
+        """Whether the cache has `key` at `revision` or later (or deleted at or after it)."""
+        known = self._revisions.get(key, self._tombstones.get(key))
+        return known is not None and revision <= known
 
     def apply(self, key: str, obj: dict[str, Any] | None, revision: int) -> bool:
         """Takes a value the store holds at `revision` (None: deleted); False if it is older than ours."""

@@ -133,8 +133,9 @@ class JobWriter(Protocol):
     resourceVersion, so a changed Job raises Conflict) and the delete a TTL asks for. The resource
     service implements it; the controller needs nothing else of it."""
 
-    async def write_job_status(self, project: str, job: dict[str, Any]) -> dict[str, Any]:
-        """Writes `job["status"]` over the stored Job; returns the Job as written."""
+    async def write_job_status(self, project: str, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Writes `status` over `job`, the Job as stored at its resourceVersion (the cache's copy); returns
+        the Job as written (`job` itself when the admitted status is the stored one)."""
 
     async def delete_job(self, project: str, name: str) -> None:
         """Deletes the Job (its attempts become orphans the controller collects)."""
@@ -269,7 +270,7 @@ class JobController:
     async def _write_status(self, job: dict[str, Any], project: str, status: dict[str, Any]) -> bool:
         name = job["metadata"]["name"]
         try:
-            written = await self.writer.write_job_status(project, {**job, "status": status})
+            written = await self.writer.write_job_status(project, job, status)
         except NodusError as e:
             if e.reason in ("Conflict", "NotFound"):
                 return False

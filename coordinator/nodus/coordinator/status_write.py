@@ -1,0 +1,51 @@
+"""A controller's status write of an object it holds as stored: the Job controller's and the money
+controller's write of a Job's status, the hottest write of the coordinator (two or three per Job).
+
+The controller reads the object from its cache, which holds exactly what the store holds at the
+object's `metadata.resourceVersion`, and decides a new status. A status PUT through the resource
+service would read that object again (a store read on a reader thread), decode it, copy it three times
+and compare; here the status is admitted as a status PUT's is (shape and unknown fields), and the
+write is compare-and-swap on that version in the store itself, so a Job that changed meanwhile still
+answers Conflict and a deleted one NotFound (ADR 0060).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import orjson
+
+from .api.admission import admit_status
+from .api.kinds import KindInfo
+from .errors import NodusError
+from .store.base import Store
+
+
+async def write_status(store: Store, info: KindInfo, project: str, obj: dict[str, Any], status: Any,
+                       conflict: Callable[[KindInfo, str], NodusError],
+                       not_found: Callable[[KindInfo, str], NodusError]) -> dict[str, Any]:
+    """Writes `status` over `obj`, the object as stored at its resourceVersion; returns the object as
+    written (new containers for the object and its metadata: `obj` and what it shares with a cache are
+    not changed), or `obj` itself when the admitted status is the one stored (nothing is written, as a
+    status PUT that changes nothing). `conflict` and `not_found` build the errors the resource service
+    answers for them."""
+    name, version = obj["metadata"]["name"], obj["metadata"].get("resourceVersion")
+    if not isinstance(version, str) or not version.isdigit():
+        raise NodusError("Invalid", f'{info.kind} "{name}": a status write needs the metadata.resourceVersion '
+                         f"it was decided from, not {version!r}", fix="pass the object as the cache holds it")
+    status = admit_status(info, {"status": status}).object.get("status")
+    if status == obj.get("status"):
+        return obj
+    meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    result = {**obj, "metadata": meta, "status": status}
+    if status is None:
+        del result["status"]
+    try:
+        rec = await store.update(f"{info.plural}/{project}/{name}", orjson.dumps(result), int(version))
+    except NodusError as e:
+        if e.reason == "Conflict":
+            raise conflict(info, name) from None
+        if e.reason == "NotFound":
+            raise not_found(info, name) from None
+        raise
+    result["metadata"] = {**meta, "resourceVersion": str(rec.revision)}
+    return result
