@@ -8,6 +8,7 @@ a deadline of two seconds survives a round trip through the store.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -92,6 +93,13 @@ def parse(text: object) -> float | None:
     """An RFC 3339 string as Unix seconds; None for anything else (absent or malformed)."""
     if not isinstance(text, str) or not text:
         return None
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str) -> float | None:
+    """Memoized: the controllers' views parse the same few times (a creation, a condition's transition)
+    on every decision, and a 10,000-cell Sweep makes 30,000 of them."""
     try:
         return units.parse_time(text).timestamp()
     except ValueError:
@@ -102,6 +110,12 @@ def seconds(duration: object) -> float | None:
     """A Go duration string as seconds; None when absent or malformed."""
     if not isinstance(duration, str) or not duration:
         return None
+    return _seconds(duration)
+
+
+@functools.lru_cache(maxsize=1024)
+def _seconds(duration: str) -> float | None:
+    """Memoized as `_parse` is: a view reads a Job's few durations on every decision."""
     try:
         return units.parse_duration_ns(duration) / units.NS_PER_SECOND
     except ValueError:

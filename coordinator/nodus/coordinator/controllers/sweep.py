@@ -23,7 +23,6 @@ best, conditions, times) and no `cells`: those rows are served from the cell Job
 """
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
+from ..api.jsondoc import copy_json
 from ..clock import rfc3339
 from .job_status import set_condition
 from .sweep_index import CELL_LABEL as CELL_LABEL
@@ -135,9 +135,9 @@ def cell_job(sweep: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     """The Job of one cell: the template with the cell's GPU, its one region and NODUS_PARAM_<NAME>
     for each parameter; labelled (`cell_labels`) and owned by the Sweep."""
     meta, spec = sweep["metadata"], sweep["spec"]
-    body = copy.deepcopy((spec.get("template") or {}).get("spec") or {})
+    body = copy_json((spec.get("template") or {}).get("spec") or {})
     if cell.gpu is not None:
-        body.setdefault("resources", {})["gpu"] = copy.deepcopy(dict(cell.gpu))
+        body.setdefault("resources", {})["gpu"] = copy_json(dict(cell.gpu))
     if cell.region:
         body.setdefault("placement", {})["regions"] = [cell.region]
     if cell.params:

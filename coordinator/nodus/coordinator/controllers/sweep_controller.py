@@ -33,7 +33,7 @@ log = logging.getLogger("nodus.controllers.sweep")
 
 RESYNC_SECONDS = 30.0
 CONCURRENT = 64
-"""How many cell creates (or state patches) one pass has in flight at once."""
+"""How many cell state patches one pass has in flight at once (its creates go in one `create_many`)."""
 
 
 class CellSource(Protocol):
@@ -52,9 +52,8 @@ class Resources(Protocol):
     @property
     def sweep_cells(self) -> CellSource: ...
 
-    async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
-                     dry_run: bool = False,
-                     field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]: ...
+    async def create_many(self, caller: Caller, info: KindInfo, project: str,
+                          objs: list[dict[str, Any]]) -> list[dict[str, Any] | NodusError]: ...
 
     async def patch(self, caller: Caller, info: KindInfo, project: str, name: str, patch_type: str,
                     patch_body: bytes, *, subresource: str = "", dry_run: bool = False,
@@ -108,8 +107,9 @@ class SweepController:
             self._written.pop(key, None)
             return
         decision = decide_sweep(sweep, self.index.cells(key, str(uid)), self.clock.now(), self.settings)
-        await self._each([self._create(project, cell_job(sweep, a.cell)) if isinstance(a, CreateCell)
-                          else self._set_state(project, a.name, a.state.value) for a in decision.actions])
+        await self._create([cell_job(sweep, a.cell) for a in decision.actions if isinstance(a, CreateCell)], project)
+        await self._each([self._set_state(project, a.name, a.state.value) for a in decision.actions
+                          if isinstance(a, SetCellState)])
         if decision.status is not None:
             large = self.settings.large(len(cells_of(sweep.get("spec") or {})))
             wait = self._written.get(key, -1e9) + self.settings.summary_interval - time.monotonic()
@@ -129,8 +129,8 @@ class SweepController:
                 self._written[key] = time.monotonic()
 
     async def _each(self, calls: list[Coroutine[Any, Any, None]]) -> None:
-        """Runs a pass's cell writes CONCURRENT at a time: the store commits writes that arrive together
-        in one transaction, so a pass that frees 256 slots pays for a few commits, not 256."""
+        """Runs a pass's cell patches CONCURRENT at a time: the store commits writes that arrive together
+        in one transaction, so a pass that stops 256 cells pays for a few commits, not 256."""
         gate = asyncio.Semaphore(CONCURRENT)
 
         async def one(call: Coroutine[Any, Any, None]) -> None:
@@ -138,15 +138,21 @@ class SweepController:
                 await call
         await asyncio.gather(*(one(call) for call in calls))
 
-    async def _create(self, project: str, job: dict[str, Any]) -> None:
-        try:
-            created, _ = await self.resources.create(SYSTEM, self._jobs, project, job)
-        except NodusError as e:
-            if e.reason == "AlreadyExists":
-                return  # created before: a cell's name is deterministic
-            raise
-        self.cache.apply(f"{JOBS}{project}/{created['metadata']['name']}", created,
-                         int(created["metadata"]["resourceVersion"]))
+    async def _create(self, jobs: list[dict[str, Any]], project: str) -> None:
+        """Creates a pass's cells in one call, so their writes commit together; a cell that exists
+        (AlreadyExists: a restart, a second pass) is left alone, since a cell's name is deterministic."""
+        if not jobs:
+            return
+        failed: NodusError | None = None
+        for created in await self.resources.create_many(SYSTEM, self._jobs, project, jobs):
+            if isinstance(created, NodusError):
+                if created.reason != "AlreadyExists":
+                    failed = failed or created
+                continue
+            self.cache.apply(f"{JOBS}{project}/{created['metadata']['name']}", created,
+                             int(created["metadata"]["resourceVersion"]))
+        if failed is not None:
+            raise failed  # after the cells that were created are in the cache
 
     async def _set_state(self, project: str, name: str, state: str) -> None:
         try:

@@ -384,8 +384,8 @@ class SqliteStore(QueuedWriteStore):
             pass  # the loop is gone; nobody is waiting any more
 
     def _resolve(self, outcomes: Sequence[_Outcome], events: Sequence[Event]) -> None:
-        if events:
-            self._fanout.publish(events)
+        # The writers first, then the watchers: a controller resumed by its acknowledgement puts its write
+        # in its cache before the cache's own watch reaches the event, which then skips decoding it.
         for future, result, error in outcomes:
             if future.done():
                 continue  # the caller was cancelled
@@ -393,6 +393,8 @@ class SqliteStore(QueuedWriteStore):
                 future.set_exception(error)
             else:
                 future.set_result(result)
+        if events:
+            self._fanout.publish(events)
 
 
 def _apply(conn: sqlite3.Connection, op: Write, row: tuple[bytes, int, int] | None, revision: int) -> Event:
