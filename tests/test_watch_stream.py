@@ -97,3 +97,34 @@ def test_a_label_change_enters_and_leaves_a_selection(tmp_path: Path) -> None:
         finally:
             await store.close()
     run(test)
+
+
+def test_an_events_previous_value_is_taken_from_the_last_event_of_its_key_only_when_the_bytes_are_the_same() -> None:
+    """EventCache reuses the object of a key's last event as the next event's previous value (no second
+    decode), so it must still tell ADDED, MODIFIED and DELETED apart as the labels move, and decode the
+    previous value itself when events of the key were not seen (a watch catching up, a skipped write)."""
+    from nodus.coordinator.store.base import Event, EventType
+    from nodus.coordinator.watches import translate
+
+    def events(cache: EventCache, selector: str, evs: list[Event]) -> list[str | None]:
+        labels, fields = parse_label_selector(selector), parse_field_selector("")
+        out = []
+        for ev in evs:
+            got = translate(ADMIN, "default", labels, fields, ev, cache)
+            out.append(None if got is None else got.type)
+        return out
+
+    a, b, c = job("a", "red"), job("a", "blue"), job("a", "blue", 1)
+    key = "jobs/default/a"
+    evs = [Event(EventType.PUT, key, a, 1, None, 1), Event(EventType.PUT, key, b, 2, a, 1),
+           Event(EventType.PUT, key, c, 3, b, 1), Event(EventType.DELETE, key, c, 4, c, 1)]
+    assert events(EventCache(), "team=red", evs) == ["ADDED", "DELETED", None, None]
+    assert events(EventCache(), "team=blue", evs) == [None, "ADDED", "MODIFIED", "DELETED"]
+    # Events of the key skipped (a cache that saw only the first and the last): decoded, not reused.
+    cache = EventCache()
+    assert events(cache, "team=blue", [evs[0], evs[2]]) == [None, "MODIFIED"]
+    assert events(cache, "team=red", [Event(EventType.PUT, key, a, 5, c, 1)]) == ["ADDED"]
+    shared = EventCache()
+    first, _ = shared.decode(evs[0])
+    _, prev = shared.decode(evs[1])
+    assert prev is first, "the previous value is the last event's object, not decoded again"

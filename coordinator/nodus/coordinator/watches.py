@@ -142,18 +142,35 @@ class EventCache:
         self._size = size
         self._entries: OrderedDict[int, tuple[dict[str, Any], dict[str, Any] | None]] = OrderedDict()
         self._lines: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._latest: OrderedDict[str, tuple[int, bytes, dict[str, Any]]] = OrderedDict()
+        """Per key, the newest event's (revision, stored bytes, object): the next event's previous value is
+        usually those bytes, and then its object, not a second decode (only matched against selectors)."""
 
     def decode(self, ev: Event) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The event's object (its resourceVersion set to the event's revision) and the one before it."""
+        """The event's object (its resourceVersion set to the event's revision) and the one before it
+        (its resourceVersion may be set: it is read only to match selectors, which never name it)."""
         hit = self._entries.get(ev.revision)
         if hit is not None:
             return hit
         obj = orjson.loads(ev.value)
         obj["metadata"]["resourceVersion"] = str(ev.revision)
-        entry = obj, (orjson.loads(ev.prev_value) if ev.prev_value is not None else None)
+        prev: dict[str, Any] | None = None
+        if ev.prev_value is not None:
+            last = self._latest.get(ev.key)
+            prev = last[2] if last is not None and last[1] == ev.prev_value else orjson.loads(ev.prev_value)
+        entry = obj, prev
         self._entries[ev.revision] = entry
         if len(self._entries) > self._size:
             self._entries.popitem(last=False)
+        last = self._latest.get(ev.key)
+        if last is None or last[0] < ev.revision:
+            if ev.type is EventType.DELETE:
+                self._latest.pop(ev.key, None)
+            else:
+                self._latest[ev.key] = (ev.revision, ev.value, obj)
+                self._latest.move_to_end(ev.key)
+                if len(self._latest) > self._size:
+                    self._latest.popitem(last=False)
         return entry
 
     def json_line(self, ev: WatchEvent) -> bytes:
