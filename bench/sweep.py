@@ -19,6 +19,8 @@ over and the expansion measures the controllers, not a workload. Figures, each b
      10,000 queued plain Jobs take the Job controller many minutes to fail), and the Sweep's status
      bytes written (a Sweep of more than 256 cells stores its summary only, ADR 0028)
   4  GET of the running Sweep (its status.cells built from the cell Jobs) beside GET of a plain Job
+  5  the coordinator's CPU seconds per cell created (from the POST to the last cell seen) beside its CPU
+     seconds per plain Job while they were POSTed: a figure the host's load bends less than the rates
 A benchmark, not a test: it asserts nothing. Each coordinator is started through bench/daemons.py.
 """
 from __future__ import annotations
@@ -36,10 +38,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
+import psutil
 
 import record
 from nodus.coordinator.controllers.job_controller import WORKERS as JOB_WORKERS
@@ -139,9 +142,17 @@ async def wait_terminal(s: aiohttp.ClientSession, path: str, limit: float,
         await asyncio.sleep(5.0)  # a 10,000-cell GET is ~1 MB built from the cell Jobs: the bench's reads stay a small load
 
 
-async def watch_added(s: aiohttp.ClientSession, selector: str, expect: int, seen: list[float]) -> None:
+def cpu_seconds(c: Coordinator) -> float:
+    """The coordinator process's CPU time so far (user + system)."""
+    times = psutil.Process(c.proc.pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def watch_added(s: aiohttp.ClientSession, selector: str, expect: int, seen: list[float],
+                      on_last: Callable[[], None] = lambda: None) -> None:
     """Appends the monotonic time of each Job matching `selector` first seen ADDED on a watch, until
-    `expect` distinct Jobs were seen; the watch starts at the list's resourceVersion, so no create is missed."""
+    `expect` distinct Jobs were seen (then calls `on_last`); the watch starts at the list's
+    resourceVersion, so no create is missed."""
     async with s.get(f"{NS}/jobs", params={"labelSelector": selector, "limit": "1"}) as r:
         rv = orjson.loads(await r.read())["metadata"]["resourceVersion"]
     names: set[str] = set()
@@ -159,6 +170,7 @@ async def watch_added(s: aiohttp.ClientSession, selector: str, expect: int, seen
                     names.add(name)
                     seen.append(time.monotonic())
                     if len(names) >= expect:
+                        on_last()
                         return
 
 
@@ -172,6 +184,8 @@ class SweepRun:
     status_bytes: int
     gets: list[float]
     """Seconds of each GET of the Sweep while it ran (its status.cells built from the cell Jobs)."""
+    cpu_s: float
+    """The coordinator's CPU seconds from the POST to the last cell's ADDED (the bench's GETs included)."""
 
 
 async def run_sweep(c: Coordinator, cells: int, max_parallel: int) -> SweepRun:
@@ -181,8 +195,11 @@ async def run_sweep(c: Coordinator, cells: int, max_parallel: int) -> SweepRun:
     async with session(c, 4) as s:
         before = head(c.data)
         seen: list[float] = []
-        watcher = asyncio.create_task(watch_added(s, "nodus.dev/sweep=big", cells, seen))
+        cpu: list[float] = []
+        watcher = asyncio.create_task(watch_added(s, "nodus.dev/sweep=big", cells, seen,
+                                                  lambda: cpu.append(cpu_seconds(c))))
         await asyncio.sleep(0.5)  # the watch is open before the POST
+        cpu.append(cpu_seconds(c))
         t0 = time.monotonic()
         async with s.post(f"{NS}/sweeps", data=orjson.dumps(body)) as r:
             text = await r.read()
@@ -195,7 +212,7 @@ async def run_sweep(c: Coordinator, cells: int, max_parallel: int) -> SweepRun:
         await asyncio.wait_for(watcher, 60)
     status_bytes = len(orjson.dumps(done["status"]))
     return SweepRun(admit, len(seen), max(seen) - t0, finished, writes(c.data, before, "big"),
-                    status_bytes, gets)
+                    status_bytes, gets, cpu[-1] - cpu[0])
 
 
 @dataclass
@@ -206,6 +223,8 @@ class JobsRun:
     writes: Writes
     gets: list[float]
     """Seconds of GETs of one plain Job after the creates (the anchor of the Sweep's GET)."""
+    cpu_s: float
+    """The coordinator's CPU seconds while the Jobs were POSTed."""
 
 
 async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
@@ -231,9 +250,9 @@ async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
                 except aiohttp.ClientError:
                     errors += 1
 
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), cpu_seconds(c)
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        seconds = time.monotonic() - t0
+        seconds, cpu_s = time.monotonic() - t0, cpu_seconds(c) - cpu0
         await asyncio.sleep(2.0)  # the writes the creates set off (a first status, an Attempt) land
         gets = []
         for _ in range(20):
@@ -241,7 +260,7 @@ async def run_jobs(c: Coordinator, count: int, concurrency: int) -> JobsRun:
             async with s.get(f"{NS}/jobs/plain-0") as r:
                 await r.read()
             gets.append(time.monotonic() - t0)
-    return JobsRun(count - errors, errors, seconds, writes(c.data, before), gets)
+    return JobsRun(count - errors, errors, seconds, writes(c.data, before), gets, cpu_s)
 
 
 def fresh(root: Path, name: str, job_workers: int) -> Coordinator:
@@ -288,6 +307,9 @@ def main() -> None:
             print(f"  cells created {sw.created} in {sw.expand_s:.2f} s after the POST (seen on a watch); Sweep ended in "
                   f"{sw.finished_s:.2f} s; {jobs.created} plain Jobs in {jobs.seconds:.2f} s "
                   f"({jobs.errors} errors); ratio cells/plain {cell_rate / job_rate:.2f}")
+            print(f"coordinator CPU per cell created  {sw.cpu_s / max(sw.created, 1) * 1000:6.2f} ms   per plain Job "
+                  f"created (API) {jobs.cpu_s / max(jobs.created, 1) * 1000:.2f} ms   (CPU seconds of the process over "
+                  f"the count: less bent by the host's load than the rates)")
             w = sw.writes
             per = w.total / max(w.phase_changes, 1)
             print(f"store writes per cell transition {per:7.2f}   plain Jobs' writes per transition "
