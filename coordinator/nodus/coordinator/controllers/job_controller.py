@@ -198,12 +198,18 @@ class JobController:
             decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage, prev=prev)
         else:
             decision = decide(view, attempts, now, mtbi=mtbi, free_storage=self.free_storage, prev=prev)
-        await self._execute(job, project, decision.actions, now, view.topology)
-        if decision.status is not None:
-            written = await self._write_status(job, project, decision.status)
-            if not written:
-                self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
-                return
+        # The actions and the status write go to the store together, so one group commit takes both (a
+        # reconcile waited for two commits, one after the other); a status that meets a changed Job is
+        # decided again on the new one, with what the actions wrote.
+        written = True
+        if decision.status is None:
+            await self._execute(job, project, decision.actions, now, view.topology)
+        else:
+            _, written = await asyncio.gather(self._execute(job, project, decision.actions, now, view.topology),
+                                              self._write_status(job, project, decision.status))
+        if not written:
+            self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
+            return
         if any(isinstance(a, DeleteJob) for a in decision.actions):
             await self._delete_job(project, name)
             self.queue.add(key)  # and then its attempts, as orphans
