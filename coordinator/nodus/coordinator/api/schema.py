@@ -205,14 +205,16 @@ def _decode_obj(node: Obj, value: Any, path: str, ctx: Decoding) -> Any:
     if not isinstance(value, dict):
         return _type_error(ctx, path, value, "object")
     out: dict[str, Any] = {}
+    fields, prefix = node.fields, f"{path}." if path else ""
     for key, raw in value.items():
-        sub = node.fields.get(key)
+        sub = fields.get(key)
         if sub is None:
-            ctx.unknown(join(path, key))
+            ctx.unknown(prefix + key)
             continue
         if raw is None:  # null means unset, as for a Kubernetes custom resource
             continue
-        decoded = decode(sub, raw, join(path, key), ctx)
+        decoded = _DECODERS[type(sub)](sub, raw, prefix + key, ctx) if type(sub) in _DECODERS \
+            else decode(sub, raw, prefix + key, ctx)
         if decoded is not _INVALID:
             out[key] = decoded
     if ctx.defaults:
@@ -239,6 +241,11 @@ def _decode_obj(node: Obj, value: Any, path: str, ctx: Decoding) -> Any:
                 ctx.causes.append(errors.forbidden(
                     path, f"exactly one of {_or(group)} may be set, not {' and '.join(present)}"))
     return _run_checks(node, out, path, ctx)
+
+
+_DECODERS: dict[type, Callable[[Any, Any, str, Decoding], Any]] = {}
+"""The decoders of the common node types, by exact type: an object's fields skip `decode`'s chain of
+isinstance tests (filled below, once the decoders exist)."""
 
 
 def _or(names: tuple[str, ...]) -> str:
@@ -399,6 +406,9 @@ def _check_format(node: Str, value: str, path: str, ctx: Decoding) -> str:
         # the same value to the immutability check and to every reader.
         return units.format_duration(units.parse_duration_ns(value))
     return value
+
+
+_DECODERS.update({Obj: _decode_obj, List: _decode_list, Map: _decode_map, Str: _decode_str, Int: _decode_int})
 
 
 def range_rule(node: Str) -> str:
