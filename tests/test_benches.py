@@ -211,6 +211,8 @@ def test_sweep_bench_reports_admission_expansion_and_store_writes_beside_plain_j
         "admit beside its target": rf"^admit \(POST to 201\)\s+({NUM}) ms\s+target ≤ ({NUM}) s\s+(?:ok|MISSED)",
         "cells/s beside plain Jobs/s": rf"^cells created/s\s+({NUM})/s\s+target ≥ ({NUM})/s\s+(?:ok|MISSED)\s+"
                                        rf"plain Jobs created/s \(API\) ({NUM})/s",
+        "CPU per cell beside per plain Job": rf"^coordinator CPU per cell created\s+({NUM}) ms\s+per plain Job "
+                                            rf"created \(API\) ({NUM}) ms",
         "writes per transition beside plain Jobs'": rf"^store writes per cell transition\s+({NUM})\s+"
                                                     rf"plain Jobs' writes per transition ({NUM})",
         "status writes and bytes": rf"^Sweep status writes per cell transition\s+({NUM})\s+status bytes written "
