@@ -58,9 +58,14 @@ def test_a_status_write_is_compare_and_swap_on_the_version_it_was_decided_from(t
                 await service.write_job_status("p", {**written, "metadata": {"name": "a"}}, {"phase": "Failed"})
             assert unversioned.value.reason == "Invalid" and "resourceVersion" in str(unversioned.value)
 
+            # Only what changed is admitted again; a key set to null is unset, as a status PUT unsets it.
+            last = await service.write_job_status("p", written, {"phase": "Failed", "active": None, "message": "m"})
+            assert last["status"] == {"phase": "Failed", "message": "m"}
+            assert (await service.get(SYSTEM, JOBS, "p", "a"))["status"] == {"phase": "Failed", "message": "m"}
+
             await service.delete(SYSTEM, JOBS, "p", "a")
             with pytest.raises(NodusError) as gone:
-                await service.write_job_status("p", written, {"phase": "Failed"})
+                await service.write_job_status("p", last, {"phase": "Succeeded"})
             assert gone.value.reason == "NotFound"
         finally:
             await store.close()
