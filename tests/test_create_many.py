@@ -33,8 +33,10 @@ def test_create_many_answers_each_object_in_order_and_a_refusal_stops_none_of_th
             await identity.ensure_project("p", "test")
             service = ResourceService(store, identity, Vault(store, load_or_create_key(tmp_path / "secret.key")))
             await service.create(SYSTEM, JOBS, "p", job("b"))
-            got = await service.create_many(SYSTEM, JOBS, "p", [job("a"), job("b"), job("c", parallelism=0),
-                                                                  job("d")])
+            seen: list[str] = []
+            got = await service.create_many(SYSTEM, JOBS, "p", [job("a"), job("b"), job("c", parallelism=0), job("d")],
+                                            lambda obj: seen.append(obj["metadata"]["name"]))
+            assert sorted(seen) == ["a", "d"], "`created` gets each object created, and only those"
             assert [g["metadata"]["name"] if isinstance(g, dict) else g.reason for g in got] \
                 == ["a", "AlreadyExists", "Invalid", "d"]
             assert isinstance(got[2], NodusError) and "spec.parallelism" in str(got[2])

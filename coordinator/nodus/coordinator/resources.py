@@ -248,21 +248,25 @@ class ResourceService:
         await self.identity.require_project(project)
         return await self._create(info, project, obj, if_match, dry_run, field_validation)
 
-    async def create_many(self, caller: Caller, info: KindInfo, project: str,
-                          objs: list[dict[str, Any]]) -> list[dict[str, Any] | NodusError]:
+    async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: list[dict[str, Any]],
+                          created: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any] | NodusError]:
         """Creates each object as `create` does, with the caller's rights and the project checked once: a
         controller's creates of one pass (a Sweep's cells), whose writes reach the store together and
         commit in one transaction. One result per object, in order: the object created, or the NodusError
-        its create raised. The objects are the caller's to give: they are admitted in place, not copied."""
+        its create raised; `created` gets each created object at once (a controller's cache takes it before
+        the store's watch does). The objects are the caller's to give: admitted in place, not copied."""
         await self._authorize(caller, info, project, "create", Role.EDITOR)
         self._refuse_read_only(caller, info, "create")
         await self.identity.require_project(project)
 
         async def one(obj: dict[str, Any]) -> dict[str, Any] | NodusError:
             try:
-                return (await self._create(info, project, self._check_body(info, project, obj, copy=False)))[0]
+                made = (await self._create(info, project, self._check_body(info, project, obj, copy=False)))[0]
             except NodusError as e:
                 return e
+            if created is not None:
+                created(made)
+            return made
         return list(await asyncio.gather(*(one(obj) for obj in objs)))
 
     async def _create(self, info: KindInfo, project: str, obj: dict[str, Any], if_match: str = "",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Coroutine, Protocol
+from typing import Any, Callable, Coroutine, Protocol
 
 import orjson
 
@@ -52,8 +52,9 @@ class Resources(Protocol):
     @property
     def sweep_cells(self) -> CellSource: ...
 
-    async def create_many(self, caller: Caller, info: KindInfo, project: str,
-                          objs: list[dict[str, Any]]) -> list[dict[str, Any] | NodusError]: ...
+    async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: list[dict[str, Any]],
+                          created: Callable[[dict[str, Any]], None] | None = None,
+                          ) -> list[dict[str, Any] | NodusError]: ...
 
     async def patch(self, caller: Caller, info: KindInfo, project: str, name: str, patch_type: str,
                     patch_body: bytes, *, subresource: str = "", dry_run: bool = False,
@@ -143,16 +144,12 @@ class SweepController:
         (AlreadyExists: a restart, a second pass) is left alone, since a cell's name is deterministic."""
         if not jobs:
             return
-        failed: NodusError | None = None
-        for created in await self.resources.create_many(SYSTEM, self._jobs, project, jobs):
-            if isinstance(created, NodusError):
-                if created.reason != "AlreadyExists":
-                    failed = failed or created
-                continue
-            self.cache.apply(f"{JOBS}{project}/{created['metadata']['name']}", created,
-                             int(created["metadata"]["resourceVersion"]))
-        if failed is not None:
-            raise failed  # after the cells that were created are in the cache
+        def created(job: dict[str, Any]) -> None:  # into the cache at once: its watch then skips the event
+            self.cache.apply(f"{JOBS}{project}/{job['metadata']['name']}", job, int(job["metadata"]["resourceVersion"]))
+        failed = [e for e in await self.resources.create_many(SYSTEM, self._jobs, project, jobs, created)
+                  if isinstance(e, NodusError) and e.reason != "AlreadyExists"]
+        if failed:
+            raise failed[0]  # after the cells that were created are in the cache
 
     async def _set_state(self, project: str, name: str, state: str) -> None:
         try:
