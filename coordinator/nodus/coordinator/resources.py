@@ -11,7 +11,7 @@ import secrets as pysecrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jsonpatch
 import orjson
@@ -248,8 +248,8 @@ class ResourceService:
         await self.identity.require_project(project)
         return await self._create(info, project, obj, if_match, dry_run, field_validation)
 
-    async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: list[dict[str, Any]],
-                          created: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any] | NodusError]:
+    async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: Sequence[dict[str, Any]],
+                          created: Callable[[dict[str, Any]], None] | None = None) -> Sequence[dict[str, Any] | NodusError]:
         """Creates each object as `create` does, with the caller's rights and the project checked once: a
         controller's creates of one pass (a Sweep's cells), whose writes reach the store together and
         commit in one transaction. One result per object, in order: the object created, or the NodusError
@@ -267,7 +267,7 @@ class ResourceService:
             if created is not None:
                 created(made)
             return made
-        return list(await asyncio.gather(*(one(obj) for obj in objs)))
+        return await asyncio.gather(*(one(obj) for obj in objs))
 
     async def _create(self, info: KindInfo, project: str, obj: dict[str, Any], if_match: str = "",
                       dry_run: bool = False,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Coroutine, Protocol
+from typing import Any, Callable, Coroutine, Protocol, Sequence
 
 import orjson
 
@@ -52,9 +52,9 @@ class Resources(Protocol):
     @property
     def sweep_cells(self) -> CellSource: ...
 
-    async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: list[dict[str, Any]],
+    async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: Sequence[dict[str, Any]],
                           created: Callable[[dict[str, Any]], None] | None = None,
-                          ) -> list[dict[str, Any] | NodusError]: ...
+                          ) -> Sequence[dict[str, Any] | NodusError]: ...
 
     async def patch(self, caller: Caller, info: KindInfo, project: str, name: str, patch_type: str,
                     patch_body: bytes, *, subresource: str = "", dry_run: bool = False,
