@@ -1,6 +1,6 @@
 """Reading a tar.zst stream forward only: decompression on threads of its own, members one by one.
 
-`tarfile` parses the headers (PAX, GNU long names) from a file object that only moves forward;
+tarheaders.py parses the headers (ustar, pax, GNU long names) from a stream that only moves forward;
 member data is taken straight from the decompressed chunks, without copies, by whoever extracts.
 Decompression runs on a thread (zstd releases the GIL), so it overlaps with the writes of the files;
 an archive in memory (a mapped file) is decoded frame by frame on several (frames.contents).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tarfile
 from typing import IO, BinaryIO, Iterator, cast
 
 import zstandard
@@ -17,6 +16,7 @@ import zstandard
 from .errors import ArchiveTooLarge, CorruptArchive
 from .frames import contents
 from .pipeline import Prefetch
+from .tarheaders import Member, members as tar_members
 
 CHUNK = 4 << 20
 """As in archive.py: few, large hand-offs between the threads."""
@@ -140,25 +140,6 @@ class _Inline:
             close()
 
 
-def members(stream: Decompressed) -> Iterator[tarfile.TarInfo]:
+def members(stream: Decompressed) -> Iterator[Member]:
     """The members in archive order; the caller consumes (or not) each one's data before the next."""
-    try:
-        tar = tarfile.TarFile(fileobj=stream, mode="r", encoding="utf-8", errors="surrogateescape")  # type: ignore[arg-type]
-    except tarfile.TarError as e:
-        raise CorruptArchive(f"not a tar stream: {e}") from None
-    setattr(tar, "members", _Forgetful())  # a checkpoint may hold millions of members: keep none
-    while True:
-        try:
-            member = tar.next()
-        except tarfile.TarError as e:
-            raise CorruptArchive(f"bad tar header at byte {stream.tell()}: {e}") from None
-        if member is None:
-            return
-        yield member
-
-
-class _Forgetful(list):  # type: ignore[type-arg]
-    """TarFile appends every member it reads to `members`; this list drops them."""
-
-    def append(self, item: object) -> None:
-        pass
+    return tar_members(stream)

@@ -25,7 +25,6 @@ import mmap
 import os
 import shutil
 import stat
-import tarfile
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from .errors import ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMism
 from .filesink import WRITE
 from .members import check_hardlink, check_symlink, normalize_name, under_symlink
 from .reader import CHUNK, Decompressed, HashingReader, members
+from .tarheaders import Member
 
 STAGING_PREFIX = ".nodus-restore-"
 
@@ -88,7 +88,7 @@ class _Rules:
         self.symlinks: set[str] = set()
         self.regular: set[str] = set()
 
-    def check(self, m: tarfile.TarInfo) -> str:
+    def check(self, m: Member) -> str:
         name = normalize_name(m.name)
         through = under_symlink(name, self.symlinks)
         if through is not None:
@@ -157,7 +157,7 @@ def inspect(source: BinaryIO, *, sha256: str | None = None, max_size: int | None
     return out
 
 
-def _count(out: Summary, m: tarfile.TarInfo, name: str) -> None:
+def _count(out: Summary, m: Member, name: str) -> None:
     if m.isdir():
         out.dirs += 1 if name else 0
     else:
