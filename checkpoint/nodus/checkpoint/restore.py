@@ -39,10 +39,10 @@ from .writers import Writers
 
 STAGING_PREFIX = ".nodus-restore-"
 WRITERS = 4
-"""Threads that create and write the restored files (writers.py): creating a file is kernel time that
-`tar -x` spends one file after another; with 2 CPUs, 4 threads kept both busy (ADR 0063)."""
+"""Lanes (threads) that create and write the restored files, a directory's files on one lane (writers.py):
+the files of up to 4 directories are created side by side while the main thread parses (ADR 0063)."""
 LARGE = FRAME
-"""Files above this are opened here and written in tasks of this size; smaller ones are one task each."""
+"""Files above this are written in tasks of this size; smaller ones are one task each."""
 
 
 @dataclass(slots=True)
@@ -360,7 +360,7 @@ def _extract(buf: memoryview, staging: str, max_unpacked: int | None) -> tuple[S
 def _write_file(stream: Decompressed, writers: Writers, dest: str, size: int, mode: int, mtime: int,
                 member: str) -> None:
     """Hand the member's bytes (views of the decoded stream) to the writers: whole when small, in
-    FRAME-sized tasks into a file opened here when large."""
+    LARGE-sized tasks when large."""
     if size <= LARGE:
         writers.small(dest, _take(stream, size, size, member), size, mode, mtime)
         return

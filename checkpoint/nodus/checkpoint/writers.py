@@ -5,10 +5,10 @@ open(O_CREAT) on ext4 costs 0.06–1 ms of kernel time, more than writing the 20
 and `tar -x` creates one file after the other. Syscalls release the GIL, so a few threads create and
 write files side by side while the main thread parses the stream and hands out the work.
 
-Each small file is one task: open, one pwritev of the member's bytes (views into the decoded
-chunks, not copies), mode, mtime, close. A large file is opened by the caller and written by tasks of
-up to WRITE bytes each at their offsets, then closed by the caller once they are done. Memory is
-bounded: the caller waits when the bytes handed out and not yet written pass `max_pending`.
+Each small file is one task: open, pwritev of the member's bytes (views into the decoded chunks,
+not copies), mode, mtime, close. A large file is a run of tasks on one lane: open, one task per
+piece the caller hands on (written at its offset), then mode, mtime and close. Memory is bounded:
+the caller waits when the bytes handed out and not yet written pass `max_pending`.
 
 Order between members is the caller's: it drains the pool before anything that needs an earlier
 file to be complete (a hardlink to it, a later member of the same name replacing it).
@@ -24,8 +24,6 @@ from .filesink import WRITE
 FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_IOV = 512
 """Buffers per pwritev, below every platform's IOV_MAX (1024 on Linux)."""
-MAX_OPEN = 16
-"""Large files open at once (written, not yet closed)."""
 
 
 def write_all(fd: int, pieces: list[memoryview], offset: int) -> None:
@@ -68,45 +66,74 @@ def _small(dest: str, pieces: list[memoryview], mode: int, mtime: int) -> None:
 
 
 class _Large:
-    """A file written by several tasks; closed by the caller when they are done."""
+    """A file written by a run of tasks on one lane: open, pieces at their offsets, finish."""
 
-    __slots__ = ("fd", "mode", "mtime", "tasks")
+    __slots__ = ("dest", "fd", "mode", "mtime", "finished")
 
-    def __init__(self, fd: int, mode: int, mtime: int) -> None:
-        self.fd, self.mode, self.mtime = fd, mode, mtime
-        self.tasks: list[Future[None]] = []
+    def __init__(self, dest: str, mode: int, mtime: int) -> None:
+        self.dest, self.mode, self.mtime = dest, mode, mtime
+        self.fd = -1
+        self.finished = False
+
+    def open(self) -> None:
+        self.fd = os.open(self.dest, FLAGS, 0o600)
+
+    def write(self, pieces: list[memoryview], offset: int) -> None:
+        if self.fd >= 0:  # else its open failed, and that task's error is the one raised
+            write_all(self.fd, pieces, offset)
+
+    def finish(self) -> None:
+        self.finished = True
+        if self.fd < 0:
+            return
+        fd, self.fd = self.fd, -1
+        try:
+            os.fchmod(fd, self.mode)
+            os.utime(fd, (self.mtime, self.mtime))
+        finally:
+            os.close(fd)
 
 
 class Writers:
-    """The pool, and what it still has to write. Errors of a task are raised in the caller's thread at
-    its next call; `close` (always, after success or failure) waits for every thread to stop."""
+    """The lanes, and what they still have to write. Each lane is one thread taking its tasks in order;
+    a file's tasks all go to the lane of its directory, so two threads never create files in one
+    directory at once (the kernel serializes that on the directory's lock, and a waiting thread spins
+    on it) nor write one file at once. Errors of a task are raised in the caller's thread at its next
+    call; `close` (always, after success or failure) waits for every thread to stop."""
 
     def __init__(self, threads: int, max_pending: int = 64 << 20) -> None:
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="checkpoint-write")
+        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix="checkpoint-write") for _ in range(max(1, threads))]
         self._pending: deque[tuple[Future[None], int]] = deque()
         self._bytes = 0
         self._max = max_pending
-        self._large: deque[_Large] = deque()
-        self._current: _Large | None = None
+        self._large: list[_Large] = []
+        self._current: tuple[_Large, ThreadPoolExecutor] | None = None
+
+    def _lane(self, dest: str) -> ThreadPoolExecutor:
+        return self._lanes[hash(os.path.dirname(dest)) % len(self._lanes)]
 
     def small(self, dest: str, pieces: list[memoryview], size: int, mode: int, mtime: int) -> None:
-        """Create `dest` holding `pieces` (`size` bytes in all) with its mode and mtime, on the pool."""
-        self._track(self._pool.submit(_small, dest, pieces, mode, mtime), size)
+        """Create `dest` holding `pieces` (`size` bytes in all) with its mode and mtime."""
+        self._track(self._lane(dest).submit(_small, dest, pieces, mode, mtime), size)
 
     def open_large(self, dest: str, mode: int, mtime: int) -> None:
-        """Create `dest` now; `piece` then writes it, `end_large` says it is complete."""
-        self._current = _Large(os.open(dest, FLAGS, 0o600), mode, mtime)
-        self._large.append(self._current)
+        """Start `dest`; `piece` then writes it, `end_large` says it is complete."""
+        f = _Large(dest, mode, mtime)
+        lane = self._lane(dest)
+        self._large = [g for g in self._large if not g.finished] + [f]  # the finished ones need nothing more
+        self._current = (f, lane)
+        self._track(lane.submit(f.open), 0)
 
     def piece(self, pieces: list[memoryview], offset: int, size: int) -> None:
         assert self._current is not None
-        task = self._pool.submit(write_all, self._current.fd, pieces, offset)
-        self._current.tasks.append(task)
-        self._track(task, size)
+        f, lane = self._current
+        self._track(lane.submit(f.write, pieces, offset), size)
 
     def end_large(self) -> None:
+        assert self._current is not None
+        f, lane = self._current
         self._current = None
-        self._reap(keep=MAX_OPEN)
+        self._track(lane.submit(f.finish), 0)
 
     def drain(self) -> None:
         """Wait for everything handed out; raise the first error."""
@@ -114,13 +141,17 @@ class Writers:
             task, size = self._pending.popleft()
             self._bytes -= size
             task.result()
-        self._reap(keep=0)
 
     def close(self) -> None:
-        """Stop: cancel what has not started, wait for what has, close the large files' descriptors."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop: cancel what has not started, wait for what has, close what a cancelled task left open."""
+        for lane in self._lanes:
+            lane.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes:
+            lane.shutdown(wait=True)
         for f in self._large:
-            os.close(f.fd)
+            if f.fd >= 0:
+                os.close(f.fd)
+                f.fd = -1
         self._large.clear()
         self._pending.clear()
         self._current = None
@@ -132,19 +163,3 @@ class Writers:
             done, n = self._pending.popleft()
             self._bytes -= n
             done.result()
-
-    def _reap(self, keep: int) -> None:
-        """Close the large files whose writes are done, the oldest first, waiting for them while more
-        than `keep` are open."""
-        while self._large and self._large[0] is not self._current:
-            f = self._large[0]
-            if len(self._large) <= keep and not all(t.done() for t in f.tasks):
-                return
-            for t in f.tasks:
-                t.result()
-            self._large.popleft()
-            try:
-                os.fchmod(f.fd, f.mode)
-                os.utime(f.fd, (f.mtime, f.mtime))
-            finally:
-                os.close(f.fd)
