@@ -286,6 +286,14 @@ class Identity:
             raise NodusError("Unauthorized", f'token "{record["id"]}" expired at {record["expireTime"]}',
                              fix=renew, name=record["id"], kind="tokens")
         caller = Caller(record["subject"], record["project"], Role.parse(record["role"]), record["id"])
+        if record.get("lastUseTime") and record["id"] not in self._flushed:
+            # A stored use within the minute counts as flushed: a restarted coordinator does not write
+            # every token's lastUseTime again at its first use of it.
+            try:
+                self._flushed[record["id"]] = datetime.strptime(record["lastUseTime"], _STAMP).replace(
+                    tzinfo=timezone.utc).timestamp()
+            except ValueError:
+                pass
         if len(self._cache) > 10_000:
             self._cache.clear()
         until = now + _CACHE_SECONDS
@@ -365,5 +373,8 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("digest", "expireUnix")}
 
 
+_STAMP = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def _stamp(unix: float) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(unix, timezone.utc).strftime(_STAMP)
