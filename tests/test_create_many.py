@@ -12,10 +12,8 @@ import pytest
 
 from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.identity import SYSTEM, Caller, Identity, Role
-from nodus.coordinator.resources import ResourceService
-from nodus.coordinator.store import SqliteStore
-from nodus.coordinator.vault import Vault, load_or_create_key
+from nodus.coordinator.identity import SYSTEM, Caller, Role
+from services import resource_service
 
 JOBS = resolve("jobs")
 
@@ -27,11 +25,7 @@ def job(name: str, **spec: Any) -> dict[str, Any]:
 
 def test_create_many_answers_each_object_in_order_and_a_refusal_stops_none_of_the_others(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = await SqliteStore.open(tmp_path / "store.db")
-        try:
-            identity = Identity(store)
-            await identity.ensure_project("p", "test")
-            service = ResourceService(store, identity, Vault(store, load_or_create_key(tmp_path / "secret.key")))
+        async with resource_service(tmp_path) as (store, service):
             await service.create(SYSTEM, JOBS, "p", job("b"))
             seen: list[str] = []
             got = await service.create_many(SYSTEM, JOBS, "p", [job("a"), job("b"), job("c", parallelism=0), job("d")],
@@ -54,6 +48,4 @@ def test_create_many_answers_each_object_in_order_and_a_refusal_stops_none_of_th
                 await service.create_many(SYSTEM, JOBS, "nope", [job("e")])
             assert missing.value.reason == "NotFound" and "nope" in str(missing.value)
             assert await store.get("jobs/p/e") is None
-        finally:
-            await store.close()
     asyncio.run(scenario())

@@ -12,10 +12,8 @@ import pytest
 
 from nodus.coordinator.api.kinds import resolve
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.identity import SYSTEM, Identity
-from nodus.coordinator.resources import ResourceService
-from nodus.coordinator.store import SqliteStore
-from nodus.coordinator.vault import Vault, load_or_create_key
+from nodus.coordinator.identity import SYSTEM
+from services import resource_service
 
 JOBS = resolve("jobs")
 
@@ -26,11 +24,7 @@ def job(name: str) -> dict[str, Any]:
 
 def test_a_status_write_is_compare_and_swap_on_the_version_it_was_decided_from(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = await SqliteStore.open(tmp_path / "store.db")
-        try:
-            identity = Identity(store)
-            await identity.ensure_project("p", "test")
-            service = ResourceService(store, identity, Vault(store, load_or_create_key(tmp_path / "secret.key")))
+        async with resource_service(tmp_path) as (store, service):
             created, _ = await service.create(SYSTEM, JOBS, "p", job("a"))
             before = copy.deepcopy(created)
 
@@ -67,6 +61,4 @@ def test_a_status_write_is_compare_and_swap_on_the_version_it_was_decided_from(t
             with pytest.raises(NodusError) as gone:
                 await service.write_job_status("p", last, {"phase": "Succeeded"})
             assert gone.value.reason == "NotFound"
-        finally:
-            await store.close()
     asyncio.run(scenario())
