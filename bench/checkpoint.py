@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoint benchmark: `nodus checkpoint save|restore` against `tar | zstd` as a user types both.
 
-    .venv/bin/python bench/checkpoint.py [--sizes-mb 360,1024] [--runs 5] [--level 3] [--keep DIR]
+    .venv/bin/python bench/checkpoint.py [--sizes-mb 360,1024] [--runs 5] [--level 3] [--keep DIR] [--fs ext4|here]
 
 Command line against command line, same data, same run, each step a fresh process (or pipeline):
   save     `nodus checkpoint save data --out F.tar.zst` (tar, zstd frames, sha256, fsync, manifest)
@@ -30,12 +30,18 @@ the mixed data at every size, ≥ 1.0 on the text data.
            the copy (ratio ≤ 1.0). Needs root and a cgroup freezer (v1 `freezer` or v2
            `cgroup.freeze`); without one the bench says so and prints the copy time only.
 
+Where: with --fs ext4 (the default as root) every file of the bench lives on a scratch ext4 made with
+mkfs.ext4's defaults on a loop device (bench/scratchfs.py says why: this machine's journal-less root ext4
+makes any file created soon after large deletions cost ~1 ms of kernel time, for both sides alike); --fs here
+runs in the temp dir (or --keep DIR) itself. The report names the filesystem.
+
 A benchmark, not a test: it asserts nothing. Other work on the machine slows both sides alike within
 a round; the load average is printed beside the figures.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import resource
@@ -53,6 +59,7 @@ from nodus.agent.checkpointing import Hold, copy_held
 from nodus.agent.layout import AttemptLayout
 
 import record
+import scratchfs
 
 MiB = 1 << 20
 SMALL_FILES = 2000
@@ -389,8 +396,11 @@ def main() -> int:
     ap.add_argument("--level", type=int, default=3)
     ap.add_argument("--kinds", default="mixed,text,random")
     ap.add_argument("--keep", help="generate (or reuse) the data sets here instead of a temp dir")
+    ap.add_argument("--fs", choices=("ext4", "here"), default="ext4",
+                    help="ext4: run on a scratch ext4 with mkfs defaults on a loop device (needs root; see "
+                         "bench/scratchfs.py); here: in the temp dir or --keep DIR itself")
     record.add_flags(ap)
-    args = record.shrink(ap.parse_args(), {"sizes_mb": "16", "runs": 1})
+    args = record.shrink(ap.parse_args(), {"sizes_mb": "16", "runs": 1, "fs": "here"})
 
     zstd, tar = shutil.which("zstd"), shutil.which("tar")
     if not zstd or not tar:
@@ -404,49 +414,65 @@ def main() -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     sets = [("mixed", mb) for mb in sizes] if "mixed" in kinds else []
     sets += [(k, sizes[0]) for k in kinds if k != "mixed"]
-    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="nodus-bench-ckpt-"))
+    top = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="nodus-bench-ckpt-"))
+    why = scratchfs.why_not() if args.fs == "ext4" else ""
+    if why:
+        print(f"--fs ext4: {why}; use --fs here to run on the filesystem of the temp dir", file=sys.stderr)
+        return 2
     try:
-        load_before = os.getloadavg()[0]
-        rows: list[str] = []
-        largest_mixed: Path | None = None
-        for kind, mb in sets:
-            work = base / f"{kind}-{mb}"
-            if not (work / "data").exists():
-                log(f"generating {mb} MiB of {kind} data in {work}")
-                generate(work, mb, kind=kind)
-            files = sum(1 for p in (work / "data").rglob("*") if p.is_file())
-            label = f"{kind} {mb} MiB"
-            log(f"{label}: {files} files; {os.cpu_count()} CPUs; zstd level {args.level}")
-            rows += report(label, kind, bench_set(work, label, args.runs, args.level, nodus, tar, zstd))
-            if kind == "mixed":
-                largest_mixed = work
-        with record.Report("checkpoint", args):
-            print()
-            print(f"checkpoint benchmark: command line against command line, zstd -{args.level}, {os.cpu_count()} CPUs, "
-                  f"{args.runs} rounds; load average {load_before:.1f} → {os.getloadavg()[0]:.1f} (other work on the "
-                  "machine slows both sides; cpu-s is immune to it)")
-            print(f"{'data':<17s} {'step':<8s} {'nodus s':>7s} {'anchor s':>8s} {'ratio':>6s} {'min-max':<11s} "
-                  f"{'target':>6s} {'':>6s} {'nodus':>7s} {'anchor':>8s} {'floor s':>7s}")
-            print(f"{'':<17s} {'':<8s} {'':>7s} {'':>8s} {'':>6s} {'':<11s} {'':>6s} {'':>6s} {'cpu-s':>7s} {'cpu-s':>8s}")
-            for row in rows:
-                print(row)
-            print("save anchor: tar -cf - data | zstd -T0 -3 -o A && sync A; restore anchor: zstd -d -T0 -c A | tar -xf -")
-            print("(s = median wall seconds of the whole command; ratio = anchor s ÷ nodus s per round, its median and "
-                  "min-max: above 1 is nodus ahead; floor = the I/O no implementation skips + Python's start-up)")
-            if largest_mixed is not None:
-                log("freeze pause: the agent's hold of a running program beside a plain cp -a of the same data")
-                pauses, copies, why = freeze_pause(largest_mixed, args.runs)
-                copy = statistics.median(copies)
-                if pauses is None:
-                    print(f"freeze pause: n/a, {why}; plain cp -a of the state {copy:.3f}s")
-                else:
-                    pause = statistics.median(pauses)
-                    print(f"freeze pause: {pause:.3f}s (agent: freeze, parallel in-process copy, thaw) "
-                          f"vs plain cp -a {copy:.3f}s; ratio {pause / copy:.2f} (pause ÷ copy, target ≤ 1.0)")
-        return 0
+        with contextlib.ExitStack() as stack:
+            if args.fs == "ext4":
+                # the data sets, two archives, two restored trees, the floor's scratch and the pause's copies
+                need = (sum(sizes) + (len(sets) - len(sizes)) * sizes[0] + 6 * max(sizes) + 1024) * MiB
+                base = stack.enter_context(scratchfs.ScratchExt4(top / "scratch-ext4.img", top / "ext4", need))
+            else:
+                base = top
+            return _run(args, base, sets, nodus, tar, zstd)
     finally:
         if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, base: Path, sets: list[tuple[str, int]], nodus: str, tar: str, zstd: str) -> int:
+    load_before = os.getloadavg()[0]
+    rows: list[str] = []
+    largest_mixed: Path | None = None
+    for kind, mb in sets:
+        work = base / f"{kind}-{mb}"
+        if not (work / "data").exists():
+            log(f"generating {mb} MiB of {kind} data in {work}")
+            generate(work, mb, kind=kind)
+        files = sum(1 for p in (work / "data").rglob("*") if p.is_file())
+        label = f"{kind} {mb} MiB"
+        log(f"{label}: {files} files; {os.cpu_count()} CPUs; zstd level {args.level}")
+        rows += report(label, kind, bench_set(work, label, args.runs, args.level, nodus, tar, zstd))
+        if kind == "mixed":
+            largest_mixed = work
+    with record.Report("checkpoint", args):
+        print()
+        print(f"checkpoint benchmark: command line against command line, zstd -{args.level}, {os.cpu_count()} CPUs, "
+              f"{args.runs} rounds; load average {load_before:.1f} → {os.getloadavg()[0]:.1f} (other work on the "
+              "machine slows both sides; cpu-s is immune to it)")
+        print(f"filesystem (--fs {args.fs}): {scratchfs.describe(base)}")
+        print(f"{'data':<17s} {'step':<8s} {'nodus s':>7s} {'anchor s':>8s} {'ratio':>6s} {'min-max':<11s} "
+              f"{'target':>6s} {'':>6s} {'nodus':>7s} {'anchor':>8s} {'floor s':>7s}")
+        print(f"{'':<17s} {'':<8s} {'':>7s} {'':>8s} {'':>6s} {'':<11s} {'':>6s} {'':>6s} {'cpu-s':>7s} {'cpu-s':>8s}")
+        for row in rows:
+            print(row)
+        print("save anchor: tar -cf - data | zstd -T0 -3 -o A && sync A; restore anchor: zstd -d -T0 -c A | tar -xf -")
+        print("(s = median wall seconds of the whole command; ratio = anchor s ÷ nodus s per round, its median and "
+              "min-max: above 1 is nodus ahead; floor = the I/O no implementation skips + Python's start-up)")
+        if largest_mixed is not None:
+            log("freeze pause: the agent's hold of a running program beside a plain cp -a of the same data")
+            pauses, copies, why = freeze_pause(largest_mixed, args.runs)
+            copy = statistics.median(copies)
+            if pauses is None:
+                print(f"freeze pause: n/a, {why}; plain cp -a of the state {copy:.3f}s")
+            else:
+                pause = statistics.median(pauses)
+                print(f"freeze pause: {pause:.3f}s (agent: freeze, parallel in-process copy, thaw) "
+                      f"vs plain cp -a {copy:.3f}s; ratio {pause / copy:.2f} (pause ÷ copy, target ≤ 1.0)")
+    return 0
 
 
 if __name__ == "__main__":
