@@ -32,7 +32,8 @@ from google.protobuf import json_format, struct_pb2
 
 from api_procs import cpu_seconds
 from daemons import Coordinator, start_coordinator, stop_all
-from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
+from nodus.agent.enrolment import agent_address
+from nodus.agent.x509 import csr_pem, key_pem, new_key
 from nodus.v1 import (agent_pb2, agent_pb2_grpc, common_pb2, project_pb2, project_pb2_grpc,
                       resource_pb2, resource_pb2_grpc)
 

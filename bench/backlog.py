@@ -46,7 +46,8 @@ import api
 import api_procs
 import record
 from daemons import BIN, Coordinator, start_coordinator, stop_all
-from nodus.agent.enrolment import agent_address, csr_pem, key_pem, new_key
+from nodus.agent.enrolment import agent_address
+from nodus.agent.x509 import csr_pem, key_pem, new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2, node_pb2, node_pb2_grpc
 
 TARGET_CPU = 5.0

@@ -106,7 +106,7 @@ class Coordinator:
 
     def enrol(self, node: str, key: Any, token: str | None = None) -> Any:
         """AgentService.Enrol as nodus-agent calls it: the join token and a CSR for `key`; the answer."""
-        from nodus.agent.enrolment import csr_pem
+        from nodus.agent.x509 import csr_pem
         from nodus.v1 import agent_pb2, agent_pb2_grpc
         with self.channel() as channel:
             return agent_pb2_grpc.AgentServiceStub(channel).Enrol(
@@ -119,7 +119,7 @@ class Coordinator:
         token authenticates there)."""
         if self.grpc.ca is None:
             return self.channel()
-        from nodus.agent.enrolment import key_pem
+        from nodus.agent.x509 import key_pem
         answer = self.enrol(node, key, token)
         creds = grpc.ssl_channel_credentials(self.grpc.ca.read_bytes(), key_pem(key), answer.certificate_pem.encode())
         return grpc.secure_channel(self.agent_address, creds)

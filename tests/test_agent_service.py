@@ -17,7 +17,7 @@ import e2e
 from conftest import Coordinator
 from e2e import ATTEMPTS, JOBS, MERGE, attempts_of, create, patch_state
 from nodus.cli.attempts import for_job
-from nodus.agent.enrolment import new_key
+from nodus.agent.x509 import new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"

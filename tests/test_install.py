@@ -118,7 +118,7 @@ def test_bad_input_is_refused_naming_the_flag_and_the_fix(coordinator: Coordinat
     labels = agent_install(tmp_path / "root3", "--coordinator", coordinator.grpc, "--join-token-file", token, *ca,
                            "--labels", "rack")
     assert labels.returncode == 2 and "--labels: label 'rack' is not key=value" in labels.stderr
-    from nodus.agent.enrolment import new_key
+    from nodus.agent.x509 import new_key
     coordinator.enrol("taken-node", new_key())  # another host's key holds the name
     taken = agent_install(tmp_path / "root2", "--coordinator", coordinator.grpc, "--join-token-file", token, *ca,
                           "--node", "taken-node")

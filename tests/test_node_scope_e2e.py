@@ -23,7 +23,7 @@ from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
 from e2e import agent_md, attempts_of, create, ended, patch_state, start_agent, suspend, units, wait_job
 
-from nodus.agent.enrolment import new_key
+from nodus.agent.x509 import new_key
 from nodus.coordinator.clock import OffsetClock
 from nodus.coordinator.controllers.attempt_machine import AttemptPhase
 from nodus.coordinator.node_scope import GRACE_SECONDS

@@ -19,7 +19,7 @@ from agent_double import AgentProcess
 from conftest import Coordinator, job
 from e2e import agent_md, attempts_of, ended, start_agent, wait_status
 
-from nodus.agent.enrolment import new_key
+from nodus.agent.x509 import new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2, gang_pb2, gang_pb2_grpc
 
 VALUE = "NODUS-TEST-SECRET-node-scope-41d2"

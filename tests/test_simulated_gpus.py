@@ -22,7 +22,7 @@ from conftest import BIN, Coordinator, GrpcAddress
 from e2e import start_agent
 from nodus.agent.nvml import SimulatedNvml
 from nodus.agent.settings import SimulatedGpus
-from nodus.agent.enrolment import new_key
+from nodus.agent.x509 import new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from test_grpcurl import grpcurl
 

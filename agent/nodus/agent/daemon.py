@@ -30,6 +30,7 @@ from .backoff import Backoff
 from .blobs import BlobClient
 from .clock import Clock, SystemClock
 from .decisions import Event, Forget, MarkAcked, LogShipped, MoveLease, Tick, decide, progress_due, shown_phase
+from .enrolment import SubprocessX509
 from .forgetting import Forgetting
 from .gang import Gangs
 from .inputs import InputError, Materializer
@@ -71,7 +72,7 @@ class Agent:
                          backoff=Backoff(base=cfg.reconnect_base, cap=cfg.reconnect_max),
                          tls=not cfg.coordinator_insecure, identity_dir=cfg.work_dir / "identity",
                          coordinator_ca=cfg.coordinator_ca, on_channel=self.blobs.use,
-                         trust_files=(cfg.join_token_file, cfg.coordinator_ca_file))
+                         trust_files=(cfg.join_token_file, cfg.coordinator_ca_file), x509=SubprocessX509())
         self.materializer = Materializer(self.blobs, cfg.input_ca_file)
         self.checkpoints = Checkpoints(self.runtime, self.blobs, self.link, self.table, self, self.clock,
                                        cfg.stop_grace)

@@ -9,50 +9,76 @@ certificate lasts.
 """
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import orjson
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from nodus.v1 import agent_pb2
 
+from .statefile import write_bytes
+
 RENEW_AT = 2 / 3
 """The share of a certificate's life after which the agent renews it."""
+X509_TIMEOUT = 60.0
+"""Seconds a child doing the X.509 work may take (an interpreter start and an EC key: well under one)."""
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Atomically, mode 0600 from the start (temp file, fsync, rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+class X509Failed(RuntimeError):
+    """The X.509 helper could not make a CSR or read the certificate (the Link says so and retries)."""
 
 
-def new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
+class X509(Protocol):
+    """The X.509 work the node identity needs: in process, or in a short-lived child (nodus.agent.x509)."""
+
+    def csr(self, key_path: Path, node: str) -> str:
+        """A CSR naming `node` for the key at `key_path` (made on first use)."""
+        ...
+
+    def inspect(self, cert_pem: bytes, ca_pem: bytes) -> tuple[float, float, bool]:
+        """(notBefore, notAfter, issued by `ca_pem`) of the certificate."""
+        ...
 
 
-def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+class InProcessX509:
+    """For short-lived callers (`nodus-agent install`, benches, tests): cryptography in this process."""
+
+    def csr(self, key_path: Path, node: str) -> str:
+        from . import x509
+
+        return x509.csr_for(key_path, node)
+
+    def inspect(self, cert_pem: bytes, ca_pem: bytes) -> tuple[float, float, bool]:
+        from . import x509
+
+        return x509.inspect(cert_pem, ca_pem)
 
 
-def csr_pem(key: ec.EllipticCurvePrivateKey, node: str) -> str:
-    """A certificate signing request for `key` naming `node`."""
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
-           .sign(key, hashes.SHA256()))
-    return csr.public_bytes(serialization.Encoding.PEM).decode()
+class SubprocessX509:
+    """For nodus-agent: each operation in a child `python -m nodus.agent.x509`, so the daemon never maps
+    cryptography (~8 MB of RSS). Blocking: the Link calls it on a thread."""
+
+    def _run(self, args: list[str], stdin: bytes = b"") -> bytes:
+        try:
+            done = subprocess.run([sys.executable, "-m", "nodus.agent.x509", *args], input=stdin,
+                                  capture_output=True, timeout=X509_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            raise X509Failed(f"the node identity's X.509 helper ({args[0]}) took over {X509_TIMEOUT:g}s") from None
+        if done.returncode:
+            raise X509Failed(f"the node identity's X.509 helper ({args[0]}) failed: "
+                               f"{done.stderr.decode(errors='replace').strip()[-500:]}")
+        return done.stdout
+
+    def csr(self, key_path: Path, node: str) -> str:
+        return self._run(["csr", str(key_path), node]).decode()
+
+    def inspect(self, cert_pem: bytes, ca_pem: bytes) -> tuple[float, float, bool]:
+        doc = orjson.loads(self._run(["inspect"], orjson.dumps({"cert": cert_pem.decode(), "ca": ca_pem.decode()})))
+        return float(doc["notBefore"]), float(doc["notAfter"]), bool(doc["issuedBy"])
 
 
 def agent_address(coordinator: str, port: int) -> str:
@@ -70,6 +96,9 @@ class Certificate:
     agent_port: int
     not_before: float
     not_after: float
+    issued_by_ca: bool
+    """Whether `ca_pem` (the CA this agent trusts now) signed it: a coordinator whose data dir was replaced
+    has a new CA, and a certificate of the old one is no identity there."""
 
     def renew_time(self) -> float:
         return self.not_before + (self.not_after - self.not_before) * RENEW_AT
@@ -87,49 +116,22 @@ def read_trust_file(path: Path | None) -> bytes | None:
     return data or None
 
 
-def issued_by(cert_pem: bytes, ca_pem: bytes) -> bool:
-    """Whether the node certificate was signed by (one of) the CA(s) in `ca_pem`: a coordinator whose
-    data dir was replaced has a new CA, and a certificate of the old one is no identity there."""
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    try:
-        cas = x509.load_pem_x509_certificates(ca_pem)
-    except ValueError:
-        return False
-    for ca in cas:
-        try:
-            cert.verify_directly_issued_by(ca)
-            return True
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-    return False
-
-
 class NodeCredentials:
     """WORK_DIR/identity: node.key (0600), node.crt, ca.crt and the agent port."""
 
-    def __init__(self, directory: Path, ca_pem: bytes | None = None) -> None:
+    def __init__(self, directory: Path, ca_pem: bytes | None = None, x509: X509 | None = None) -> None:
         self.directory = directory
         self.given_ca = ca_pem
         """--coordinator-ca, which wins over the CA an enrolment answered."""
+        self.x509: X509 = x509 if x509 is not None else InProcessX509()
 
     @property
     def key_path(self) -> Path:
         return self.directory / "node.key"
 
-    def key(self) -> ec.EllipticCurvePrivateKey:
-        """The node's key, made on first use."""
-        if self.key_path.exists():
-            key = serialization.load_pem_private_key(self.key_path.read_bytes(), password=None)
-            if isinstance(key, ec.EllipticCurvePrivateKey):
-                return key
-        self.directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
-        key = new_key()
-        _write_private(self.key_path, key_pem(key))
-        return key
-
     def csr(self, node: str) -> str:
-        return csr_pem(self.key(), node)
+        """A CSR for the node's key (made on first use: 0600, in a 0700 directory)."""
+        return self.x509.csr(self.key_path, node)
 
     def load(self) -> Certificate | None:
         try:
@@ -138,16 +140,15 @@ class NodeCredentials:
             ca = self.given_ca or (self.directory / "ca.crt").read_bytes()
         except (OSError, ValueError):
             return None
-        cert = x509.load_pem_x509_certificate(pem)
-        return Certificate(pem, ca, int(meta["agentPort"]), cert.not_valid_before_utc.timestamp(),
-                           cert.not_valid_after_utc.timestamp())
+        not_before, not_after, issued = self.x509.inspect(pem, ca)
+        return Certificate(pem, ca, int(meta["agentPort"]), not_before, not_after, issued)
 
     def save(self, answer: agent_pb2.EnrolResponse) -> Certificate:
         self.directory.mkdir(parents=True, exist_ok=True)
-        _write_private(self.directory / "ca.crt", answer.ca_pem.encode())
-        _write_private(self.directory / "agent.json", orjson.dumps({"agentPort": answer.agent_port,
+        write_bytes(self.directory / "ca.crt", answer.ca_pem.encode())
+        write_bytes(self.directory / "agent.json", orjson.dumps({"agentPort": answer.agent_port,
                                                                     "node": answer.node_name}))
-        _write_private(self.directory / "node.crt", answer.certificate_pem.encode())
+        write_bytes(self.directory / "node.crt", answer.certificate_pem.encode())
         loaded = self.load()
         assert loaded is not None
         return loaded

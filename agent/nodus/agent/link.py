@@ -30,7 +30,7 @@ from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 from .backoff import Backoff
 from .clock import Clock
-from .enrolment import Certificate, NodeCredentials, agent_address, issued_by, read_trust_file
+from .enrolment import X509, Certificate, NodeCredentials, X509Failed, agent_address, read_trust_file
 
 log = logging.getLogger("nodus.agent.link")
 
@@ -114,12 +114,12 @@ class Link:
                  clock: Clock, register_timeout: float = 15.0, tls: bool = True,
                  identity_dir: Path | None = None, coordinator_ca: bytes | None = None,
                  on_channel: Callable[[grpc.aio.Channel, Metadata], None] | None = None,
-                 trust_files: tuple[Path | None, Path | None] = (None, None)) -> None:
+                 trust_files: tuple[Path | None, Path | None] = (None, None), x509: X509 | None = None) -> None:
         self.node = node
         self.token_file, self.ca_file = trust_files
         """--join-token-file and --coordinator-ca, re-read before each enrolment and reconnect."""
         self.tls = tls
-        self.credentials = NodeCredentials(identity_dir, coordinator_ca) if tls and identity_dir else None
+        self.credentials = NodeCredentials(identity_dir, coordinator_ca, x509) if tls and identity_dir else None
         """The node certificate's keeper; None against a --grpc-insecure coordinator (the join token)."""
         self.on_channel = on_channel
         """Told of every new channel (the blob client shares it)."""
@@ -202,6 +202,8 @@ class Link:
                     self._note(*unavailable(self.target, f"{code.name}: {e.details()}", self.tls))
             except StreamEnded as e:
                 self._note(str(e))
+            except X509Failed as e:
+                self._note(str(e), logging.ERROR)
             finally:
                 self._queue = None
                 self.connected.clear()
@@ -257,8 +259,8 @@ class Link:
         self._refresh_trust()
         if self.certificate is not None and self.certificate.not_after > WALL():
             return
-        cert = self.credentials.load()
-        if cert is not None and not issued_by(cert.pem, cert.ca_pem):
+        cert = await asyncio.to_thread(self.credentials.load)
+        if cert is not None and not cert.issued_by_ca:
             log.warning("the node certificate of %s was issued by a CA this coordinator no longer has (its data dir "
                         "was replaced?): enrolling again with the join token in %s", self.node.node_name,
                         self.token_file or "--join-token-file")
@@ -266,10 +268,10 @@ class Link:
             cert = None
         if cert is None or cert.not_after <= WALL():
             stub = agent_pb2_grpc.AgentServiceStub(self.bootstrap)
-            answer = await stub.Enrol(agent_pb2.EnrolRequest(node_name=self.node.node_name,
-                                                             csr_pem=self.credentials.csr(self.node.node_name)),
+            csr = await asyncio.to_thread(self.credentials.csr, self.node.node_name)
+            answer = await stub.Enrol(agent_pb2.EnrolRequest(node_name=self.node.node_name, csr_pem=csr),
                                       metadata=self.join_metadata, timeout=self.register_timeout)
-            cert = self.credentials.save(answer)
+            cert = await asyncio.to_thread(self.credentials.save, answer)
             log.info("enrolled node %s: certificate until %s", self.node.node_name,
                      answer.expire_time.ToDatetime().isoformat())
         self._use_certificate(cert)
@@ -303,13 +305,14 @@ class Link:
                 await asyncio.sleep(min(wait, 60.0))
                 continue
             try:
-                answer = await self.stub.Renew(agent_pb2.RenewRequest(csr_pem=self.credentials.csr(self.node.node_name)),
-                                               timeout=self.register_timeout)
-            except grpc.aio.AioRpcError as e:
-                self._note(f"renewing the node certificate failed: {e.code().name}: {e.details()}")
+                csr = await asyncio.to_thread(self.credentials.csr, self.node.node_name)
+                answer = await self.stub.Renew(agent_pb2.RenewRequest(csr_pem=csr), timeout=self.register_timeout)
+                renewed = await asyncio.to_thread(self.credentials.save, answer)
+            except (grpc.aio.AioRpcError, X509Failed) as e:
+                why = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else str(e)
+                self._note(f"renewing the node certificate failed: {why}")
                 await asyncio.sleep(max(0.5, min(30.0, (cert.not_after - WALL()) / 10)))
                 continue
-            renewed = self.credentials.save(answer)
             log.info("renewed the certificate of node %s: until %s", self.node.node_name,
                      answer.expire_time.ToDatetime().isoformat())
             if self.certificate is cert:
