@@ -214,8 +214,9 @@ class SinkLoader:
             while True:
                 while self._marked:
                     await self._pass(self._marked.pop())
-                try:
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, resync_at - loop.time()))
+                try:  # not asyncio.wait_for: on 3.11 it can swallow a cancel racing the event (gh-86296)
+                    async with asyncio.timeout_at(resync_at):
+                        await self._wake.wait()
                 except TimeoutError:
                     break
                 self._wake.clear()
