@@ -129,6 +129,8 @@ class Identity:
         self._flushed: dict[str, float] = {}
         self._writes: set[asyncio.Task[None]] = set()
         self._follower: asyncio.Task[None] | None = None
+        self._projects: set[str] = set()
+        """Projects seen to exist: a project is never deleted, so a create need not read it again."""
 
     def now(self) -> float:
         """The clock tokens expire by (unix seconds)."""
@@ -163,7 +165,11 @@ class Identity:
         return [orjson.loads(r.value) for r in result.records]
 
     async def require_project(self, name: str) -> None:
-        if await self.get_project(name) is None:
+        if name in self._projects:
+            return
+        if await self.get_project(name) is not None:
+            self._projects.add(name)  # no verb deletes a project (a deleting one must discard it here)
+        else:
             raise NodusError("NotFound", f'project "{name}" not found', name=name, kind="projects",
                              fix=f"create it with `nodus project create {name}` or use an existing project")
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import secrets as pysecrets
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 import jsonpatch
@@ -28,7 +26,9 @@ from .identity import SYSTEM, Caller, Identity, Role
 from .images import ImageResolver
 from .selectors import FieldSelector, LabelSelector
 from .status_write import write_status
-from .store.base import Record, Store
+from .store.base import Store
+from .stored import ListPage, decode as _decode, encode as _encode, key as _key, parse_rv as _parse_rv, \
+    prefix as _prefix, utc_now as utc_now
 from .strategies import KindStrategy, strategies
 from .sweep_cells import SweepCellService, SweepSettings
 from .vault import Vault
@@ -36,55 +36,6 @@ from .watches import EventCache, WatchStream
 
 _MAX_PATCH_RETRIES, _MAX_PAGE, _DEFAULT = 8, 1 << 31, KindStrategy()
 _JOBS = resolve("jobs")
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True, slots=True)
-class ListPage:
-    items: list[dict[str, Any]]
-    resource_version: str
-    continue_token: str
-    remaining: int | None
-
-
-def _key(info: KindInfo, project: str, name: str) -> str:
-    return f"{info.plural}/{project}/{name}"
-
-
-def _prefix(info: KindInfo, project: str | None) -> str:
-    return f"{info.plural}/{project}/" if project else f"{info.plural}/"
-
-
-def _decode(rec: Record | None) -> dict[str, Any] | None:
-    if rec is None:
-        return None
-    obj = orjson.loads(rec.value)
-    obj["metadata"]["resourceVersion"] = str(rec.revision)
-    return obj
-
-
-def _encode(obj: dict[str, Any]) -> bytes:
-    meta = obj.get("metadata", {})
-    meta.pop("resourceVersion", None)
-    return orjson.dumps(obj)
-
-
-def _parse_rv(text: Any, field: str = "resourceVersion") -> int | None:
-    if text is None or text == "":
-        return None
-    try:
-        if not isinstance(text, str) or not text.isdigit():
-            raise ValueError(text)  # a resourceVersion is an opaque string of digits, never a number
-        value = int(text)
-    except ValueError:
-        raise NodusError("BadRequest", f"{field} {text!r} is not a valid resource version",
-                         fix="pass a resourceVersion returned by the API") from None
-    if value < 0:
-        raise NodusError("BadRequest", f"{field} {text!r} is not a valid resource version")
-    return value
 
 
 class _Lookup:
@@ -241,12 +192,16 @@ class ResourceService:
         return copy_json(obj) if copy else obj
 
     async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
-                     dry_run: bool = False, field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
+                     dry_run: bool = False, field_validation: str = "Strict",
+                     owned: bool = False) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """`owned`: `obj` is the caller's own fresh parse that nothing else holds (the REST gateway's body):
+        it is admitted in place rather than copied, and the object created is answered as admitted rather
+        than decoded back from the bytes just stored (the same JSON document)."""
         await self._authorize(caller, info, project, "create", Role.EDITOR)
         self._refuse_read_only(caller, info, "create")
-        obj = self._check_body(info, project, obj)
+        obj = self._check_body(info, project, obj, copy=not owned)
         await self.identity.require_project(project)
-        return await self._create(info, project, obj, if_match, dry_run, field_validation)
+        return await self._create(info, project, obj, if_match, dry_run, field_validation, read_back=not owned)
 
     async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: Sequence[dict[str, Any]],
                           created: Callable[[dict[str, Any]], None] | None = None) -> Sequence[dict[str, Any] | NodusError]:
@@ -270,8 +225,8 @@ class ResourceService:
         return await asyncio.gather(*(one(obj) for obj in objs))
 
     async def _create(self, info: KindInfo, project: str, obj: dict[str, Any], if_match: str = "",
-                      dry_run: bool = False,
-                      field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
+                      dry_run: bool = False, field_validation: str = "Strict",
+                      read_back: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
         obj.pop("status", None)
         admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation,
                                       limits=self.limits)
@@ -304,6 +259,9 @@ class ResourceService:
             if e.reason == "AlreadyExists":
                 raise self._already_exists(info, meta["name"]) from None
             raise
+        if not read_back:
+            meta["resourceVersion"] = str(rec.revision)
+            return new, admitted.warnings
         return _decode(rec), admitted.warnings  # type: ignore[return-value]
 
     def _already_exists(self, info: KindInfo, name: str) -> NodusError:

@@ -290,7 +290,8 @@ class Gateway:
             dry_run = self._dry_run(request)
             obj, warnings = await self.service.create(caller, info, project, body, dry_run=dry_run,
                                                       field_validation=self._field_validation(request),
-                                                      if_match=request.headers.get("If-Match", ""))
+                                                      if_match=request.headers.get("If-Match", ""),
+                                                      owned=True)  # the body parsed above, nobody else's
             request["name"] = obj["metadata"].get("name", "")  # the audit log's, for a generateName
             response = self._respond(request, info, obj, 201, warnings)
             if dry_run:
