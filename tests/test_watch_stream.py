@@ -128,3 +128,26 @@ def test_an_events_previous_value_is_taken_from_the_last_event_of_its_key_only_w
     first, _ = shared.decode(evs[0])
     _, prev = shared.decode(evs[1])
     assert prev is first, "the previous value is the last event's object, not decoded again"
+
+
+def test_watchers_of_one_project_and_selection_share_one_translation_and_others_get_their_own() -> None:
+    """A hundred watchers of the same project and selectors are sent the event translated once; a watcher
+    with other selectors (or another spelling's other meaning) gets its own, and a watch of every project
+    is translated per caller, whose projects decide what it may see."""
+    from nodus.coordinator.store.base import Event, EventType
+
+    ev = Event(EventType.PUT, "jobs/default/a", job("a", "red"), 7, None, 7)
+    cache = EventCache()
+    red, red_again = parse_label_selector("team=red"), parse_label_selector("team=red")
+    none = parse_field_selector("")
+    first = cache.translated(ADMIN, "default", red, none, ev)
+    assert first is not None and first.type == "ADDED"
+    assert cache.translated(ADMIN, "default", red_again, none, ev) is first, "translated once for both"
+    assert cache.translated(ADMIN, "default", parse_label_selector("team=blue"), none, ev) is None
+    assert cache.translated(ADMIN, "default", parse_label_selector("team!=red"), none, ev) is None
+    named = cache.translated(ADMIN, "default", red, parse_field_selector("metadata.name=b"), ev)
+    assert named is None, "another field selector is another selection"
+    outsider = Caller("someone", "other", Role.VIEWER)
+    assert cache.translated(outsider, None, red, none, ev) is None, "not theirs to see across projects"
+    everywhere = cache.translated(ADMIN, None, red, none, ev)
+    assert everywhere is not None and everywhere.type == "ADDED"

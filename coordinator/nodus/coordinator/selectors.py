@@ -37,6 +37,9 @@ def _split_top(text: str) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class LabelSelector:
     requirements: tuple[Callable[[dict[str, str]], bool], ...]
+    text: tuple[str, ...] = ()
+    """The requirements as written, one per part: selectors with the same text select the same objects
+    (a watch event's translation is shared by the watchers whose selectors are the same, watches.py)."""
 
     def matches(self, labels: dict[str, str] | None) -> bool:
         labels = labels or {}
@@ -45,7 +48,8 @@ class LabelSelector:
 
 def parse_label_selector(text: str | None) -> LabelSelector:
     reqs: list[Callable[[dict[str, str]], bool]] = []
-    for part in _split_top(text or ""):
+    parts = _split_top(text or "")
+    for part in parts:
         m = _SET_RE.match(part)
         if not m:
             raise NodusError("BadRequest", f"unable to parse requirement {part!r} in labelSelector",
@@ -64,7 +68,7 @@ def parse_label_selector(text: str | None) -> LabelSelector:
             reqs.append(partial(_not_equal, key, value))
         else:
             reqs.append(partial(_present, key))
-    return LabelSelector(tuple(reqs))
+    return LabelSelector(tuple(reqs), tuple(parts))
 
 
 # One requirement each, bound to its key (and values) with partial.

@@ -102,13 +102,15 @@ class WatchStream:
         name = fields.name()
         try:
             while True:
-                try:
-                    async with asyncio.timeout(bookmark_seconds):
-                        got = [await queue.get()]
-                except TimeoutError:
-                    if allow_bookmarks:
+                if not queue.empty() or not allow_bookmarks:
+                    got = [await queue.get()]  # no timer to arm and cancel per batch when none is due
+                else:
+                    try:
+                        async with asyncio.timeout(bookmark_seconds):
+                            got = [await queue.get()]
+                    except TimeoutError:
                         yield [bookmark(info, last)]
-                    continue
+                        continue
                 while len(got) < LIVE_BATCH and not queue.empty():
                     got.append(queue.get_nowait())
                 out: list[WatchEvent] = []
@@ -120,7 +122,7 @@ class WatchStream:
                     last = ev.revision
                     if name and not ev.key.endswith("/" + name):
                         continue
-                    translated = translate(caller, project, labels, fields, ev, cache)
+                    translated = cache.translated(caller, project, labels, fields, ev)
                     if translated is not None:
                         out.append(translated)
                 if out:
@@ -142,6 +144,9 @@ class EventCache:
         self._size = size
         self._entries: OrderedDict[int, tuple[dict[str, Any], dict[str, Any] | None]] = OrderedDict()
         self._lines: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._translated: OrderedDict[tuple[Any, ...], WatchEvent | None] = OrderedDict()
+        """Per (revision, project, selectors): the event as the watchers of that project and selection see
+        it, translated once for all of them (the caller only matters to a watch of every project)."""
         self._latest: OrderedDict[str, tuple[int, bytes, dict[str, Any]]] = OrderedDict()
         """Per key, the newest event's (revision, stored bytes, object): the next event's previous value is
         usually those bytes, and then its object, not a second decode (only matched against selectors)."""
@@ -172,6 +177,21 @@ class EventCache:
                 if len(self._latest) > self._size:
                     self._latest.popitem(last=False)
         return entry
+
+    def translated(self, caller: Caller, project: str | None, labels: LabelSelector, fields: FieldSelector,
+                   ev: Event) -> WatchEvent | None:
+        """`translate`, once per event for every watcher of one project with the same selectors."""
+        if not project:
+            return translate(caller, project, labels, fields, ev, self)
+        key = ev.revision, project, labels.text, fields.requirements
+        try:
+            return self._translated[key]
+        except KeyError:
+            pass
+        out = self._translated[key] = translate(caller, project, labels, fields, ev, self)
+        if len(self._translated) > self._size:
+            self._translated.popitem(last=False)
+        return out
 
     def json_line(self, ev: WatchEvent) -> bytes:
         """The event as one line of a JSON watch stream, encoded once for every watcher sent it."""
