@@ -58,12 +58,15 @@ class Backend:
         """Open the store here; `sqlite`/`postgres` pick a subclass. watch_buffer sizes SQLite's live
         buffer (PostgreSQL watches keep none: they read the log)."""
         if self.cluster is None:
-            return await sqlite.open(Path(self.location), **({} if watch_buffer is None else
-                                                              {"watch_buffer": watch_buffer}))
+            # sqlite-mirror: every key also kept in memory and read there (the coordinator mirrors the
+            # API's objects, store/opening.py), so every test here holds for reads from the mirror too.
+            mirror = ("",) if self.engine == "sqlite-mirror" else ()
+            return await sqlite.open(Path(self.location), mirror=mirror,
+                                     **({} if watch_buffer is None else {"watch_buffer": watch_buffer}))
         return await postgres.open(self.location, **pg)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "sqlite-mirror", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     cluster = request.getfixturevalue("postgres_cluster") if request.param == "postgres" else None
     return Backend(request.param, tmp_path, cluster)
@@ -538,7 +541,8 @@ from nodus.coordinator.store.postgres import PostgresStore
 
 async def main():
     engine, location = sys.argv[1], sys.argv[2]
-    store = await (SqliteStore.open(Path(location)) if engine == "sqlite" else PostgresStore.open(location))
+    store = await (SqliteStore.open(Path(location), mirror=("",) if engine == "sqlite-mirror" else ())
+                   if engine.startswith("sqlite") else PostgresStore.open(location))
     async def creator(i):
         j = 0
         while True:
@@ -636,4 +640,31 @@ def test_postgres_migrations_run_once_under_concurrent_starts(pg: Backend) -> No
             assert conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
         for store in stores:
             await store.close()
+    run(body)
+
+
+def test_a_mirrored_store_reads_what_it_held_before_a_restart_and_only_its_prefixes_in_memory(tmp_path: Path) -> None:
+    """The mirror is loaded from the file at open (a restarted coordinator GETs what it stored before),
+    follows every write and delete after it, and keys outside its prefixes are read from the file."""
+    async def body() -> None:
+        path = tmp_path / "store.db"
+        store = await SqliteStore.open(path)
+        await store.create("jobs/p/a", b"1")
+        b = await store.create("jobs/p/b", b"2")
+        await store.create("tokens/t", b"3")
+        await store.close()
+        store = await SqliteStore.open(path, mirror=("jobs/",))
+        try:
+            assert await store.get("jobs/p/b") == b
+            assert set(store._mirror) == {"jobs/p/a", "jobs/p/b"}, "only the mirrored prefix is held"
+            assert (await store.get("tokens/t")) == Record("tokens/t", b"3", 3, 3)
+            await store.delete("jobs/p/a")
+            c = await store.update("jobs/p/b", b"4", b.revision)
+            assert await store.get("jobs/p/a") is None
+            assert await store.get("jobs/p/b") == c == Record("jobs/p/b", b"4", 5, 2)
+        finally:
+            await store.close()
+        with pytest.raises(NodusError) as e:
+            await store.get("jobs/p/b")
+        assert reason(e) == "ServiceUnavailable"
     run(body)

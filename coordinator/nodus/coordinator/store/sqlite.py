@@ -84,8 +84,13 @@ class SqliteStore(QueuedWriteStore):
     """Log rows deleted per transaction, so compaction never stalls writes for long."""
 
     def __init__(self, path: Path, synchronous: str, max_batch: int, watch_buffer: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, mirror: Sequence[str] = ()) -> None:
         self.path = path
+        self.mirror = tuple(mirror)
+        """Key prefixes whose current values are also kept in memory, read on the loop (`get`)."""
+        self._mirror: dict[str, tuple[bytes, int, int]] = {}
+        """Every key under `mirror`: (value, revision, create revision), as of the last batch resolved on
+        the loop. A tuple of bytes and ints, which the collector stops tracking, not a Record."""
         self.synchronous = synchronous
         self.max_batch = max_batch
         self._loop = loop
@@ -105,13 +110,18 @@ class SqliteStore(QueuedWriteStore):
 
     @classmethod
     async def open(cls, path: Path | str, *, synchronous: str = "FULL", max_batch: int = 1000,
-                   watch_buffer: int = 4096) -> SqliteStore:
+                   watch_buffer: int = 4096, mirror: Sequence[str] = ()) -> SqliteStore:
         """Open (creating if needed) the store at `path`. synchronous=FULL makes every acknowledged
-        write survive a crash; NORMAL trades the last commits on power loss for speed."""
+        write survive a crash; NORMAL trades the last commits on power loss for speed.
+
+        `mirror`: key prefixes (the objects the API reads most) whose current values are loaded at open
+        and kept up to date on the loop as each batch is resolved, so that `get` of such a key answers
+        at once, without a trip to a reader thread: the latest value acknowledged to any writer, which
+        is what a reader thread would read (this process is the store's only writer)."""
         synchronous = synchronous.upper()
         if synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, not {synchronous!r}")
-        store = cls(Path(path), synchronous, max_batch, watch_buffer, asyncio.get_running_loop())
+        store = cls(Path(path), synchronous, max_batch, watch_buffer, asyncio.get_running_loop(), mirror)
         store._writer.start()
         try:
             await asyncio.wrap_future(store._ready)
@@ -131,6 +141,11 @@ class SqliteStore(QueuedWriteStore):
         return self._compacted
 
     async def get(self, key: str) -> Record | None:
+        if self.mirror and key.startswith(self.mirror):
+            if self._closed:
+                raise NodusError("ServiceUnavailable", "the store is closed")
+            held = self._mirror.get(key)
+            return None if held is None else Record(key, *held)
         row = await self._read(lambda c: c.execute(
             "SELECT value, revision, create_revision FROM kv WHERE key = ?", (key,)).fetchone())
         return None if row is None else Record(key, row[0], row[1], row[2])
@@ -276,6 +291,11 @@ class SqliteStore(QueuedWriteStore):
             head, self._compacted = self._meta(conn)
             last_logged = conn.execute("SELECT MAX(revision) FROM log").fetchone()[0] or 0
             self._head = max(head, last_logged, self._compacted)
+            for prefix in self.mirror:  # before any write is taken: the loop only reads it after _ready
+                where, params = key_range(prefix, None, "key", "?", "1")
+                for key, value, revision, create_revision in conn.execute(
+                        f"SELECT key, value, revision, create_revision FROM kv WHERE {where}", params):
+                    self._mirror[key] = (value, revision, create_revision)
         except BaseException as exc:  # noqa: BLE001 - handed to the opener
             self._ready.set_exception(exc)
             return
@@ -385,7 +405,15 @@ class SqliteStore(QueuedWriteStore):
 
     def _resolve(self, outcomes: Sequence[_Outcome], events: Sequence[Event]) -> None:
         # The writers first, then the watchers: a controller resumed by its acknowledgement puts its write
-        # in its cache before the cache's own watch reaches the event, which then skips decoding it.
+        # in its cache before the cache's own watch reaches the event, which then skips decoding it. The
+        # mirror before both: an acknowledged writer's next get reads its own write.
+        if self.mirror:
+            for event in events:
+                if event.key.startswith(self.mirror):
+                    if event.type is EventType.DELETE:
+                        self._mirror.pop(event.key, None)
+                    else:
+                        self._mirror[event.key] = (event.value, event.revision, event.create_revision)
         for future, result, error in outcomes:
             if future.done():
                 continue  # the caller was cancelled
