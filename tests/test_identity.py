@@ -145,3 +145,38 @@ def test_cli_errors_are_one_line_plus_fix(c: Coordinator) -> None:
     assert lines[1].startswith("  fix: ")
     dup = c.run("nodus", "project", "create", "a", check=False)
     assert dup.returncode == 1 and "already exists" in dup.stderr
+
+
+def test_a_missing_project_is_refused_until_it_exists_and_then_is_not_read_again(tmp_path: Any) -> None:
+    """A create checks its project; one seen to exist is remembered (no verb deletes a project, ADR 0078),
+    a missing one never is, so a project created after a refusal is found at once."""
+    import asyncio
+
+    from nodus.coordinator.errors import NodusError
+    from nodus.coordinator.identity import Identity
+    from nodus.coordinator.store import SqliteStore
+
+    async def body() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            identity = Identity(store)
+            with pytest.raises(NodusError) as e:
+                await identity.require_project("later")
+            assert e.value.reason == "NotFound"
+            await identity.create_project("later")
+            await identity.require_project("later")
+            reads: list[str] = []
+            read = store.get
+
+            async def counted(key: str) -> Any:
+                reads.append(key)
+                return await read(key)
+            store.get = counted  # type: ignore[method-assign]
+            await identity.require_project("later")
+            assert reads == [], "a project seen to exist is not read again"
+            with pytest.raises(NodusError):
+                await identity.require_project("never")
+            assert reads == ["_identity/projects/never"]
+        finally:
+            await store.close()
+    asyncio.run(body())

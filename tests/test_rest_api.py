@@ -49,6 +49,9 @@ def test_create_writes_defaults_and_answers_201(c: Coordinator) -> None:
     assert got["spec"]["placement"]["queueTimeout"] == "24h0m0s"
     assert got["metadata"]["generation"] == 1 and got["metadata"]["uid"]
     assert int(got["metadata"]["resourceVersion"]) > 0
+    # The 201 answers the object as admitted, not read back from the store (ADR 0078): the same document,
+    # resourceVersion included, that a GET reads (no controller writes here in between).
+    assert r.json() == got
     again = create(c, job("defaults-1"))
     assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
 
