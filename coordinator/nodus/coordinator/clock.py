@@ -85,8 +85,21 @@ def rfc3339(t: float, *, precise: bool = False) -> str:
     """
     if precise:
         return units.format_time(datetime.fromtimestamp(t, timezone.utc))
-    dt = datetime.fromtimestamp(round(t, 3), timezone.utc)
-    return units.format_time(dt.replace(microsecond=dt.microsecond // 1000 * 1000))
+    # What datetime.fromtimestamp(round(t, 3)) and units.format_time give, at a fifth of their cost: a
+    # decision formats a few times per Job, and each cell of a Sweep is decided two or three times.
+    r = round(t, 3)
+    whole = math.floor(r)
+    micro = round((r - whole) * 1e6)
+    if micro >= 1_000_000:
+        whole, micro = whole + 1, micro - 1_000_000
+    milli = micro // 1000
+    return f"{_whole_seconds(whole)}.{milli:03d}".rstrip("0") + "Z" if milli else _whole_seconds(whole) + "Z"
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_seconds(t: int) -> str:
+    """Unix seconds as RFC 3339 UTC without the zone: the seconds a controller writes repeat by the hundred."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
 
 
 def parse(text: object) -> float | None:
