@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import jsonpatch
 import orjson
 
-from .api.admission import admit_create, admit_status, admit_update
+from .api.admission import Admitted, admit_create, admit_many, admit_status, admit_update, check_body
 from .api.jsondoc import copy_json
 from .api.jsondoc import merge_patch as merge_patch  # the API's RFC 7386, imported from here by tests
 from .api.kinds import KindInfo, resolve
@@ -177,20 +177,6 @@ class ResourceService:
                            bookmark_seconds=self.bookmark_seconds, cache=self._watch_cache)
 
     # -- writes -----------------------------------------------------------------------------------
-    def _check_body(self, info: KindInfo, project: str, obj: Any, copy: bool = True) -> dict[str, Any]:
-        if not isinstance(obj, dict):
-            raise NodusError("BadRequest", f"the body must be a {info.kind} object",
-                             fix="send a JSON object with apiVersion, kind, metadata and spec")
-        meta = obj.get("metadata")
-        if meta is not None and not isinstance(meta, dict):
-            raise NodusError("BadRequest", "metadata must be an object")
-        ns = (meta or {}).get("namespace")
-        if ns not in (None, "", project):
-            raise NodusError("BadRequest", f"the namespace of the provided object ({ns}) does not match "
-                             f"the namespace sent on the request ({project})",
-                             fix="drop metadata.namespace from the object or send it to that project")
-        return copy_json(obj) if copy else obj
-
     async def create(self, caller: Caller, info: KindInfo, project: str, obj: Any, *, if_match: str = "",
                      dry_run: bool = False, field_validation: str = "Strict",
                      owned: bool = False) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -199,37 +185,41 @@ class ResourceService:
         than decoded back from the bytes just stored (the same JSON document)."""
         await self._authorize(caller, info, project, "create", Role.EDITOR)
         self._refuse_read_only(caller, info, "create")
-        obj = self._check_body(info, project, obj, copy=not owned)
+        obj = check_body(info, project, obj, copy=not owned)
         await self.identity.require_project(project)
         return await self._create(info, project, obj, if_match, dry_run, field_validation, read_back=not owned)
 
     async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: Sequence[dict[str, Any]],
                           created: Callable[[dict[str, Any]], None] | None = None) -> Sequence[dict[str, Any] | NodusError]:
-        """Creates each object as `create` does, with the caller's rights and the project checked once: a
-        controller's creates of one pass (a Sweep's cells), whose writes reach the store together and
-        commit in one transaction. One result per object, in order: the object created, or the NodusError
-        its create raised; `created` gets each created object at once (a controller's cache takes it before
-        the store's watch does). The objects are the caller's to give: admitted in place, not copied."""
+        """Creates each object as `create` does, with the caller's rights and the project checked once and
+        alike objects admitted once (`admit_many`): a controller's creates of one pass (a Sweep's cells), whose
+        writes commit in one transaction. One result per object, in order: the object created, or the
+        NodusError its create raised; `created` gets each created object at once (a controller's cache takes
+        it before the store's watch does). The objects are the caller's to give: admitted in place."""
         await self._authorize(caller, info, project, "create", Role.EDITOR)
         self._refuse_read_only(caller, info, "create")
         await self.identity.require_project(project)
 
-        async def one(obj: dict[str, Any]) -> dict[str, Any] | NodusError:
+        async def one(admitted: Admitted | NodusError) -> dict[str, Any] | NodusError:
             try:
-                made = (await self._create(info, project, self._check_body(info, project, obj, copy=False)))[0]
+                made = admitted if isinstance(admitted, NodusError) else \
+                    (await self._create(info, project, {}, admitted=admitted))[0]
             except NodusError as e:
-                return e
-            if created is not None:
+                made = e
+            if created is not None and not isinstance(made, NodusError):
                 created(made)
             return made
-        return await asyncio.gather(*(one(obj) for obj in objs))
+        return await asyncio.gather(*(one(a) for a in await admit_many(
+            info, objs, self._lookup, project=project, limits=self.limits,
+            check=lambda obj: check_body(info, project, obj, copy=False))))
 
     async def _create(self, info: KindInfo, project: str, obj: dict[str, Any], if_match: str = "",
-                      dry_run: bool = False, field_validation: str = "Strict",
-                      read_back: bool = True) -> tuple[dict[str, Any], tuple[str, ...]]:
-        obj.pop("status", None)
-        admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation,
-                                      limits=self.limits)
+                      dry_run: bool = False, field_validation: str = "Strict", read_back: bool = True, *,
+                      admitted: Admitted | None = None) -> tuple[dict[str, Any], tuple[str, ...]]:
+        if admitted is None:  # else `obj` was admitted already (create_many)
+            obj.pop("status", None)
+            admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation,
+                                          limits=self.limits)
         new = admitted.object
         meta = new.setdefault("metadata", {})
         if not meta.get("name"):
@@ -274,7 +264,7 @@ class ResourceService:
                       field_validation: str = "Strict") -> tuple[dict[str, Any], tuple[str, ...]]:
         await self._authorize(caller, info, project, "update", Role.ADMIN if subresource else Role.EDITOR)
         self._refuse_read_only(caller, info, "update")
-        obj = self._check_body(info, project, obj)
+        obj = check_body(info, project, obj)
         meta = obj.get("metadata") or {}
         if meta.get("name") not in (None, name):
             raise NodusError("BadRequest", f'the name of the object ({meta.get("name")}) does not match the '
@@ -356,7 +346,7 @@ class ResourceService:
                             new: dict[str, Any], expected: int, subresource: str, dry_run: bool,
                             field_validation: str) -> tuple[dict[str, Any], tuple[str, ...]]:
         name = old["metadata"]["name"]
-        new = self._check_body(info, project, new)
+        new = check_body(info, project, new)
         warnings: tuple[str, ...] = ()
         values: dict[str, str] | None = None
         if subresource == "status":

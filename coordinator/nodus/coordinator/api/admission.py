@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from .. import errors
 from ..errors import Cause, NodusError
 from .attempt import ATTEMPT
-from . import job_annotations
+from . import alike, job_annotations
 from .jsondoc import copy_json
 from .connection import CONNECTION
 from .job import DNS_LABEL, DNS_LABEL_MESSAGE, JOB
@@ -30,7 +30,8 @@ from .trainingjob import TRAINING_JOB
 from .trainingruntime import TRAINING_RUNTIME
 from .volume import VOLUME
 
-__all__ = ["Lookup", "Admitted", "AdmissionLimits", "admit_create", "admit_update", "admit_status", "schema_for"]
+__all__ = ["Lookup", "Admitted", "AdmissionLimits", "admit_create", "admit_alike", "admit_many", "admit_update",
+           "admit_status", "check_body", "schema_for"]
 
 
 class Lookup(Protocol):
@@ -124,6 +125,22 @@ def _as_object(obj: Any) -> dict[str, Any]:
     return obj
 
 
+def check_body(info: KindInfo, project: str, obj: Any, copy: bool = True) -> dict[str, Any]:
+    """A request's body as an object of the request's project (BadRequest otherwise), copied unless not `copy`."""
+    if not isinstance(obj, dict):
+        raise NodusError("BadRequest", f"the body must be a {info.kind} object",
+                         fix="send a JSON object with apiVersion, kind, metadata and spec")
+    meta = obj.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise NodusError("BadRequest", "metadata must be an object")
+    ns = (meta or {}).get("namespace")
+    if ns not in (None, "", project):
+        raise NodusError("BadRequest", f"the namespace of the provided object ({ns}) does not match "
+                         f"the namespace sent on the request ({project})",
+                         fix="drop metadata.namespace from the object or send it to that project")
+    return copy_json(obj) if copy else obj
+
+
 @dataclass(slots=True)
 class _Pass:
     ctx: Decoding
@@ -141,16 +158,7 @@ def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: s
             ctx.causes.append(errors.required(key))
         elif value != want:
             ctx.causes.append(errors.invalid_value(key, value, f'must be "{want}"'))
-    raw_meta = obj.get("metadata")
-    metadata = decode(METADATA, {} if raw_meta is None else raw_meta, "metadata", ctx)
-    if not isinstance(metadata, dict):
-        metadata = {}
-    elif not metadata.get("name") and not metadata.get("generateName"):
-        ctx.causes.append(errors.required("metadata.name", "name or generateName is required"))
-    namespace = metadata.get("namespace")
-    if project is not None and namespace is not None and namespace != project:
-        ctx.causes.append(errors.invalid_value("metadata.namespace", namespace,
-                                               f'does not match the project of the request ("{project}")'))
+    metadata = _decode_metadata(obj, ctx, project)
     raw = copy_json({k: v for k, v in obj.items() if k not in _ENVELOPE})
     fold_causes = ks.fold(raw)
     body = decode(ks.body, raw, "", ctx)
@@ -165,6 +173,20 @@ def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: s
     if info.kind == "Job":  # annotations the Job controller acts on
         _add_unique(ctx.causes, job_annotations.causes(metadata, body))
     return _Pass(ctx, metadata, body)
+
+
+def _decode_metadata(obj: dict[str, Any], ctx: Decoding, project: str | None) -> dict[str, Any]:
+    raw_meta = obj.get("metadata")
+    metadata = decode(METADATA, {} if raw_meta is None else raw_meta, "metadata", ctx)
+    if not isinstance(metadata, dict):
+        metadata = {}
+    elif not metadata.get("name") and not metadata.get("generateName"):
+        ctx.causes.append(errors.required("metadata.name", "name or generateName is required"))
+    namespace = metadata.get("namespace")
+    if project is not None and namespace is not None and namespace != project:
+        ctx.causes.append(errors.invalid_value("metadata.namespace", namespace,
+                                               f'does not match the project of the request ("{project}")'))
+    return metadata
 
 
 def _add_unique(causes: list[Cause], more: list[Cause]) -> None:
@@ -221,6 +243,46 @@ async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, p
     if ks.finish is not None:
         ks.finish(p.body)
     return Admitted(_assemble(info, p.metadata, p.body, status), tuple(p.ctx.warnings))
+
+
+def admit_alike(info: KindInfo, like: Admitted, obj: dict[str, Any], *, project: str) -> Admitted:
+    """Admits `obj`, whose `alike.alike_key` is that of the object `like` admitted (under Strict field
+    validation): its metadata decoded and checked as admit_create does, its body and status `like`'s with
+    its own env values (alike.py says why that is what admit_create would give)."""
+    obj = _as_object(obj)
+    ctx = Decoding(mode="Strict")
+    metadata = _decode_metadata(obj, ctx, project)
+    body = copy_json(_body_of(like.object))
+    alike.put_env_values(body, alike.env_values(obj))
+    if info.kind == "Job":
+        _add_unique(ctx.causes, job_annotations.causes(metadata, body))
+    _raise_if_invalid(info, obj, ctx.causes)
+    return Admitted(_assemble(info, metadata, body, copy_json(like.object.get("status"))), like.warnings)
+
+
+async def admit_many(info: KindInfo, objs: Sequence[Any], lookup: Lookup, *, project: str,
+                     limits: AdmissionLimits = BETA,
+                     check: Callable[[Any], dict[str, Any]] = _as_object) -> list[Admitted | NodusError]:
+    """admit_create (Strict) of each object, in order, after `check` (the caller's own, raising NodusError),
+    a refusal in its place; the objects after the first admitted one with the same `alike_key` are
+    admitted from it (`admit_alike`): a Sweep pass's cells decode their template once (ADR 0070)."""
+    out: list[Admitted | NodusError] = []
+    first: dict[bytes, Admitted] = {}
+    for obj in objs:
+        key = alike.alike_key(obj)
+        like = first.get(key) if key is not None else None
+        try:
+            obj = check(obj)
+            obj.pop("status", None)
+            admitted = admit_alike(info, like, obj, project=project) if like is not None else \
+                await admit_create(info, obj, lookup, project=project, limits=limits)
+        except NodusError as e:
+            out.append(e)
+            continue
+        if key is not None and like is None:
+            first[key] = Admitted(copy_json(admitted.object), admitted.warnings)  # the caller changes its own
+        out.append(admitted)
+    return out
 
 
 async def admit_update(info: KindInfo, old: dict[str, Any], new: dict[str, Any], lookup: Lookup, *, project: str,
