@@ -100,6 +100,12 @@ class Cache:
                     revision = ev.revision
                     if self.holds(ev.key, ev.revision):
                         continue  # a controller's own write, applied when it was acknowledged: no decode
+                    # This task may have been woken by an earlier commit and read this one's events before
+                    # the writers it resumed ran (on bench/sweep.py most cell creates and a third of the
+                    # Job status writes): they run first, and a write they apply is not decoded again.
+                    await asyncio.sleep(0)
+                    if self.holds(ev.key, ev.revision):
+                        continue
                     if ev.type is EventType.DELETE:
                         self.apply(ev.key, None, ev.revision)
                     else:
