@@ -93,11 +93,11 @@ def rfc3339(t: float, *, precise: bool = False) -> str:
     if micro >= 1_000_000:
         whole, micro = whole + 1, micro - 1_000_000
     milli = micro // 1000
-    return f"{_whole_seconds(whole)}.{milli:03d}".rstrip("0") + "Z" if milli else _whole_seconds(whole) + "Z"
+    return f"{whole_seconds(whole)}.{milli:03d}".rstrip("0") + "Z" if milli else whole_seconds(whole) + "Z"
 
 
 @functools.lru_cache(maxsize=1024)
-def _whole_seconds(t: int) -> str:
+def whole_seconds(t: int) -> str:
     """Unix seconds as RFC 3339 UTC without the zone: the seconds a controller writes repeat by the hundred."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
 

@@ -5,27 +5,21 @@ write and is added on read (`decode`). Split from resources.py, which had reache
 """
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
 from .api.kinds import KindInfo
+from .clock import whole_seconds
 from .errors import NodusError
 from .store.base import Record
 
 
-@functools.lru_cache(maxsize=4)
-def _stamp(second: int) -> str:
-    return datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def utc_now() -> str:
-    """Now as RFC 3339 UTC to the second (formatted once per second: a create asks several times)."""
-    return _stamp(int(time.time()))
+    """Now as RFC 3339 UTC to the second (each second's text formatted once: a create asks several times)."""
+    return whole_seconds(int(time.time())) + "Z"
 
 
 @dataclass(frozen=True, slots=True)
