@@ -243,6 +243,10 @@ class Cache:
         """The Job's attempts as views, in the order of `attempts_of`."""
         return [v for k in sorted(self._by_job.get((project, job), ())) if (v := self.attempt_view(k)) is not None]
 
+    def attempt_revisions(self, project: str, job: str) -> dict[str, int]:
+        """Each of the Job's attempts' key → the revision held (no view built): what a decision reads of them."""
+        return {k: self._revisions[k] for k in self._by_job.get((project, job), ()) if k in self._revisions}
+
     def attempts(self) -> list[dict[str, Any]]:
         return list(self._kinds[ATTEMPTS].values())
 

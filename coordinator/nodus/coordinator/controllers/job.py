@@ -308,6 +308,39 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     return Decision(None if status == prev else status, tuple(actions), min(future) if future else None)
 
 
+def settles(job: JobView, attempts: Sequence[AttemptView], decision: Decision, prev: Mapping[str, Any]) -> bool:
+    """Whether `decision`, once written as it says (its status over the Job's revision, each StopAttempt
+    ending an unplaced attempt Cancelled on the revision decided from), leaves a state `decide` changes
+    nothing of: then the reconcile its own writes set off may be skipped (ADR 0071).
+
+    Only where no attempt of the Job was ever placed (no agent reported anything into one: no progress,
+    warnings, checkpoints, outputs, provisioning or start times; no offering, so no MTBI), the decision
+    ends the Job (its phase terminal) and every attempt is finished or one it stops. Decided again on its
+    own result, the terminal branch reads the written status back through the view (phase, reason,
+    message, conditions, completionTime), no attempt is live (no stop, no GPU condition: the ones it
+    stops carry no warning, nothing
+    `remaining`), the counts over the attempts are the same (a Cancelled attempt counts against nothing,
+    and stopping ones were left out of `active` already), and the wake-ups (the TTL, retention) read the
+    same completionTime. Gangs (decide_gang), Jobs with `output` inputs (producers change on their own)
+    and a decision that resumes the Job as it ends it (its suspendedDuration goes through a duration
+    string and back) are left out; `prev` is the status it was decided over."""
+    if job.gang or job.output_inputs or decision.status is None:
+        return False
+    if decision.status.get("suspendedDuration") != prev.get("suspendedDuration"):
+        return False
+    if not JobPhase.parse(decision.status.get("phase")).terminal:
+        return False
+    stopped = set()
+    for action in decision.actions:
+        if not isinstance(action, StopAttempt) or action.checkpoint_seq:
+            return False
+        stopped.add(action.name)
+    return all(a.job_uid == job.uid and not a.placed and not a.offering
+               and (a.phase.terminal or (a.name in stopped and not a.stop_requested and not a.warnings))
+               for a in attempts) \
+        and stopped <= {a.name for a in attempts if not a.phase.terminal}
+
+
 def _wanted(mine: list[AttemptView], live: list[AttemptView], succeeded: set[int], completions: int,
             parallelism: int) -> list[CreateAttempt]:
     """The attempts to create now: the lowest indexes neither succeeded nor live, up to parallelism."""

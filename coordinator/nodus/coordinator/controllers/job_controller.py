@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
@@ -22,7 +22,7 @@ from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
-from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide
+from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide, settles
 from .objects import Objects, new_uid
 from .views import AttemptView, JobView, Producer, topology
 from .workqueue import WorkQueue, run_workers
@@ -128,6 +128,18 @@ def _deletable(obj: dict[str, Any]) -> bool:
     return phase_of(obj).terminal or not (obj.get("spec") or {}).get("node")
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The revisions a reconcile's own writes left a Job and its attempts at, where `job.settles` shows that
+    deciding again on them changes nothing: a reconcile that finds exactly these before `wake_at` is skipped."""
+
+    job: int
+    attempts: Mapping[str, int]
+    """Each attempt's key → its revision."""
+    wake_at: float | None
+    """When time alone changes the decision (the decision's own wake-up)."""
+
+
 class JobWriter(Protocol):
     """What the controller writes to Jobs, as the system: their status (admitted and compared on
     resourceVersion, so a changed Job raises Conflict) and the delete a TTL asks for. The resource
@@ -157,6 +169,8 @@ class JobController:
         changes, so a consumer starts once its producer commits). Rebuilt by reconciling: a restart loses nothing."""
         self._producers_of: dict[str, frozenset[str]] = {}
         """The inverse: a consumer's key → its producers' keys."""
+        self._settled: dict[str, Settled] = {}
+        """A Job's key → the state its last reconcile's writes left, when its decision settles (ADR 0071)."""
         cache.listen(JOBS, self._on_job)
         cache.listen(ATTEMPTS, self._on_attempt)
 
@@ -182,11 +196,17 @@ class JobController:
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
+        now = self.clock.now()
+        revisions = self.cache.attempt_revisions(project, name)
+        settled = self._settled.pop(key, None)
+        if settled is not None and settled.job == self.cache.revision(key) and settled.attempts == revisions \
+                and (settled.wake_at is None or now < settled.wake_at):
+            self._settled[key] = settled  # the state its last decision wrote, which it changes nothing of
+            return
         view = self.cache.job_view(project, name)
         # The stored Job too: new attempts copy its spec, and the status write is compared on its version.
         job = self.cache.job(project, name)
         attempts = self.cache.attempt_views_of(project, name)
-        now = self.clock.now()
         if job is None or view is None or view.deleting:
             self._watch(key, frozenset())
             await self._execute(job, project, collect_orphans(attempts), now)
@@ -201,15 +221,21 @@ class JobController:
         # The actions and the status write go to the store together, so one group commit takes both (a
         # reconcile waited for two commits, one after the other); a status that meets a changed Job is
         # decided again on the new one, with what the actions wrote.
-        written = True
+        written: dict[str, Any] | None = job
         if decision.status is None:
-            await self._execute(job, project, decision.actions, now, view.topology)
+            stopped = await self._execute(job, project, decision.actions, now, view.topology, revisions)
         else:
-            _, written = await asyncio.gather(self._execute(job, project, decision.actions, now, view.topology),
-                                              self._write_status(job, project, decision.status))
-        if not written:
+            stopped, written = await asyncio.gather(
+                self._execute(job, project, decision.actions, now, view.topology, revisions),
+                self._write_status(job, project, decision.status))
+        if written is None:
             self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
             return
+        ended = {k: rv for k, rv in stopped.items() if rv is not None}
+        if len(ended) == len(stopped) and settles(view, attempts, decision, prev):
+            # What its own writes set off would change nothing (job.settles): skipped while nothing else moves.
+            self._settled[key] = Settled(int(written["metadata"]["resourceVersion"]), {**revisions, **ended},
+                                         decision.wake_at)
         if any(isinstance(a, DeleteJob) for a in decision.actions):
             await self._delete_job(project, name)
             self.queue.add(key)  # and then its attempts, as orphans
@@ -252,15 +278,19 @@ class JobController:
         return self.interruptions.of_offering(max(placed, key=lambda a: a.number).offering) if placed else None
 
     async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action | CreateMember, ...],
-                       now: float, topo: Mapping[str, Any] | None = None) -> None:
+                       now: float, topo: Mapping[str, Any] | None = None,
+                       decided: Mapping[str, int] | None = None) -> dict[str, int | None]:
         """Performs the actions; `job` is the stored Job new attempts are made from, `topo` the gang's
-        resolved topology (the view's) its members' variables come from."""
+        resolved topology (the view's) its members' variables come from, `decided` the attempts' revisions
+        the actions were decided from. Returns each stopped attempt's key → the revision its stop wrote when
+        that stop ended it on the revision decided from (None otherwise: something else wrote it between)."""
         creates = []
+        stopped: dict[str, int | None] = {}
         for action in actions:
             if isinstance(action, StopAttempt):
-                await self.objects.mutate(attempt_key(project, action.name),
-                                          stop(action.reason, action.grace_seconds, now, action.checkpoint_seq,
-                                               action.force))
+                key = attempt_key(project, action.name)
+                stopped[key] = await self._stop(key, stop(action.reason, action.grace_seconds, now,
+                                                          action.checkpoint_seq, action.force), (decided or {}).get(key))
             elif isinstance(action, DeleteAttempt):
                 await self.objects.delete(attempt_key(project, action.name), _deletable)
             elif isinstance(action, CreateAttempt) and job is not None:
@@ -272,17 +302,33 @@ class JobController:
                 creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
         if creates:
             await asyncio.gather(*creates)  # one group commit for a wave of new attempts
+        return stopped
 
-    async def _write_status(self, job: dict[str, Any], project: str, status: dict[str, Any]) -> bool:
+    async def _stop(self, key: str, mutation: Any, decided: int | None) -> int | None:
+        """Stops the attempt at `key`; the revision written when the stop applied to revision `decided` (the
+        first try: nothing wrote it since the decision) and left it finished, else None."""
+        tries: list[bool] = []
+
+        def on_decided(obj: dict[str, Any]) -> dict[str, Any] | None:
+            tries.append(decided is not None and obj["metadata"].get("resourceVersion") == str(decided))
+            result: dict[str, Any] | None = mutation(obj)
+            return result
+        stored = await self.objects.mutate(key, on_decided)
+        if stored is None or tries != [True] or not phase_of(stored).terminal:
+            return None
+        return int(stored["metadata"]["resourceVersion"])
+
+    async def _write_status(self, job: dict[str, Any], project: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """The Job as written (None: it changed or went meanwhile, and nothing was written)."""
         name = job["metadata"]["name"]
         try:
             written = await self.writer.write_job_status(project, job, status)
         except NodusError as e:
             if e.reason in ("Conflict", "NotFound"):
-                return False
+                return None
             raise
         self.cache.apply(job_key(project, name), written, int(written["metadata"]["resourceVersion"]))
-        return True
+        return written
 
     async def _delete_job(self, project: str, name: str) -> None:
         try:
