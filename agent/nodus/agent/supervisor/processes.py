@@ -1,17 +1,16 @@
 """The supervisor's children and its one select loop: spawn, wait (pumping output), drain, terminate.
 
 Single-threaded: init, setup, teardown and sidecar output is pumped through one selector, and a
-signal wakes it through a pipe (`signal.set_wakeup_fd`), so moving each child into the attempt's
-cgroup (and then to the workload user) in `preexec_fn` before exec is safe.
+signal wakes it through a pipe (`signal.set_wakeup_fd`), so the supervisor may take on the attempt's
+cgroup and user for the instant it starts a step (identity.py, ADR 0072).
 
 How a step's process is made and signalled is a `StepRuntime` (ADR 0018's seam): `ForkExec` here
-(fork and exec into the attempt's cgroup), or the runc containers of `containers.py`; waiting,
+(vfork and exec into the attempt's cgroup), or the runc containers of `containers.py`; waiting,
 output, stops and the status file are the same path for both.
 """
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import selectors
 import signal
@@ -21,16 +20,13 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ..cgroups import Cgroup
 from ..clock import Clock
+from .identity import AttemptIdentity, clear_ambient
 
 MESSAGE_LINES = 3
 """Lines of a child's output kept for the attempt's message."""
 LINE_LIMIT = 400
 STOP_CHECK_INTERVAL = 0.5
 """Seconds between looks for a stop request while waiting (a signal is noticed at once)."""
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-"""prctl(2): <linux/prctl.h>."""
-_LIBC = ctypes.CDLL(None, use_errno=True)
-"""Loaded before any fork: a child between fork and exec must not dlopen."""
 
 
 class StepProcess(Protocol):
@@ -235,13 +231,30 @@ class Processes:
 
 
 class ForkExec:
-    """The process runtime's steps: each in its own session, moved into the attempt's cgroup and then
-    to the workload user before exec."""
+    """The process runtime's steps: each in its own session, in the attempt's cgroup, as the workload user.
+
+    Started with vfork while the supervisor wears the attempt's identity (ADR 0072); where it cannot (a
+    thread runs, the way back to its own cgroup is shut), the child joins them in a `preexec_fn`, which
+    costs a full fork.
+    """
 
     def __init__(self, procs: Processes) -> None:
         self.procs = procs
+        self.identity: AttemptIdentity | None = None
+        self.identity_of: Cgroup | None = None
+        """The cgroup `identity` was made for (the supervisor replaces its cgroup once, in its prepare)."""
 
     def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
+        if self.identity_of is not self.procs.cgroup:
+            self.identity_of = self.procs.cgroup
+            self.identity = AttemptIdentity.of(self.procs.cgroup, self.procs.user)
+        if self.identity is None:
+            return self._launch_forked(argv, env, stdout)
+        with self.identity.worn():
+            return subprocess.Popen(argv, env=env, cwd=self.procs.cwd, stdin=subprocess.DEVNULL, stdout=stdout,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+
+    def _launch_forked(self, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
         cgroup = self.procs.cgroup
         user = self.procs.user
 
@@ -262,10 +275,7 @@ class ForkExec:
                 os.setgroups(user.get("groups") or [])
                 os.setgid(user["gid"])
                 os.setuid(user["uid"])  # real, effective and saved: the kernel's uid rules now apply
-                # setuid away from 0 empties every capability set unless securebits keep them (a unit's
-                # SecureBits=keep-caps): the ambient set is what would survive exec then.
-                if _LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
-                    raise OSError(ctypes.get_errno(), "the ambient capabilities could not be cleared")
+                clear_ambient()
 
         return subprocess.Popen(argv, env=env, cwd=self.procs.cwd, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
