@@ -1,8 +1,11 @@
-"""Per-attempt cgroups: memory limit and OOM count, pids, freezer, CPU weight.
+"""Per-attempt cgroups: memory limit and OOM count, freezer, CPU weight.
 
-cgroup v1 (a directory per controller: /sys/fs/cgroup/{memory,pids,freezer,cpu}/<root>/<name>)
-and v2 (one directory /sys/fs/cgroup/<root>/<name>, `cgroup.freeze`, `memory.events`) are both
-handled. The name follows from the agent's work dir and the attempt id, so a restarted agent finds
+cgroup v1 (a directory per controller: /sys/fs/cgroup/{memory,freezer,cpu}/<root>/<name>) and v2
+(one directory /sys/fs/cgroup/<root>/<name>, `cgroup.freeze`, `memory.events`) are both handled.
+On v1 an attempt gets only the controllers it uses (ADR 0072): memory (its limit and OOM count) and
+freezer (kill_all, the checkpoint freeze) always, cpu only with a CPU request; each one more is a
+directory to make and remove and one more move for every step it starts. Older agents also made
+pids; `locate` and `names` still find all four. The name follows from the agent's work dir and the attempt id, so a restarted agent finds
 the cgroup of an attempt it re-adopts without having stored anything. Where a controller cannot be created (no
 permission, not mounted) the attempt runs without it; the caller logs what is missing.
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 V1_CONTROLLERS = ("memory", "pids", "freezer", "cpu")
+"""What `locate`, `names` and the sweeps look in; `create` makes only what an attempt uses."""
 DEFAULT_FS = Path(os.environ.get("NODUS_CGROUP_FS", "/sys/fs/cgroup"))
 
 
@@ -88,7 +92,7 @@ class Cgroup:
         return cg
 
     def _create_v1(self, fs: Path, root: str, name: str, memory_bytes: int, cpu_millis: int) -> None:
-        for c in V1_CONTROLLERS:
+        for c in ("memory", "freezer", "cpu") if cpu_millis > 0 else ("memory", "freezer"):
             if not (fs / c / "cgroup.procs").exists():
                 self.missing.append(f"{c} (not mounted)")
                 continue
@@ -178,6 +182,8 @@ class Cgroup:
 
     def kill_all(self, rounds: int = 50) -> None:
         """SIGKILLs every process in the cgroup, freezing it meanwhile so nothing forks away."""
+        if not self.pids():
+            return  # nothing runs in it, so nothing can fork into it: no freeze needed
         frozen = self.freeze(True)
         try:
             for _ in range(rounds):
