@@ -127,7 +127,8 @@ class AttemptLayout:
         return self.run / "tmp"
 
     def make(self) -> None:
-        for d in (self.state, self.inputs, self.outputs, self.run, self.logs, self.ready, self.collected, self.tmp):
+        # run/collected is made by the output collection that needs it: most attempts collect nothing.
+        for d in (self.state, self.inputs, self.outputs, self.run, self.logs, self.ready, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
         self.run.chmod(0o700)

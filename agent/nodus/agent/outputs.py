@@ -29,6 +29,7 @@ def collect_outputs(layout: AttemptLayout, declared: Iterable[dict[str, Any]],
         if not local.exists():
             return [], f"output {name}: {path} does not exist"
         safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+        layout.collected.mkdir(exist_ok=True)  # not made with the attempt: most collect nothing
         if local.is_dir():
             dest = layout.collected / f"{safe}.tar.zst"
             digest, size = pack_dir(local, dest)
