@@ -250,3 +250,14 @@ def test_workload_tokens_bench_reports_mint_revoke_and_resync_beside_their_ancho
         "resync": rf"^\s+resync, every token due for renewal\s+({NUM}) ms each",
         "resync anchor": rf"^\s+anchor: store.get of each live token record\s+({NUM}) ms each",
     })
+
+
+def test_supervisor_bench_reports_an_attempts_start_cpu_and_faults_beside_the_floor() -> None:
+    report = run_tiny("supervisor")
+    figures(report, {
+        "the load": rf"^nodus supervisor benchmark: .*load average ({NUM}) at the start, ({NUM}) at the end",
+        "fork → RUNNING beside the floor": rf"^fork → RUNNING p50 / p99 \(ms\)\s+({NUM}) / ({NUM})\s+({NUM}) / ({NUM})",
+        "fork → exit": rf"^fork → exit p50 \(ms\)\s+({NUM})\s+({NUM})$",
+        "CPU": rf"^CPU per attempt \(ms\)\s+({NUM})\s+({NUM})$",
+        "page faults": rf"^page faults per attempt\s+({NUM})\s+({NUM})$",
+    })
