@@ -185,12 +185,10 @@ class AttemptUids:
             return uid
 
     def release(self, name: str) -> None:
-        """Attempt directory `name` is gone: its uid may go to another attempt (once nothing of it runs).
-
-        Not written down here: the next allocation writes it with its own, and a restarted agent drops a
-        held uid whose directory is gone (__init__), so one file write less for each attempt's end."""
+        """Attempt directory `name` is gone: its uid may go to another attempt (once nothing of it runs)."""
         with self._lock:
-            self.held.pop(name, None)
+            if self.held.pop(name, None) is not None:
+                self._save()
 
     def _save(self) -> None:
         # Atomic, not fsynced: an agent killed keeps what the kernel has; a host crash ends the attempts,
