@@ -15,6 +15,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -248,7 +249,7 @@ class ForkExec:
         if self.identity_of is not self.procs.cgroup:
             self.identity_of = self.procs.cgroup
             self.identity = AttemptIdentity.of(self.procs.cgroup, self.procs.user)
-        if self.identity is None:
+        if self.identity is None or threading.active_count() != 1:  # a thread since: setresuid would change it too
             return self._launch_forked(argv, env, stdout)
         with self.identity.worn():
             return subprocess.Popen(argv, env=env, cwd=self.procs.cwd, stdin=subprocess.DEVNULL, stdout=stdout,
