@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,3 +236,64 @@ def _keyed(path: Path) -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+class MoveWarmer:
+    """Starts the kernel's grace period for cgroup moves ahead of an attempt's first move (ADR 0072).
+
+    Every move into a cgroup takes the kernel's threadgroup lock for writing; when no move happened for a
+    while that first waits for an RCU grace period (synchronize_rcu: 6-16 ms on a loaded 2-CPU host), and
+    moves within about a grace period of the last one wait for nothing. An attempt's supervisor makes its
+    first move some milliseconds after the agent accepted the attempt (inputs, state.json's fsync, the
+    fork), so the agent asks this thread, at the accept, to move its own process to where it already is:
+    a move that changes nothing and only starts the grace period early, off every path that waits. A host
+    mounted with `favordynmods` waits for none; there this costs one write per attempt.
+    """
+
+    def __init__(self, procs: Path) -> None:
+        self.procs = procs
+        """The agent's own cgroup.procs (in one hierarchy: the lock is the kernel's, for all of them)."""
+        self._wanted = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failed: OSError | None = None
+        """Set once a move was refused: the warmer stops."""
+        self.moves = 0
+        """Moves made so far."""
+
+    @classmethod
+    def of_self(cls, fs: Path = DEFAULT_FS) -> "MoveWarmer | None":
+        """The warmer for this process's own cgroup, or None without a cgroup hierarchy to move in."""
+        v = version(fs)
+        if v == 0:
+            return None
+        try:
+            with open("/proc/self/cgroup") as f:
+                lines = [line.rstrip("\n").split(":", 2) for line in f]
+        except OSError:
+            return None
+        for hierarchy, controllers, path in lines:
+            if v == 2 and hierarchy == "0" and not controllers:
+                return cls(fs / path.lstrip("/") / "cgroup.procs")
+            if v == 1 and "freezer" in controllers.split(","):
+                return cls(fs / "freezer" / path.lstrip("/") / "cgroup.procs")
+        return None
+
+    def poke(self) -> None:
+        """Asks for one move soon; returns at once (pokes while one is under way become one more)."""
+        if self.failed is not None:
+            return
+        self._wanted.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="cgroup-move-warmer", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        pid = str(os.getpid())
+        while self.failed is None:
+            self._wanted.wait()
+            self._wanted.clear()
+            try:
+                _write(self.procs, pid)
+                self.moves += 1
+            except OSError as e:
+                self.failed = e

@@ -28,6 +28,7 @@ from .aio import wait_event
 from .attempts import Attempt, Stage, observe
 from .backoff import Backoff
 from .blobs import BlobClient
+from .cgroups import MoveWarmer
 from .clock import Clock, SystemClock
 from .decisions import Event, Forget, MarkAcked, LogShipped, MoveLease, Tick, decide, progress_due, shown_phase
 from .enrolment import SubprocessX509
@@ -65,6 +66,7 @@ class Agent:
         """Set by `poke`: the next look is at every attempt."""
         self.notices = SupervisorNotices(notify_address(cfg.work_dir), self.wake)
         self.runtime = node_runtime(cfg, self.notices.address, len(self.nvml.handles), self.clock, self.nvml)
+        self.moves = MoveWarmer.of_self() if self.runtime.cgroups and os.geteuid() == 0 else None
         self.table = AttemptTable(cfg.work_dir / "state.json", cfg.node, self.clock)
         channel, metadata = open_channel(cfg.coordinator, cfg.token, cfg.coordinator_ca, cfg.coordinator_insecure)
         self.blobs = BlobClient(channel, metadata)
@@ -263,6 +265,8 @@ class Agent:
         log.info("attempt %s accepted (job %s/%s index %d, attempt %d)", att.id, a.job.project, a.job.name,
                  a.index, a.attempt_number)
         self.table.persist(durable=False)  # an accepted attempt has run nothing: a restart drops it anyway
+        if self.moves is not None:
+            self.moves.poke()  # its supervisor moves into a cgroup soon: start the kernel's wait now (ADR 0072)
         self.report(att)
         v.task = self._spawn_task(self._start(att), f"start:{att.id}")
 
