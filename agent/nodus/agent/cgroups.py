@@ -13,15 +13,19 @@ This module is imported by the supervisor, so it imports nothing heavy.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 V1_CONTROLLERS = ("memory", "pids", "freezer", "cpu")
 """What `locate`, `names` and the sweeps look in; `create` makes only what an attempt uses."""
+DEFAULT_WEIGHT = {"cpu": ("cpu.shares", "1024"), "unified": ("cpu.weight", "100")}
+"""The kernel's default CPU weight of a cgroup (v1 `cpu.shares`, v2 `cpu.weight`): what the agent's own work has."""
 DEFAULT_FS = Path(os.environ.get("NODUS_CGROUP_FS", "/sys/fs/cgroup"))
 
 
@@ -172,6 +176,36 @@ class Cgroup:
             return 1 if int((mem / "memory.failcnt").read_text()) > 0 else 0
         except (OSError, ValueError):
             return 0
+
+    @contextlib.contextmanager
+    def default_weight(self) -> Iterator[None]:
+        """The kernel's default CPU weight for the duration, the attempt's own after (docs/adr/0076).
+
+        For the node's work that runs inside the attempt's cgroup: `runc init` sets a container up (its
+        mounts, pivot_root, the exec) in the container's cgroup, under this one, so with a small CPU floor
+        it waited behind every busier cgroup of a loaded node (260 ms against 61 ms at 102 shares, load 6).
+        A weight is relative only, nothing is reserved, and the attempt has its own weight back once runc
+        returned (the workload's first milliseconds at most ran at the default)."""
+        saved: list[tuple[Path, str]] = []
+        for controller, (name, default) in DEFAULT_WEIGHT.items():
+            path = self.paths.get(controller)
+            if path is None:
+                continue
+            try:
+                own = (path / name).read_text().strip()
+                if own != default:
+                    _write(path / name, default)
+                    saved.append((path / name, own))
+            except OSError:
+                continue  # no CPU controller there: nothing to lift
+        try:
+            yield
+        finally:
+            for file, own in saved:
+                try:
+                    _write(file, own)
+                except OSError:
+                    pass  # the cgroup went (the attempt ended meanwhile)
 
     def freeze(self, frozen: bool = True) -> bool:
         try:

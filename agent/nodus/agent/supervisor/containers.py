@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..cgroups import Cgroup
 from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
 from ..oci import sdk
@@ -126,9 +127,13 @@ class Containers:
         else:
             request = ContainerRequest(name, command=tuple(argv), env=env, user=self.oci.get("user") or "")
         step = f"{self.count}-{name.replace(' ', '-')}"  # steps repeat names (setup, teardown): each its own container
+        root, _, attempt = self.cgroup_parent.rpartition("/")
         try:
-            return pod.start(step, with_gpus(request, self.gpus), config, Path(image["rootfs"]), stdout,
-                             (*self.mounts, *self.gpus.mounts), devices=self.gpus.devices, hooks=self.gpus.hooks)
+            # runc init sets the container up inside the attempt's cgroup: at the default CPU weight, not the
+            # Job's floor, which on a busy node made that setup wait (ADR 0076)
+            with Cgroup.locate(root, attempt).default_weight():
+                return pod.start(step, with_gpus(request, self.gpus), config, Path(image["rootfs"]), stdout,
+                                 (*self.mounts, *self.gpus.mounts), devices=self.gpus.devices, hooks=self.gpus.hooks)
         except (RuncError, ValueError) as e:
             raise OSError(f"{name}: {e}") from e
 
