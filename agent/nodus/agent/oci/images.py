@@ -300,7 +300,8 @@ class ImageStore:
         except FileNotFoundError:
             return None
         record["lastUsed"] = self.clock.now()
-        _write_atomic(path / "image.json", orjson.dumps(record))
+        # not fsynced: the time only orders evictions; a host crash that loses it makes the image look older
+        _write_atomic(path / "image.json", orjson.dumps(record), durable=False)
         image = PulledImage(digest, path / "rootfs", ImageConfig.from_oci(record["config"]), True)
         return image, int(record["bytes"])
 
@@ -354,10 +355,11 @@ def _blob_matches(path: Path, d: Descriptor) -> bool:
     return "sha256:" + h.hexdigest() == d.digest
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     tmp.replace(path)

@@ -134,7 +134,9 @@ class OciRuntime(ProcessRuntime):
         refs = self.references(a)
         if not refs:
             return
-        write_json(layout.run / "images.json", {"references": refs}, mode=0o600)
+        # Not fsynced (an image attempt's start waited ~5 ms on it): it protects the images from the collector
+        # while the attempt lives, and a crash of the host, the only thing that loses it, ends the attempt too.
+        write_json(layout.run / "images.json", {"references": refs}, mode=0o600, durable=False)
         credentials = RegistryCredentials.from_logins((c.registry, c.username, c.password)
                                                       for c in a.image_pull_credentials)
         pulled: dict[str, PulledImage] = {}
