@@ -429,7 +429,7 @@ def test_a_failing_init_container_and_a_command_missing_from_the_image_fail_the_
 def test_pod_namespaces_are_made_even_from_a_process_running_grpc_threads(tmp_path: Path) -> None:
     """The agent (and this test process, after the gRPC tests) runs gRPC threads, and gRPC's at-fork
     handler restarts them in a forked child, which then cannot unshare a user namespace (EINVAL). The
-    namespaces' holder is then a fresh program, and this works whatever threads the caller has."""
+    namespaces' holder is therefore a fresh program, and this works whatever threads the caller has."""
     import grpc
 
     from nodus.agent.oci.bundle import IdRange
@@ -452,37 +452,3 @@ def test_pod_namespaces_are_made_even_from_a_process_running_grpc_threads(tmp_pa
             remove_namespaces(tmp_path / "ns")
     finally:
         channel.close()
-
-
-FORKED_HOLDER = """
-import os, subprocess, sys
-from pathlib import Path
-from nodus.agent.oci import pod
-from nodus.agent.oci.bundle import IdRange
-
-def no_program(*args, **kwargs):
-    raise AssertionError(f"a program was started for the namespaces: {args}")
-
-subprocess.Popen = no_program
-paths = pod.create_namespaces(Path(sys.argv[1]), IdRange.for_slot(4001))
-print(all(os.path.ismount(p) for p in (paths.user, paths.network, paths.ipc)))
-"""
-
-
-def test_a_single_threaded_caller_makes_the_namespaces_from_a_fork_without_starting_a_program(tmp_path: Path) -> None:
-    """The supervisor (a fork of the zygote, one thread) forks the namespaces' holder: no unshare(1) or sh on an
-    image attempt's way to running (ADR 0076). A fresh interpreter, as this test process may hold gRPC threads."""
-    from nodus.agent.oci.bundle import IdRange
-
-    ns = tmp_path / "ns"
-    try:
-        done = subprocess.run([sys.executable, "-c", FORKED_HOLDER, str(ns)], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0 and done.stdout.split() == ["True"], done.stderr
-        uid_map = subprocess.run(["nsenter", f"--user={ns / 'user'}", "--", "cat", "/proc/self/uid_map"],
-                                 capture_output=True, text=True)
-        assert uid_map.returncode == 0 and str(IdRange.for_slot(4001).host_start) in uid_map.stdout, uid_map
-        shown = subprocess.run(["nsenter", f"--net={ns / 'net'}", "--", "ip", "-o", "link", "show", "lo"],
-                               capture_output=True, text=True, check=True).stdout
-        assert "UP" in shown.split("<", 1)[1].split(">", 1)[0].split(","), shown
-    finally:
-        remove_namespaces(ns)

@@ -104,11 +104,19 @@ def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False)
                           str(directory / "ipc"))
     if all(os.path.ismount(directory / ns) for ns in kinds):
         return paths  # made before a restart
-    # The holder is a process in the new namespaces that waits while they are mapped and bound; loopback
-    # is brought up from here as host root. A fork of this process where it can (the supervisor: ~1 ms,
-    # against 10-25 ms for a program on a loaded node), else unshare(1) running sh.
-    holder = _forked_holder(host_network) or _program_holder(host_network, kinds)
+    # The holder is a fresh program (unshare(1) exec'ing sh), not a fork of this process: a fork of a
+    # process with gRPC threads gets them restarted by gRPC's at-fork handler, and a multithreaded
+    # process cannot unshare a user namespace (EINVAL). It waits on stdin while the namespaces are
+    # mapped and bound; loopback is brought up from here as host root (ip in the pod's netns).
+    flags = ["--user", "--ipc"] if host_network else ["--user", "--net", "--ipc"]
+    holder = subprocess.Popen(["unshare", *flags, "--", "sh", "-c", "echo u; read g"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert holder.stdin is not None and holder.stdout is not None
     try:
+        if holder.stdout.readline() != b"u\n":
+            holder.wait(10)
+            why = holder.stderr.read().decode(errors="replace").strip() if holder.stderr else ""
+            raise PodError(f"could not create the pod's {', '.join(kinds)} namespaces: {why or 'unshare failed'}")
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{holder.pid}/{name}", "w") as f:
                 f.write(f"0 {ids.host_start} {ids.size}\n")
@@ -123,88 +131,16 @@ def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False)
                 remove_namespaces(directory)
                 raise PodError(f"could not bring up loopback in the pod's network namespace: {e}") from e
     finally:
-        holder.release()  # it exits; the bind mounts keep the namespaces
+        holder.stdin.close()  # the holder's `read` ends: it exits, the bind mounts keep the namespaces
+        try:
+            holder.wait(10)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
     return paths
 
 
-@dataclass(slots=True)
-class _ForkedHolder:
-    pid: int
-    go: int
-    """The pipe end whose closing lets the child exit."""
-
-    def release(self) -> None:
-        os.close(self.go)
-        os.waitpid(self.pid, 0)
-
-
-def _forked_holder(host_network: bool) -> _ForkedHolder | None:
-    """A child forked from this process that unshared the pod's namespaces and waits for `release`; None where
-    it could not: a process whose fork handlers start threads in the child (gRPC's do) cannot unshare a user
-    namespace (EINVAL), and then the caller starts a program instead."""
-    unshare = libc().unshare  # looked up before the fork: the child only calls it, writes and reads
-    flags = CLONE_NEWUSER | CLONE_NEWIPC | (0 if host_network else CLONE_NEWNET)
-    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child never returns into the caller
-        code = 1
-        try:
-            os.close(ready_r)
-            os.close(go_w)  # else its own copy keeps the read below from ever seeing the end of the pipe
-            ok = unshare(flags) == 0
-            os.write(ready_w, b"u" if ok else b"e")
-            if ok:
-                os.read(go_r, 1)  # end of file once the parent released it (or died)
-                code = 0
-        finally:
-            os._exit(code)
-    os.close(ready_w)
-    os.close(go_r)
-    try:
-        ready = os.read(ready_r, 1) == b"u"
-    finally:
-        os.close(ready_r)
-    holder = _ForkedHolder(pid, go_w)
-    if not ready:
-        holder.release()
-        return None
-    return holder
-
-
-@dataclass(slots=True)
-class _ProgramHolder:
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def release(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()  # the holder's `read` ends
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _program_holder(host_network: bool, kinds: Sequence[str]) -> _ProgramHolder:
-    """unshare(1) running sh, waiting on its stdin: a fresh program, which any caller may start."""
-    flags = ["--user", "--ipc"] if host_network else ["--user", "--net", "--ipc"]
-    proc = subprocess.Popen(["unshare", *flags, "--", "sh", "-c", "echo u; read g"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None
-    if proc.stdout.readline() != b"u\n":
-        holder = _ProgramHolder(proc)
-        holder.release()
-        why = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-        raise PodError(f"could not create the pod's {', '.join(kinds)} namespaces: {why or 'unshare failed'}")
-    return _ProgramHolder(proc)
-
-
-CLONE_NEWUSER, CLONE_NEWIPC, CLONE_NEWNET = 0x10000000, 0x08000000, 0x40000000
+CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 IFREQ = "16sH22x"
 """struct ifreq with its flags member (40 bytes, what the kernel copies)."""
