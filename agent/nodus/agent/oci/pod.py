@@ -31,7 +31,7 @@ from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageCon
                      resolve_process, runtime_spec)
 from .egress import Egress, NodeNetwork, PodEgress, Policy
 from .mounts import MountError, bind, libc, mount_layer, unmount, unmount_layer
-from .runc import ContainerState, ContainerStatus, Runc, RuncError
+from .runc import ContainerState, ContainerStatus, Runc, RuncError, wait_exit
 
 NAMESPACES = ("user", "net", "ipc")
 KILL_WAIT = 5.0
@@ -133,10 +133,9 @@ def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False)
     finally:
         holder.stdin.close()  # the holder's `read` ends: it exits, the bind mounts keep the namespaces
         try:
-            holder.wait(10)
+            wait_exit(holder, 10)  # woken at its exit, not by Popen.wait's doubling sleeps (ADR 0076)
         except subprocess.TimeoutExpired:
-            holder.kill()
-            holder.wait()
+            pass  # killed and reaped
     return paths
 
 
