@@ -312,7 +312,8 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
         trickle.update(one)
         fleet.wait("trickle", lambda s: s["received"] > before, 60)
     out["trickle"] = trickle
-    await storm(args, n, root, store, out)
+    if not args.no_storm:
+        await storm(args, n, root, store, out)
     await burst(args, out["coordinators"], fleet, out)
 
 
@@ -348,6 +349,17 @@ async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], 
     api.log(f"{synced} of {n} re-synchronised")
 
 
+def profile(args: argparse.Namespace, cs: list[Coordinator], n: int) -> list[subprocess.Popen[bytes]]:
+    """With --py-spy DIR: one `py-spy record --gil` per coordinator, sampling from now until stopped."""
+    if not args.py_spy:
+        return []
+    folder = Path(args.py_spy)
+    folder.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", "50", "--nonblocking",
+                              "-p", str(c.proc.pid), "-o", str(folder / f"fleet-{n}-r{i}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, c in enumerate(cs)]
+
+
 async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, out: dict[str, Any]) -> None:
     """--attempts one-GPU Jobs through REST at once: each one's create → its first assignment at an agent."""
     trickle = out["trickle"]
@@ -355,10 +367,17 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
     api.log(f"burst: {args.attempts} Jobs, concurrency {args.concurrency}")
     t0 = time.monotonic()
     ended0 = fleet.status()["ended"]
-    created, errors, took = await create_jobs(cs, names, "fleet", args.concurrency)
-    out["create"] = {"acked": len(created), "errors": errors[:3], "n_errors": len(errors), "seconds": took}
-    status, ok = fleet.wait("drain", lambda s: s["ended"] - ended0 >= len(created), args.drain_timeout)
-    drained = time.monotonic() - t0
+    spies = profile(args, cs, out["n"])
+    try:
+        created, errors, took = await create_jobs(cs, names, "fleet", args.concurrency)
+        out["create"] = {"acked": len(created), "errors": errors[:3], "n_errors": len(errors), "seconds": took}
+        status, ok = fleet.wait("drain", lambda s: s["ended"] - ended0 >= len(created), args.drain_timeout)
+        drained = time.monotonic() - t0
+    finally:
+        for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
+            spy.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(30)
     first: dict[str, float] = {}
     attempts = 0
     for job, t in (job_t for per in fleet.ask("receipts") for job_t in per):
@@ -434,6 +453,11 @@ def main() -> None:
                          "the agents are spread over them (default 1)")
     ap.add_argument("--quick", action="store_true", help="a small run of a few agents and attempts (as --tiny)")
     ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
+    ap.add_argument("--no-storm", action="store_true",
+                    help="skip the reconnect storm (and its long attempts): only enrolment, CPU and the burst")
+    ap.add_argument("--py-spy", metavar="DIR", default=None,
+                    help="record each coordinator's stacks with `py-spy record --gil` during the burst into "
+                         "DIR/fleet-<agents>-r<i>.txt (collapsed stacks; needs py-spy on PATH and ptrace rights)")
     record.add_flags(ap)
     args = ap.parse_args()
     args.tiny = args.tiny or args.quick

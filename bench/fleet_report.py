@@ -36,7 +36,7 @@ def size_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
     p = lines.append
     rate = n / args.heartbeat
     enrol, a = r["enrol"], r["anchor"]
-    burst, create, storm = r["burst"], r["create"], r["storm"]
+    burst, create, storm = r["burst"], r["create"], r.get("storm")
     p(f"== {n:,} agents ({r['gpus']} simulated GPUs each, {rate:,.0f} heartbeats/s) ==")
     p(f"enrol (CSR → client certificate) p50 / p99   {ms(api.pct(enrol['latencies'], .5))} / "
       f"{ms(api.pct(enrol['latencies'], .99))}; all {len(enrol['latencies']):,} in {enrol['wall']:.1f} s "
@@ -73,6 +73,9 @@ def size_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
          f"NOT drained in {args.drain_timeout:g} s"))
     p(f"  created {create['acked']:,} Jobs in {create['seconds']:.1f} s ({create['acked'] / max(create['seconds'], 1e-9):,.0f}/s, "
       f"{args.concurrency} in flight), {create['n_errors']} errors" + (f": {create['errors']}" if create["errors"] else ""))
+    if storm is None:
+        p("reconnect storm: not run (--no-storm)")
+        return lines
     resync = storm["resync_s"]
     shown = f"{resync:.1f} s" if resync is not None else f"not reached in {args.storm_timeout:g} s"
     p(f"reconnect storm: every agent re-synchronised   {shown} after the restart   target ≤ {TARGET_RESYNC_S:g} s "
@@ -102,12 +105,12 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], load: tuple[
                                            "assignment p50 / p99", "resync (≤ 30 s)"), widths)).rstrip())
     for r in results:
         lat = r["burst"]["lat"]
-        resync = r["storm"]["resync_s"]
+        resync = (r.get("storm") or {}).get("resync_s")
         after = f"{r['after']['coordinator']:.1f}" if r.get("after") else "-"
         row = (f"{r['n']:,}", f"{r['before']['coordinator']:.1f} / {after} %",
                f"{r['anchor']['server']:.1f} %",
                f"{api.pct(lat, .5) * 1e3:,.0f} / {api.pct(lat, .99) * 1e3:,.0f} ms" if lat else "none",
-               f"{resync:.1f} s" if resync is not None else "not reached")
+               f"{resync:.1f} s" if resync is not None else "not run" if r.get("storm") is None else "not reached")
         p("".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
     if args.replicas == 1:
         p("")

@@ -398,7 +398,7 @@ def place_in(request: Request, ordered: Sequence[NodeView], room: Mapping[str, R
             candidates.append(result)
         else:
             refused += 1
-            if book is not None or len(refusals) < MAX_SHOWN:  # a priced explain lists more (_priced)
+            if book is not None or len(refusals) < MAX_SHOWN:  # a priced explain lists more (priced)
                 refusals.append(f"{node.name}: {result}")
     if not candidates:
         if not ordered:
@@ -413,12 +413,14 @@ def place_in(request: Request, ordered: Sequence[NodeView], room: Mapping[str, R
         of = (f"the most free capacity of {len(candidates)} fitting nodes" if len(candidates) > 1
               else "the only fitting node")
         return Placement(best.node.name, best.gpu_indexes, explain=f"{best.node.name}: {of}")
-    return _priced(request, candidates, refusals, scorer)
+    return priced(request, candidates, refusals, scorer)
 
 
-def _priced(request: Request, candidates: list[Candidate], refusals: list[str], scorer: Scorer) -> Placement:
+def priced(request: Request, candidates: list[Candidate], refusals: list[str], scorer: Scorer,
+           more: int = 0) -> Placement:
     """The best candidate by the request's profile (then `scorer`), explained against every other
-    offering: each loser once (by its best node), then the nodes the policy or capacity ruled out."""
+    offering: each loser once (by its best node), then the nodes the policy or capacity ruled out
+    (`refusals` in name order, and `more` refused nodes not listed there)."""
     policy = request.policy
     looks: dict[str, money.Outlook] = {}
     for c in candidates:
@@ -466,7 +468,8 @@ def _priced(request: Request, candidates: list[Candidate], refusals: list[str], 
         why.append(f"{c.node.name}: {money.lost(policy, chosen, other)}" if chosen is not None
                    else f"{c.node.name}: {money.describe(other)}")
     why.extend(refusals)
-    shown = "; ".join(why[:8]) + (f"; and {len(why) - 8} more" if len(why) > 8 else "")
+    total = len(why) + more
+    shown = "; ".join(why[:8]) + (f"; and {total - 8} more" if total > 8 else "")
     head += f" ({steer})" if steer else ""
     head += "; reuses the node its project kept warm (scaledownWindow)" if best.warm else ""
     return Placement(best.node.name, best.gpu_indexes, explain=head + (f"; lost: {shown}" if shown else ""),

@@ -13,7 +13,7 @@ import binascii
 import uuid
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
@@ -34,7 +34,8 @@ from .money.budget_store import Budgets
 from .money.credits import first_hold_refusal
 from .money.ledger_store import Ledger
 from .money.pricebook import PriceBook
-from .scheduler import NodeView, Request, Reservation, Room, place, place_in
+from .scheduler import NodeView, Request, Reservation, place
+from .scheduler_classes import NodeClasses
 from .store.base import Store
 from .vault import Vault
 
@@ -426,15 +427,15 @@ class Estimates:
 
     @staticmethod
     def _preview(project: str, spec: dict[str, Any], book: PriceBook | None, nodes: list[NodeView],
-                 held: list[Reservation], now: float, free: Mapping[str, Room] | None = None) -> quote.Preview:
+                 held: list[Reservation], now: float, free: NodeClasses | None = None) -> quote.Preview:
         """Where one attempt of the Job would be placed now (a gang's first member, for its offering).
-        `free`: the nodes' Rooms after `held` when the caller has them (nodes in name order)."""
+        `free`: the nodes' Rooms after `held`, grouped (NodeClasses), when the caller has them."""
         deadline = parse(spec.get("completeByTime"))
         within = None if deadline is None else Decimal(str(round(deadline - now, 3)))
         request = Request.of(spec.get("resources"), spec.get("image"), spec.get("placement"),
                              spec.get("expectedDuration"), within)
         request = replace(request, project=project)
-        chosen = place_in(request, nodes, free, book=book) if free is not None else place(request, nodes, held, book=book)
+        chosen = free.place(request, book=book) if free is not None else place(request, nodes, held, book=book)
         if chosen.offering is None and held and book is not None:
             # Nothing is free now: the Job will wait for capacity, and is priced as the offering it would
             # take once something frees up (the explain says it waits).

@@ -20,14 +20,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import orjson
 
 from ..clock import Clock, parse, seconds
 from ..money.books import ACTIVE, VERSIONS, PriceBooks
 from ..money.pricebook import PriceBook
-from ..scheduler import Amount, Gpu, NodeView, Request, Reservation, Room, rooms
+from ..scheduler import Amount, Gpu, NodeView, Request, Reservation, rooms
+from ..scheduler_classes import NodeClasses, Shapes
 from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, LEASES, NODES, SWEEPS, Cache
 from .placement import warm_holds
@@ -143,7 +144,9 @@ class Fleet:
         """When the first ready node's lease runs out (its view's readiness turns)."""
         self._versions = [0, 0]
         """Bumped when `nodes()` rebuilds its answer, and when what the live placed attempts hold changes."""
-        self._rooms: tuple[tuple[int, int], dict[str, Room]] | None = None
+        self._rooms: tuple[tuple[int, int], NodeClasses] | None = None
+        self.shapes = Shapes()
+        """The nodes' shapes, interned once per view (what NodeClasses groups them by)."""
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
         self._overruns: dict[str, dict[str, Decimal]] = defaultdict(dict)
@@ -255,14 +258,14 @@ class Fleet:
         self._turns = min((self._views[v.name][3] for v in out if v.ready), default=float("inf"))
         return list(self._listed)
 
-    def rooms(self) -> tuple[list[NodeView], Mapping[str, Room]]:
+    def rooms(self) -> tuple[list[NodeView], NodeClasses]:
         """`nodes()` and each one's Room after what the live placed attempts hold (`scheduler.rooms` of
-        `held()`), kept until either changes: every create's estimate reads them. Read only (`place_in`);
-        a pass that takes from Rooms makes its own."""
+        `held()`), grouped into NodeClasses, kept until either changes: every create's estimate reads them.
+        Read only (`NodeClasses.place`); a pass that takes from Rooms makes its own."""
         nodes = self.nodes()
         version = (self._versions[0], self._versions[1])
         if self._rooms is None or self._rooms[0] != version:
-            self._rooms = (version, rooms(nodes, self.held()))
+            self._rooms = (version, NodeClasses(nodes, rooms(nodes, self.held()), self.shapes))
         return nodes, self._rooms[1]
 
     def reservations(self) -> list[Reservation]:

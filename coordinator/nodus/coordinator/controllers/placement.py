@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, TypeGuard
 from ..api import units
 from ..clock import Clock, parse, rfc3339
 from ..money.pricebook import PriceBook
-from ..scheduler import Amount, NodeView, Placement, Request, Reservation, place_all
+from ..scheduler import Amount, NodeView, Placement, Request, Reservation
+from ..scheduler_classes import NodeClasses
 from ..scheduler_gang import place_gang
 from ..errors import NodusError
 from ..money.estimate import Tariff
@@ -72,27 +73,6 @@ BIND_RETRY_SECONDS = 1.0
 """When an attempt whose binding lost to a concurrent write is decided again."""
 POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile", "pool")
 """What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
-
-
-PASS_CHUNK = 200
-"""Attempts decided per `place_all` call: between calls, what they took is folded into one Reservation
-per node, so that a pass over thousands of attempts costs in proportion to them (free_on reads every
-reservation it is given)."""
-
-
-def fold(held: Iterable[Reservation]) -> list[Reservation]:
-    """The same reservations, one per node (their amounts summed, their GPUs together); warm holds
-    kept as they are."""
-    sums: dict[str, Amount] = {}
-    gpus: dict[str, list[int]] = {}
-    warm = []
-    for r in held:
-        if r.warm_for:
-            warm.append(r)
-        else:
-            sums[r.node] = sums.get(r.node, Amount()) + r.amount
-            gpus.setdefault(r.node, []).extend(r.gpu_indexes)
-    return [Reservation(node, amount, tuple(gpus[node])) for node, amount in sums.items()] + warm
 
 
 def _request(attempt: AttemptView, job: dict[str, Any] | None = None, now: float = 0.0) -> Request:
@@ -376,15 +356,13 @@ class PlacementController:
                     if p.warm_reuse:  # taken: from now on the member's own attempt holds it
                         held = [r for r in held if not (r.warm_for and r.node == p.node)]
                     held.append(Reservation(p.node, requests[key].amount, p.gpu_indexes))
-        for start in range(0, len(singles), PASS_CHUNK):
-            chunk = place_all(singles[start:start + PASS_CHUNK], nodes, held, book=book)
-            decisions.update(chunk)
-            for key, p in chunk.items():
-                if p.node is not None:
-                    if p.warm_reuse:
-                        held = [r for r in held if not (r.warm_for and r.node == p.node)]
-                    held.append(Reservation(p.node, requests[key].amount, p.gpu_indexes))
-            held = fold(held)
+        # Singles in order, each decided once per class of interchangeable nodes (ADR 0074), each taking
+        # from its node's Room as it is placed.
+        classes = NodeClasses.of(nodes, held, self.registry.fleet.shapes)
+        for key, request in singles:
+            p = decisions[key] = classes.place(request, book=book)
+            if p.node is not None:
+                classes.take(p.node, request.amount, p.gpu_indexes, p.warm_reuse)
         unfunded: set[str] = set()
         if book is not None:
             priced = await self._hold(decisions, dict(waiting), now)
