@@ -100,6 +100,7 @@ class ControlPlane:
         await self.cache.start()
         if not controllers:
             log.warning("controllers are off: Jobs are stored but never run")
+            self.registry.fleet.backlog.limit = 0  # nothing here decides them: a create has nothing to wait for
             return
         self._controllers = True
         await self.leadership.tick()

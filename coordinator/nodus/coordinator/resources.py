@@ -53,7 +53,7 @@ class ResourceService:
                  now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0,
                  limits: AdmissionLimits = BETA, images: ImageResolver | None = None,
                  fleet: Fleet | None = None, sweeps: SweepSettings = SweepSettings()) -> None:
-        self.store, self.identity, self.vault, self._now = store, identity, vault, now
+        self.store, self.identity, self.vault, self._now, self._fleet = store, identity, vault, now, fleet
         self._lookup = _Lookup(self)
         self._strategies = strategies(vault, images, self._lookup, store, fleet, identity)  # Jobs: digests, estimates
         self.bookmark_seconds, self._watch_cache = bookmark_seconds, EventCache()  # one decode per event
@@ -67,8 +67,7 @@ class ResourceService:
     # -- authorization --------------------------------------------------------------------------
     async def _authorize(self, caller: Caller, info: KindInfo, project: str, verb: str, needed: Role) -> None:
         if not caller.can(project, needed):
-            raise NodusError(
-                "Forbidden",
+            raise NodusError("Forbidden",
                 f'{info.resource} is forbidden: User "{caller.subject}" cannot {verb} resource '
                 f'"{info.plural}" in API group "{info.group}" in the namespace "{project}"',
                 kind=info.plural, group=info.group,
@@ -187,7 +186,9 @@ class ResourceService:
         self._refuse_read_only(caller, info, "create")
         obj = check_body(info, project, obj, copy=not owned)
         await self.identity.require_project(project)
-        return await self._create(info, project, obj, if_match, dry_run, field_validation, read_back=not owned)
+        async with Fleet.admitting(self._fleet, info.kind, dry_run):  # placement before admission (ADR 0075)
+            return await self._create(info, project, obj, if_match, dry_run, field_validation,
+                                      read_back=not owned)
 
     async def create_many(self, caller: Caller, info: KindInfo, project: str, objs: Sequence[dict[str, Any]],
                           created: Callable[[dict[str, Any]], None] | None = None) -> Sequence[dict[str, Any] | NodusError]:

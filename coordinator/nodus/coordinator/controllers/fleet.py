@@ -18,6 +18,7 @@ from the store through the cache; nothing is written.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any, Sequence
@@ -32,6 +33,7 @@ from ..scheduler_classes import NodeClasses, Shapes
 from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, LEASES, NODES, SWEEPS, Cache
 from .placement import warm_holds
+from .placement_backlog import PlacementBacklog
 from .sweep import cells_in, sweep_owner
 
 
@@ -147,6 +149,8 @@ class Fleet:
         self._rooms: tuple[tuple[int, int], NodeClasses] | None = None
         self.shapes = Shapes()
         """The nodes' shapes, interned once per view (what NodeClasses groups them by)."""
+        self.backlog = PlacementBacklog(cache)
+        """The Jobs admitted and not yet decided by placement, which a Job create waits on (ADR 0075)."""
         self._starts: dict[str, dict[str, Decimal]] = defaultdict(dict)
         self._runs: dict[tuple[str, str, str], dict[str, Decimal]] = defaultdict(dict)
         self._overruns: dict[str, dict[str, Decimal]] = defaultdict(dict)
@@ -197,6 +201,14 @@ class Fleet:
             declared = seconds((new.get("spec") or {}).get("expectedDuration"))
             if declared:
                 self._overruns[project][key] = (ran / Decimal(str(declared))).quantize(Decimal("0.001"))
+
+    @staticmethod
+    def admitting(fleet: "Fleet | None", kind: str, dry_run: bool) -> AbstractAsyncContextManager[None]:
+        """What a create of `kind` goes through: a Job's waits for room in the placement backlog (ADR 0075);
+        a dry run, another kind, or a service without a fleet does not wait."""
+        if fleet is None or kind != "Job" or dry_run:
+            return nullcontext()
+        return fleet.backlog.admitting()
 
     # -- reads ------------------------------------------------------------------------------------
     def book(self) -> PriceBook | None:
