@@ -3,17 +3,23 @@ same GPUs, the same explain word for word, with and without a price book, on ran
 nodes share a shape and Rooms drift apart as a pass takes from them; and it costs one fit per class."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodus.coordinator.clock import ManualClock
+from nodus.coordinator.controllers.cache import LEASES, NODES, Cache
+from nodus.coordinator.controllers.fleet import Fleet
 from nodus.coordinator.money.pricebook import PriceBook, parse
 from nodus.coordinator.scheduler import (OCI, POOL_LABEL, PROCESS, Amount, Gpu, NodeView, Request, Reservation,
-                                         place_all)
+                                         place_all, rooms)
 from nodus.coordinator import scheduler_classes
 from nodus.coordinator.scheduler_classes import NodeClasses, place_classes
+from nodus.coordinator.store import SqliteStore
 
 GI = 1 << 30
 
@@ -104,3 +110,50 @@ def test_one_fit_per_class_however_many_nodes(monkeypatch: Any) -> None:
     assert classes.place(nine).explain == ("no node fits: sim-0000: gpu: wants 9 × any, 7 free; sim-0001: gpu: wants "
                                            "9 × any, 8 free; sim-0002: gpu: wants 9 × any, 8 free; sim-0003: gpu: wants "
                                            "9 × any, 8 free; sim-0004: gpu: wants 9 × any, 8 free; and 995 more")
+
+
+async def _fleet_rooms(path: Path) -> None:
+    store = await SqliteStore.open(path / "store.db")
+    cache = Cache(store)
+    fleet = Fleet(cache, ManualClock())
+    await cache.start()
+    revision = iter(range(1, 10_000))
+    for i in range(6):
+        cache.apply(f"{NODES}n{i}", {"name": f"n{i}", "runtimes": ["process"], "capacity": {"cpuMillis": 8000, "gpus": 4},
+                                    "gpus": [{"index": g, "name": "H100"} for g in range(4)]}, next(revision))
+        cache.apply(f"{LEASES}n{i}", {"expireTime": "2099-01-01T00:00:00Z"}, next(revision))
+
+    def attempt(name: str, node: str, gpus: list[int], phase: str = "Running") -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "p"}, "status": {"phase": phase},
+                "spec": {"job": "j", "node": node, "gpuIndexes": gpus, "resources": {"cpu": "1", "gpu": {"count": len(gpus)}}}}
+
+    def agrees() -> None:
+        nodes, classes = fleet.rooms()
+        assert len(nodes) == 6 and classes.rooms == rooms(nodes, fleet.held()), "the kept Rooms are what a rebuild makes"
+        one = Request.of({"gpu": {"count": 1}}, None)
+        assert classes.place(one) == place_all([(0, one)], nodes, fleet.held())[0]
+        mine = classes.copy()  # a placement pass's own, taken from without touching the fleet's
+        two = [(0, one), (1, one)]
+        assert place_classes(two, nodes, fleet.held()) == place_all(two, nodes, fleet.held())
+        for _, request in two:
+            p = mine.place(request)
+            assert p.node is not None
+            mine.take(p.node, request.amount, p.gpu_indexes)
+        assert classes.rooms == rooms(nodes, fleet.held()) != mine.rooms
+
+    agrees()
+    for step, (name, node, gpus, phase) in enumerate([("a", "n0", [0], "Running"), ("b", "n0", [1, 2], "Running"),
+                                                       ("c", "n3", [3], "Provisioning"), ("a", "n0", [0], "Succeeded"),
+                                                       ("c", "n3", [3], "Running"), ("d", "n5", [0, 1, 2, 3], "Running")]):
+        cache.apply(f"attempts/p/{name}", attempt(name, node, gpus, phase), next(revision))
+        if step % 2:
+            agrees()  # some moves seen one at a time, some two together
+    agrees()
+    cache.apply("attempts/p/b", None, next(revision))
+    agrees()
+    await cache.stop()
+    await store.close()
+
+
+def test_the_fleets_rooms_follow_reservations_one_node_at_a_time(tmp_path: Path) -> None:
+    asyncio.run(_fleet_rooms(tmp_path))

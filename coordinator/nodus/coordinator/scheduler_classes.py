@@ -72,7 +72,7 @@ class NodeClasses:
         self.ordered = list(ordered)
         self.rooms = room
         """Each node's own Room (what `place_in` reads when a request goes node by node)."""
-        self._views = {n.name: n for n in ordered}
+        self.views = {n.name: n for n in ordered}
         self._shape: dict[str, Hashable] = {n.name: shapes.of(n) if shapes is not None else shape_of(n) for n in ordered}
         self._of: dict[str, Hashable] = {}
         """A node's name → its class's key."""
@@ -110,6 +110,26 @@ class NodeClasses:
         self.rooms[name].take(amount, gpu_indexes, warm_reuse)
         self._join(name)
 
+    def copy(self) -> "NodeClasses":
+        """Classes of their own to take from (a placement pass's), sharing what neither changes."""
+        out = NodeClasses.__new__(NodeClasses)
+        out.ordered, out.views, out._shape = self.ordered, self.views, self._shape
+        out.rooms = {name: Room(r.free, r.gpus, dict(r.warm)) for name, r in self.rooms.items()}
+        out._of = dict(self._of)
+        out._classes = {key: _Class(list(c.members), c.room) for key, c in self._classes.items()}
+        return out
+
+    def reset(self, name: str, free: Amount, gpus: frozenset[int]) -> None:
+        """`name`'s Room is now `free` and `gpus` (what its reservations leave: the fleet's index moved)."""
+        key = self._of[name]
+        members = self._classes[key].members
+        del members[bisect.bisect_left(members, name)]
+        if not members:
+            del self._classes[key]
+        room = self.rooms[name]
+        room.free, room.gpus = free, gpus
+        self._join(name)
+
     def place(self, request: Request, scorer: Scorer = spread, book: PriceBook | None = None) -> Placement:
         """`scheduler.place_in(request, ordered, rooms, scorer, book)`, decided once per class."""
         if request.avoid_nodes:  # the only rule that reads a node's name: node by node
@@ -121,7 +141,7 @@ class NodeClasses:
         refused: dict[Hashable, str] = {}
         for key, group in self._classes.items():
             first = group.members[0]
-            result = fit_room(request, self._views[first], group.room, book)
+            result = fit_room(request, self.views[first], group.room, book)
             if isinstance(result, Candidate):
                 fitting.append((first, result, len(group.members)))
             else:

@@ -146,7 +146,10 @@ class Fleet:
         """When the first ready node's lease runs out (its view's readiness turns)."""
         self._versions = [0, 0]
         """Bumped when `nodes()` rebuilds its answer, and when what the live placed attempts hold changes."""
-        self._rooms: tuple[tuple[int, int], NodeClasses] | None = None
+        self._rooms: tuple[int, NodeClasses] | None = None
+        """The classes `rooms()` answers, made at this version of `nodes()`'s answer."""
+        self._moved: set[str] = set()
+        """Nodes whose reservations changed since `rooms()` last looked: only their Rooms are made again."""
         self.shapes = Shapes()
         """The nodes' shapes, interned once per view (what NodeClasses groups them by)."""
         self.backlog = PlacementBacklog(cache)
@@ -166,6 +169,7 @@ class Fleet:
         was = self._held.pop(key, None)
         if was is not None or held is not None:
             self._versions[1] += 1
+            self._moved.update(r.node for r in (was, held) if r is not None)
         if was is not None:
             self._held_on[was.node].pop(key, None)
             self._sum_on[was.node] = self._sum_on.get(was.node, Amount()) - was.amount
@@ -272,12 +276,20 @@ class Fleet:
 
     def rooms(self) -> tuple[list[NodeView], NodeClasses]:
         """`nodes()` and each one's Room after what the live placed attempts hold (`scheduler.rooms` of
-        `held()`), grouped into NodeClasses, kept until either changes: every create's estimate reads them.
-        Read only (`NodeClasses.place`); a pass that takes from Rooms makes its own."""
+        `held()`), grouped into NodeClasses: every create's estimate reads them. Made again when `nodes()`
+        changes; a reservation that moves remakes its node's Room only. Read only (`NodeClasses.place`); a
+        pass that takes from Rooms makes its own."""
         nodes = self.nodes()
-        version = (self._versions[0], self._versions[1])
-        if self._rooms is None or self._rooms[0] != version:
-            self._rooms = (version, NodeClasses(nodes, rooms(nodes, self.held()), self.shapes))
+        if self._rooms is None or self._rooms[0] != self._versions[0]:
+            self._rooms = (self._versions[0], NodeClasses(nodes, rooms(nodes, self.held()), self.shapes))
+        else:  # the same nodes: only those whose reservations moved get their Room again, O(moved)
+            classes = self._rooms[1]
+            for name in self._moved:
+                if (view := classes.views.get(name)) is not None:
+                    used = self._gpus_on.get(name)
+                    classes.reset(name, view.capacity - self._sum_on.get(name, Amount()),
+                                  view.indexes.difference(used) if used else view.indexes)
+        self._moved.clear()
         return nodes, self._rooms[1]
 
     def reservations(self) -> list[Reservation]:

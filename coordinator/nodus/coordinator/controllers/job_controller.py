@@ -175,7 +175,7 @@ class JobController:
         cache.listen(ATTEMPTS, self._on_attempt)
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        self.queue.add(key)
+        self.queue.add(key, urgent=old is None)  # a new Job's attempt first: placement before status (ADR 0075)
         for consumer in self._consumers.get(key, ()):
             self.queue.add(consumer)
 

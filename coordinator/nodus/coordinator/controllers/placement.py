@@ -358,7 +358,9 @@ class PlacementController:
                     held.append(Reservation(p.node, requests[key].amount, p.gpu_indexes))
         # Singles in order, each decided once per class of interchangeable nodes (ADR 0074), each taking
         # from its node's Room as it is placed.
-        classes = NodeClasses.of(nodes, held, self.registry.fleet.shapes)
+        fleet = self.registry.fleet
+        # Without warm holds or gangs placed just now, `held` is what the fleet's kept classes reflect.
+        classes = fleet.rooms()[1].copy() if not warm and not gangs else NodeClasses.of(nodes, held, fleet.shapes)
         for key, request in singles:
             p = decisions[key] = classes.place(request, book=book)
             if p.node is not None:

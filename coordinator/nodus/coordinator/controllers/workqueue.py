@@ -1,11 +1,13 @@
 """A keyed work queue, as client-go's: each key is queued once however often it is added, a key is
 never processed by two workers at once, and a key added while it is being processed runs again
-after. Delayed adds (`add_after`) carry the time-based wake-ups a decision asks for. `run_workers` is
-the loop every controller runs over its queue.
+after. Delayed adds (`add_after`) carry the time-based wake-ups a decision asks for. An `urgent` add
+goes before every key queued the ordinary way (the Job controller's new Jobs, ADR 0075). `run_workers`
+is the loop every controller runs over its queue.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
@@ -16,18 +18,22 @@ K = TypeVar("K", bound=Hashable)
 
 class WorkQueue(Generic[K]):
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queue: asyncio.Queue[None] = asyncio.Queue()
+        """One token per queued key: a worker takes a token, then the key (urgent ones first)."""
+        self._keys: collections.deque[K] = collections.deque()
+        self._urgent: collections.deque[K] = collections.deque()
         self._pending: set[K] = set()
         self._active: set[K] = set()
         self._again: set[K] = set()
         self._timers: dict[K, asyncio.TimerHandle] = {}
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, urgent: bool = False) -> None:
         if key in self._active:
             self._again.add(key)
         elif key not in self._pending:
             self._pending.add(key)
-            self._queue.put_nowait(key)
+            (self._urgent if urgent else self._keys).append(key)
+            self._queue.put_nowait(None)
 
     def add_after(self, key: K, delay: float) -> None:
         """Adds `key` after `delay` seconds; an earlier timer for the key wins over a later one."""
@@ -48,7 +54,8 @@ class WorkQueue(Generic[K]):
         self.add(key)
 
     async def get(self) -> K:
-        key = await self._queue.get()
+        await self._queue.get()
+        key = self._urgent.popleft() if self._urgent else self._keys.popleft()
         self._pending.discard(key)
         self._active.add(key)
         return key
