@@ -13,19 +13,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from httpsfiles import self_signed
+
 from nodus.agent.enrolment import InProcessX509, SubprocessX509, X509Failed
 
 
-def _ca() -> tuple[ec.EllipticCurvePrivateKey, cx509.Certificate, bytes]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = cx509.Name([cx509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (cx509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(cx509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(cx509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    return key, cert, cert.public_bytes(serialization.Encoding.PEM)
+def _ca(dir: Path) -> tuple[ec.EllipticCurvePrivateKey, cx509.Certificate, bytes]:
+    """A self-signed CA (tests/httpsfiles.py's), its key and its PEM."""
+    dir.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = self_signed(dir)
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    pem = cert_path.read_bytes()
+    return key, cx509.load_pem_x509_certificate(pem), pem
 
 
 def _sign(csr_pem: str, ca_key: ec.EllipticCurvePrivateKey, ca: cx509.Certificate, hours: int) -> bytes:
@@ -49,14 +49,14 @@ def test_the_child_makes_the_node_key_private_and_answers_as_the_in_process_code
     again = cx509.load_pem_x509_csr(SubprocessX509().csr(key_path, "node-7").encode())
     assert again.public_key() == request.public_key()
 
-    ca_key, ca, ca_pem = _ca()
+    ca_key, ca, ca_pem = _ca(tmp_path / "ca")
     cert = _sign(csr, ca_key, ca, hours=6)
     child = SubprocessX509().inspect(cert, ca_pem)
     assert child == InProcessX509().inspect(cert, ca_pem)
     not_before, not_after, issued = child
     assert issued and not_after - not_before == 6 * 3600
 
-    _, _, other_ca_pem = _ca()  # a replaced coordinator's CA did not sign it
+    _, _, other_ca_pem = _ca(tmp_path / "other-ca")  # a replaced coordinator's CA did not sign it
     assert SubprocessX509().inspect(cert, other_ca_pem)[2] is False
 
 
