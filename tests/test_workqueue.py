@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from nodus.coordinator.controllers.workqueue import WorkQueue
 
 
@@ -41,3 +43,41 @@ async def _again() -> list[str]:
 
 def test_a_key_added_while_active_runs_again_after() -> None:
     assert asyncio.run(_again()) == ["b", "a"]
+
+
+async def _spinning_key_lets_the_loop_run() -> int:
+    """A reconcile that never suspends and queues its own key again until another task (the cache's watch,
+    in the coordinator) has run: the workers must let that task run."""
+    import logging
+
+    from nodus.coordinator.controllers.workqueue import run_workers
+
+    q: WorkQueue[str] = WorkQueue()
+    seen = asyncio.Event()
+    rounds = 0
+
+    async def reconcile(key: str) -> None:
+        nonlocal rounds
+        rounds += 1
+        if not seen.is_set():
+            q.add(key)  # as a TTL delete that meets NotFound before the cache has the delete
+
+    async def watch() -> None:
+        seen.set()
+
+    q.add("job")
+    loop = asyncio.create_task(run_workers(q, reconcile, workers=1, resync=lambda: None, resync_seconds=3600,
+                                           log=logging.getLogger("test"), name="spin"))
+    asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(watch()))
+    try:
+        await seen.wait()  # without the workers' yield this never returns
+        await asyncio.sleep(0.01)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    return rounds
+
+
+@pytest.mark.timeout(30)  # starved, the loop runs no timer: the hang is what pytest-timeout ends
+def test_a_key_that_queues_itself_without_suspending_does_not_starve_the_loop() -> None:
+    assert 1 <= asyncio.run(_spinning_key_lets_the_loop_run()) <= 3  # the watch ran within a few rounds

@@ -85,6 +85,11 @@ async def run_workers(queue: WorkQueue[K], reconcile: Callable[[K], Awaitable[No
 
     async def worker() -> None:
         while True:
+            # A queued key is taken without suspending (asyncio.Queue.get with tokens ready), and a reconcile
+            # may not suspend either (a store read answered from memory): without this yield a key that
+            # queues itself again (a TTL delete that meets NotFound until the cache sees the delete) spins
+            # here and starves the loop, the cache's watch that would end the spin included.
+            await asyncio.sleep(0)
             key = await queue.get()
             try:
                 await reconcile(key)
