@@ -272,6 +272,20 @@ def _keyed(path: Path) -> dict[str, int]:
     return out
 
 
+def own_paths(v: int, fs: Path = DEFAULT_FS) -> dict[str, Path]:
+    """This process's own cgroup directory per controller (v1), or {"unified": it} (v2), from /proc/self/cgroup."""
+    found: dict[str, Path] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+            rel = path.lstrip("/")
+            if v == 2 and hierarchy == "0" and not controllers:
+                found["unified"] = fs / rel
+            for c in controllers.split(",") if v == 1 else ():
+                found[c] = fs / c / rel
+    return found
+
+
 class MoveWarmer:
     """Starts the kernel's grace period for cgroup moves ahead of an attempt's first move (ADR 0072).
 
@@ -298,19 +312,12 @@ class MoveWarmer:
     def of_self(cls, fs: Path = DEFAULT_FS) -> "MoveWarmer | None":
         """The warmer for this process's own cgroup, or None without a cgroup hierarchy to move in."""
         v = version(fs)
-        if v == 0:
-            return None
         try:
-            with open("/proc/self/cgroup") as f:
-                lines = [line.rstrip("\n").split(":", 2) for line in f]
+            own = own_paths(v, fs) if v else {}
         except OSError:
             return None
-        for hierarchy, controllers, path in lines:
-            if v == 2 and hierarchy == "0" and not controllers:
-                return cls(fs / path.lstrip("/") / "cgroup.procs")
-            if v == 1 and "freezer" in controllers.split(","):
-                return cls(fs / "freezer" / path.lstrip("/") / "cgroup.procs")
-        return None
+        path = own.get("unified" if v == 2 else "freezer")
+        return cls(path / "cgroup.procs") if path is not None else None
 
     def poke(self) -> None:
         """Asks for one move soon; returns at once (pokes while one is under way become one more)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..cgroups import DEFAULT_FS, Cgroup
+from ..cgroups import DEFAULT_FS, Cgroup, own_paths
 
 PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
@@ -37,15 +37,7 @@ def clear_ambient() -> None:
 
 def own_cgroup(like: Cgroup, fs: Path = DEFAULT_FS) -> Cgroup:
     """The calling process's own cgroup directories, for each controller that `like` has."""
-    found: dict[str, Path] = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
-            rel = path.lstrip("/")
-            if like.version == 2 and hierarchy == "0" and not controllers:
-                found["unified"] = fs / rel
-            for c in controllers.split(",") if like.version == 1 else ():
-                found[c] = fs / c / rel
+    found = own_paths(like.version, fs)
     missing = set(like.paths) - set(found)
     if missing:
         raise OSError(f"this process is in no cgroup of {', '.join(sorted(missing))}")
