@@ -349,15 +349,22 @@ async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], 
     api.log(f"{synced} of {n} re-synchronised")
 
 
-def profile(args: argparse.Namespace, cs: list[Coordinator], n: int) -> list[subprocess.Popen[bytes]]:
+def profile(args: argparse.Namespace, cs: list[Coordinator], n: int, tail: str = "") -> list[subprocess.Popen[bytes]]:
     """With --py-spy DIR: one `py-spy record --gil` per coordinator, sampling from now until stopped."""
     if not args.py_spy:
         return []
     folder = Path(args.py_spy)
     folder.mkdir(parents=True, exist_ok=True)
     return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", "50", "--nonblocking",
-                              "-p", str(c.proc.pid), "-o", str(folder / f"fleet-{n}-r{i}.txt")],
+                              "-p", str(c.proc.pid), "-o", str(folder / f"fleet-{n}-r{i}{tail}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, c in enumerate(cs)]
+
+
+def unprofile(spies: list[subprocess.Popen[bytes]]) -> None:
+    for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
+        spy.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(30)
 
 
 async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, out: dict[str, Any]) -> None:
@@ -374,10 +381,7 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
         status, ok = fleet.wait("drain", lambda s: s["ended"] - ended0 >= len(created), args.drain_timeout)
         drained = time.monotonic() - t0
     finally:
-        for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
-            spy.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                spy.wait(30)
+        unprofile(spies)
     first: dict[str, float] = {}
     attempts = 0
     for job, t in (job_t for per in fleet.ask("receipts") for job_t in per):
@@ -398,7 +402,11 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
     if ok:
         api.log("steady state after the drain")
         out["settle_after"] = steady(cs, 120)
-        out["after"] = measure_steady(args, cs, fleet)
+        spies = profile(args, cs, out["n"], "-after")  # what the drained coordinator still does
+        try:
+            out["after"] = measure_steady(args, cs, fleet)
+        finally:
+            unprofile(spies)
     else:
         api.log(f"the burst did not drain in {args.drain_timeout:g}s: no steady state after it")
 
@@ -457,7 +465,8 @@ def main() -> None:
                     help="skip the reconnect storm (and its long attempts): only enrolment, CPU and the burst")
     ap.add_argument("--py-spy", metavar="DIR", default=None,
                     help="record each coordinator's stacks with `py-spy record --gil` during the burst into "
-                         "DIR/fleet-<agents>-r<i>.txt (collapsed stacks; needs py-spy on PATH and ptrace rights)")
+                         "DIR/fleet-<agents>-r<i>.txt and during the steady state after it into "
+                         "DIR/fleet-<agents>-r<i>-after.txt (collapsed stacks; needs py-spy on PATH and ptrace rights)")
     record.add_flags(ap)
     args = ap.parse_args()
     args.tiny = args.tiny or args.quick
