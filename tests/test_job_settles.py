@@ -3,7 +3,9 @@ controller may skip the reconcile those writes set off (ADR 0071). Checked on th
 tests/test_job_controller.py (decide and the executor's own mutations, on a stepped clock): wherever
 `settles` says so, deciding again on what the decision wrote, then or at any later time before its wake-up,
 gives no action and no status; and it says so for the Jobs that end without ever running (a queue
-timeout, a cancel), which is what a Sweep's unplaceable cells do."""
+timeout, a cancel), which is what a Sweep's unplaceable cells do. The same walk checks `job.quiet` (ADR 0086):
+wherever a decision changed nothing, deciding again on the same Job and attempts, then or later before its
+wake-up, changes nothing either, which is what lets a resync skip it."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodus.coordinator.controllers.attempts import AttemptPhase
-from nodus.coordinator.controllers.job import AttemptView, Decision, JobView, decide, settles
+from nodus.coordinator.controllers.job import AttemptView, Decision, JobView, decide, quiet, settles
 from test_job_controller import World
 
 P = AttemptPhase
@@ -28,6 +30,11 @@ def _step_and_check(w: World, later: float) -> bool:
     wake-up) and check that nothing changes. Whether it settled."""
     view, attempts, prev = _inputs(w)
     d = w.step()
+    if quiet(view, attempts, d):  # ADR 0086: the same inputs decide the same nothing until the wake-up
+        now = w.clock.now()
+        for at in (now, now + later * ((d.wake_at or now + 86400) - now)):
+            again = decide(*_inputs(w)[:2], at, prev=w.status)
+            assert not again.actions and again.status is None, f"a quiet decision moved at +{at - now:.3f}s: {again}"
     if not settles(view, attempts, d, prev):
         return False
     assert w.job is not None, "a decision that deletes the Job does not settle"

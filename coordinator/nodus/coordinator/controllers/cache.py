@@ -247,6 +247,10 @@ class Cache:
         """Each of the Job's attempts' key → the revision held (no view built): what a decision reads of them."""
         return {k: self._revisions[k] for k in self._by_job.get((project, job), ()) if k in self._revisions}
 
+    def attempt_owners(self) -> list[tuple[str, str]]:
+        """(project, job name) of every Job that has an attempt in the cache (the Job itself may be gone)."""
+        return [owner for owner, keys in self._by_job.items() if keys]
+
     def attempts(self) -> list[dict[str, Any]]:
         return list(self._kinds[ATTEMPTS].values())
 

@@ -4,7 +4,8 @@ Each change of a Job or an Attempt queues its Job; a worker writes the Events no
 create under its derived name, so a restart (which loads the names already stored) or a retry writes
 none twice. An Attempt whose every Event was written at its current resourceVersion is not looked at
 again until it changes: a Job of many indexes costs each change one Attempt's Events, not every
-Attempt's (bench/startup.py's indexes/s). Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
+Attempt's (bench/startup.py's indexes/s). The same holds for the Job itself, so the resync passes over a
+Job whose Events were all written at its and its attempts' current revisions without looking at it (ADR 0086). Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
 """
 from __future__ import annotations
 
@@ -42,9 +43,15 @@ class EventRecorder:
         self._written: dict[str, float] = {}
         """The key of every stored Event and when it happened (its TTL counts from then)."""
         self._done: dict[str, int] = {}
-        """Attempt key → the revision (resourceVersion) at which every Event it implies was written (or had expired)."""
-        cache.listen(JOBS, lambda key, old, new: self.queue.add(key))
+        """Job or Attempt key → the revision (resourceVersion) at which every Event it implies was written (or
+        had expired)."""
+        cache.listen(JOBS, self._on_job)
         cache.listen(ATTEMPTS, self._on_attempt)
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is None:
+            self._done.pop(key, None)
+        self.queue.add(key)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
@@ -71,15 +78,29 @@ class EventRecorder:
             self._written[rec.key] = parse(obj.get("lastTimestamp")) or self.clock.now()
 
     def resync(self) -> None:
+        """Queues every Job with an Event not written at its or an attempt's current revision: a Job written
+        out costs a comparison of revisions."""
         for key, _ in self.cache.under(JOBS):
-            self.queue.add(key)
+            if not self._written_out(key):
+                self.queue.add(key)
+
+    def _written_out(self, key: str) -> bool:
+        """Whether every Event of the Job at `key` and of its attempts was written at their current revisions."""
+        version = self.cache.revision(key)
+        if version is None or self._done.get(key) != version:
+            return False
+        project, name = key[len(JOBS):].split("/", 1)
+        return all(self._done.get(akey) == v for akey, v in self.cache.attempt_revisions(project, name).items())
 
     async def reconcile(self, key: str) -> None:
         job = self.cache.get(key)
-        if job is None:
+        if job is None or self._written_out(key):
             return
         project, name = key[len(JOBS):].split("/", 1)
+        version = self.cache.revision(key)
         await self._write(project, job, events.of_job(job))
+        if version is not None:
+            self._done[key] = version
         for attempt in sorted(self.cache.attempts_of(project, name), key=lambda a: a["metadata"]["name"]):
             akey = attempt_key(project, attempt["metadata"]["name"])
             version = self.cache.revision(akey)

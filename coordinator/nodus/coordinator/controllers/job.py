@@ -341,6 +341,18 @@ def settles(job: JobView, attempts: Sequence[AttemptView], decision: Decision, p
         and stopped <= {a.name for a in attempts if not a.phase.terminal}
 
 
+def quiet(job: JobView, attempts: Sequence[AttemptView], decision: Decision) -> bool:
+    """Whether `decision` changes nothing (no action, no status) of a Job whose decision read nothing but the
+    Job, its attempts and the time: then deciding again on the same revisions before its wake-up gives the
+    same nothing, and a resync may skip it (ADR 0086). Left out: gangs (decide_gang), Jobs with `output`
+    inputs (their producers are other Jobs) and a Checkpointed Job on the `auto` cadence with a checkpoint
+    (status.checkpoint.interval reads its offering's MTBI, which other Jobs' attempts move)."""
+    if decision.actions or decision.status is not None or job.gang or job.output_inputs:
+        return False
+    return not (job.continuity == "Checkpointed" and job.checkpoint_interval == "auto"
+                and any(a.checkpoints or a.restored_from_seq for a in attempts))
+
+
 def _wanted(mine: list[AttemptView], live: list[AttemptView], succeeded: set[int], completions: int,
             parallelism: int) -> list[CreateAttempt]:
     """The attempts to create now: the lowest indexes neither succeeded nor live, up to parallelism."""

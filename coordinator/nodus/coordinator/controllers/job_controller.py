@@ -22,7 +22,8 @@ from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
-from .job import Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide, settles
+from .job import (Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide, quiet,
+                  settles)
 from .objects import Objects, new_uid
 from .views import AttemptView, JobView, Producer, topology
 from .workqueue import WorkQueue, run_workers
@@ -131,7 +132,9 @@ def _deletable(obj: dict[str, Any]) -> bool:
 @dataclass(frozen=True, slots=True)
 class Settled:
     """The revisions a reconcile's own writes left a Job and its attempts at, where `job.settles` shows that
-    deciding again on them changes nothing: a reconcile that finds exactly these before `wake_at` is skipped."""
+    deciding again on them changes nothing (ADR 0071), or the revisions a decision that changed nothing was
+    made on (`job.quiet`, ADR 0086): a reconcile or a resync that finds exactly these before `wake_at` skips
+    the Job."""
 
     job: int
     attempts: Mapping[str, int]
@@ -189,20 +192,34 @@ class JobController:
                           resync_seconds=RESYNC_SECONDS, log=log, name="job-controller")
 
     def resync(self) -> None:
+        """Queues every Job whose inputs moved since its settled decision (or that has none recorded), its
+        wake-up come, and the owner of every attempt whose Job is gone: a settled finished Job costs a
+        comparison of revisions, not a decision (ADR 0086)."""
+        now = self.clock.now()
         for key, _ in self.cache.under(JOBS):
-            self.queue.add(key)
-        for attempt in self.cache.attempts():
-            self.queue.add(job_key(*owner_of(attempt)))
+            if not self._still_settled(key, now):
+                self.queue.add(key)
+        for project, job in self.cache.attempt_owners():
+            key = job_key(project, job)
+            if self.cache.revision(key) is None:  # an orphan's: the loop above queued every other
+                self.queue.add(key)
+
+    def _still_settled(self, key: str, now: float) -> bool:
+        """Whether the Job at `key` and its attempts are at the revisions of its settled record, before its wake-up."""
+        settled = self._settled.get(key)
+        if settled is None or settled.job != self.cache.revision(key) or \
+                (settled.wake_at is not None and now >= settled.wake_at):
+            return False
+        project, _, name = key[len(JOBS):].partition("/")
+        return settled.attempts == self.cache.attempt_revisions(project, name)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
         now = self.clock.now()
-        revisions = self.cache.attempt_revisions(project, name)
-        settled = self._settled.pop(key, None)
-        if settled is not None and settled.job == self.cache.revision(key) and settled.attempts == revisions \
-                and (settled.wake_at is None or now < settled.wake_at):
-            self._settled[key] = settled  # the state its last decision wrote, which it changes nothing of
-            return
+        if self._still_settled(key, now):
+            return  # the state its last decision wrote, or decided on, which it changes nothing of
+        self._settled.pop(key, None)
+        revision, revisions = self.cache.revision(key), self.cache.attempt_revisions(project, name)
         view = self.cache.job_view(project, name)
         # The stored Job too: new attempts copy its spec, and the status write is compared on its version.
         job = self.cache.job(project, name)
@@ -232,7 +249,11 @@ class JobController:
             self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
             return
         ended = {k: rv for k, rv in stopped.items() if rv is not None}
-        if len(ended) == len(stopped) and settles(view, attempts, decision, prev):
+        if quiet(view, attempts, decision):
+            # Nothing written: the same revisions decide the same nothing until the wake-up (ADR 0086).
+            assert revision is not None  # the Job is in the cache: `job` is
+            self._settled[key] = Settled(revision, revisions, decision.wake_at)
+        elif len(ended) == len(stopped) and settles(view, attempts, decision, prev):
             # What its own writes set off would change nothing (job.settles): skipped while nothing else moves.
             self._settled[key] = Settled(int(written["metadata"]["resourceVersion"]), {**revisions, **ended},
                                          decision.wake_at)
