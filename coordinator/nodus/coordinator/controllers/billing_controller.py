@@ -49,6 +49,9 @@ class BillingController:
         self.workers = workers
         self._priced: set[str] = set()
         """Job keys with an attempt on priced capacity: only these (and Jobs showing a cost) have money work."""
+        self._final: dict[str, tuple[int | None, dict[str, int]]] = {}
+        """Job key → the revisions of the Job and its attempts at which its bill was final and the pass changed
+        nothing: the resync skips it while they hold (ADR 0086)."""
         self.cache.listen(JOBS, self._on_job)
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(SWEEPS, self._on_sweep)  # its shared cap is each cell's: a raise lifts them
@@ -66,6 +69,7 @@ class BillingController:
             self.queue.add(key)
         if new is None:
             self._priced.discard(key)
+            self._final.pop(key, None)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
@@ -82,11 +86,20 @@ class BillingController:
 
     def resync(self) -> None:
         for key, job in self.cache.under(JOBS):
-            if key in self._priced or "cost" in (job.get("status") or {}):
+            if (key in self._priced or "cost" in (job.get("status") or {})) and not self._still_final(key):
                 self.queue.add(key)
+
+    def _revisions(self, key: str) -> tuple[int | None, dict[str, int]]:
+        project, _, name = key[len(JOBS):].partition("/")
+        return self.cache.revision(key), self.cache.attempt_revisions(project, name)
+
+    def _still_final(self, key: str) -> bool:
+        return self._final.get(key) == self._revisions(key)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
+        self._final.pop(key, None)
+        revisions = self._revisions(key)
         view = self.cache.job_view(project, name)
         attempts = self.cache.attempt_views_of(project, name)
         # Attempts of a Job deleted (or recreated under its name) are charged to the uid they ran for.
@@ -95,16 +108,24 @@ class BillingController:
                                                        .get("status", {})):
             uids.add(view.uid)
         wake: list[float] = []
+        settled = True
         for uid in sorted(uids):
             mine = [a for a in attempts if a.job_uid == uid]
             job = view if view is not None and view.uid == uid and not view.deleting else None
-            decision = await self._settle(project, uid, job, mine)
+            decision, quiet = await self._settle(project, uid, job, mine)
+            settled = settled and quiet
             if decision.wake_at is not None:
                 wake.append(decision.wake_at)
         if wake:
             self.queue.add_after(key, min(min(wake) - self.clock.now(), MAX_WAIT_S))
+        elif settled and uids:
+            self._final[key] = revisions
 
-    async def _settle(self, project: str, uid: str, job: JobView | None, mine: list[AttemptView]) -> BillingDecision:
+    async def _settle(self, project: str, uid: str, job: JobView | None,
+                      mine: list[AttemptView]) -> tuple[BillingDecision, bool]:
+        """The uid's bill decided, posted and shown; and whether it is final and this pass changed nothing
+        where only its Job's and attempts' revisions could change it again (no posting, no storage
+        accruing, no stop for money, nothing written): then the resync may skip it (ADR 0086)."""
         now = self.clock.now()
         allocations = billing_allocations(mine, self._warm_until)
         stopped = Stop(job.money_stop[0]) if job is not None and job.money_stop is not None \
@@ -119,6 +140,7 @@ class BillingController:
         postings = await self.ledger.postings(project, owner=uid)
         decision = decide_billing(bill, accounts, postings, now)
         verdict = decision.verdict
+        quiet = decision.final and not decision.posts and stopped is Stop.NONE and verdict.stop is Stop.NONE
         if decision.posts:
             guard = await self.budgets.guard(project, self.fleet.labels_of(project), labels or {},
                                              f"the renewal of Job {job.name if job is not None else uid}'s hold") \
@@ -128,6 +150,8 @@ class BillingController:
             postings = await self.ledger.postings(project, owner=uid)
         if job is not None and stored is not None:
             storing, wake = await self._storage(project, uid, stored, postings, now)
+            billed = ((stored.get("status") or {}).get("storage") or {}).get("billedBytes")
+            quiet = quiet and not storing and wake is None and not billed  # a price book change could bill it
             if storing or wake is not None:
                 accounts = await self.ledger.accounts(project)
                 postings = await self.ledger.postings(project, owner=uid)
@@ -137,8 +161,8 @@ class BillingController:
                                    final=decision.final and wake is None)
         if job is not None:
             cost = Cost.of(accounts, uid, postings, limit=cap, rate=decision.rate, final=decision.final)
-            await self._write(job, cost, verdict, decision, now)
-        return decision
+            quiet = await self._write(job, cost, verdict, decision, now) and quiet
+        return decision, quiet
 
     async def _storage(self, project: str, uid: str, job: dict[str, Any], postings: list[Any],
                        now: float) -> tuple[bool, float | None]:
@@ -204,10 +228,11 @@ class BillingController:
                 return Verdict(Stop.CREDITS, e.message, verdict.funded_until)
         return verdict
 
-    async def _write(self, job: JobView, cost: Cost, verdict: Verdict, decision: BillingDecision, now: float) -> None:
+    async def _write(self, job: JobView, cost: Cost, verdict: Verdict, decision: BillingDecision, now: float) -> bool:
+        """Writes the Job's display of its bill; whether the status shown was already this one."""
         stored = self.cache.job(job.project, job.name)
         if stored is None:
-            return
+            return False
         status = dict(stored.get("status") or {})
         status["cost"] = cost.to_status(now)
         status["cost"].pop("fundedUntilTime", None)  # the decision's, which moves only with a posting
@@ -230,12 +255,13 @@ class BillingController:
             status["conditions"] = [{**c, "observedGeneration": c.get("observedGeneration", job.generation)}
                                     for c in conditions]
         if status == stored.get("status"):
-            return
+            return True
         try:
             written = await self.writer.write_job_status(job.project, stored, status)
         except NodusError as e:
             if e.reason in ("Conflict", "NotFound"):
                 self.queue.add_after(job_key(job.project, job.name), 0.05)
-                return
+                return False
             raise
         self.cache.apply(job_key(job.project, job.name), written, int(written["metadata"]["resourceVersion"]))
+        return False
