@@ -111,20 +111,27 @@ class EventRecorder:
                 self._done[akey] = version
 
     async def _write(self, project: str, job: dict[str, Any], happened: list[events.Happened]) -> None:
+        """Creates the Events not written yet, all at once: one group commit takes them (a Job's burst of
+        Events, written one after the other, kept the recorder minutes behind a burst of Jobs)."""
         now = self.clock.now()
+        todo: dict[str, float] = {}
+        bodies = []
         for h in happened:
             ekey = event_key(project, events.event_name(job, h))
-            if ekey in self._written:
-                continue
             at = parse(h.time) or now
-            if at + self.ttl <= now:
+            if ekey in self._written or ekey in todo or at + self.ttl <= now:
                 continue
-            try:
-                await self.store.create(ekey, orjson.dumps(events.event(job, h, str(uuid.uuid4()))))
-            except NodusError as e:
-                if e.reason != "AlreadyExists":
-                    raise
-            self._written[ekey] = at
+            todo[ekey] = at
+            bodies.append(self._create(ekey, orjson.dumps(events.event(job, h, str(uuid.uuid4())))))
+        await asyncio.gather(*bodies)
+        self._written.update(todo)
+
+    async def _create(self, key: str, value: bytes) -> None:
+        try:
+            await self.store.create(key, value)
+        except NodusError as e:
+            if e.reason != "AlreadyExists":
+                raise
 
     async def sweep(self) -> int:
         """Deletes the Events older than the TTL; returns how many."""
