@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store import Event, EventType, Record, SqliteStore, Store, prefix_end
-from nodus.coordinator.store.postgres import PostgresStore
+from nodus.coordinator.store.postgres import PostgresStore, _Wakeup
 from postgres import PostgresCluster, postgres_cluster  # noqa: F401 - the session fixture
 
 T = TypeVar("T")
@@ -631,6 +631,42 @@ def test_postgres_notify_wakes_a_watcher_in_another_process_before_its_poll(pg: 
         await watcher.close()
         await writer.close()
     run(body, deadline=20)
+
+
+def test_postgres_notify_wakes_only_the_watches_of_the_segments_written(pg: Backend) -> None:
+    """A commit's NOTIFY names the top segments of its keys (ADR 0087): another store's watch of "jobs/" is
+    woken by a write under "jobs/" before its poll, and one under "_leases/" alone sends it no read."""
+    async def body() -> None:
+        writer = await pg.open()
+        watcher = await pg.open(poll_interval=3600)
+        jobs, leases = watcher.watch("jobs/p/", 0), watcher.watch("_leases/", 0)
+        await writer.create("jobs/p/first", b"")
+        assert (await anext(jobs)).key == "jobs/p/first"
+        await writer.create("_leases/n1", b"")
+        assert (await anext(leases)).key == "_leases/n1"
+        wakeup = watcher._wakeup.current("jobs/p/")  # what the jobs watch waits on now
+        await writer.create("_leases/n2", b"")
+        assert (await anext(leases)).key == "_leases/n2"
+        assert not wakeup.is_set(), "a lease write woke the watch of jobs"
+        await writer.create("jobs/p/k", b"v")
+        assert (await anext(jobs)).key == "jobs/p/k"
+        for events in (jobs, leases):
+            await events.aclose()
+        await watcher.close()
+        await writer.close()
+    run(body, deadline=20)
+
+
+def test_a_wakeup_fires_the_segments_named_those_without_one_and_everything_when_none_is_named() -> None:
+    async def body() -> None:
+        wakeup = _Wakeup()
+        jobs, leases, everything = wakeup.current("jobs/p/"), wakeup.current("_leases/"), wakeup.current("")
+        wakeup.fire(["_leases/"])
+        assert (jobs.is_set(), leases.is_set(), everything.is_set()) == (False, True, True)
+        assert wakeup.current("jobs/") is jobs and wakeup.current("_leases/") is not leases
+        wakeup.fire(None)
+        assert jobs.is_set()
+    asyncio.run(body())
 
 
 def test_postgres_migrations_run_once_under_concurrent_starts(pg: Backend) -> None:

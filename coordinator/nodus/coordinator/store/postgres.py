@@ -9,7 +9,9 @@ a gap that later fills (no gap rows, unlike kine).
 Watch: the watcher reads `log` after its cursor, then waits for a wake-up and reads again. A commit
 in this process wakes it at once; a commit elsewhere wakes it through LISTEN/NOTIFY; and a poll
 every `poll_interval` seconds wakes it regardless, so correctness never depends on a notification
-arriving. Reads run on an async pool, each in one REPEATABLE READ snapshot.
+arriving. A commit wakes only the watches whose prefix's first segment ("jobs/" of "jobs/p/") one of
+its keys has (the NOTIFY names them): a heartbeat's lease write does not send every other watch to
+read the log (ADR 0087). Reads run on an async pool, each in one REPEATABLE READ snapshot.
 
 Leases and fencing (docs/adr/0043-leader-lease-and-fencing.md): a lease is a row of `lease`, claimed
 and renewed in its own short transaction on the database's clock. A batch holding fenced writes
@@ -37,7 +39,7 @@ from nodus.coordinator.store.pg_schema import migrate
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, check_revision, expired, key_range
 
 CHANNEL = "nodus_store"
-"""The NOTIFY channel a commit signals on; the payload is the new head revision."""
+"""The NOTIFY channel a commit signals on; the payload names the top segments of the keys it wrote."""
 
 _TYPES = {_PUT: EventType.PUT, _DELETE: EventType.DELETE}
 _LOG_COLUMNS = "revision, key, type, value, prev_value, create_revision"
@@ -46,18 +48,28 @@ _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 Conn = psycopg.AsyncConnection[Any]
 
 
+def top(key: str) -> str:
+    """A key's or a prefix's first segment with its slash ("jobs/" of "jobs/p/x"); "" for one without a slash
+    (a watch of such a prefix is woken by every commit)."""
+    cut = key.find("/")
+    return key[:cut + 1] if cut >= 0 else ""
+
+
 class _Wakeup:
-    """Wakes every watcher waiting on the current generation; take `current()` before reading."""
+    """Wakes the watchers waiting on the current generation of a top segment; take `current()` before reading."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._events: dict[str, asyncio.Event] = {}
 
-    def current(self) -> asyncio.Event:
-        return self._event
+    def current(self, prefix: str) -> asyncio.Event:
+        return self._events.setdefault(top(prefix), asyncio.Event())
 
-    def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+    def fire(self, tops: Sequence[str] | None = None) -> None:
+        """Wakes the watches of these top segments and those of prefixes without one; None: every watch."""
+        for name in list(self._events) if tops is None else {*tops, ""}:
+            event = self._events.pop(name, None)
+            if event is not None:
+                event.set()
 
 
 def _event(row: Sequence[Any]) -> Event:
@@ -204,7 +216,7 @@ class PostgresStore(QueuedWriteStore):
         self._watches += 1
         try:
             while not self._closed:
-                wakeup = self._wakeup.current()
+                wakeup = self._wakeup.current(prefix)
                 try:
                     events, head = await self._read_log(prefix, cursor, self.LOG_PAGE)
                 except NodusError:
@@ -328,8 +340,8 @@ class PostgresStore(QueuedWriteStore):
             conn = self._listener
             if conn is not None:
                 with contextlib.suppress(psycopg.Error):
-                    async for _ in conn.notifies():
-                        self._wakeup.fire()
+                    async for note in conn.notifies():
+                        self._wakeup.fire(note.payload.split() or None)  # an older replica names no segment
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
                 self._listener = None
@@ -380,6 +392,7 @@ class PostgresStore(QueuedWriteStore):
         connection turned out dropped before the batch wrote anything."""
         outcomes: list[tuple[asyncio.Future[Record], Record | None, NodusError | None]] = []
         locked = False
+        tops: list[str] = []
         try:
             async with conn.transaction():
                 cursor = await conn.execute("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
@@ -403,7 +416,8 @@ class PostgresStore(QueuedWriteStore):
                         if batch.upserts:
                             await many.executemany(_UPSERT_KV, batch.upserts)
                     await conn.execute("UPDATE meta SET value = %s WHERE name = 'revision'", (revision,))
-                    await conn.execute(f"NOTIFY {CHANNEL}")
+                    tops = sorted({top(key) for key in keys})
+                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, " ".join(tops)))
         except psycopg.Error as exc:
             if retry and not locked and conn.broken:
                 return False
@@ -411,7 +425,7 @@ class PostgresStore(QueuedWriteStore):
             outcomes = [(op.future, None, failure) for op in writes]
         else:
             self._head = max(self._head, revision)
-            self._wakeup.fire()
+            self._wakeup.fire(tops)
         _resolve(outcomes)
         return True
 
