@@ -138,3 +138,21 @@ def test_the_event_recorder_resync_passes_over_jobs_written_out(tmp_path: Path, 
         assert len((await h.store.list("events/")).records) > written
         assert job_key(PROJECT, "b") in recorder._done
     _run(tmp_path, monkeypatch, body)
+
+
+def test_a_nodes_live_attempts_leave_out_its_finished_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an agent's stream diffs and its checkpoint cadence walks on every change and tick: the node's
+    unfinished attempts, not every attempt it ever ran (`Cache.live_attempts_on`)."""
+    async def body(h: JobHarness) -> None:
+        await _finished(h, "done")
+        await h.create_job("running", **SPEC)
+        await h.drain()
+        [attempt] = h.attempts("running")
+        await h.run_to(attempt, P.RUNNING)
+        await h.caught_up()
+        assert sorted(a["metadata"]["name"] for a in h.cache.attempts_on("n1")) == sorted(h.attempts("done") + [attempt])
+        assert [a["metadata"]["name"] for a in h.cache.live_attempts_on("n1")] == [attempt]
+        await h.run_to(attempt, P.SUCCEEDED, exit_code=0)
+        await h.caught_up()
+        assert h.cache.live_attempts_on("n1") == []
+    _run(tmp_path, monkeypatch, body)

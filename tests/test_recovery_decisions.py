@@ -318,6 +318,9 @@ class FakeCache:
     def attempts_on(self, node: str) -> list[dict[str, Any]]:
         return [a for a in self.w.attempts.values() if a["spec"].get("node") == node]
 
+    def live_attempts_on(self, node: str) -> list[dict[str, Any]]:
+        return [a for a in self.attempts_on(node) if not AttemptPhase.parse(a["status"].get("phase")).terminal]
+
     def job(self, project: str, name: str) -> dict[str, Any] | None:
         return self.w.job
 

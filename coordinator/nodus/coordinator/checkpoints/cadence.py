@@ -57,7 +57,10 @@ def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int
     """Periodic and requested CheckpointRequests due on `node` now. `asked` (attempt id → (seq, when)) is the
     stream's memory of what it asked, so a request is repeated only when its checkpoint never came."""
     out = []
-    for attempt in cache.attempts_on(node):
+    live = cache.live_attempts_on(node)  # a node's finished attempts only grow: they ask for nothing
+    for gone in asked.keys() - {a["spec"]["id"] for a in live}:
+        del asked[gone]
+    for attempt in live:
         spec = attempt["spec"]
         if phase_of(attempt).terminal or spec.get("stop"):
             asked.pop(spec["id"], None)

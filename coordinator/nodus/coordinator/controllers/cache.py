@@ -23,6 +23,7 @@ import orjson
 
 from ..errors import NodusError
 from ..store.base import EventType, Store
+from .attempt_machine import phase_of
 from .views import AttemptView, JobView
 from ..stopping import cancel_and_wait
 
@@ -69,6 +70,9 @@ class Cache:
         self._tombstones: dict[str, int] = {}
         self._by_job: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._by_node: dict[str, set[str]] = defaultdict(set)
+        self._live_by_node: dict[str, set[str]] = defaultdict(set)
+        """The node's attempts whose phase has not ended: what its stream and cadence look at (a node's
+        finished attempts only grow)."""
         self._by_id: dict[str, str] = {}
         self._job_views: dict[str, tuple[int, JobView]] = {}
         self._attempt_views: dict[str, tuple[int, AttemptView]] = {}
@@ -181,12 +185,19 @@ class Cache:
             node = (old.get("spec") or {}).get("node")
             if node:
                 self._by_node[node].discard(key)
+                live = self._live_by_node.get(node)
+                if live is not None:
+                    live.discard(key)
+                    if not live:
+                        del self._live_by_node[node]
             self._by_id.pop((old.get("spec") or {}).get("id", ""), None)
         if new is not None:
             self._by_job[owner_of(new)].add(key)
             spec = new.get("spec") or {}
             if spec.get("node"):
                 self._by_node[spec["node"]].add(key)
+                if not phase_of(new).terminal:
+                    self._live_by_node[spec["node"]].add(key)
             if spec.get("id"):
                 self._by_id[spec["id"]] = key
 
@@ -213,6 +224,10 @@ class Cache:
 
     def attempts_on(self, node: str) -> list[dict[str, Any]]:
         return self._values(self._by_node.get(node, ()))
+
+    def live_attempts_on(self, node: str) -> list[dict[str, Any]]:
+        """The node's attempts whose phase has not ended, as `attempts_on` orders them."""
+        return self._values(self._live_by_node.get(node, ()))
 
     def attempt_by_id(self, attempt_id: str) -> dict[str, Any] | None:
         key = self._by_id.get(attempt_id)

@@ -60,10 +60,9 @@ class GpuWarnings:
             self.queue.add(key)
 
     def _queue_node(self, node: str) -> None:
-        for attempt in self.cache.attempts_on(node):
-            if not phase_of(attempt).terminal:
-                meta = attempt["metadata"]
-                self.queue.add(attempt_key(meta.get("namespace", ""), meta["name"]))
+        for attempt in self.cache.live_attempts_on(node):  # not the node's history: a resync costs its live ones
+            meta = attempt["metadata"]
+            self.queue.add(attempt_key(meta.get("namespace", ""), meta["name"]))
 
     def resync(self) -> None:
         for key, _ in self.cache.under(LEASES):
