@@ -94,7 +94,7 @@ def test_where_a_decision_settles_deciding_again_on_its_own_writes_changes_nothi
 
 def test_a_job_that_ends_without_running_settles_and_one_that_ran_does_not() -> None:
     w = World(placement={"queueTimeout": "1ms"})
-    assert not _step_and_check(w, 0.5), "the first decision creates an attempt: it does not end the Job"
+    assert _step_and_check(w, 0.5), "the first decision creates an attempt and writes Queued: it settles"
     w.clock.advance(0.002)
     assert _step_and_check(w, 0.5), "a queue timeout ends the Job and stops its unplaced attempt"
     assert w.status["phase"] == "Failed" and w.status["reason"] == "CapacityUnavailable"
@@ -117,3 +117,18 @@ def test_a_job_that_ends_without_running_settles_and_one_that_ran_does_not() -> 
     w.attempts["train-0-1"]["status"]["warnings"] = [{"code": "GpuUnhealthy", "message": "GPU 0: Xid 79"}]
     w.clock.advance(0.002)
     assert not _step_and_check(w, 0.5), "a stopped attempt's warning leaves the GPU condition to change"
+
+
+def test_a_queued_job_settles_until_an_attempt_is_placed() -> None:
+    """The Queued class (ADR 0084): a new Job's first decision, and the one after placement's explain, settle;
+    what an agent or placement changes is decided again, and a placed attempt leaves the class."""
+    w = World(completions=2, parallelism=2, placement={"queueTimeout": "10m"})
+    d = w.step()
+    assert len(d.actions) == 2 and d.wake_at is not None, "the new attempts' queue timeout is a wake-up"
+    w = World(completions=2, parallelism=2, placement={"queueTimeout": "10m"})
+    assert _step_and_check(w, 0.999), "created and Queued: deciding again before the queue timeout changes nothing"
+    w.attempts["train-0-1"]["status"]["placement"] = {"explain": "no node fits"}
+    assert _step_and_check(w, 0.999), "the explain's message is written once"
+    assert w.status["message"] == "waiting for capacity: no node fits"
+    w.place("train-1-1")
+    assert not _step_and_check(w, 0.5), "a placed attempt: Provisioning, outside the class"

@@ -256,6 +256,8 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             wake.append(timeout_start + timeout + suspended_for)
         if queue_timeout:
             wake.extend(a.created + queue_timeout for a in live if not a.placed and a.created is not None)
+            if creates:  # and the attempts it creates, stamped with `now` as new_attempt stamps them
+                wake.append((parse(rfc3339(now)) or now) + queue_timeout)
 
     # -- the derived status fields ----------------------------------------------------------------
     if state is not JobState.SUSPENDED:
@@ -324,11 +326,13 @@ def settles(job: JobView, attempts: Sequence[AttemptView], decision: Decision, p
     same completionTime. Gangs (decide_gang), Jobs with `output` inputs (producers change on their own)
     and a decision that resumes the Job as it ends it (its suspendedDuration goes through a duration
     string and back) are left out; `prev` is the status it was decided over."""
-    if job.gang or job.output_inputs or decision.status is None:
+    if job.gang or job.output_inputs:
         return False
-    if decision.status.get("suspendedDuration") != prev.get("suspendedDuration"):
+    if decision.status is not None and decision.status.get("suspendedDuration") != prev.get("suspendedDuration"):
         return False
-    if not JobPhase.parse(decision.status.get("phase")).terminal:
+    if JobPhase.parse((prev if decision.status is None else decision.status).get("phase")) is JobPhase.QUEUED:
+        return _settles_queued(job, attempts, decision)
+    if decision.status is None or not JobPhase.parse(decision.status.get("phase")).terminal:
         return False
     stopped = set()
     for action in decision.actions:
@@ -351,6 +355,23 @@ def quiet(job: JobView, attempts: Sequence[AttemptView], decision: Decision) -> 
         return False
     return not (job.continuity == "Checkpointed" and job.checkpoint_interval == "auto"
                 and any(a.checkpoints or a.restored_from_seq for a in attempts))
+
+
+def _settles_queued(job: JobView, attempts: Sequence[AttemptView], decision: Decision) -> bool:
+    """The Queued class of `settles`: every attempt of the Job is Pending and was never placed (no stop,
+    no warning, no offering, nothing an agent reports), the Job is not resuming, and the decision only
+    creates attempts. Decided again with those attempts (Pending, unplaced, without an explain), `_wanted`
+    wants nothing more, the phase is Queued again, the message names the same first explain (new attempts
+    have none), the counts took `creates` in already, and the queue timeouts are in `wake_at` (decide adds
+    the new attempts'). What placement writes next (an explain) is another writer's change: decided again."""
+    if job.state is not JobState.RUNNING or any(c.get("type") == "Suspended" and c.get("status") == "True"
+                                                for c in job.conditions):
+        return False
+    if not all(isinstance(a, CreateAttempt) for a in decision.actions):
+        return False
+    return all(a.job_uid == job.uid and a.phase is AttemptPhase.PENDING and not a.placed and not a.offering
+               and not a.stop_requested and not a.warnings and not a.checkpoints and not a.restored_from_seq
+               for a in attempts)
 
 
 def _wanted(mine: list[AttemptView], live: list[AttemptView], succeeded: set[int], completions: int,

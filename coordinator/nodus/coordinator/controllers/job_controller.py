@@ -248,7 +248,7 @@ class JobController:
         if written is None:
             self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
             return
-        ended = {k: rv for k, rv in stopped.items() if rv is not None}
+        ended = {k: rv for k, rv in stopped.items() if rv is not None}  # stopped and created attempts' revisions
         if quiet(view, attempts, decision):
             # Nothing written: the same revisions decide the same nothing until the wake-up (ADR 0086).
             assert revision is not None  # the Job is in the cache: `job` is
@@ -304,8 +304,9 @@ class JobController:
         """Performs the actions; `job` is the stored Job new attempts are made from, `topo` the gang's
         resolved topology (the view's) its members' variables come from, `decided` the attempts' revisions
         the actions were decided from. Returns each stopped attempt's key → the revision its stop wrote when
-        that stop ended it on the revision decided from (None otherwise: something else wrote it between)."""
-        creates = []
+        that stop ended it on the revision decided from (None otherwise: something else wrote it between), and
+        each created attempt's key → its revision (None: it existed already)."""
+        creates: list[Any] = []
         stopped: dict[str, int | None] = {}
         for action in actions:
             if isinstance(action, StopAttempt):
@@ -316,14 +317,18 @@ class JobController:
                 await self.objects.delete(attempt_key(project, action.name), _deletable)
             elif isinstance(action, CreateAttempt) and job is not None:
                 obj = new_attempt(job, action.index, action.number, now)
-                creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
+                creates.append(self._create(attempt_key(project, obj["metadata"]["name"]), obj))
             elif isinstance(action, CreateMember) and job is not None:
                 obj = new_member(job, action, now)
                 obj["spec"]["env"] = gang_env(topo or {}, action)
-                creates.append(self.objects.create(attempt_key(project, obj["metadata"]["name"]), obj))
+                creates.append(self._create(attempt_key(project, obj["metadata"]["name"]), obj))
         if creates:
-            await asyncio.gather(*creates)  # one group commit for a wave of new attempts
+            stopped.update(await asyncio.gather(*creates))  # one group commit for a wave of new attempts
         return stopped
+
+    async def _create(self, key: str, obj: dict[str, Any]) -> tuple[str, int | None]:
+        created = await self.objects.create(key, obj)
+        return key, None if created is None else int(created["metadata"]["resourceVersion"])
 
     async def _stop(self, key: str, mutation: Any, decided: int | None) -> int | None:
         """Stops the attempt at `key`; the revision written when the stop applied to revision `decided` (the
