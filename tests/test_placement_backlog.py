@@ -120,3 +120,44 @@ async def _not_gated(path: Path) -> None:
 
 def test_dry_runs_other_kinds_and_no_controllers_never_wait(tmp_path: Path) -> None:
     asyncio.run(_not_gated(tmp_path))
+
+
+async def _one_per_leave(path: Path) -> None:
+    store = await SqliteStore.open(path / "store.db")
+    cache = Cache(store)
+    backlog = PlacementBacklog(cache, limit=1, patience=5.0, now=Clock())
+    await cache.start()
+    cache.apply("jobs/p/a", job("a"), 1)
+    cache.apply("jobs/p/b", job("b"), 2)  # over the limit (created elsewhere): two leaves to wait for
+    entered: list[str] = []
+
+    async def create(name: str, hold: asyncio.Event) -> None:
+        async with backlog.admitting():
+            entered.append(name)
+            await hold.wait()
+
+    holds = {n: asyncio.Event() for n in "xyz"}
+    waiting = {n: asyncio.create_task(create(n, holds[n])) for n in "xyz"}
+    await _spins()
+    assert not entered and backlog.waited == 3
+    cache.apply("attempts/p/a-0-1", attempt("a", node="n1"), 3)
+    await _spins()
+    assert entered == [], "one Job left but one is still in flight: the first waiter looks and waits again"
+    cache.apply("attempts/p/b-0-1", attempt("b", explain="no node fits"), 4)
+    await _spins()
+    assert entered == ["x"], "a leave wakes the first waiter only"
+    waiting["y"].cancel()  # y was next (its client went away): the next wake goes to z
+    await _spins()
+    cache.apply("jobs/p/x", job("x"), 5)
+    cache.apply("attempts/p/x-0-1", attempt("x", node="n1"), 6)
+    holds["x"].set()
+    await _spins()
+    assert entered == ["x", "z"]
+    holds["z"].set()
+    await asyncio.gather(waiting["x"], waiting["z"])
+    await cache.stop()
+    await store.close()
+
+
+def test_a_decided_job_wakes_one_waiting_create_first_come_first_served(tmp_path: Path) -> None:
+    asyncio.run(_one_per_leave(tmp_path))

@@ -23,6 +23,7 @@ producers). A create never waits longer than `patience`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
@@ -53,7 +54,9 @@ class PlacementBacklog:
         """Job key → when it was admitted (`now()`)."""
         self._admitting = 0
         """Creates let through and not answered yet (their Jobs may not be in the cache yet)."""
-        self._freed = asyncio.Event()
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        """The creates waiting for room, first come first woken: a Job that leaves wakes one of them (one
+        Event woke every waiter on every leave, and each armed a timer again: 5.7 % of the loop in a burst)."""
         self.waited = 0
         """How many creates waited (what the gate costs shows here)."""
         cache.listen(JOBS, self._on_job)
@@ -76,7 +79,7 @@ class PlacementBacklog:
 
     def _leave(self, key: str) -> None:
         if self._flight.pop(key, None) is not None:
-            self._freed.set()
+            self._pass_on()
 
     def _full(self) -> bool:
         if len(self._flight) + self._admitting < self.limit:
@@ -86,6 +89,13 @@ class PlacementBacklog:
             del self._flight[key]
         return len(self._flight) + self._admitting >= self.limit
 
+    def _pass_on(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     @asynccontextmanager
     async def admitting(self) -> AsyncIterator[None]:
         """Around a Job create: waits (at most `patience`) while `limit` Jobs are in flight or being
@@ -93,15 +103,27 @@ class PlacementBacklog:
         if self.limit and self._full():
             self.waited += 1
             deadline = self._now() + self.patience
+            again = False
             while self._full() and (left := deadline - self._now()) > 0:
-                self._freed.clear()
-                try:
+                waiter = asyncio.get_running_loop().create_future()
+                if again:
+                    self._waiting.appendleft(waiter)  # looked and found no room yet: still first in line
+                else:
+                    self._waiting.append(waiter)
+                again = True
+                try:  # a stale Job's slot frees without a leave: look again at least every half second
                     async with asyncio.timeout(min(left, 0.5)):
-                        await self._freed.wait()
+                        await waiter
                 except TimeoutError:
                     pass
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():
+                        self._pass_on()  # woken and then cancelled: the room it was given goes to the next
+                    raise
         self._admitting += 1
         try:
             yield
         finally:
             self._admitting -= 1
+            if self._waiting and not self._full():
+                self._pass_on()  # its Job was decided before its answer (or never came): room for the next
