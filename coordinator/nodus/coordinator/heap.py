@@ -12,12 +12,22 @@ threshold (CPython's 700 allocations) to `HeapSettings.young_threshold`: a coord
 Jobs allocates and frees dicts by the million, and a 10,000-cell Sweep spent a fifth of its CPU in
 ~2,700 collections, 22 of them full ones of the heap it had grown since start-up (ADR 0061).
 `nodus-coordinator --gc-freeze off` leaves the collector as CPython sets it.
+
+After start-up the heap keeps growing (a queue of 10,000 waiting Jobs is millions of tracked objects in the
+cache), and CPython runs a full collection of all of it each time it grew by a quarter, and middle ones of
+everything ten young collections left: 150-540 ms pauses of every request in flight under load (ADR 0084).
+`Refreeze`, installed by `settle`, freezes what each middle or full collection leaves, and the middle
+generation is collected after 2 young collections instead of 10, so no collection scans more than what
+2 x 10,000 allocations left. Cyclic garbage made of frozen objects waits for the next full scan of
+everything, which `Refreeze` asks for (unfreezing) whenever the process's peak RSS has doubled since the last.
 """
 from __future__ import annotations
 
 import enum
 import gc
+import resource
 from dataclasses import dataclass
+from typing import Any, Callable
 
 
 class Freeze(enum.Enum):
@@ -34,13 +44,18 @@ class HeapSettings:
     freeze: Freeze = Freeze.ON
     young_threshold: int = 10_000
     """Allocations (less frees) of tracked objects between two collections of the young generation, set
-    with the freeze (CPython's default is 700; every tenth young collection sweeps the middle one and
-    every tenth of those may be a full one, so this spaces all three)."""
+    with the freeze (CPython's default is 700)."""
+    middle_threshold: int = 2
+    """Young collections between two of the middle generation (CPython's 10): its pause scans what that
+    many young collections left, so it stays near a young one's (ADR 0084)."""
+    refreeze: bool = True
+    """Freeze what each full collection leaves (`Refreeze`)."""
 
     def __post_init__(self) -> None:
-        if self.young_threshold < 1:
-            raise ValueError(f"the young generation's threshold must be at least 1 (got {self.young_threshold}): "
-                             "0 would turn the collector off")
+        for name, value in (("young", self.young_threshold), ("middle", self.middle_threshold)):
+            if value < 1:
+                raise ValueError(f"the {name} generation's threshold must be at least 1 (got {value}): "
+                                 "0 would turn the collector off")
 
     @classmethod
     def of(cls, value: object) -> HeapSettings:
@@ -51,12 +66,59 @@ class HeapSettings:
             raise ValueError(f"--gc-freeze must be on or off (got {value!r})") from None
 
 
+def peak_rss() -> int:
+    """The process's peak resident set (getrusage's ru_maxrss: KiB on Linux); only compared with itself."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+class Refreeze:
+    """A `gc.callbacks` entry: after each collection of the middle or the oldest generation, freezes what
+    survived it (gc.freeze moves every generation's objects to the permanent one, and after such a
+    collection only its survivors are there), so no later collection scans them again: every pause is
+    bounded by what two young collections leave. When the peak RSS has doubled since the last full scan it
+    unfreezes instead and freezes nothing until the next full collection, which scans everything once
+    (freeing the cycles that died frozen)."""
+
+    def __init__(self, rss: Callable[[], int] = peak_rss) -> None:
+        self._rss = rss
+        self._baseline = rss()
+        self._scanning = False
+        """Unfrozen, waiting for the full collection that scans everything."""
+        self.freezes = self.unfreezes = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        generation = info.get("generation")
+        if phase != "stop" or generation == 0:
+            return
+        if self._scanning:
+            if generation != 2:
+                return
+            self._scanning = False
+        elif (now := self._rss()) >= 2 * self._baseline:
+            self._baseline, self._scanning = now, True
+            gc.unfreeze()  # back in the oldest generation: the next full collection scans all of it
+            self.unfreezes += 1
+            return
+        gc.freeze()
+        self.freezes += 1
+
+    def install(self) -> "Refreeze":
+        for cb in list(gc.callbacks):
+            if isinstance(cb, Refreeze):
+                gc.callbacks.remove(cb)  # one per process (bench/estimate.py settles several services)
+        gc.callbacks.append(self)
+        return self
+
+
 def settle(settings: HeapSettings) -> int:
-    """Collects once, freezes the survivors and sets the young threshold (with Freeze.ON); returns how
-    many objects are now frozen (0 with Freeze.OFF, which leaves the collector alone)."""
+    """Collects once, freezes the survivors, sets the young and middle thresholds and installs `Refreeze`
+    (with Freeze.ON); returns how many objects are now frozen (0 with Freeze.OFF, which leaves the
+    collector alone)."""
     if settings.freeze is Freeze.OFF:
         return gc.get_freeze_count()
     gc.collect()
     gc.freeze()
-    gc.set_threshold(settings.young_threshold, *gc.get_threshold()[1:])
+    gc.set_threshold(settings.young_threshold, settings.middle_threshold, gc.get_threshold()[2])
+    if settings.refreeze:
+        Refreeze().install()
     return gc.get_freeze_count()
