@@ -101,9 +101,11 @@ class _Large:
 
 class Writers:
     """The lanes, and what they still have to write. Each lane is one thread taking its tasks in order;
-    a file's tasks all go to the lane of its directory, so two threads never create files in one
-    directory at once (the kernel serializes that on the directory's lock, and a waiting thread spins
-    on it) nor write one file at once. Errors of a task are raised in the caller's thread at its next
+    a small file goes to the lane of its directory, so two threads never create a directory's many
+    small files at once (the kernel serializes that on the directory's lock, and a waiting thread spins
+    on it); a large file goes to the next lane in turn, so that the large files of one directory (a
+    model's shards) are written side by side, not one after the other on one thread. A file's tasks
+    are all on one lane: no two threads write one file. Errors of a task are raised in the caller's thread at its next
     call; `close` (always, after success or failure) waits for every thread to stop."""
 
     def __init__(self, threads: int, max_pending: int = 64 << 20) -> None:
@@ -115,15 +117,27 @@ class Writers:
         self._current: tuple[_Large, ThreadPoolExecutor] | None = None
         self._batches: list[list[tuple[str, list[memoryview], int, int]]] = [[] for _ in self._lanes]
         self._batch_bytes = [0] * len(self._lanes)
+        self._dirs: dict[str, int] = {}
+        self._turn = -1
 
-    def _lane(self, dest: str) -> ThreadPoolExecutor:
-        return self._lanes[hash(os.path.dirname(dest)) % len(self._lanes)]
+    def _next_lane(self) -> int:
+        self._turn = (self._turn + 1) % len(self._lanes)
+        return self._turn
+
+    def _dir_lane(self, dest: str) -> int:
+        """The lane of dest's directory: each new directory takes the next lane in turn, so the
+        directories spread evenly (a hash of the name piled several onto one lane in some runs)."""
+        parent = os.path.dirname(dest)
+        i = self._dirs.get(parent)
+        if i is None:
+            i = self._dirs[parent] = self._next_lane()
+        return i
 
     def small(self, dest: str, pieces: list[memoryview], size: int, mode: int, mtime: int) -> None:
         """Create `dest` holding `pieces` (`size` bytes in all) with its mode and mtime. Small files go
         to their lane in batches (BATCH_FILES, BATCH_BYTES): one hand-off between threads per batch,
         not per file."""
-        i = hash(os.path.dirname(dest)) % len(self._lanes)
+        i = self._dir_lane(dest)
         self._batches[i].append((dest, pieces, mode, mtime))
         self._batch_bytes[i] += size
         if len(self._batches[i]) >= BATCH_FILES or self._batch_bytes[i] >= BATCH_BYTES:
@@ -138,7 +152,7 @@ class Writers:
     def open_large(self, dest: str, mode: int, mtime: int) -> None:
         """Start `dest`; `piece` then writes it, `end_large` says it is complete."""
         f = _Large(dest, mode, mtime)
-        lane = self._lane(dest)
+        lane = self._lanes[self._next_lane()]  # not its directory's: two large files of one directory are written side by side
         self._large = [g for g in self._large if not g.finished] + [f]  # the finished ones need nothing more
         self._current = (f, lane)
         self._track(lane.submit(f.open), 0)
