@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Generator, Iterable, Iterator, Protocol
 
 from .errors import ArchiveTooLarge, CheckpointError, SourceError, UnsafeArchive
+from .frames import DEFAULT_LEVEL as DEFAULT_LEVEL  # re-exported: callers name it archive.DEFAULT_LEVEL
 from .frames import FRAME, Encoder
 from .members import check_symlink
 
-DEFAULT_LEVEL = 3
 CHUNK = FRAME
 """Read and write granularity: large enough that per-call overhead (and the GIL's hand-offs between
 the stages) vanishes next to the copy, even on a loaded machine."""

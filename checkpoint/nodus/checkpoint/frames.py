@@ -26,6 +26,8 @@ import zstandard
 
 from .errors import CorruptArchive
 
+DEFAULT_LEVEL = 3
+"""The zstd level a save asks for unless told otherwise."""
 FRAME = 4 << 20
 """Tar bytes per frame: large enough that a frame's own header and the reset of zstd's window cost
 next to nothing (< 0.5 % on text), small enough that two threads always have work."""

@@ -23,9 +23,7 @@ import errno
 import hashlib
 import mmap
 import os
-import shutil
 import stat
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
@@ -222,7 +220,7 @@ def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha25
     created = not os.path.lexists(target)
     try:
         os.makedirs(target, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target)
+        staging = _staging_dir(target)
     except OSError as e:
         raise _os_error(e, target) from None
     done = False
@@ -251,12 +249,34 @@ def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha25
     except OSError as e:
         raise _os_error(e, target) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(staging)
         if created and not done:
             try:
                 os.rmdir(target)  # a refused restore leaves no trace, not even the directory it made
             except OSError:
                 pass
+
+
+def _staging_dir(target: str) -> str:
+    """A new directory of our own inside target (tempfile.mkdtemp's way, without importing tempfile)."""
+    while True:
+        staging = os.path.join(target, STAGING_PREFIX + os.urandom(6).hex())
+        try:
+            os.mkdir(staging, 0o700)
+            return staging
+        except FileExistsError:
+            continue
+
+
+def _remove_staging(staging: str) -> None:
+    try:
+        os.rmdir(staging)  # after a restore it is empty: everything moved into the target
+    except FileNotFoundError:
+        pass
+    except OSError:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _compare(path: str | os.PathLike[str], sha256: str | None, digest: str, cause: Exception | None) -> None:
@@ -290,10 +310,16 @@ def _os_error(e: OSError, target: str) -> CheckpointError:
     return CheckpointError(f"restore into {target} failed: {e}")
 
 
+def _rmtree(path: str) -> None:
+    import shutil  # here, not at the top: a restore that replaces no directory never needs it
+
+    shutil.rmtree(path)
+
+
 def _remove(path: str) -> None:
     st = os.lstat(path)
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
+        _rmtree(path)
     else:
         os.unlink(path)
 
@@ -408,7 +434,7 @@ def _merge(src: str, dst: str) -> None:
             _merge(os.path.join(src, name), os.path.join(dst, name))
         return
     if stat.S_ISDIR(dst_st.st_mode):
-        shutil.rmtree(dst)
+        _rmtree(dst)
     elif src_is_dir:
         os.unlink(dst)
     os.rename(src, dst)  # replaces a file or symlink at dst atomically

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 from typing import Callable, Iterable
 
-from . import archive
 from .errors import CheckpointError, DigestMismatch, NoSpace, SourceError
 from .filesink import FileSink
-from .manifest import Manifest
+from .frames import DEFAULT_LEVEL
+from .manifest import Clock, Manifest, utcnow
 from .restore import Summary, inspect, restore
-from .stores.base import Clock, utcnow
 
 SIDECAR = ".manifest.json"
 
@@ -34,7 +32,7 @@ def read_sidecar(path: str | os.PathLike[str]) -> Manifest | None:
 
 
 def _atomic_write(path: str, fill: Callable[[FileSink], object]) -> None:
-    tmp = os.path.join(os.path.dirname(path) or ".", f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)}")
+    tmp = os.path.join(os.path.dirname(path) or ".", f".tmp-{os.urandom(6).hex()}-{os.path.basename(path)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
@@ -56,10 +54,12 @@ def _atomic_write(path: str, fill: Callable[[FileSink], object]) -> None:
 
 
 def save_file(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str], *, seq: int = 0,
-              root: str | os.PathLike[str] | None = None, level: int = archive.DEFAULT_LEVEL,
+              root: str | os.PathLike[str] | None = None, level: int = DEFAULT_LEVEL,
               max_size: int | None = None, attempt: str = "", epoch: int = 0, format: str = "Snapshot",
               labels: dict[str, str] | None = None, clock: Clock = utcnow) -> Manifest:
     """Snapshot `paths` into the file `out` and commit its sidecar manifest."""
+    from . import archive  # here: a restore does not pay for importing the save path
+
     path = os.path.abspath(os.fspath(out))
     plan = archive.scan(paths, root=root)
     if os.path.isdir(path):

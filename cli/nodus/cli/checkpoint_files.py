@@ -13,13 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from nodus.checkpoint import (ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, Manifest, NoSpace,
-                              NotFound, SourceError, Store, StoreError, UnsafeArchive, format_size, open_store,
-                              parse_size, restore_file, save_file, verify_file)
+from nodus.checkpoint import (ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace, NotFound,
+                              SourceError, StoreError, UnsafeArchive)
+from nodus.checkpoint.sizes import format_size, parse_size
 
 from .errors import CliError
+
+if TYPE_CHECKING:
+    from nodus.checkpoint import Manifest, Store
 
 FILE_SUFFIXES = (".tar.zst", ".tzst")
 DEFAULT_MAX_SIZE = "1Ti"
@@ -52,6 +55,8 @@ def _store(location: str, args: argparse.Namespace) -> Store:
             options["endpoint_url"] = args.endpoint_url
     elif not location:
         raise CliError("an empty location", "give FILE.tar.zst, DIR or s3://bucket/prefix")
+    from nodus.checkpoint.stores import open_store  # each verb imports only what it uses (ADR 0081)
+
     try:
         return open_store(location, **options)
     except ValueError as e:
@@ -79,6 +84,8 @@ def cmd_save(args: argparse.Namespace) -> int:
                                   epoch=args.epoch)
     try:
         if not args.out.startswith("s3://") and _is_file(args.out) and not os.path.isdir(args.out):
+            from nodus.checkpoint.standalone import save_file
+
             m = save_file(args.paths, args.out, seq=args.seq or 0, **common)
             where = args.out
         else:
@@ -98,6 +105,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if not args.source.startswith("s3://") and os.path.isfile(args.source):
             if args.seq is not None:
                 raise CliError("--seq applies to a store, not to one archive file")
+            from nodus.checkpoint.standalone import restore_file
+
             manifest, summary = restore_file(args.source, args.into, max_size=max_size)
             checked = "sha256 verified against its manifest" if manifest else \
                 "no manifest beside it: sha256 not compared (zstd's checksums of the compressed frames still are)"
@@ -120,6 +129,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     try:
         if not args.source.startswith("s3://") and os.path.isfile(args.source):
+            from nodus.checkpoint.standalone import verify_file
+
             manifest, summary = verify_file(args.source, sha256=args.sha256)
             if args.sha256:
                 compared = "matches --sha256"
@@ -185,6 +196,7 @@ def main(argv: list[str]) -> int:
     verbs = p.add_subparsers(dest="checkpoint_action", required=True, metavar="{save,restore,verify}")
     add_file_verbs(verbs, s3_flag)
     args = parser.parse_args(argv)
+    _tune_process()
     try:
         return int(args.func(args))
     except CliError as e:
@@ -192,6 +204,33 @@ def main(argv: list[str]) -> int:
         return 1
     except BrokenPipeError:
         return 0
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's mallopt parameters (malloc.h)."""
+
+
+def _tune_process() -> None:
+    """Settings for this short process, which runs one save, restore or verify and exits (ADR 0081).
+
+    - No cyclic garbage collection: what a checkpoint verb allocates is freed by reference counting;
+      the collector only walked the imported modules' objects again and again, for nothing.
+    - glibc keeps the memory it is given back: a restore decodes its frames into fresh 4 MiB buffers,
+      and glibc gave each freed one back to the kernel (munmap, or MADV_DONTNEED on a thread's heap),
+      so every buffer was faulted in and zeroed again: ~30-45 ms of a 360 MiB restore's 0.9 CPU-s.
+      The process's peak is unchanged (the buffers in flight are bounded); it is simply not returned.
+    """
+    import gc
+
+    gc.disable()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest; a fixed value also stops its dynamic raise
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    except (ImportError, OSError, AttributeError):
+        pass  # not glibc (musl, macOS): the defaults stay
 
 
 def s3_flag(sp: argparse.ArgumentParser) -> None:

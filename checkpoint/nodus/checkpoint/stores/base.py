@@ -22,20 +22,15 @@ import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from datetime import datetime, timedelta, timezone
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Iterable
 
 from .. import archive
 from ..errors import AlreadyCommitted, ArchiveTooLarge, DigestMismatch, NotFound
 from ..filesink import WRITE
+from ..manifest import Clock as Clock  # re-exported: the stores import them from here
 from ..manifest import Manifest, manifest_key
+from ..manifest import utcnow as utcnow
 from ..restore import Summary, inspect, restore
-
-Clock = Callable[[], datetime]
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
 
 class Upload(ABC):
     """One archive on its way into a store. Nothing is visible to readers until `commit`."""

@@ -1,0 +1,75 @@
+"""What `nodus checkpoint restore` pays before it reads a byte, and the lanes its files are written on
+(ADR 0081): the restore path imports neither the save path nor modules it does not use, the package's
+names still resolve, and the large files of one directory are written on different lanes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from nodus.checkpoint import CheckpointError, Manifest
+from nodus.checkpoint.writers import Writers
+
+NOT_ON_THE_RESTORE_PATH = ("tarfile", "tempfile", "secrets", "_strptime", "nodus.checkpoint.archive",
+                           "nodus.checkpoint.stores", "nodus.checkpoint.integration", "nodus.cli.main")
+
+
+def test_a_file_restore_imports_nothing_of_the_save_path(tmp_path: Path) -> None:
+    from nodus.checkpoint import save_file
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "w.bin").write_bytes(os.urandom(1000))
+    save_file(["state"], tmp_path / "s.tar.zst", root=tmp_path)
+    code = (
+        "import sys\n"
+        "from nodus.cli.checkpoint_files import main\n"
+        f"rc = main(['checkpoint', 'restore', {str(tmp_path / 's.tar.zst')!r}, '--into', {str(tmp_path / 'out')!r}])\n"
+        f"print(rc, sorted(m for m in {NOT_ON_THE_RESTORE_PATH!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "0 []", out
+    assert (tmp_path / "out" / "state" / "w.bin").read_bytes() == (tmp_path / "state" / "w.bin").read_bytes()
+
+
+def test_every_name_of_the_package_resolves() -> None:
+    import nodus.checkpoint as package
+    from nodus.checkpoint import restore
+
+    assert callable(restore) and not isinstance(restore, type(package))  # the function, not the submodule
+    for name in package.__all__:
+        assert getattr(package, name) is not None, name
+    with pytest.raises(AttributeError):
+        package.no_such_name  # noqa: B018
+
+
+def test_manifest_time_reads_back_and_refuses_a_time_without_its_zone() -> None:
+    m = Manifest(seq=1, time=datetime(2026, 12, 7, 8, 59, 1, 250, tzinfo=timezone.utc), archive="a", size=1,
+                 sha256="0" * 64, paths=("s",), files=1, unpacked_size=1, level=3)
+    assert Manifest.from_json(m.to_json()).time == m.time
+    doc = json.loads(m.to_json())
+    for bad in ("2026-12-07T08:59:01.000250", "2026-12-07 08:59:01Z", "yesterday", 17):
+        doc["time"] = bad
+        with pytest.raises(CheckpointError, match="not a checkpoint manifest"):
+            Manifest.from_json(json.dumps(doc).encode())
+
+
+def test_large_files_of_one_directory_are_written_on_different_lanes(tmp_path: Path) -> None:
+    writers = Writers(4)
+    lanes = []
+    try:
+        for i in range(3):
+            writers.open_large(str(tmp_path / f"shard-{i}"), 0o644, 0)
+            assert writers._current is not None
+            lanes.append(writers._current[1])
+            writers.piece([memoryview(b"x" * 10)], 0, 10)
+            writers.end_large()
+        writers.drain()
+    finally:
+        writers.close()
+    assert len(set(map(id, lanes))) == 3
+    assert all((tmp_path / f"shard-{i}").read_bytes() == b"x" * 10 for i in range(3))
