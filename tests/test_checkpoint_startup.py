@@ -7,16 +7,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from nodus.checkpoint import CheckpointError, Manifest
+from nodus.checkpoint.threads import Cancelled, Pool
 from nodus.checkpoint.writers import Writers
 
-NOT_ON_THE_RESTORE_PATH = ("tarfile", "tempfile", "secrets", "_strptime", "nodus.checkpoint.archive",
-                           "nodus.checkpoint.stores", "nodus.checkpoint.integration", "nodus.cli.main")
+NOT_ON_THE_RESTORE_PATH = ("tarfile", "tempfile", "secrets", "_strptime", "dataclasses", "concurrent.futures",
+                           "logging", "nodus.checkpoint.archive", "nodus.checkpoint.stores",
+                           "nodus.checkpoint.integration", "nodus.cli.main")
 
 
 def test_a_file_restore_imports_nothing_of_the_save_path(tmp_path: Path) -> None:
@@ -73,3 +76,37 @@ def test_large_files_of_one_directory_are_written_on_different_lanes(tmp_path: P
         writers.close()
     assert len(set(map(id, lanes))) == 3
     assert all((tmp_path / f"shard-{i}").read_bytes() == b"x" * 10 for i in range(3))
+
+
+def test_a_pool_runs_tasks_in_order_raises_their_errors_and_cancels_what_has_not_started() -> None:
+    lane = Pool(1, "test")
+    seen: list[int] = []
+    gate, started = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        started.set()
+        return gate.wait(5)
+
+    try:
+        first = lane.submit(hold)
+        tasks = [lane.submit(seen.append, i) for i in range(5)]
+        failing = lane.submit(int, "not a number")
+        assert started.wait(5) and not first.done()
+        gate.set()
+        assert [t.result() for t in tasks] == [None] * 5 and seen == [0, 1, 2, 3, 4]
+        with pytest.raises(ValueError):
+            failing.result()
+        gate.clear()
+        started.clear()
+        blocked = lane.submit(hold)
+        later = lane.submit(seen.append, 99)
+        assert started.wait(5)
+        lane.cancel()
+        gate.set()
+        assert blocked.result() is True  # it had started: it runs to its end
+        with pytest.raises(Cancelled):
+            later.result()
+        assert 99 not in seen
+    finally:
+        gate.set()
+        lane.close()

@@ -18,13 +18,12 @@ from __future__ import annotations
 import struct
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterator
 
 import zstandard
 
 from .errors import CorruptArchive
+from .threads import Pool, Task
 
 DEFAULT_LEVEL = 3
 """The zstd level a save asks for unless told otherwise."""
@@ -131,16 +130,23 @@ class Encoder:
         return frames[0] if len(frames) == 1 else b"".join(frames)
 
 
-@dataclass(frozen=True, slots=True)
 class Frame:
-    """Where one frame lies in the archive, and what is known of it without decoding it."""
+    """Where one frame lies in the archive, and what is known of it without decoding it. (A plain
+    class, not a dataclass: the restore path does not import dataclasses, ADR 0081.)"""
 
-    start: int
-    end: int
-    content_size: int | None
-    """From the frame header; None when the writer did not record it."""
-    stored: tuple[tuple[int, int], ...] | None
-    """(offset, length) of each block's bytes when every block is raw: the content, no decoder needed."""
+    __slots__ = ("start", "end", "content_size", "stored")
+
+    def __init__(self, start: int, end: int, content_size: int | None,
+                 stored: tuple[tuple[int, int], ...] | None) -> None:
+        self.start = start
+        self.end = end
+        self.content_size = content_size
+        """From the frame header; None when the writer did not record it."""
+        self.stored = stored
+        """(offset, length) of each block's bytes when every block is raw: the content, no decoder needed."""
+
+    def __repr__(self) -> str:
+        return f"Frame(start={self.start}, end={self.end}, content_size={self.content_size}, stored={self.stored})"
 
 
 def _u(buf: memoryview, at: int, n: int) -> int:
@@ -228,42 +234,40 @@ def contents(buf: memoryview, threads: int) -> Iterator[bytes | memoryview]:
         except zstandard.ZstdError as e:
             raise CorruptArchive(f"not a valid zstd stream: {e}") from None
 
-    def ready(item: Future[bytes] | list[memoryview]) -> Iterator[bytes | memoryview]:
+    def ready(item: Task[bytes] | list[memoryview]) -> Iterator[bytes | memoryview]:
         if isinstance(item, list):
             yield from item
         else:
             yield item.result()
 
-    pending: deque[Future[bytes] | list[memoryview]] = deque()
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="checkpoint-unzstd") as pool:
-        try:
-            frames = walk(buf)
-            done = 0
-            while True:
-                try:
-                    frame = next(frames, None)
-                except CorruptArchive:
-                    while pending:
-                        yield from ready(pending.popleft())
-                    yield from _streamed(buf[done:])  # zstd itself says what is wrong, after what decodes
-                    return
-                if frame is None:
-                    break
-                done = frame.end
-                if frame.stored is not None:
-                    pending.append([buf[o:o + n] for o, n in frame.stored])
-                elif frame.content_size is None or frame.content_size > MAX_PARALLEL_FRAME:
-                    while pending:
-                        yield from ready(pending.popleft())
-                    yield from _streamed(buf[frame.start:frame.end])
-                    continue
-                else:
-                    pending.append(pool.submit(one, frame))
-                while len(pending) > 2 * threads:
+    pending: deque[Task[bytes] | list[memoryview]] = deque()
+    pool = Pool(threads, "checkpoint-unzstd")
+    try:
+        frames = walk(buf)
+        done = 0
+        while True:
+            try:
+                frame = next(frames, None)
+            except CorruptArchive:
+                while pending:
                     yield from ready(pending.popleft())
-            while pending:
+                yield from _streamed(buf[done:])  # zstd itself says what is wrong, after what decodes
+                return
+            if frame is None:
+                break
+            done = frame.end
+            if frame.stored is not None:
+                pending.append([buf[o:o + n] for o, n in frame.stored])
+            elif frame.content_size is None or frame.content_size > MAX_PARALLEL_FRAME:
+                while pending:
+                    yield from ready(pending.popleft())
+                yield from _streamed(buf[frame.start:frame.end])
+                continue
+            else:
+                pending.append(pool.submit(one, frame))
+            while len(pending) > 2 * threads:
                 yield from ready(pending.popleft())
-        finally:
-            for f in pending:
-                if not isinstance(f, list):
-                    f.cancel()
+        while pending:
+            yield from ready(pending.popleft())
+    finally:
+        pool.close(cancel=True)  # what the consumer no longer wants is not decoded

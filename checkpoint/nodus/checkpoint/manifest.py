@@ -6,9 +6,8 @@ lacks a field is not a checkpoint (a store lists it as nothing), never a half-re
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 from .errors import CheckpointError
 
@@ -30,37 +29,64 @@ def _parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text[:-1]).replace(tzinfo=timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
+_FIELDS = ("seq", "time", "archive", "size", "sha256", "paths", "files", "unpacked_size", "level", "format", "attempt",
+           "epoch", "labels")
+
+
 class Manifest:
-    seq: int
-    """Monotonic per store; the latest committed checkpoint is the highest seq."""
-    time: datetime
-    """When the save finished (UTC)."""
-    archive: str
-    """The archive's key in its store, relative to the store's prefix."""
-    size: int
-    """Compressed bytes of the archive."""
-    sha256: str
-    """Of the archive's bytes as stored."""
-    paths: tuple[str, ...]
-    """The saved roots as member names (`nodus/state`); a restore recreates them under its target."""
-    files: int
-    """Members that are not directories."""
-    unpacked_size: int
-    """Bytes of regular-file content, before compression."""
-    level: int
-    """zstd compression level."""
-    format: str = "Snapshot"
-    """Snapshot, or Dcp for a torch.distributed.checkpoint directory."""
-    attempt: str = ""
-    """The attempt that saved it (fencing: the coordinator refuses commits from superseded attempts)."""
-    epoch: int = 0
-    """The gang epoch it was saved in."""
-    labels: dict[str, str] = field(default_factory=dict)
-    """Free-form annotations from the caller (integration, step, …)."""
+    """A committed checkpoint, immutable (`Final`, checked by mypy). A plain class, not a dataclass:
+    reading a sidecar is on `nodus checkpoint restore`'s path, which does not import dataclasses (ADR 0081)."""
+
+    __slots__ = _FIELDS
+
+    def __init__(self, seq: int, time: datetime, archive: str, size: int, sha256: str, paths: tuple[str, ...],
+                 files: int, unpacked_size: int, level: int, format: str = "Snapshot", attempt: str = "",
+                 epoch: int = 0, labels: dict[str, str] | None = None) -> None:
+        self.seq: Final = seq
+        """Monotonic per store; the latest committed checkpoint is the highest seq."""
+        self.time: Final = time
+        """When the save finished (UTC)."""
+        self.archive: Final = archive
+        """The archive's key in its store, relative to the store's prefix."""
+        self.size: Final = size
+        """Compressed bytes of the archive."""
+        self.sha256: Final = sha256
+        """Of the archive's bytes as stored."""
+        self.paths: Final = paths
+        """The saved roots as member names (`nodus/state`); a restore recreates them under its target."""
+        self.files: Final = files
+        """Members that are not directories."""
+        self.unpacked_size: Final = unpacked_size
+        """Bytes of regular-file content, before compression."""
+        self.level: Final = level
+        """zstd compression level."""
+        self.format: Final = format
+        """Snapshot, or Dcp for a torch.distributed.checkpoint directory."""
+        self.attempt: Final = attempt
+        """The attempt that saved it (fencing: the coordinator refuses commits from superseded attempts)."""
+        self.epoch: Final = epoch
+        """The gang epoch it was saved in."""
+        self.labels: Final[dict[str, str]] = {} if labels is None else labels
+        """Free-form annotations from the caller (integration, step, …)."""
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Manifest)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return "Manifest(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS) + ")"
 
     def to_json(self) -> bytes:
-        doc: dict[str, Any] = {"version": VERSION, **asdict(self)}
+        doc: dict[str, Any] = {"version": VERSION, **{name: getattr(self, name) for name in _FIELDS}}
+        doc["labels"] = dict(self.labels)
         doc["time"] = self.time.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         doc["paths"] = list(self.paths)
         doc["unpackedSize"] = doc.pop("unpacked_size")

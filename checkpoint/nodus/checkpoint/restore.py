@@ -25,7 +25,6 @@ import mmap
 import os
 import stat
 import threading
-from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
 from .errors import ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace, UnsafeArchive
@@ -43,17 +42,32 @@ LARGE = FRAME
 """Files above this are written in tasks of this size; smaller ones are one task each."""
 
 
-@dataclass(slots=True)
 class Summary:
-    """What an archive holds, as found by reading it through."""
+    """What an archive holds, as found by reading it through. (A plain class: the restore path does
+    not import dataclasses, ADR 0081.)"""
 
-    size: int = 0
-    """Compressed bytes."""
-    sha256: str = ""
-    files: int = 0
-    """Members that are not directories."""
-    dirs: int = 0
-    unpacked_size: int = 0
+    __slots__ = ("size", "sha256", "files", "dirs", "unpacked_size")
+
+    def __init__(self, size: int = 0, sha256: str = "", files: int = 0, dirs: int = 0, unpacked_size: int = 0) -> None:
+        self.size = size
+        """Compressed bytes."""
+        self.sha256 = sha256
+        self.files = files
+        """Members that are not directories."""
+        self.dirs = dirs
+        self.unpacked_size = unpacked_size
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Summary):
+            return NotImplemented
+        return (self.size, self.sha256, self.files, self.dirs, self.unpacked_size) == \
+            (other.size, other.sha256, other.files, other.dirs, other.unpacked_size)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return (f"Summary(size={self.size}, sha256={self.sha256!r}, files={self.files}, dirs={self.dirs}, "
+                f"unpacked_size={self.unpacked_size})")
 
 
 def verify_digest(path: str | os.PathLike[str], *, sha256: str | None, size: int | None = None,

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from .filesink import WRITE
+from .threads import Pool, Task
 
 FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_IOV = 512
@@ -105,16 +105,16 @@ class Writers:
     small files at once (the kernel serializes that on the directory's lock, and a waiting thread spins
     on it); a large file goes to the next lane in turn, so that the large files of one directory (a
     model's shards) are written side by side, not one after the other on one thread. A file's tasks
-    are all on one lane: no two threads write one file. Errors of a task are raised in the caller's thread at its next
-    call; `close` (always, after success or failure) waits for every thread to stop."""
+    are all on one lane: no two threads write one file. Errors of a task are raised in the caller's
+    thread at its next call; `close` (always, after success or failure) waits for every thread to stop."""
 
     def __init__(self, threads: int, max_pending: int = 64 << 20) -> None:
-        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix="checkpoint-write") for _ in range(max(1, threads))]
-        self._pending: deque[tuple[Future[None], int]] = deque()
+        self._lanes = [Pool(1, "checkpoint-write") for _ in range(max(1, threads))]
+        self._pending: deque[tuple[Task[None], int]] = deque()
         self._bytes = 0
         self._max = max_pending
         self._large: list[_Large] = []
-        self._current: tuple[_Large, ThreadPoolExecutor] | None = None
+        self._current: tuple[_Large, Pool] | None = None
         self._batches: list[list[tuple[str, list[memoryview], int, int]]] = [[] for _ in self._lanes]
         self._batch_bytes = [0] * len(self._lanes)
         self._dirs: dict[str, int] = {}
@@ -180,9 +180,9 @@ class Writers:
     def close(self) -> None:
         """Stop: cancel what has not started, wait for what has, close what a cancelled task left open."""
         for lane in self._lanes:
-            lane.shutdown(wait=False, cancel_futures=True)
+            lane.cancel()
         for lane in self._lanes:
-            lane.shutdown(wait=True)
+            lane.close()
         for f in self._large:
             if f.fd >= 0:
                 os.close(f.fd)
@@ -192,7 +192,7 @@ class Writers:
         self._batches = [[] for _ in self._lanes]
         self._current = None
 
-    def _track(self, task: Future[None], size: int) -> None:
+    def _track(self, task: Task[None], size: int) -> None:
         self._pending.append((task, size))
         self._bytes += size
         while self._pending and (self._bytes > self._max or self._pending[0][0].done()):
