@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 NAMES = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1,
                 max_size=16).filter(lambda s: s not in (".", "..") and len(s.encode()) <= 255)
-FILE_MODES = st.sampled_from([0o644, 0o600, 0o755, 0o400, 0o640, 0o700, 0o444])
+FILE_MODES = st.sampled_from([0o644, 0o600, 0o755, 0o400, 0o640, 0o700, 0o444, 0o666, 0o777, 0o000])
 DIR_MODES = st.sampled_from([0o755, 0o700, 0o750, 0o555])
 MTIMES = st.integers(min_value=0, max_value=4_000_000_000)
 CONTENT = st.one_of(st.just(b""), st.binary(max_size=2048), st.binary(min_size=1, max_size=8).map(lambda b: b * 4000))
