@@ -36,8 +36,8 @@ from .writers import Writers
 
 STAGING_PREFIX = ".nodus-restore-"
 WRITERS = 4
-"""Lanes (threads) that create and write the restored files, a directory's files on one lane (writers.py):
-the files of up to 4 directories are created side by side while the main thread parses (ADR 0063)."""
+"""Lanes (threads) that create and write the restored files (writers.py): a directory's small files on one
+lane, each large file on the next lane in turn, side by side while the main thread parses (ADR 0063, 0081)."""
 LARGE = FRAME
 """Files above this are written in tasks of this size; smaller ones are one task each."""
 
