@@ -50,7 +50,7 @@ class Cycle:
         self.me = self
 
 
-def test_each_middle_or_full_collection_freezes_its_survivors_until_the_heap_doubles() -> None:
+def test_each_middle_or_full_collection_freezes_its_survivors_until_the_heap_grows_fourfold() -> None:
     rss = [1000]
     refreeze = Refreeze(rss=lambda: rss[0]).install()
     try:
@@ -66,7 +66,10 @@ def test_each_middle_or_full_collection_freezes_its_survivors_until_the_heap_dou
         gc.collect(1)
         del dead  # a cycle that died frozen: no collection scans it any more
         assert gc.collect() == 0
-        rss[0] = 2000  # the heap doubled: unfrozen, and nothing frozen until a full collection scanned it all
+        rss[0] = 3999
+        gc.collect(1)
+        assert refreeze.unfreezes == 0 and not _tracked(survivor), "below fourfold: still frozen"
+        rss[0] = 4000  # the heap grew fourfold: unfrozen, and nothing frozen until a full collection scanned it all
         gc.collect(1)
         assert refreeze.unfreezes == 1 and _tracked(survivor), "unfrozen: back in the oldest generation"
         gc.collect(1)

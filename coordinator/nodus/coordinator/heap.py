@@ -19,7 +19,8 @@ everything ten young collections left: 150-540 ms pauses of every request in fli
 `Refreeze`, installed by `settle`, freezes what each middle or full collection leaves, and the middle
 generation is collected after 2 young collections instead of 10, so no collection scans more than what
 2 x 10,000 allocations left. Cyclic garbage made of frozen objects waits for the next full scan of
-everything, which `Refreeze` asks for (unfreezing) whenever the process's peak RSS has doubled since the last.
+everything, which `Refreeze` asks for (unfreezing) whenever the process's peak RSS has grown `GROWTH` times
+since the last.
 """
 from __future__ import annotations
 
@@ -71,11 +72,17 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+GROWTH = 4
+"""How much the peak RSS grows between two full scans of everything. What they free is small: bench/backlog.py's
+10,000 Jobs (ADR 0084) had each such scan free ~4,100 objects (frozen cycles) of millions, at 245-400 ms of
+CPU each when it doubled; four times bounds that garbage all the same and scans half as often."""
+
+
 class Refreeze:
     """A `gc.callbacks` entry: after each collection of the middle or the oldest generation, freezes what
     survived it (gc.freeze moves every generation's objects to the permanent one, and after such a
     collection only its survivors are there), so no later collection scans them again: every pause is
-    bounded by what two young collections leave. When the peak RSS has doubled since the last full scan it
+    bounded by what two young collections leave. When the peak RSS has grown GROWTH times since the last full scan it
     unfreezes instead and freezes nothing until the next full collection, which scans everything once
     (freeing the cycles that died frozen)."""
 
@@ -94,7 +101,7 @@ class Refreeze:
             if generation != 2:
                 return
             self._scanning = False
-        elif (now := self._rss()) >= 2 * self._baseline:
+        elif (now := self._rss()) >= GROWTH * self._baseline:
             self._baseline, self._scanning = now, True
             gc.unfreeze()  # back in the oldest generation: the next full collection scans all of it
             self.unfreezes += 1
