@@ -287,26 +287,37 @@ def own_paths(v: int, fs: Path = DEFAULT_FS) -> dict[str, Path]:
 
 
 class MoveWarmer:
-    """Starts the kernel's grace period for cgroup moves ahead of an attempt's first move (ADR 0072).
+    """Keeps the kernel's cgroup-move lock in its fast state while an attempt's supervisor is on its way to
+    its first move (ADR 0072, ADR 0082).
 
-    Every move into a cgroup takes the kernel's threadgroup lock for writing; when no move happened for a
-    while that first waits for an RCU grace period (synchronize_rcu: 6-16 ms on a loaded 2-CPU host), and
-    moves within about a grace period of the last one wait for nothing. An attempt's supervisor makes its
-    first move some milliseconds after the agent accepted the attempt (inputs, state.json's fsync, the
-    fork), so the agent asks this thread, at the accept, to move its own process to where it already is:
-    a move that changes nothing and only starts the grace period early, off every path that waits. A host
-    mounted with `favordynmods` waits for none; there this costs one write per attempt.
+    Every move into a cgroup takes the kernel's threadgroup lock for writing; when no move happened for
+    about one RCU grace period that first waits for a grace period (synchronize_rcu: 6-16 ms on a loaded
+    2-CPU host), and a move while the last one is less than a grace period old waits for nothing. So
+    from an attempt's accept until shortly after its supervisor was forked, this thread moves the agent's
+    own process to where it already is every `interval` seconds: moves that change nothing and cost ~10 us
+    of CPU each, and only its first waits, off every path that waits. One move at the accept (as before)
+    was not enough: the supervisor's first move came 20-30 ms later, when the lock had gone back to its
+    slow state and it waited the whole grace period again (strace of the zygote, ADR 0082). A host mounted
+    with `favordynmods` waits for none; there this costs its writes.
     """
 
-    def __init__(self, procs: Path) -> None:
+    INTERVAL = 0.003
+    """Seconds between moves: under a grace period (moves 10 ms apart waited again, 5 ms apart did not)."""
+
+    def __init__(self, procs: Path, interval: float = INTERVAL) -> None:
         self.procs = procs
         """The agent's own cgroup.procs (in one hierarchy: the lock is the kernel's, for all of them)."""
+        self.interval = interval
+        self._until = 0.0
+        """Monotonic: moves go on until then."""
         self._wanted = threading.Event()
         self._thread: threading.Thread | None = None
         self.failed: OSError | None = None
         """Set once a move was refused: the warmer stops."""
         self.moves = 0
         """Moves made so far."""
+        self.holding = False
+        """Whether the thread is between moves of a hold (False: it waits for the next poke)."""
 
     @classmethod
     def of_self(cls, fs: Path = DEFAULT_FS) -> "MoveWarmer | None":
@@ -319,10 +330,12 @@ class MoveWarmer:
         path = own.get("unified" if v == 2 else "freezer")
         return cls(path / "cgroup.procs") if path is not None else None
 
-    def poke(self) -> None:
-        """Asks for one move soon; returns at once (pokes while one is under way become one more)."""
+    def poke(self, hold: float = 0.05) -> None:
+        """Asks for moves from now until `hold` seconds from now (or later, where an earlier poke asked for
+        longer); returns at once."""
         if self.failed is not None:
             return
+        self._until = max(self._until, time.monotonic() + hold)
         self._wanted.set()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="cgroup-move-warmer", daemon=True)
@@ -333,8 +346,14 @@ class MoveWarmer:
         while self.failed is None:
             self._wanted.wait()
             self._wanted.clear()
-            try:
-                _write(self.procs, pid)
-                self.moves += 1
-            except OSError as e:
-                self.failed = e
+            self.holding = True
+            while self.failed is None:
+                try:
+                    _write(self.procs, pid)
+                    self.moves += 1
+                except OSError as e:
+                    self.failed = e
+                if time.monotonic() >= self._until:
+                    break
+                time.sleep(self.interval)
+            self.holding = self._wanted.is_set()

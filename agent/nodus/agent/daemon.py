@@ -48,6 +48,7 @@ from .runtime import Refused, node_runtime
 from .session import Session
 from .settings import AgentConfig
 from .shipping import Shipping
+from .spawning import spawn_gated
 from .statefile import read_json
 from .table import AttemptTable, Volatile, lock_work_dir
 
@@ -296,11 +297,11 @@ class Agent:
                 return
             att.stage = Stage.SUPERVISED
             v.spawning = True
-            self.table.persist()  # on disk before the spawn: a restart then finds the lock or knows nothing ran
-            # the spec is written while state.json is fsynced: the spawn waits for both, not one after the other
-            await asyncio.gather(asyncio.to_thread(self.runtime.write_spec, a, layout), self.table.flush())
+            self.table.persist()  # on disk before the first step: the supervisor waits for it at its gate
+            if self.moves is not None:
+                self.moves.poke()  # until the supervisor's first cgroup move, some ms after the fork (ADR 0082)
             try:
-                v.proc = (await asyncio.to_thread(self.runtime.spawn, a, layout)).proc
+                v.proc = (await spawn_gated(self.runtime, self.table, a, layout)).proc
             finally:
                 v.spawning = False
                 # A supervisor forked from the zygote may have written its status (and poked us) while

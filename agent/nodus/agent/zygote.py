@@ -6,7 +6,8 @@ own session, modules preloaded) connected over a unix socket pair. For each atte
 the supervisor lock, sends the attempt directory, the notify address and the secret values, with
 the lock's descriptor attached (SCM_RIGHTS); the zygote forks, the child calls setsid() and becomes
 the attempt's supervisor holding the lock, and the zygote answers with its pid. Forking a process
-with no threads is safe, and costs a millisecond.
+with no threads is safe, and costs a millisecond. A second descriptor may come with the lock: the read
+end of the attempt's start gate (supervisor/gate.py), which the child keeps too.
 
 The zygote lives as long as its socket: when the agent exits or dies, it reads EOF and exits, and
 the supervisors it forked (in their own sessions) keep running. If the zygote is unusable the
@@ -107,15 +108,17 @@ class Zygote:
         return self.proc is not None and self.proc.poll() is None and self.sock is not None
 
     def spawn(self, attempt_dir: str, notify: str | None, secrets: dict[str, Any], lock_fd: int,
-              timeout: float = 15.0) -> int:
-        """Has the zygote fork a supervisor for `attempt_dir`; returns its pid. Blocking."""
+              gate_fd: int = -1, timeout: float = 15.0) -> int:
+        """Has the zygote fork a supervisor for `attempt_dir`; returns its pid. Blocking. With `gate_fd`
+        (a pipe's read end) the supervisor starts no step before the agent opens the gate."""
         with self.lock:
             if not self.alive:
                 self._start()
             assert self.sock is not None
             try:
                 self.sock.settimeout(timeout)
-                _send(self.sock, {"attempt_dir": attempt_dir, "notify": notify, "secrets": secrets}, [lock_fd])
+                _send(self.sock, {"attempt_dir": attempt_dir, "notify": notify, "secrets": secrets},
+                      [lock_fd] if gate_fd < 0 else [lock_fd, gate_fd])
                 reply, _ = _recv(self.sock)
             except (OSError, EOFError, ValueError) as e:
                 self._close()
@@ -143,7 +146,8 @@ class Zygote:
 
 # -- the zygote's side ---------------------------------------------------------------------------
 def serve(run_supervisor: Any) -> None:
-    """The zygote's loop: fd 0 is the agent's socket. `run_supervisor(request, lock_fd)` runs in the child."""
+    """The zygote's loop: fd 0 is the agent's socket. `run_supervisor(request, lock_fd, gate_fd)` runs in the
+    child (gate_fd -1: no gate came)."""
     sock = socket.socket(fileno=0)
     os.set_blocking(0, True)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -158,12 +162,12 @@ def serve(run_supervisor: Any) -> None:
             request, fds = _recv(sock, with_fds=True)
         except (EOFError, OSError):
             break  # the agent is gone: supervisors already forked keep running on their own
-        if len(fds) != 1:
+        if len(fds) not in (1, 2):
             for fd in fds:
                 os.close(fd)
-            _send(sock, {"error": "expected exactly one lock descriptor"})
+            _send(sock, {"error": "expected a lock descriptor and at most a gate's"})
             continue
-        lock_fd = fds[0]
+        lock_fd, gate_fd = fds[0], fds[1] if len(fds) == 2 else -1
         pid = os.fork()
         if pid == 0:  # the supervisor
             code = 0
@@ -171,7 +175,7 @@ def serve(run_supervisor: Any) -> None:
                 sock.close()
                 os.setsid()
                 os.dup2(devnull, 0)
-                run_supervisor(request, lock_fd)
+                run_supervisor(request, lock_fd, gate_fd)
             except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
                 import traceback
                 traceback.print_exc()
@@ -180,7 +184,8 @@ def serve(run_supervisor: Any) -> None:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        os.close(lock_fd)
+        for fd in fds:
+            os.close(fd)
         _send(sock, {"pid": pid})
     _reap()
 

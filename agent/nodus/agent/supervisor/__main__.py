@@ -21,7 +21,7 @@ def _notify_address(text: str | None) -> str | None:
     return text
 
 
-def _from_zygote(request: dict[str, Any], lock_fd: int) -> None:
+def _from_zygote(request: dict[str, Any], lock_fd: int, gate_fd: int = -1) -> None:
     """In a child the zygote forked: become the supervisor of request["attempt_dir"]."""
     layout = AttemptLayout(Path(request["attempt_dir"]))
     log = os.open(layout.run / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -29,12 +29,14 @@ def _from_zygote(request: dict[str, Any], lock_fd: int) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.set_inheritable(lock_fd, False)
+    if gate_fd >= 0:
+        os.set_inheritable(gate_fd, False)
     spec = read_json(layout.spec)
     if spec is None:
         print(f"no spec at {layout.spec}", file=sys.stderr)
         return
     Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")),
-               supervisor_clock(layout.root)).run()
+               supervisor_clock(layout.root), gate_fd).run()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("attempt_dir", nargs="?")
     p.add_argument("--lock-fd", type=int, default=-1)
     p.add_argument("--notify", default=None)
+    p.add_argument("--gate-fd", type=int, default=-1, help="the start gate's read end (start_gate.py)")
     p.add_argument("--zygote", action="store_true", help="fork supervisors on request (fd 0: the agent's socket)")
     args = p.parse_args(argv)
     if args.zygote:
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.attempt_dir:
         p.error("ATTEMPT_DIR is required")
     layout = AttemptLayout(Path(args.attempt_dir))
+    if args.gate_fd >= 0:
+        os.set_inheritable(args.gate_fd, False)
     if args.lock_fd >= 0:
         os.set_inheritable(args.lock_fd, False)
     else:  # started by hand: take the lock ourselves
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     if spec is None:
         print(f"no spec at {layout.spec}", file=sys.stderr)
         sys.exit(2)
-    Supervisor(layout, spec, secrets, _notify_address(args.notify), supervisor_clock(layout.root)).run()
+    Supervisor(layout, spec, secrets, _notify_address(args.notify), supervisor_clock(layout.root), args.gate_fd).run()
 
 
 if __name__ == "__main__":

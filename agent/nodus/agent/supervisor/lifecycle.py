@@ -25,7 +25,8 @@ from ..reasons import Reason
 from ..statefile import read_json, write_json
 from .member import GATE_POLL, await_head, write_launch_files
 from .phase import Gate, SupervisorPhase as P
-from .processes import MESSAGE_LINES, LINE_LIMIT, Processes
+from .processes import MESSAGE_LINES, LINE_LIMIT, ForkExec, Processes
+from .start_gate import await_gate
 from .sidecars import Sidecars, Teardown
 
 PREFIX_INIT = b"[init] "
@@ -44,8 +45,10 @@ class Stop(Exception):
 
 class Supervisor:
     def __init__(self, layout: AttemptLayout, spec: dict[str, Any], secrets: dict[str, Any],
-                 notify_path: str | None, clock: Clock) -> None:
+                 notify_path: str | None, clock: Clock, gate_fd: int = -1) -> None:
         self.layout = layout
+        self.gate_fd = gate_fd
+        """The start gate's read end (start_gate.py), or -1: the agent had its state on disk before the fork."""
         self.clock = clock
         """Its deadlines (grace, init and sidecar timeouts, the gate's polls) and status.json's times."""
         self.spec = spec
@@ -179,6 +182,14 @@ class Supervisor:
                 os.chown(cwd, user["uid"], user["gid"])
 
     def _run(self) -> None:
+        if isinstance(self.procs.runtime, ForkExec):
+            self.procs.runtime.take_identity()  # its first cgroup move (and the kernel's wait) while the gate is shut
+        if self.gate_fd >= 0:
+            gate, self.gate_fd = self.gate_fd, -1
+            if not await_gate(gate, self.procs.wake_r, self.check_stop):
+                self.finish(P.LOST, Reason.AGENT_FAULT, "the agent went away before its state held this attempt; "
+                            "nothing of it ran")
+                return
         self.check_stop()  # a stop asked for before the spawn
         init = self.spec.get("init")
         if init and init.get("command"):

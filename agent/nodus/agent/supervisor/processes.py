@@ -245,10 +245,15 @@ class ForkExec:
         self.identity_of: Cgroup | None = None
         """The cgroup `identity` was made for (the supervisor replaces its cgroup once, in its prepare)."""
 
-    def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
+    def take_identity(self) -> None:
+        """Finds out now whether steps can start with vfork (AttemptIdentity.of, whose proof of the way back
+        is the supervisor's first cgroup move): the supervisor calls it before it waits at its start gate."""
         if self.identity_of is not self.procs.cgroup:
             self.identity_of = self.procs.cgroup
             self.identity = AttemptIdentity.of(self.procs.cgroup, self.procs.user)
+
+    def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
+        self.take_identity()
         if self.identity is None or threading.active_count() != 1:  # a thread since: setresuid would change it too
             return self._launch_forked(argv, env, stdout)
         with self.identity.worn():
