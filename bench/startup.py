@@ -513,13 +513,15 @@ def main() -> None:
     p.add_argument("--indexes", type=int, default=500)
     p.add_argument("--parallelism", type=int, default=16)
     p.add_argument("--idle-seconds", type=float, default=10.0)
+    p.add_argument("--process-only", action="store_true",
+                   help="skip the image rows (a process-runtime change measured without the image phase's minutes)")
     record.add_flags(p)
     args = record.shrink(p.parse_args(), {"jobs": 3, "indexes": 20, "parallelism": 4, "idle_seconds": 0.5})
 
     load_start = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="nodus-bench-startup-"))
     root.chmod(0o711)  # a pod's root resolves its bundle and bind sources through it (docs/adr/0020)
-    skip = image_tools_missing()
+    skip = "--process-only" if args.process_only else image_tools_missing()
     cluster: Cluster | None = None
     watch: JobWatch | None = None
     image_lat: list[float] = []
