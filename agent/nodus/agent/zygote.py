@@ -7,7 +7,7 @@ the supervisor lock, sends the attempt directory, the notify address and the sec
 the lock's descriptor attached (SCM_RIGHTS); the zygote forks, the child calls setsid() and becomes
 the attempt's supervisor holding the lock, and the zygote answers with its pid. Forking a process
 with no threads is safe, and costs a millisecond. A second descriptor may come with the lock: the read
-end of the attempt's start gate (supervisor/gate.py), which the child keeps too.
+end of the attempt's start gate (supervisor/start_gate.py), which the child keeps too.
 
 The zygote lives as long as its socket: when the agent exits or dies, it reads EOF and exits, and
 the supervisors it forked (in their own sessions) keep running. If the zygote is unusable the
