@@ -21,10 +21,10 @@ from .table import AttemptTable
 
 
 def nothing_to_fetch(a: agent_pb2.Assignment) -> bool:
-    """Whether the attempt has no image (its own or a sidecar's), inputs, volume contents, source or
-    checkpoint to fetch before its spawn: then its directories are made in the spawn's own thread hop
-    (`spawn_gated`'s prepare), and its MATERIALIZING goes to the coordinator once, with its inputs ready."""
-    return not (a.image or any(sc.image for sc in a.sidecars) or a.inputs or any(v.source.uri for v in a.volumes)
+    """Whether the attempt has no image, inputs, volume contents, source or checkpoint to fetch before its
+    spawn: then its directories are made in the spawn's own thread hop (`spawn_gated`'s prepare), and its
+    MATERIALIZING goes to the coordinator once, with its inputs ready."""
+    return not (a.image or a.inputs or any(v.source.uri for v in a.volumes)
                 or (a.HasField("source") and a.source.WhichOneof("source")) or a.HasField("restore_from"))
 
 
