@@ -190,24 +190,3 @@ def test_spawn_gated_keeps_the_gate_shut_when_the_flush_fails() -> None:
         os.close(runtime.gate)
 
     asyncio.run(scenario())
-
-
-def test_only_an_attempt_with_nothing_to_fetch_is_prepared_in_the_spawns_hop() -> None:
-    from nodus.agent.spawning import nothing_to_fetch
-    from nodus.v1 import agent_pb2
-
-    bare = agent_pb2.Assignment(attempt_id="a", command=["true"])
-    assert nothing_to_fetch(bare)
-    image = agent_pb2.Assignment(attempt_id="a", image="busybox")
-    assert not nothing_to_fetch(image)
-    inputs = agent_pb2.Assignment(attempt_id="a", command=["true"])
-    inputs.inputs.add(name="data")
-    assert not nothing_to_fetch(inputs)
-    restored = agent_pb2.Assignment(attempt_id="a", command=["true"])
-    restored.restore_from.sha256 = "0" * 64
-    assert not nothing_to_fetch(restored)
-    volume = agent_pb2.Assignment(attempt_id="a", command=["true"])
-    volume.volumes.add(volume="v")  # no contents to fetch
-    assert nothing_to_fetch(volume)
-    volume.volumes[0].source.uri = "blob://sha256/" + "0" * 64
-    assert not nothing_to_fetch(volume)

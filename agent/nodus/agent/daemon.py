@@ -48,7 +48,7 @@ from .runtime import Refused, node_runtime
 from .session import Session
 from .settings import AgentConfig
 from .shipping import Shipping
-from .spawning import nothing_to_fetch, spawn_gated
+from .spawning import spawn_gated
 from .statefile import read_json
 from .table import AttemptTable, Volatile, lock_work_dir
 
@@ -279,17 +279,14 @@ class Agent:
         try:
             if layout.root.exists():
                 await asyncio.to_thread(self.forgetting.remove_dir, layout)
-            bare = nothing_to_fetch(a)
-            if not bare:
-                # the image first (oci; progress folds in tick): a pull that fails wastes no input download.
-                # One thread call for both: each hop waits for a thread to be scheduled on a busy host.
-                await asyncio.to_thread(self._prepare, a, layout)
-                att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
+            # the image first (oci; progress folds in tick): a pull that fails wastes no input download.
+            # One thread call for both: each hop waits for a thread to be scheduled on a busy host.
+            await asyncio.to_thread(self._prepare, a, layout)
             v.progress = ProgressTail(layout.progress)
+            att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             att.phase = "MATERIALIZING"
-            if not bare:  # bare: MATERIALIZING goes up with its inputs ready, after the spawn (ADR 0082)
-                self.report(att)
-                att.inputs = await self.materializer.materialize(a, layout)
+            self.report(att)
+            att.inputs = await self.materializer.materialize(a, layout)
             att.inputs_ready_time = self.clock.now()
             try:
                 att.restored_from_seq = await self.checkpoints.restore_before_start(a, layout)
@@ -304,8 +301,7 @@ class Agent:
             if self.moves is not None:
                 self.moves.poke()  # until the supervisor's first cgroup move, some ms after the fork (ADR 0082)
             try:
-                v.proc = (await spawn_gated(self.runtime, self.table, a, layout,
-                                            (lambda: self._prepare(a, layout)) if bare else None)).proc
+                v.proc = (await spawn_gated(self.runtime, self.table, a, layout)).proc
             finally:
                 v.spawning = False
                 # A supervisor forked from the zygote may have written its status (and poked us) while

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Callable
 
 from nodus.v1 import agent_pb2
 
@@ -20,25 +19,17 @@ from .supervisor.start_gate import open_gate, shut_gate
 from .table import AttemptTable
 
 
-def nothing_to_fetch(a: agent_pb2.Assignment) -> bool:
-    """Whether the attempt has no image, inputs, volume contents, source or checkpoint to fetch before its
-    spawn: then its directories are made in the spawn's own thread hop (`spawn_gated`'s prepare), and its
-    MATERIALIZING goes to the coordinator once, with its inputs ready."""
-    return not (a.image or a.inputs or any(v.source.uri for v in a.volumes)
-                or (a.HasField("source") and a.source.WhichOneof("source")) or a.HasField("restore_from"))
-
-
 async def spawn_gated(runtime: ProcessRuntime, table: AttemptTable, a: agent_pb2.Assignment,
-                      layout: AttemptLayout, prepare: Callable[[], None] | None = None) -> Spawned:
-    """Writes the spec and forks the supervisor (one thread hop, after `prepare` where given: the attempt's
-    directories) while every change persisted so far is fsynced; opens the gate once both are done. Raises
-    what either raised (the gate then stays shut and the supervisor ends LOST having run nothing)."""
+                      layout: AttemptLayout) -> Spawned:
+    """Writes the spec and forks the supervisor (one thread hop) while every change persisted so far is
+    fsynced; opens the gate once both are done. Raises what either raised (the gate then stays shut and
+    the supervisor ends LOST having run nothing)."""
     gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
     flushed = asyncio.ensure_future(table.flush())
     opened = False
     try:
         try:
-            spawned = await asyncio.to_thread(_write_and_spawn, runtime, a, layout, gate_r, prepare)
+            spawned = await asyncio.to_thread(_write_and_spawn, runtime, a, layout, gate_r)
         finally:
             os.close(gate_r)  # the supervisor holds its own copy
         await flushed
@@ -54,9 +45,6 @@ async def spawn_gated(runtime: ProcessRuntime, table: AttemptTable, a: agent_pb2
                 flushed.exception()  # retrieved: the writer logged it, and our caller has the spawn's error
 
 
-def _write_and_spawn(runtime: ProcessRuntime, a: agent_pb2.Assignment, layout: AttemptLayout, gate: int,
-                     prepare: Callable[[], None] | None) -> Spawned:
-    if prepare is not None:
-        prepare()
+def _write_and_spawn(runtime: ProcessRuntime, a: agent_pb2.Assignment, layout: AttemptLayout, gate: int) -> Spawned:
     runtime.write_spec(a, layout)
     return runtime.spawn(a, layout, gate)
