@@ -11,6 +11,8 @@ from typing import Any, Awaitable, Callable
 import pytest
 
 from job_harness import PROJECT, JobHarness
+from nodus.coordinator.agent_wire import to_diff
+from nodus.coordinator.controllers.desired import ASSIGNED
 from nodus.coordinator.controllers.attempts import AttemptPhase
 from nodus.coordinator.controllers.cache import job_key
 from nodus.coordinator.controllers.event_recorder import EventRecorder
@@ -155,4 +157,18 @@ def test_a_nodes_live_attempts_leave_out_its_finished_history(tmp_path: Path, mo
         await h.run_to(attempt, P.SUCCEEDED, exit_code=0)
         await h.caught_up()
         assert h.cache.live_attempts_on("n1") == []
+    _run(tmp_path, monkeypatch, body)
+
+
+def test_a_stream_diffs_the_live_attempts_and_the_ended_ones_it_still_owes_a_cancel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body(h: JobHarness) -> None:
+        await _finished(h, "done")
+        [attempt] = h.cache.attempts_on("n1")
+        attempt_id = attempt["spec"]["id"]
+        assert to_diff(h.cache, "n1", {}, set()) == {}, "a finished attempt the stream said nothing of"
+        # Told to run it, and it ended in the store without the agent saying so: a Cancel is still due.
+        assert list(to_diff(h.cache, "n1", {attempt_id: ASSIGNED}, set())) == [attempt_id]
+        assert to_diff(h.cache, "n1", {attempt_id: ASSIGNED}, {attempt_id}) == {}, "the agent said it ended"
+        assert to_diff(h.cache, "n2", {attempt_id: ASSIGNED}, set()) == {}, "not on this node"
     _run(tmp_path, monkeypatch, body)

@@ -13,7 +13,7 @@ from nodus.v1 import agent_pb2
 from . import checkpoints, git_access
 from .checkpoints.buckets import bucket_location
 from .agent_wire import (cancel_message, fail_mutation, lease_message, on_node_of, plan_message, probe_of, progress_of,
-                         report_of)
+                         report_of, to_diff)
 from .clock import parse
 from .controllers import assignment, desired
 from .controllers import gang_plan, workload_tokens
@@ -366,14 +366,7 @@ class Session:
 
     async def _diff(self) -> None:
         """Sends what `desired.diff` decides, and records what it said."""
-        on_node = {a["spec"]["id"]: a for a in self.cache.live_attempts_on(self.node)}
-        for attempt_id, told in self._said.items():
-            # An ended attempt matters only while the agent was told to run it and has not said it ended (a
-            # Cancel is still due); the rest of the node's history is left out, and forgotten by the diff.
-            if told == ASSIGNED and attempt_id not in on_node and attempt_id not in self._finished:
-                attempt = self.cache.attempt_by_id(attempt_id)
-                if attempt is not None and attempt["spec"].get("node") == self.node:
-                    on_node[attempt_id] = attempt
+        on_node = to_diff(self.cache, self.node, self._said, self._finished)
         suspends = {attempt_id: suspend for attempt_id, attempt in on_node.items()
                     if (suspend := checkpoints.suspend_message(attempt)) is not None}
         decided = desired.diff([on_node_of(attempt, suspends.get(attempt_id)) for attempt_id, attempt in on_node.items()],

@@ -2,7 +2,7 @@
 the controllers' plans into messages, an attempt into what the desired-state diff reads. No I/O."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Set
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -14,6 +14,9 @@ from .controllers import desired, gang_plan
 from .controllers.attempt_machine import AssignmentRefused, Refusal, transition
 from .controllers.attempts import GANG_STEPS, AttemptPhase, ProgressReport, Report, phase_of
 from .controllers.reasons import AttemptReason
+
+if TYPE_CHECKING:
+    from .controllers.cache import Cache
 
 
 def seconds_of(ts: timestamp_pb2.Timestamp) -> float | None:
@@ -129,3 +132,14 @@ def on_node_of(attempt: dict[str, Any], suspend: agent_pb2.Suspend | None) -> de
         stop=desired.Stop(stop.get("reason", AttemptReason.CANCELLED), int(stop.get("graceSeconds") or 0),
                           None if suspend is None else suspend.seq) if stop else None,
         gang=bool(spec.get("gang")))
+
+
+def to_diff(cache: Cache, node: str, said: Mapping[str, desired.Said], finished: Set[str]) -> dict[str, dict[str, Any]]:
+    """The attempts a stream's diff reads, by id: the node's unfinished ones, and those the agent was told to
+    run and has not said ended (an ended one still owes a Cancel then). The rest of the node's history gives
+    no message: it is left out (ADR 0087), and the diff forgets it."""
+    on_node = {a["spec"]["id"]: a for a in cache.live_attempts_on(node)}
+    ended = (cache.attempt_by_id(i) for i, told in said.items()
+             if told == desired.ASSIGNED and i not in on_node and i not in finished)
+    on_node.update({a["spec"]["id"]: a for a in ended if a is not None and a["spec"].get("node") == node})
+    return on_node
