@@ -89,17 +89,13 @@ class BillingController:
             if (key in self._priced or "cost" in (job.get("status") or {})) and not self._still_final(key):
                 self.queue.add(key)
 
-    def _revisions(self, key: str) -> tuple[int | None, dict[str, int]]:
-        project, _, name = key[len(JOBS):].partition("/")
-        return self.cache.revision(key), self.cache.attempt_revisions(project, name)
-
     def _still_final(self, key: str) -> bool:
-        return self._final.get(key) == self._revisions(key)
+        return self._final.get(key) == self.cache.job_revisions(key)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
         self._final.pop(key, None)
-        revisions = self._revisions(key)
+        revisions = self.cache.job_revisions(key)
         view = self.cache.job_view(project, name)
         attempts = self.cache.attempt_views_of(project, name)
         # Attempts of a Job deleted (or recreated under its name) are charged to the uid they ran for.

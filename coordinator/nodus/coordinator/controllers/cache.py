@@ -262,6 +262,12 @@ class Cache:
         """Each of the Job's attempts' key → the revision held (no view built): what a decision reads of them."""
         return {k: self._revisions[k] for k in self._by_job.get((project, job), ()) if k in self._revisions}
 
+    def job_revisions(self, key: str) -> tuple[int | None, dict[str, int]]:
+        """The revision held of the Job at `key` (a jobs/ key) and `attempt_revisions` of it: what a controller
+        compares to skip a Job whose inputs did not change (ADR 0086)."""
+        project, _, name = key[len(JOBS):].partition("/")
+        return self._revisions.get(key), self.attempt_revisions(project, name)
+
     def attempt_owners(self) -> list[tuple[str, str]]:
         """(project, job name) of every Job that has an attempt in the cache (the Job itself may be gone)."""
         return [owner for owner, keys in self._by_job.items() if keys]

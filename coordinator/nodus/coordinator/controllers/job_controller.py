@@ -207,11 +207,9 @@ class JobController:
     def _still_settled(self, key: str, now: float) -> bool:
         """Whether the Job at `key` and its attempts are at the revisions of its settled record, before its wake-up."""
         settled = self._settled.get(key)
-        if settled is None or settled.job != self.cache.revision(key) or \
-                (settled.wake_at is not None and now >= settled.wake_at):
+        if settled is None or (settled.wake_at is not None and now >= settled.wake_at):
             return False
-        project, _, name = key[len(JOBS):].partition("/")
-        return settled.attempts == self.cache.attempt_revisions(project, name)
+        return (settled.job, settled.attempts) == self.cache.job_revisions(key)
 
     async def reconcile(self, key: str) -> None:
         project, _, name = key[len(JOBS):].partition("/")
@@ -219,7 +217,7 @@ class JobController:
         if self._still_settled(key, now):
             return  # the state its last decision wrote, or decided on, which it changes nothing of
         self._settled.pop(key, None)
-        revision, revisions = self.cache.revision(key), self.cache.attempt_revisions(project, name)
+        revision, revisions = self.cache.job_revisions(key)
         view = self.cache.job_view(project, name)
         # The stored Job too: new attempts copy its spec, and the status write is compared on its version.
         job = self.cache.job(project, name)
