@@ -7,7 +7,9 @@ program never runs; the keys appear in no log, no file of the agent and nothing 
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import stat
 import sys
 import uuid
 from pathlib import Path
@@ -105,9 +107,25 @@ def test_the_program_reads_the_object_streamed_with_the_connections_keys(
     assert sorted((i["name"], i["sha256"]) for i in st["inputs"]) == [("again", digest), ("data", digest)]
     listed = [c.session().get(c.url(p)).text for p in (ATTEMPTS, JOBS, f"{NS}/connections", f"{NS}/secrets")]
     assert_no_leak(keys, c.log.read_text(errors="replace"), agent.log_path.read_text(errors="replace"), *listed)
-    agent_files = "\n".join(p.read_text(errors="replace") for p in agent.work_dir.rglob("*")
-                            if p.is_file() and p.stat().st_size < 1 << 20)
-    assert_no_leak(keys, agent_files)
+    assert_no_leak(keys, _texts_under(agent.work_dir))
+
+
+def _texts_under(root: Path) -> str:
+    """Every small file under `root`, read while the agent may still be removing the ended attempt's
+    directories (os.walk passes over a directory gone meanwhile; a file gone meanwhile is skipped)."""
+    texts = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_size >= 1 << 20:
+                    continue  # as Path.is_file (a FIFO would block the read) and the size limit before
+                with open(path, "rb") as f:
+                    texts.append(f.read().decode(errors="replace"))
+            except FileNotFoundError:
+                continue
+    return "\n".join(texts)
 
 
 def test_a_sha256_that_does_not_match_fails_the_attempt(shared_coordinator: Coordinator, agent: AgentProcess,
