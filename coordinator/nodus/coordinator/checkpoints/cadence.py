@@ -62,7 +62,7 @@ def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int
         del asked[gone]
     for attempt in live:
         spec = attempt["spec"]
-        if phase_of(attempt).terminal or spec.get("stop"):
+        if spec.get("stop"):
             asked.pop(spec["id"], None)
             continue
         job = cache.job(attempt["metadata"]["namespace"], spec["job"]) or {}
