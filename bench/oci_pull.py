@@ -2,7 +2,9 @@
 same registry, measured in the same run. "Fetched and verified" is when the pull's progress reaches its
 total (every blob on disk and checked; issue 11's target: skopeo copy / that >= 1.0); "unpacked" is
 when the rootfs is ready, beside skopeo copy plus `umoci raw unpack` of the image run alone. A warm
-pull is a cache hit.
+pull is a cache hit. The store fetches blobs itself (ADR 0092); the same pull through skopeo, as every
+pull went before it (`ImageStore(direct=False)`, still the path for what the agent defers), is timed
+in the same runs.
 
 It starts a real docker-registry on loopback, builds an image of --megabytes incompressible data over
 --layers layers plus busybox (tests/registry.py), pushes it, and pulls it --runs times into a fresh
@@ -52,35 +54,41 @@ def main() -> None:
             skopeo = Skopeo(insecure=frozenset({registry.host}))
             pulls: list[float] = []
             fetches: list[float] = []
+            through: list[float] = []
             copies: list[float] = []
             unpacks: list[float] = []
             warm: list[float] = []
             for run in range(args.runs):
                 cache = work / f"cache{run}"
                 store = ImageStore(cache, 1 << 40, SystemClock(), lambda: (), skopeo)
+                old = ImageStore(work / f"old{run}", 1 << 40, SystemClock(), lambda: (), skopeo, direct=False)
                 copy = ["skopeo", "--insecure-policy", "copy", "--quiet", "--src-tls-verify=false",
                         f"docker://{ref}", f"oci:{work / f'copy{run}'}:image"]
 
-                def pull() -> None:
+                def pull(into: ImageStore, fetch_times: list[float], pull_times: list[float] | None) -> None:
                     start = time.perf_counter()
                     fetched: list[float] = []
 
                     def progress(p: PullProgress) -> None:
                         if p.done == p.total and not fetched:
                             fetched.append((time.perf_counter() - start) * 1000)
-                    store.pull(ref, progress=progress)
-                    pulls.append((time.perf_counter() - start) * 1000)
-                    fetches.append(fetched[0])
+                    into.pull(ref, progress=progress)
+                    if pull_times is not None:
+                        pull_times.append((time.perf_counter() - start) * 1000)
+                    fetch_times.append(fetched[0])
 
-                steps = [pull, lambda: copies.append(timed(lambda: subprocess.run(copy, check=True)))]
-                # alternate which goes first, so neither always meets a warmer page cache
-                for step in (steps if run % 2 == 0 else steps[::-1]):
+                steps = [lambda: pull(store, fetches, pulls),
+                         lambda: copies.append(timed(lambda: subprocess.run(copy, check=True))),
+                         lambda: pull(old, through, None)]
+                # rotate which goes first, so none always meets a warmer page cache
+                for step in steps[run % 3:] + steps[:run % 3]:
                     step()
                 warm.append(timed(lambda: store.pull(ref)))
                 unpacks.append(timed(lambda: subprocess.run(
                     ["umoci", "raw", "unpack", "--image", f"{layout}:latest", str(work / f"unpack{run}")],
                     check=True, capture_output=True)))
                 shutil.rmtree(cache)
+                shutil.rmtree(work / f"old{run}")
                 for path in (work / f"copy{run}", work / f"unpack{run}"):
                     shutil.rmtree(path, ignore_errors=True)
         fetch, pulled = statistics.median(fetches), statistics.median(pulls)
@@ -90,6 +98,8 @@ def main() -> None:
                   f"{args.runs} runs, medians")
             print(f"cold pull, fetched and verified  {fetch:,.0f} ms    skopeo copy (same registry)  {copied:,.0f} ms"
                   f"    ratio {copied / fetch:.2f}    target ≥ 1.0")
+            print(f"  the same pull through skopeo (before ADR 0092)  {statistics.median(through):,.0f} ms"
+                  f"    ratio {copied / statistics.median(through):.2f}")
             print(f"cold pull, unpacked  {pulled:,.0f} ms    skopeo copy + umoci raw unpack of it alone  "
                   f"{copied + unpack:,.0f} ms    ratio {(copied + unpack) / pulled:.2f}")
             print(f"warm pull (cache hit)  {statistics.median(warm):,.1f} ms")

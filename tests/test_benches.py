@@ -169,6 +169,7 @@ def test_oci_pull_bench_reports_pulls_beside_skopeo_copy_and_umoci_unpack() -> N
     figures(run_tiny("oci_pull"), {
         "fetch beside skopeo copy": rf"^cold pull, fetched and verified\s+({NUM}) ms\s+skopeo copy \(same registry\)\s+"
                                     rf"({NUM}) ms\s+ratio ({NUM})\s+target ≥ 1\.0$",
+        "the pull through skopeo": rf"^  the same pull through skopeo \(before ADR 0092\)\s+({NUM}) ms\s+ratio ({NUM})$",
         "unpacked beside copy + unpack": rf"^cold pull, unpacked\s+({NUM}) ms\s+skopeo copy \+ umoci raw unpack of it "
                                          rf"alone\s+({NUM}) ms\s+ratio ({NUM})$",
         "warm pull": rf"^warm pull \(cache hit\)\s+({NUM}) ms$",

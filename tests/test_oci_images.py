@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 import os
 import shutil
 import subprocess
@@ -18,7 +18,7 @@ import pytest
 
 from nodus.agent.cgroups import DEFAULT_FS
 from nodus.agent.oci.bundle import ContainerRequest
-from nodus.agent.oci.images import ImageStore, PullProgress
+from nodus.agent.oci.images import ImageStore, PulledImage, PullProgress
 from nodus.agent.oci.pod import IdSlots, Pod
 from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, InvalidReference, NotFound, \
     Unauthorized, Unreachable, classify
@@ -28,6 +28,7 @@ from nodus.coordinator.images import BadImageReference, BadPullSecret, ImageNotF
     ImageUnauthorized, RegistryUnreachable, ResolvedImage, refusal
 from nodus.coordinator.images import RegistryCredentials as CoordinatorCredentials
 from agent_double import free_port
+from registry_front import Front
 from registry import Registry, build_busybox_layout, build_python_layout, busybox_layer, layer, layout_blobs, push, \
     write_index_layout, write_layout
 
@@ -419,7 +420,8 @@ def test_a_pulled_image_runs_in_a_pod_with_its_config(tmp_path: Path, registry: 
 
 def test_a_copy_that_stops_receiving_bytes_is_stopped_as_unreachable(tmp_path: Path, registry: Registry) -> None:
     """A large image may take long; a copy whose bytes stop moving for stall_timeout (of the injected
-    clock) is killed and reported as the node's failure, leaving nothing behind."""
+    clock) is killed and reported as the node's failure, leaving nothing behind. (skopeo's path; the
+    agent's own fetch is the next test.)"""
     digest = push(image_with(tmp_path, "stalls", b"never arrives\n"), registry, "tests/stalls", "v1")
     hanging = tmp_path / "skopeo"
     hanging.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = copy ] && exec sleep 600; done\n'
@@ -427,7 +429,8 @@ def test_a_copy_that_stops_receiving_bytes_is_stopped_as_unreachable(tmp_path: P
     hanging.chmod(0o755)
     clock = ManualClock()
     images = ImageStore(tmp_path / "cache", GIB, clock, lambda: (),
-                        Skopeo(insecure=frozenset({registry.host}), binary=str(hanging)), stall_timeout=30)
+                        Skopeo(insecure=frozenset({registry.host}), binary=str(hanging)), stall_timeout=30,
+                        direct=False)
     with ThreadPoolExecutor(1) as pool:
         pulling = pool.submit(images.pull, f"{registry.host}/tests/stalls@{digest}")
         for _ in range(1200):  # move the clock until the store gives up; at most a minute of polling
@@ -439,3 +442,83 @@ def test_a_copy_that_stops_receiving_bytes_is_stopped_as_unreachable(tmp_path: P
             pulling.result(timeout=0)
     assert stalled.value.lost_capacity
     assert [p for p in images.images.iterdir()] == []
+
+
+def no_skopeo(tmp_path: Path, *hosts: str) -> Skopeo:
+    """A Skopeo whose binary does not exist: a pull that reaches it fails saying so."""
+    return Skopeo(insecure=frozenset(hosts), binary=str(tmp_path / "no-skopeo"))
+
+
+def moving(clock: ManualClock, pulling: Future[PulledImage]) -> None:
+    for _ in range(1200):  # move the clock until the store gives up; at most a minute of polling
+        if pulling.done():
+            return
+        clock.t += 10
+        wait([pulling], timeout=0.05)
+
+
+def test_the_agent_fetches_an_oci_image_itself_without_skopeo(tmp_path: Path, registry: Registry,
+                                                              private_registry: Registry) -> None:
+    """ADR 0092: the common pull (an OCI manifest; anonymous or a username and password) never starts
+    skopeo, reports its bytes up to the total and unpacks the same tree."""
+    digest = push(image_with(tmp_path, "direct", os.urandom(300 * 1024)), registry, "tests/direct", "v1")
+    seen: list[PullProgress] = []
+    images = ImageStore(tmp_path / "cache", GIB, ManualClock(), lambda: (), no_skopeo(tmp_path, registry.host))
+    pulled = images.pull(f"{registry.host}/tests/direct@{digest}", progress=seen.append)
+    assert (pulled.rootfs / "data" / "direct.bin").stat().st_size == 300 * 1024 and not pulled.cached
+    assert seen[-1].done == seen[-1].total > 300 * 1024
+    # a private registry's Basic challenge, answered with the pull secret's login
+    layout = build_busybox_layout(tmp_path / "private-direct")
+    private = push(layout, private_registry, "team/direct", "v1")
+    other = ImageStore(tmp_path / "c2", GIB, ManualClock(), lambda: (), no_skopeo(tmp_path, private_registry.host))
+    got = other.pull(f"{private_registry.host}/team/direct@{private}", RegistryCredentials(username="alice",
+                                                                                        password="s3cret"))
+    assert (got.rootfs / "bin" / "busybox").exists()
+
+
+def test_a_bearer_token_registry_is_fetched_with_the_pull_secrets_token(tmp_path: Path, registry: Registry) -> None:
+    """The token flow hosted registries use: the challenge's realm gives a token for the pull secret's
+    login; without the login the pull goes to skopeo, which names the refusal."""
+    digest = push(image_with(tmp_path, "bearer", b"token\n"), registry, "tests/bearer", "v1")
+    with Front(registry, bearer=("bob", "pw")) as front:
+        ref = f"{front.host}/tests/bearer@{digest}"
+        images = ImageStore(tmp_path / "cache", GIB, ManualClock(), lambda: (), no_skopeo(tmp_path, front.host))
+        pulled = images.pull(ref, RegistryCredentials(username="bob", password="pw"))
+        assert (pulled.rootfs / "data" / "bearer.bin").read_bytes() == b"token\n" and front.tokens_issued >= 1
+        refusing = ImageStore(tmp_path / "c2", GIB, ManualClock(), lambda: (),
+                              Skopeo(insecure=frozenset({front.host}), timeout=60))
+        with pytest.raises(Unauthorized):
+            refusing.pull(ref)
+        assert list(refusing.images.iterdir()) == []
+
+
+def test_a_docker_schema_2_image_is_pulled_through_skopeo(tmp_path: Path, registry: Registry) -> None:
+    """skopeo converts a Docker manifest to OCI for umoci; the agent defers it there, pinned to the same digest."""
+    layout = image_with(tmp_path, "docker", b"v2s2\n")
+    digest_file = tmp_path / "docker.digest"
+    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", "--format", "v2s2",
+                    "--digestfile", str(digest_file), f"oci:{layout}:latest",
+                    f"docker://{registry.host}/tests/docker:v1"], check=True, capture_output=True, timeout=120)
+    digest = digest_file.read_text().strip()
+    pulled = store(tmp_path, registry).pull(f"{registry.host}/tests/docker@{digest}")
+    assert pulled.digest == digest and (pulled.rootfs / "data" / "docker.bin").read_bytes() == b"v2s2\n"
+
+
+def test_a_fetch_that_stops_receiving_bytes_is_stopped_as_unreachable(tmp_path: Path, registry: Registry) -> None:
+    """The agent's own fetch has the same stall watch: a blob answer that stops sending is cut after
+    stall_timeout of the injected clock, reported as the node's failure (not handed to skopeo), and
+    leaves nothing behind."""
+    digest = push(image_with(tmp_path, "stalls-direct", b"never arrives\n"), registry, "tests/stalls-direct", "v1")
+    clock = ManualClock()
+    with Front(registry, stall_blobs=True) as front:
+        images = ImageStore(tmp_path / "cache", GIB, clock, lambda: (), no_skopeo(tmp_path, front.host),
+                            stall_timeout=30)
+        with ThreadPoolExecutor(1) as pool:
+            pulling = pool.submit(images.pull, f"{front.host}/tests/stalls-direct@{digest}")
+            moving(clock, pulling)
+            with pytest.raises(Unreachable, match="no bytes arrived for 30s") as stalled:
+                pulling.result(timeout=0)
+        assert front.blobs_started >= 1
+    assert stalled.value.lost_capacity
+    assert [p for p in images.images.iterdir()] == []
+    assert [p for p in (images.blobs / "sha256").iterdir()] == []

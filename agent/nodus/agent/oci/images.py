@@ -2,20 +2,22 @@
 
 On disk, under the cache directory the agent owns:
 
-    blobs/sha256/<hex>           every blob of every image, once (skopeo's shared blob dir)
+    blobs/sha256/<hex>           every blob of every image, once (also skopeo's shared blob dir)
     images/<hex>/layout/         the image's OCI layout (index.json; its blobs/ links to the shared one)
     images/<hex>/rootfs          the image unpacked by umoci, shared read-only by the image's attempts
     images/<hex>/image.json      written last: an image is in the cache once this file exists
     images/.<hex>.<random>/      a pull in flight (renamed to images/<hex> when complete)
 
 <hex> is the image manifest's digest. One agent owns the directory; pulls of different images run
-in parallel, two pulls of one digest share the first one's work. `pull` blocks (skopeo and umoci are
-processes): the agent calls it in a worker thread, as it does the inputs.
+in parallel, two pulls of one digest share the first one's work. An OCI image's blobs are fetched here
+(distribution.py, ADR 0092); what that path defers goes through `skopeo copy` (ADR 0019). `pull` blocks
+(blocking HTTP, umoci is a process): the agent calls it in a worker thread, as it does the inputs.
 """
 from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -29,9 +31,12 @@ import orjson
 
 from ..clock import Clock
 from .bundle import ImageConfig
+from .distribution import OCI_MANIFEST, Blob, Deferred, Distribution
 from .pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, NotFound, Unreachable
-from .skopeo import ImageReference, RegistryCredentials, RunningCopy, Skopeo
+from .skopeo import ImageReference, RegistryCredentials, Skopeo
 from .usage import Footprint, disk_usage, evictions
+
+log = logging.getLogger(__name__)
 
 TAG = "image"
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
@@ -85,12 +90,16 @@ class ImageStore:
 
     def __init__(self, cache_dir: Path, disk_budget: int, clock: Clock, in_use: Callable[[], Collection[str]],
                  skopeo: Skopeo | None = None, platform: Platform = Platform(), umoci: str = "umoci",
-                 stall_timeout: float = 120.0) -> None:
+                 stall_timeout: float = 120.0, distribution: Distribution | None = None,
+                 direct: bool = True) -> None:
         self.root = cache_dir
         self.budget = disk_budget
         self.clock = clock
         self.in_use = in_use
         self.skopeo = skopeo or Skopeo()
+        self.distribution = distribution or Distribution(insecure=self.skopeo.insecure)
+        self.direct = direct
+        """Fetch blobs in the agent (distribution.py) where it can; False: every pull through skopeo."""
         self.platform = platform
         self.umoci = umoci
         self.stall_timeout = stall_timeout
@@ -164,21 +173,19 @@ class ImageStore:
         layout.mkdir(parents=True)
         present = set(os.listdir(self.blobs / "sha256"))
         try:
-            with self.skopeo.copying(ref, layout, TAG, self.blobs, credentials) as running:
-                # read while skopeo already fetches: the sizes matter only for the budget and the total
-                raw = self.skopeo.manifest(ref, credentials)
-                _verify_bytes(raw, ref.digest, str(ref))
-                manifest = orjson.loads(raw)
-                if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-                    return self._platform_manifest(manifest, str(ref))
-                wanted = _descriptors(manifest, str(ref))
-                total = sum(d.size for d in wanted)
-                with self._lock:
-                    self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
-                self._fit(ref, sum(d.size for d in wanted if d.digest.removeprefix("sha256:") not in present))
-                self._wait_watching(ref, running, layout, wanted, total, progress)
-            self._verify_reused(ref, layout, [d for d in wanted if d.digest.removeprefix("sha256:") in present],
-                                wanted, credentials)
+            fetched: tuple[list[Descriptor], int] | str | None = None
+            if self.direct:
+                try:
+                    fetched = self._fetch_direct(ref, layout, present, credentials, progress)
+                except Deferred as why:  # skopeo pulls it and, when it fails too, names why
+                    log.info("%s: pulling through skopeo: %s", ref, why)
+                    shutil.rmtree(layout)
+                    layout.mkdir()
+            if fetched is None:
+                fetched = self._fetch_copy(ref, layout, present, credentials, progress)
+            if isinstance(fetched, str):
+                return fetched
+            wanted, total = fetched
             if progress:
                 progress(PullProgress(total, total))
             rootfs = staging / "rootfs"
@@ -206,6 +213,66 @@ class ImageStore:
             if failed:
                 self.collect()  # what the failed copy fetched before it stopped
 
+    def _fetch_copy(self, ref: ImageReference, layout: Path, present: set[str],
+                    credentials: RegistryCredentials | None,
+                    progress: ProgressCallback | None) -> tuple[list[Descriptor], int] | str:
+        """Through `skopeo copy`, the manifest read meanwhile (ADR 0019); an index's platform digest."""
+        with self.skopeo.copying(ref, layout, TAG, self.blobs, credentials) as running:
+            # read while skopeo already fetches: the sizes matter only for the budget and the total
+            raw = self.skopeo.manifest(ref, credentials)
+            _verify_bytes(raw, ref.digest, str(ref))
+            manifest = orjson.loads(raw)
+            if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+                return self._platform_manifest(manifest, str(ref))
+            wanted = _descriptors(manifest, str(ref))
+            total = sum(d.size for d in wanted)
+            with self._lock:
+                self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
+            self._fit(ref, sum(d.size for d in wanted if d.digest.removeprefix("sha256:") not in present))
+            self._wait_watching(ref, running.wait, lambda: self._copied(layout, wanted, total), running.kill,
+                                total, progress)
+        self._verify_reused(ref, layout, [d for d in wanted if d.digest.removeprefix("sha256:") in present],
+                            wanted, credentials)
+        return wanted, total
+
+    def _fetch_direct(self, ref: ImageReference, layout: Path, present: set[str],
+                      credentials: RegistryCredentials | None,
+                      progress: ProgressCallback | None) -> tuple[list[Descriptor], int] | str:
+        """The manifest and the blobs fetched here (ADR 0092), `workers` blobs at a time, each hashed as
+        it streams; an OCI layout written for umoci. Deferred where skopeo must do it."""
+        with self.distribution.session(ref, credentials) as session:
+            raw, kind = session.manifest()
+            _verify_bytes(raw, ref.digest, str(ref))
+            manifest = orjson.loads(raw)
+            if kind in INDEX_TYPES or "manifests" in manifest:
+                return self._platform_manifest(manifest, str(ref))
+            if kind != OCI_MANIFEST:
+                raise Deferred(f"a {kind or 'schema 1'} manifest, which skopeo converts to OCI for umoci")
+            wanted = _descriptors(manifest, str(ref))
+            total = sum(d.size for d in wanted)
+            with self._lock:
+                self._pulling[ref.digest] = frozenset({ref.digest, *(d.digest for d in wanted)})
+            # a blob already here is hashed before it is used; one that went bad is fetched again
+            reused = [d for d in wanted if d.digest.removeprefix("sha256:") in present and
+                      _blob_matches(self._blob(d.digest), d)]
+            missing = [Blob(d.digest, d.size) for d in dict.fromkeys(wanted) if d not in reused]
+            self._fit(ref, sum(d.size for d in missing))
+            counted, count_lock = [sum(d.size for d in reused)], threading.Lock()
+
+            def add(n: int) -> None:
+                with count_lock:
+                    counted[0] += n
+
+            self._wait_watching(ref, lambda: session.fetch(missing, layout, lambda b: self._blob(b.digest), add),
+                                lambda: min(counted[0], total), session.abort, total, progress)
+        (layout / "manifest.part").write_bytes(raw)  # umoci reads the manifest from the blobs, as skopeo leaves it
+        os.replace(layout / "manifest.part", self._blob(ref.digest))
+        (layout / "oci-layout").write_bytes(b'{"imageLayoutVersion":"1.0.0"}')
+        (layout / "index.json").write_bytes(orjson.dumps({"schemaVersion": 2, "manifests": [
+            {"mediaType": OCI_MANIFEST, "digest": ref.digest, "size": len(raw),
+             "annotations": {"org.opencontainers.image.ref.name": TAG}}]}))
+        return wanted, total
+
     def _fit(self, ref: ImageReference, missing: int) -> None:
         """Room for `missing` bytes, collecting unused images; DiskFull when even that is not enough."""
         self.collect(room=missing)
@@ -216,16 +283,16 @@ class ImageStore:
         if missing > free:
             raise DiskFull(f"{ref}: {missing} bytes to fetch, {free} free on the image cache's disk")
 
-    def _wait_watching(self, ref: ImageReference, running: RunningCopy, layout: Path, wanted: list[Descriptor],
-                       total: int, progress: ProgressCallback | None) -> None:
-        """Waits for the copy while a thread reports its bytes and stops it when they stall."""
+    def _wait_watching(self, ref: ImageReference, wait: Callable[[], None], measure: Callable[[], int],
+                       kill: Callable[[], None], total: int, progress: ProgressCallback | None) -> None:
+        """Runs `wait` while a thread reports `measure` (bytes so far) and calls `kill` when they stall."""
         stop, stalled = threading.Event(), threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(running, layout, wanted, total, progress, stop, stalled),
+        watcher = threading.Thread(target=self._watch, args=(measure, kill, progress, total, stop, stalled),
                                    name="nodus-pull-progress", daemon=True)
         watcher.start()
         try:
-            running.wait()
-        except ImagePullError:
+            wait()
+        except (ImagePullError, Deferred):
             if stalled.is_set():
                 raise Unreachable(f"{ref}: no bytes arrived for {self.stall_timeout:.0f}s; the registry or the "
                                   "node's network stalled") from None
@@ -250,28 +317,31 @@ class ImageStore:
             raise DigestMismatch(f"{ref}: blob {still[0].digest} does not match its digest after a fresh fetch; "
                                  "the node's cache disk is failing", Fault.NODE)
 
-    def _watch(self, running: RunningCopy, layout: Path, wanted: list[Descriptor], total: int,
-               progress: ProgressCallback | None, stop: threading.Event, stalled: threading.Event) -> None:
-        """Bytes on disk: finished blobs plus skopeo's partial files in the layout (oci-put-blob*)."""
+    def _watch(self, measure: Callable[[], int], kill: Callable[[], None], progress: ProgressCallback | None,
+               total: int, stop: threading.Event, stalled: threading.Event) -> None:
         last, advanced = -1, self.clock.monotonic()
         while True:
-            done = sum(d.size for d in wanted if self._blob(d.digest).exists())
-            for partial in layout.glob("oci-put-blob*"):
-                try:
-                    done += partial.stat().st_size
-                except FileNotFoundError:
-                    pass  # renamed into the blob directory between the glob and the stat
-            done = min(done, total)
+            done = measure()
             if done > last:
                 if progress:
                     progress(PullProgress(done, total))
                 last, advanced = done, self.clock.monotonic()
             elif self.clock.monotonic() - advanced > self.stall_timeout:
                 stalled.set()
-                running.kill()
+                kill()
                 return
             if stop.wait(PROGRESS_INTERVAL):
                 return
+
+    def _copied(self, layout: Path, wanted: list[Descriptor], total: int) -> int:
+        """skopeo's bytes on disk: finished blobs plus its partial files in the layout (oci-put-blob*)."""
+        done = sum(d.size for d in wanted if self._blob(d.digest).exists())
+        for partial in layout.glob("oci-put-blob*"):
+            try:
+                done += partial.stat().st_size
+            except FileNotFoundError:
+                pass  # renamed into the blob directory between the glob and the stat
+        return min(done, total)
 
     def _unpack(self, layout: Path, rootfs: Path, what: str) -> None:
         """umoci unpack through a layout whose blobs/ is the shared directory (umoci checks digests as it

@@ -1,6 +1,7 @@
 """Registry traffic through skopeo (the distribution protocol, its token auth, blob digests checked as
 they stream): image references, registry credentials in a 0600 file, and the two calls the image
-store makes. See docs/adr/0019-oci-images.md for why skopeo rather than a Python client.
+store makes when a pull is not fetched by the agent itself (distribution.py defers it: ADR 0092). See
+docs/adr/0019-oci-images.md for why skopeo rather than a Python client.
 
 skopeo runs with a private HOME, an authfile of only the attempt's credentials (empty when it has
 none) and no XDG variables, so a customer's pull never borrows credentials someone left on the node.
