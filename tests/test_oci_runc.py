@@ -452,3 +452,50 @@ def test_pod_namespaces_are_made_even_from_a_process_running_grpc_threads(tmp_pa
             remove_namespaces(tmp_path / "ns")
     finally:
         channel.close()
+
+
+def gated_supervisor(layout: AttemptLayout) -> tuple[subprocess.Popen[str], int]:
+    """The supervisor behind a start gate (ADR 0082), as the agent spawns it: its write end is returned."""
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "nodus.agent.supervisor", str(layout.root), "--gate-fd", str(r)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            pass_fds=(r,))
+    os.close(r)
+    return proc, w
+
+
+def test_an_image_attempts_pod_is_made_while_its_start_gate_is_shut(node: Node) -> None:
+    """ADR 0093: the pod's id slot and namespaces are made before the agent's byte arrives (they overlap its
+    fsync); nothing runs in them until it does."""
+    layout = attempt(node, "gated", {"command": ["sh", "-c", "echo ran > $NODUS_OUTPUTS_DIR/ran"]})
+    proc, w = gated_supervisor(layout)
+    netns = layout.run / "pod" / "ns" / "net"
+    try:
+        for _ in range(600):  # up to a minute for the supervisor to start and make the pod
+            if os.path.ismount(netns) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert os.path.ismount(netns), "the pod was not made while the gate was shut"
+        assert (read_json(layout.status) or {}).get("phase") == "SPAWNED"
+        assert node.runc.list() == [] and not (layout.outputs / "ran").exists()
+        os.write(w, b"1")
+    finally:
+        os.close(w)
+    _, err = proc.communicate(timeout=90)
+    status = read_json(layout.status) or {}
+    assert status.get("phase") == "SUCCEEDED", (status.get("message"), err)
+    assert (layout.outputs / "ran").read_text() == "ran\n"
+
+
+def test_an_image_attempt_whose_gate_closes_unopened_leaves_no_pod(node: Node) -> None:
+    """The agent gone before its state held the attempt: LOST with nothing run, and the pod made behind the
+    gate is removed (its id slot free, its namespaces unmounted: the fixture checks no mount is left)."""
+    layout = attempt(node, "gate-shut", {"command": ["sh", "-c", "echo ran > $NODUS_OUTPUTS_DIR/ran"]})
+    proc, w = gated_supervisor(layout)
+    os.close(w)
+    _, err = proc.communicate(timeout=90)
+    status = read_json(layout.status) or {}
+    assert (status.get("phase"), status.get("reason")) == ("LOST", "AgentFault"), (status.get("message"), err)
+    assert not (layout.outputs / "ran").exists()
+    assert not (node.root / "ids").exists() or list((node.root / "ids").iterdir()) == []
+    assert not os.path.ismount(layout.run / "pod" / "ns" / "net")
