@@ -58,20 +58,8 @@ class Containers:
         self.gpus = GpuInjection.from_json(oci.get("gpus") or {})
         """The assigned GPUs (the agent resolved them through CDI): every container of the attempt gets them."""
         self.egress_watch: EgressWatch | None = None
-        self.unmade: Exception | None = None
-        """Why `prepare` could not make the pod: the first launch raises it, where it always surfaced."""
-
-    def prepare(self) -> None:
-        """Makes the pod (its id slot, namespaces, egress and the bind sources) while the start gate is shut,
-        overlapping the agent's fsync, not after it (ADR 0093). Nothing of the attempt runs in it yet."""
-        try:
-            self._open()
-        except Exception as e:  # noqa: BLE001 - reported by the first launch, as a step's failure to start
-            self.unmade = e
 
     def _open(self) -> Pod:
-        if self.unmade is not None:
-            raise self.unmade
         if self.pod is not None:
             return self.pod
         become_subreaper()  # a detached container's init is then this supervisor's child, waited for as one

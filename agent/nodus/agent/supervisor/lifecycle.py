@@ -25,7 +25,7 @@ from ..reasons import Reason
 from ..statefile import read_json, write_json
 from .member import GATE_POLL, await_head, write_launch_files
 from .phase import Gate, SupervisorPhase as P
-from .processes import MESSAGE_LINES, LINE_LIMIT, Processes
+from .processes import MESSAGE_LINES, LINE_LIMIT, ForkExec, Processes
 from .start_gate import await_gate
 from .sidecars import Sidecars, Teardown
 
@@ -182,9 +182,8 @@ class Supervisor:
                 os.chown(cwd, user["uid"], user["gid"])
 
     def _run(self) -> None:
-        # while the gate is shut: a process attempt's first cgroup move (and the kernel's wait), an image
-        # attempt's pod (ADR 0093)
-        self.procs.runtime.prepare()
+        if isinstance(self.procs.runtime, ForkExec):
+            self.procs.runtime.take_identity()  # its first cgroup move (and the kernel's wait) while the gate is shut
         if self.gate_fd >= 0:
             gate, self.gate_fd = self.gate_fd, -1
             if not await_gate(gate, self.procs.wake_r, self.check_stop):

@@ -43,9 +43,6 @@ class StepProcess(Protocol):
 class StepRuntime(Protocol):
     """How a step's process is made, signalled, and what is left of the steps cleaned up."""
 
-    def prepare(self) -> None:
-        """What every step needs, done while the start gate is shut (a failure is the first launch's to raise)."""
-
     def launch(self, name: str, argv: list[str], env: dict[str, str], stdout: int) -> StepProcess:
         """Starts the step with `stdout` as its stdout and stderr; raises OSError when it cannot start."""
 
@@ -247,9 +244,6 @@ class ForkExec:
         self.identity: AttemptIdentity | None = None
         self.identity_of: Cgroup | None = None
         """The cgroup `identity` was made for (the supervisor replaces its cgroup once, in its prepare)."""
-
-    def prepare(self) -> None:
-        self.take_identity()
 
     def take_identity(self) -> None:
         """Finds out now whether steps can start with vfork (AttemptIdentity.of, whose proof of the way back
