@@ -50,6 +50,13 @@ class StreamEnded(Exception):
     pass
 
 
+def _being_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (not merely a gRPC call under it: grpc.aio
+    raises CancelledError from a call its channel cancelled)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _seconds(d: Any) -> float:
     return float(d.seconds + d.nanos / 1e9)
 
@@ -204,6 +211,13 @@ class Link:
                 self._note(str(e))
             except X509Failed as e:
                 self._note(str(e), logging.ERROR)
+            except asyncio.CancelledError:
+                if _being_cancelled():
+                    raise  # the agent stops
+                # The call was cancelled under us (its channel closed), not this task: reconnect.
+                self._note("the stream was cancelled locally; reconnecting")
+            except Exception as e:  # noqa: BLE001 - whatever ended this try, the link never stops retrying
+                self._note(f"the stream ended: {type(e).__name__}: {e}", logging.ERROR)
             finally:
                 self._queue = None
                 self.connected.clear()
@@ -351,7 +365,12 @@ class Link:
     async def _write(self, call: Any, queue: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
         while True:
             msg = await queue.get()
-            await call.write(msg)
+            try:
+                await call.write(msg)
+            except asyncio.InvalidStateError as e:
+                # The coordinator ended the call before this write (a restart, a superseded stream): the
+                # reader sees why, or there is nothing more to see. Either way this stream is over.
+                raise StreamEnded(f"the stream ended before a write: {e}") from None
 
     async def _read(self, call: Any) -> None:
         while True:
