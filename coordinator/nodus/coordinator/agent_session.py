@@ -79,6 +79,7 @@ class Session:
     # -- the conversation -------------------------------------------------------------------------
     async def open(self, first: agent_pb2.AgentMessage) -> None:
         """Folds the Hello's observations, then sends FullState (the first message down)."""
+        self.service.registry.hello(self.node, self.session_id, self.epoch)  # alive from now (ADR 0088)
         hello: list[desired.InHello] = []
         for observation in first.hello.attempts:
             attempt_id = observation.status.attempt_id

@@ -180,6 +180,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except NodusError as e:
             await context.abort_with_status(status_for(e, rid))
             raise  # unreachable: abort raises
+        except Exception:  # noqa: BLE001 - e.g. a store write that failed under a reconnect storm
+            log.exception("node %s: registering failed", request.node_name)
+            await context.abort_with_status(status_for(busy(), rid))
+            raise  # unreachable: abort raises
         log.info("node %s registered: session epoch %d", name, node["epoch"])
         return agent_pb2.RegisterResponse(node_id=node["id"], session_id=node["sessionId"], epoch=node["epoch"],
                                           lease_duration=seconds_as_duration(self.registry.leases.duration),
@@ -217,10 +221,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         differ: asyncio.Task[None] | None = None
         cadence: asyncio.Task[None] | None = None
         try:
-            await session.open(first)
-            reader = asyncio.create_task(session.read(request_iterator), name=f"agent-read:{session.node}")
-            differ = asyncio.create_task(session.follow(), name=f"agent-diff:{session.node}")
-            cadence = asyncio.create_task(session.checkpoint_cadence(), name=f"agent-cadence:{session.node}")
+            if await _opened(session, first):
+                reader = asyncio.create_task(session.read(request_iterator), name=f"agent-read:{session.node}")
+                differ = asyncio.create_task(session.follow(), name=f"agent-diff:{session.node}")
+                cadence = asyncio.create_task(session.checkpoint_cadence(), name=f"agent-cadence:{session.node}")
             async for message in session.outbound():
                 yield message
         finally:
@@ -232,6 +236,27 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 self.registry.forget(session.node, session.session_id)
         if session.error is not None:
             await context.abort_with_status(status_for(session.error, rid))
+
+
+async def _opened(session: Session, first: agent_pb2.AgentMessage) -> bool:
+    """Opens the stream (the Hello folded, FullState sent). A failure ends it with its error, and what is
+    not the agent's doing (a store write that failed under load) with UNAVAILABLE and a retry hint: the
+    agent reconnects, as from any unavailability, never left with an unexplained INTERNAL (ADR 0088)."""
+    try:
+        await session.open(first)
+        return True
+    except NodusError as e:
+        session.end(e)
+    except Exception:  # noqa: BLE001 - the agent retries; the log keeps the cause
+        log.exception("node %s: opening its stream failed", session.node)
+        session.end(busy())
+    return False
+
+
+def busy() -> NodusError:
+    """A reconnect the coordinator could not take now: the agent retries after its backoff."""
+    return NodusError("ServiceUnavailable", "the coordinator could not take this agent's reconnect now",
+                      fix="nothing to do: the agent retries by itself", retry_after=1)
 
 
 def same_host(peer: str) -> bool:

@@ -197,7 +197,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
                                        credentials=None if grpc_insecure else grpc_credentials(tls),
                                        agent_port=agent_listen, node_peer=plane.agents.peer,
                                        scope=None if grpc_insecure else plane.agents.scope)  # ADR 0045
-    plane.agents.agent_port = grpc_server.agent_port
+    plane.serving(grpc_server.agent_port)  # agents can reconnect from now: the leases' grace starts (ADR 0088)
     app, gateway = make_app(service)
     gateway.replica = plane.replica_status  # /readyz?verbose: leader or follower, epoch, watch lag
     app[downloads.BLOBS] = blobs

@@ -3,6 +3,7 @@ and answers to and from the proto; the registry, the checkpoint service and the 
 (enrol.py: revoke, re-admit, join token rotation) do the work."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 import grpc
@@ -63,6 +64,7 @@ def node_proto(registry: NodeRegistry, doc: dict[str, Any]) -> node_pb2.Node:
         gpu.unhealthy_reason, _, gpu.unhealthy_message = health.get(gpu.index, "").partition(": ")
     conditions = [gpus_condition(inventory.gpus)] if inventory.gpus else []
     expire = registry.leases.expiry(lease) if lease else None
+    expire = expire if expire is not None and math.isfinite(expire) else None  # held until serving (ADR 0088)
     return node_pb2.Node(
         name=name, id=doc.get("id", ""), phase=phase, inventory=inventory, capacity=_resources(capacity),
         free=_resources(capacity - held), lease_expire_time=_ts(rfc3339(expire)) if expire else None,

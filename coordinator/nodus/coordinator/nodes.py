@@ -11,13 +11,16 @@ controller (controllers/lease.py) marks an expired lease `expired` and its attem
 Why a grace after a restart: while the coordinator is down no heartbeat can arrive, so every lease
 would look expired the moment it comes back and every running attempt would be replaced for
 nothing. A lease not yet marked expired therefore holds at least until `lease_duration` after the
-coordinator started; agents reconnect well within it. The grace only protects what runs: new attempts
-go only to nodes whose lease a heartbeat renewed (`Leases.fresh`).
+coordinator began to accept reconnects (ADR 0088: not its process start, nor the end of its cache's
+load, which can take longer than a lease on a large store); until then no lease runs out at all
+(`Leases.hold`). The grace only protects what runs: new attempts go only to nodes whose lease a
+heartbeat renewed (`Leases.fresh`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 from typing import Any, Sequence
 
@@ -50,11 +53,22 @@ class Leases:
     def __init__(self, clock: Clock, duration: float) -> None:
         self.clock = clock
         self.duration = duration
-        self.started = clock.now()
+        self.started: float | None = clock.now()
+        """When the restart grace began: agents could reconnect from then. None: not yet (`hold`)."""
+
+    def hold(self) -> None:
+        """No lease runs out until `grace` is called: the agents cannot reconnect yet."""
+        self.started = None
+
+    def grace(self) -> None:
+        """Agents can reconnect from now: leases not yet marked expired hold one duration more."""
+        self.started = self.clock.now()
 
     def expiry(self, lease: dict[str, Any]) -> float:
         expire = parse(lease.get("expireTime")) or 0.0
-        return expire if lease.get("expired") else max(expire, self.started + self.duration)
+        if lease.get("expired"):
+            return expire
+        return math.inf if self.started is None else max(expire, self.started + self.duration)
 
     def ready(self, lease: dict[str, Any] | None, now: float | None = None) -> bool:
         """The node counts as alive: its attempts are not Lost (the restart grace applies)."""
@@ -161,8 +175,24 @@ class NodeRegistry:
         node = self.node(name)
         if node is None or node.get("sessionId") != session_id or int(node.get("epoch", 0)) != epoch:
             raise NodusError("StaleSession", f'session {epoch} of node "{name}" was superseded or is unknown')
-        beat = Beat(session_id, epoch, self.clock.now(), disk_free_bytes,
-                    {str(g.index): unhealthy(g) for g in gpus})
+        self._record(name, Beat(session_id, epoch, self.clock.now(), disk_free_bytes,
+                                {str(g.index): unhealthy(g) for g in gpus}))
+
+    def hello(self, name: str, session_id: str, epoch: int) -> None:
+        """A stream of the node's current session opened: it is alive here from now, as a heartbeat would
+        say, with the free disk and GPU health its lease last carried. After a restart a node that came
+        back late in the grace must not lose its attempts before its first heartbeat (ADR 0088)."""
+        node = self.node(name)
+        if node is None or node.get("sessionId") != session_id or int(node.get("epoch", 0)) != epoch:
+            raise NodusError("StaleSession", f'session {epoch} of node "{name}" was superseded or is unknown')
+        known = self.beats.get(name) or self.cache.get(LEASES + name) or {}
+        if isinstance(known, Beat):
+            disk, gpus = known.disk_free_bytes, dict(known.gpu_unhealthy)
+        else:
+            disk, gpus = int(known.get("diskFreeBytes") or 0), dict(known.get("gpuUnhealthy") or {})
+        self._record(name, Beat(session_id, epoch, self.clock.now(), disk, gpus))
+
+    def _record(self, name: str, beat: Beat) -> None:
         self.beats[name] = beat
         if name not in self._writing and persist_due(self.cache.get(LEASES + name), beat, self.leases.duration):
             self._writing[name] = asyncio.create_task(self._persist(name), name=f"lease-write:{name}")

@@ -63,6 +63,8 @@ class ControlPlane:
         self.cache = fleet.cache
         self.objects = Objects(store, self.cache)
         self.registry = NodeRegistry(fleet, self.objects, clock, lease_duration, heartbeat_interval)
+        self.registry.leases.hold()  # no lease runs out before the agents can reconnect (`serving`, ADR 0088)
+        self._serving = False
         interruptions = Interruptions(self.cache, clock)  # one MTBI memo for the streams and the Job controller
         self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions,
                                     image_registry)
@@ -110,8 +112,11 @@ class ControlPlane:
         """Starts every controller, each in a context whose writes carry `fence`."""
         await self.cache.synced.wait()
         # A new leader's restart grace: nodes whose agents were connected to the replica that died
-        # keep their attempts for a lease duration while they reconnect (nodes.py, Leases).
-        self.registry.leases.started = self._clock.now()
+        # keep their attempts for a lease duration while they reconnect (nodes.py, Leases). A replica
+        # not serving yet starts it when it serves: a grace that ran while the agents could not reach
+        # it would be none (ADR 0088).
+        if self._serving:
+            self.registry.leases.grace()
         runs = [("job-controller", self.jobs.run), ("placement", self.placement.run), ("leases", self.leases.run),
                 ("billing", self.billing.run), ("sweeps", self.sweeps.run), ("events", self.events.run),
                 ("gpu-warnings", self.gpu_warnings.run),
@@ -126,6 +131,13 @@ class ControlPlane:
             context = contextvars.copy_context()
             context.run(FENCE.set, fence)
             self._tasks.append(asyncio.create_task(run(), name=name, context=context))
+
+    def serving(self, agent_port: int) -> None:
+        """The gRPC server accepts the agents' reconnects from now (`agent_port`: its mTLS port, told to
+        enrolling nodes): the leases' restart grace starts."""
+        self.agents.agent_port = agent_port
+        self._serving = True
+        self.registry.leases.grace()
 
     async def replica_status(self) -> dict[str, Any]:
         """What /readyz?verbose shows: this replica's role, the lease as it last saw it, its watch lag."""
