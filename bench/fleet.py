@@ -220,7 +220,8 @@ def start_fleet(args: argparse.Namespace, cs: list[Coordinator], n: int, identit
         cfg = {"names": [names[i] for i in mine], "targets": [cs[i % len(cs)].grpc for i in mine],
                "tokens": [(cs[i % len(cs)].data / "join-token").read_text().strip() for i in mine],
                "ca": str(cs[0].data / "tls" / "ca.crt"), "identity_root": str(identity_root), "gpus": gpus,
-               "run_seconds": args.run_seconds, "enrol_concurrency": args.enrol_concurrency}
+               "run_seconds": args.run_seconds, "enrol_concurrency": args.enrol_concurrency,
+               "log_file": str(Path(args.agent_log) / f"fleet-agents-{n}-{k}.log") if args.agent_log else None}
         proc = spawn.Process(target=worker_main, args=(child, cfg), daemon=True, name=f"fleet-{k}")
         proc.start()
         workers.append(Worker(proc, parent))
@@ -467,6 +468,8 @@ def main() -> None:
                     help="record each coordinator's stacks with `py-spy record --gil` during the burst into "
                          "DIR/fleet-<agents>-r<i>.txt and during the steady state after it into "
                          "DIR/fleet-<agents>-r<i>-after.txt (collapsed stacks; needs py-spy on PATH and ptrace rights)")
+    ap.add_argument("--agent-log", metavar="DIR", default=None, help="the simulated agents' logs at INFO, one file "
+                    "per client process (DIR/fleet-agents-<agents>-<k>.log): why a node did or did not come back")
     record.add_flags(ap)
     args = ap.parse_args()
     args.tiny = args.tiny or args.quick

@@ -188,8 +188,10 @@ class SimNode:
 
 # -- one process of nodes ---------------------------------------------------------------------------
 def worker_main(conn: Connection, cfg: dict[str, Any]) -> None:
-    # A thousand links each saying once that the coordinator went away is noise; errors still show.
-    logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # A thousand links each saying once that the coordinator went away is noise on the terminal; errors still
+    # show. With --agent-log DIR every link's story goes to a file at INFO (why a node did not come back).
+    logging.basicConfig(level=logging.INFO if cfg.get("log_file") else logging.ERROR, filename=cfg.get("log_file"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(_worker(conn, cfg))
 
 
