@@ -22,7 +22,11 @@ from nodus.coordinator.controllers.placement import bind
 from nodus.coordinator.nodes import NodeRegistry
 from nodus.coordinator.scheduler import Placement
 from nodus.coordinator.store import SqliteStore
-from nodus.v1 import common_pb2
+from nodus.v1 import common_pb2, node_pb2, node_pb2_grpc
+from agent_double import wait_for
+from conftest import Coordinator
+from e2e import attempts_of, create
+from test_agent_service import CANCELLED, RUNNING, FakeAgent, agent_pb2, phase_is, ts, wait_job
 
 LEASE = 15.0
 
@@ -97,3 +101,66 @@ async def _reconnect_is_alive(path: Path) -> None:
 
 def test_a_reconnect_keeps_the_node_alive_until_its_first_heartbeat(tmp_path: Path) -> None:
     asyncio.run(_reconnect_is_alive(tmp_path))
+
+
+
+# -- through the real coordinator: a node back only after its lease ran out across a restart -------------
+
+def test_a_node_back_after_its_lease_ran_out_across_a_restart_is_resynchronised_and_nothing_runs_twice(
+        tmp_path: Path) -> None:
+    """node-a runs an attempt; the coordinator restarts; node-b reconnects at once, node-a only after its
+    lease and the grace ran out, so its attempt is Lost and replaced on node-b. node-a then reconnects with
+    the same session (no Register), its Hello still reporting the attempt running: FullState tells it to
+    stop it (NodeLost), it is re-synchronised, and one attempt runs, node-b's."""
+    c = Coordinator(tmp_path / "data").start(extra_args=("--lease-duration", "1s", "--heartbeat-interval", "0.2s"))
+    a = b = None
+    try:
+        a = FakeAgent(c, "node-a")
+        a.register()
+        a.connect()
+        a.expect("full_state")
+        a.start_heartbeats()
+        create(c, "late", backoffLimit=0, recovery={"maxAttempts": 1})
+        first = a.expect("assignment")
+        a.update(first.attempt_id, RUNNING)
+        wait_job(c, "late", phase_is("Running"))
+        b = FakeAgent(c, "node-b")  # joins once node-a holds the attempt
+        b.register()
+        b.connect()
+        b.expect("full_state")
+
+        c.stop()
+        c.start()
+        b.reconnect_to(c)
+        b.connect()
+        assert not b.expect("full_state").assignments
+        b.start_heartbeats()
+        second = b.expect("assignment", timeout=30)  # node-a's lease ran out: its attempt is replaced here
+        assert second.index == 0 and second.attempt_id != first.attempt_id
+        b.update(second.attempt_id, RUNNING)
+
+        a.reconnect_to(c)
+        a.connect([agent_pb2.AttemptObservation(status=agent_pb2.AttemptUpdate(
+            attempt_id=first.attempt_id, phase=RUNNING, time=ts()))])  # the same session: no Register
+        full = a.expect("full_state")
+        assert not full.assignments
+        assert [(x.attempt_id, x.reason) for x in full.cancels] == [(first.attempt_id, "NodeLost")]
+        a.start_heartbeats()
+        a.finish(first.attempt_id, CANCELLED, reason="NodeLost")
+        attempts = {x["metadata"]["name"]: x for x in attempts_of(c, "late")}
+        live = [x for x in attempts.values() if x["status"]["phase"] not in ("Lost", "Cancelled", "Failed")]
+        assert [x["spec"]["node"] for x in live] == ["node-b"], [(x["spec"].get("node"), x["status"]) for x in
+                                                                 attempts.values()]
+        wait_for(lambda: _node_ready(c, "node-a"), 15, interval=0.1, what="node-a Ready again")
+    finally:
+        for agent in (a, b):
+            if agent is not None:
+                agent.close()
+        c.stop()
+
+
+def _node_ready(c: Coordinator, name: str) -> bool:
+    with c.channel() as channel:
+        node = node_pb2_grpc.NodeServiceStub(channel).GetNode(
+            node_pb2.GetNodeRequest(name=name), metadata=(("authorization", f"Bearer {c.token}"),), timeout=10)
+    return bool(node.phase == node_pb2.NODE_PHASE_READY)
