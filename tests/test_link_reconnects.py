@@ -17,8 +17,9 @@ import grpc
 
 from nodus.agent.backoff import Backoff
 from nodus.agent.clock import SystemClock
-from nodus.agent.link import Link
-from nodus.v1 import agent_pb2, common_pb2
+from agent_double import restart_ports
+from nodus.agent.link import CHANNEL_OPTIONS, Link
+from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 
 class Node:
@@ -137,3 +138,87 @@ def test_the_link_ends_when_its_task_is_cancelled() -> None:
         await link.close()
         return task.cancelled()
     assert asyncio.run(scenario())
+
+
+class _Coordinator(agent_pb2_grpc.AgentServiceServicer):
+    """Just enough AgentService for a link to connect: a session, then FullState on each stream."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.connects = 0
+        self.refuse = refuse
+
+    async def Register(self, request: agent_pb2.RegisterRequest, context: Any) -> agent_pb2.RegisterResponse:
+        return agent_pb2.RegisterResponse(node_id="node-1", session_id="s1", epoch=1)
+
+    async def Connect(self, request_iterator: Any, context: Any) -> Any:
+        self.connects += 1
+        if self.refuse:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
+        await request_iterator.__anext__()  # Hello
+        yield agent_pb2.CoordinatorMessage(seq=1, full_state=agent_pb2.FullState())
+        async for _ in request_iterator:
+            pass
+
+
+async def _serve(port: int, servicer: _Coordinator) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
+    assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+    await server.start()
+    return server
+
+
+def test_a_restarted_coordinator_is_reconnected_to_without_waiting_out_the_backoff() -> None:
+    """The coordinator goes away and comes back on the same port while the link's backoff says a minute: the
+    link reconnects once its channel does, not after the minute (before: the minute, however early it came
+    back; in bench/fleet.py's storm the agents that had reached the 10 s cap came back up to 10 s late)."""
+    async def scenario() -> int:
+        port = restart_ports(1)
+        servicer = _Coordinator()
+        server = await _serve(port, servicer)
+        link = Link(Node(), grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS), (),
+                    f"127.0.0.1:{port}", backoff=Backoff(base=60.0, cap=60.0), clock=SystemClock(), tls=False)
+        task = asyncio.create_task(link.run())
+        try:
+            await asyncio.wait_for(link.connected.wait(), 20)
+            await server.stop(None)  # the restart: every stream ends, the port refuses
+            await asyncio.wait_for(_until(lambda: not link.connected.is_set()), 20)
+            await asyncio.sleep(1.0)  # down a while: the channel's own reconnects are refused meanwhile
+            server = await _serve(port, servicer)
+            await asyncio.wait_for(link.connected.wait(), 20)  # far less than the 30-60 s backoff
+            assert not task.done()
+            return servicer.connects
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await link.close()
+            await server.stop(None)
+    assert asyncio.run(scenario()) == 2
+
+
+async def _until(predicate: Any) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+def test_a_coordinator_that_is_up_and_refuses_is_retried_only_after_the_backoff() -> None:
+    """The shortcut is for a coordinator that was away: one that answers (its channel READY) and refuses the
+    stream is not hammered; the link waits its whole backoff (30-60 s here) before the next Connect."""
+    async def scenario() -> int:
+        port = restart_ports(1)
+        servicer = _Coordinator(refuse=True)
+        server = await _serve(port, servicer)
+        link = Link(Node(), grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS), (),
+                    f"127.0.0.1:{port}", backoff=Backoff(base=60.0, cap=60.0), clock=SystemClock(), tls=False)
+        task = asyncio.create_task(link.run())
+        try:
+            await asyncio.wait_for(_until(lambda: servicer.connects >= 1), 20)
+            await asyncio.sleep(1.0)  # well inside the backoff: no second try may come
+            assert not task.done()
+            return servicer.connects
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await link.close()
+            await server.stop(None)
+    assert asyncio.run(scenario()) == 1

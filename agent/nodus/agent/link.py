@@ -40,6 +40,10 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
+    # While the coordinator is away the channel tries again every 0.5 s growing to 2 s (gRPC's default grows
+    # to 120 s): a restarted coordinator is found within 2 s, and Link._pause reconnects on it (ADR 0088).
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 NOT_ACKED = ("ack", "lease_renewal")
 WALL = time.time
@@ -223,7 +227,25 @@ class Link:
                 self.connected.clear()
             delay = self.backoff.next()
             log.debug("reconnecting in %.2fs", delay)
+            await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        """The backoff's delay, cut short when the channel, not connected as the try failed (the coordinator
+        was away: a restart), connects meanwhile: a restarted coordinator sees its agents within the
+        channel's reconnect interval (CHANNEL_OPTIONS), not the backoff's cap later. A coordinator that is
+        up and refuses keeps the channel READY, so the whole delay is waited (ADR 0088)."""
+        channel = self.channel
+        state = channel.get_state(try_to_connect=True)
+        if state == grpc.ChannelConnectivity.READY:
             await asyncio.sleep(delay)
+            return
+        try:
+            async with asyncio.timeout(delay):
+                while state != grpc.ChannelConnectivity.READY and channel is self.channel:
+                    await channel.wait_for_state_change(state)
+                    state = channel.get_state(try_to_connect=True)
+        except TimeoutError:
+            pass
 
     def _note(self, text: str, level: int = logging.WARNING) -> None:
         """Logs a connection problem once, not on every retry (each refusal's requestId differs, so the
