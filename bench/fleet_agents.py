@@ -35,6 +35,8 @@ from nodus.agent.enrolment import NodeCredentials
 from nodus.agent.link import CHANNEL_OPTIONS, Link, open_channel
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
+log = logging.getLogger("nodus.bench.fleet")
+
 RUN_ENV = "FLEET_RUN_SECONDS"
 RUNNING = common_pb2.ATTEMPT_PHASE_RUNNING
 SUCCEEDED = common_pb2.ATTEMPT_PHASE_SUCCEEDED
@@ -150,6 +152,8 @@ class SimNode:
     def _synced(self) -> None:
         if self.full_state and self.hello_acked and self.synced_at < 0:
             self.synced_at = time.monotonic()
+            log.info("node %s re-synchronised (stream %d): %d attempts running", self.node_name, self.stream,
+                     sum(1 for a in self.attempts.values() if not a.terminal))
 
     def _accept(self, a: agent_pb2.Assignment) -> None:
         if a.attempt_id in self.attempts:
