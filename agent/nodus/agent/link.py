@@ -225,25 +225,24 @@ class Link:
             finally:
                 self._queue = None
                 self.connected.clear()
-            delay = self.backoff.next()
-            log.debug("reconnecting in %.2fs", delay)
-            await self._pause(delay)
+            await self._pause(self.backoff.next())
 
     async def _pause(self, delay: float) -> None:
-        """The backoff's delay, cut short when the channel, not connected as the try failed (the coordinator
-        was away: a restart), connects meanwhile: a restarted coordinator sees its agents within the
-        channel's reconnect interval (CHANNEL_OPTIONS), not the backoff's cap later. A coordinator that is
-        up and refuses keeps the channel READY, so the whole delay is waited (ADR 0088)."""
+        """The backoff's delay, cut short when the channel, not connected as the try failed or disconnected
+        since (the coordinator was away or going: a restart), connects again: a restarted coordinator sees
+        its agents within the channel's reconnect interval (CHANNEL_OPTIONS), not the backoff's cap later.
+        A coordinator that is up and refuses keeps the channel READY: the whole delay is waited (ADR 0088)."""
         channel = self.channel
         state = channel.get_state(try_to_connect=True)
-        if state == grpc.ChannelConnectivity.READY:
-            await asyncio.sleep(delay)
-            return
+        log.debug("reconnecting in %.2fs; channel %s", delay, state.name)
+        away = state != grpc.ChannelConnectivity.READY
         try:
             async with asyncio.timeout(delay):
-                while state != grpc.ChannelConnectivity.READY and channel is self.channel:
+                while not (away and state == grpc.ChannelConnectivity.READY) and channel is self.channel:
                     await channel.wait_for_state_change(state)
                     state = channel.get_state(try_to_connect=True)
+                    away = away or state != grpc.ChannelConnectivity.READY  # a stopping coordinator went away
+                    log.debug("channel %s", state.name)
         except TimeoutError:
             pass
 
