@@ -99,6 +99,8 @@ class SimNode:
         self.hello_acked = False
         self.synced_at = 0.0
         """Monotonic time the current stream was re-synchronised: FullState in and the Hello acknowledged."""
+        self.measuring = False
+        """Set by the storm's resync: only the stream a node is on when it is counted re-synchronises it."""
 
     # -- link.Node --------------------------------------------------------------------------------
     def inventory(self) -> common_pb2.NodeInventory:
@@ -115,6 +117,8 @@ class SimNode:
 
     def hello(self, session: agent_pb2.RegisterResponse, stream_id: int, hello_seq: int) -> agent_pb2.Hello:
         self.stream, self.full_state, self.hello_acked = stream_id, False, False
+        if self.synced_at >= 0 and self.measuring:
+            self.synced_at = -1.0  # synced on a stream that ended (the stopping coordinator's): not yet
         hello = agent_pb2.Hello(node_id=session.node_id, session_id=session.session_id, epoch=session.epoch)
         for att in self.attempts.values():
             hello.attempts.add(status=att.update())
@@ -269,10 +273,10 @@ async def _worker(conn: Connection, cfg: dict[str, Any]) -> None:
                         "ended": sum(len(n.ended) for n in nodes)},))
         elif command == "resync":
             for n in nodes:  # the next stream's FullState and its Hello's ack set it
-                n.synced_at, n.full_state, n.hello_acked = -1.0, False, False
+                n.synced_at, n.full_state, n.hello_acked, n.measuring = -1.0, False, False, True
             conn.send(("ok",))
         elif command == "synced":
-            times = [n.synced_at for n in nodes if n.synced_at >= 0]
+            times = [n.synced_at for n in nodes if n.synced_at >= 0 and n.link is not None and n.link.connected.is_set()]
             conn.send((len(times), max(times, default=0.0)))
         elif command == "receipts":
             conn.send(([job_t for n in nodes for job_t in n.received.values()],))
