@@ -35,7 +35,7 @@ from .agent_wire import seconds_as_duration
 from .clock import Clock
 from .controllers import gang as gangs
 from .controllers.attempts import phase_of
-from .controllers.cache import ATTEMPTS, NODES, Cache
+from .controllers.cache import ATTEMPTS, JOBS, NODES, Cache
 from .controllers.interruptions import Interruptions
 from .controllers.objects import Objects
 from .controllers.workload_tokens import ApiEndpoint
@@ -61,6 +61,10 @@ def _gang_facts(obj: dict[str, Any] | None) -> Any:
 
 
 
+def _uid(obj: dict[str, Any]) -> Any:
+    return (obj.get("metadata") or {}).get("uid")
+
+
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, registry: NodeRegistry, objects: Objects, identity: Identity, vault: Vault,
                  clock: Clock, gang_config: gangs.GangConfig = gangs.GangConfig(),
@@ -81,6 +85,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.scope = NodeScope(self.cache, clock)
         """What a node's BlobService calls reach: its attempts' blobs and logs while they run (ADR 0045)."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
+        self.cache.listen(JOBS, self._on_job)
         self.cache.listen(NODES, self._on_node)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
@@ -96,6 +101,19 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 node = (sibling.get("spec") or {}).get("node")
                 if node and node in self.sessions:
                     self.sessions[node].dirty.set()
+
+    def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """A Job this cache sees for the first time (or a new one of the same name) wakes the streams of the
+        nodes its attempts are bound to: an Assignment is built from the attempt and its Job, and on a
+        replica whose watches follow the store's prefixes apart (PostgreSQL) the attempt can arrive first,
+        when its stream could not build it (ADR 0090). A change of a Job it already had wakes nothing."""
+        if new is None or (old is not None and _uid(old) == _uid(new)):
+            return
+        project, name = key[len(JOBS):].split("/", 1)
+        for attempt in self.cache.attempts_of(project, name):
+            node = (attempt.get("spec") or {}).get("node")
+            if node and node in self.sessions:
+                self.sessions[node].dirty.set()
 
     def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         session = self.sessions.get(key[len(NODES):])
