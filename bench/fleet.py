@@ -48,6 +48,7 @@ from daemons import Coordinator, start_coordinator, stop_all
 from fleet_agents import RUN_ENV, anchor_server_main, worker_main
 from fleet_report import report
 
+ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 LONG_RUN_S = 3600
 """How long the reconnect storm's attempts run: past the end of the bench."""
@@ -200,6 +201,29 @@ async def job_phases(c: Coordinator, label: str) -> dict[str, int]:
             if not token:
                 return phases
             params = {**params, "continue": token}
+
+
+async def unreached(cs: list[Coordinator], names: list[str]) -> list[str]:
+    """Each of these Jobs (those no agent got an assignment of) as every replica sees it: its phase, and each
+    attempt's node, phase and reason, so that where they stopped shows (never placed, or placed and never
+    sent to the agent of that node)."""
+    lines = []
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=api.client_ssl(c.ca)), headers={"Authorization": f"Bearer {c.token}"},
+            timeout=aiohttp.ClientTimeout(total=60))) for c in cs]
+        for name in names:
+            for i, (c, s) in enumerate(zip(cs, sessions)):
+                async with s.get(c.http + api.JOBS + "/" + name) as r:
+                    job = orjson.loads(await r.read()) if r.status == 200 else {}
+                async with s.get(c.http + ATTEMPTS, params={"labelSelector": f"nodus.dev/job={name}"}) as r:
+                    items = orjson.loads(await r.read()).get("items") or [] if r.status == 200 else []
+                seen = [f"{a['metadata']['name']} on {a['spec'].get('node') or '-'} "
+                        f"{(a.get('status') or {}).get('phase')} {(a.get('status') or {}).get('reason', '')}".rstrip()
+                        for a in items]
+                lines.append(f"{name} at replica {i}: Job {(job.get('status') or {}).get('phase')}; "
+                             f"attempts {seen or 'none'}")
+    return lines
 
 
 def gpus_per_agent(args: argparse.Namespace, n: int) -> int:
@@ -389,6 +413,10 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
         if job in created or job in trickle:
             attempts += job in created
             first[job] = min(t, first.get(job, t))
+    missing = [j for j in created if j not in first]
+    if missing:
+        api.log(f"{len(missing)} Jobs' assignments never reached an agent; the first of them:\n"
+                + "\n".join(await unreached(cs, missing[:5])))
     phases: dict[str, int] = {}
     if ok:
         api.log(f"drained in {drained:.1f}s; waiting for every Job to be Succeeded")
