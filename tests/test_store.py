@@ -617,6 +617,44 @@ def test_postgres_watch_sees_another_process_writes_with_notifications_lost(pg: 
     run(body)
 
 
+def test_postgres_watchers_see_two_concurrent_writer_processes_in_revision_order_without_gap(pg: Backend) -> None:
+    """Two stores (two replicas) commit group after group at once while watchers of a third read the log as
+    they are woken, in pages smaller than a batch: each watcher sees every revision of its prefix once, in
+    order, with the value its writer wrote; the prefixes' revisions together are every revision, none
+    missing (a watch's page and head come from one snapshot, and revisions are handed out in commit
+    order)."""
+    class SmallPages(PostgresStore):
+        LOG_PAGE = 7
+
+    async def body() -> None:
+        writers = [await pg.open(), await pg.open()]
+        watcher = await pg.open(postgres=SmallPages, poll_interval=0.05)
+        watches = {prefix: watcher.watch(prefix, 0) for prefix in ("a/", "b/", "")}
+        total = 2 * 10 * 12
+
+        async def write(w: int) -> None:
+            for burst in range(10):
+                await asyncio.gather(*(writers[w].create(f"{'ab'[(w + i) % 2]}/{w}-{burst}-{i}", f"{w}{burst}{i}".encode())
+                                       for i in range(12)))
+
+        async def follow(prefix: str) -> list[Event]:
+            return await take(watches[prefix], total if prefix == "" else total // 2)
+        _, _, *seen = await asyncio.gather(write(0), write(1), *(follow(p) for p in watches))
+        by_prefix = dict(zip(watches, seen))
+        for prefix, events in by_prefix.items():
+            revisions = [e.revision for e in events]
+            assert revisions == sorted(set(revisions)), f"{prefix!r}: out of order or twice"
+            assert all(e.key.startswith(prefix) and e.value == "".join(e.key[2:].split("-")).encode()
+                       for e in events), prefix
+        assert [e.revision for e in by_prefix[""]] == list(range(1, total + 1))
+        assert sorted(e.revision for e in by_prefix["a/"] + by_prefix["b/"]) == list(range(1, total + 1))
+        for events in watches.values():
+            await events.aclose()
+        for store in (watcher, *writers):
+            await store.close()
+    run(body, deadline=60)
+
+
 def test_postgres_notify_wakes_a_watcher_in_another_process_before_its_poll(pg: Backend) -> None:
     """With a poll far beyond the test's deadline, only LISTEN/NOTIFY can deliver the other store's write."""
     async def body() -> None:

@@ -11,7 +11,9 @@ in this process wakes it at once; a commit elsewhere wakes it through LISTEN/NOT
 every `poll_interval` seconds wakes it regardless, so correctness never depends on a notification
 arriving. A commit wakes only the watches whose prefix's first segment ("jobs/" of "jobs/p/") one of
 its keys has (the NOTIFY names them): a heartbeat's lease write does not send every other watch to
-read the log (ADR 0087). Reads run on an async pool, each in one REPEATABLE READ snapshot.
+read the log (ADR 0087). Reads run on an async pool of autocommit connections: a watch's page with the
+head it is checked against, and a get, are one statement each (one snapshot, one round trip, ADR 0091); a
+list, which reads twice, runs in one REPEATABLE READ transaction.
 
 Leases and fencing (docs/adr/0043-leader-lease-and-fencing.md): a lease is a row of `lease`, claimed
 and renewed in its own short transaction on the database's clock. A batch holding fenced writes
@@ -44,6 +46,13 @@ CHANNEL = "nodus_store"
 _TYPES = {_PUT: EventType.PUT, _DELETE: EventType.DELETE}
 _LOG_COLUMNS = "revision, key, type, value, prev_value, create_revision"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+_READ_LOG = ("SELECT h.value, c.value, l.revision, l.key, l.type, l.value, l.prev_value, l.create_revision "
+             "FROM meta AS h JOIN meta AS c ON c.name = 'compacted' LEFT JOIN LATERAL "
+             f"(SELECT {_LOG_COLUMNS} FROM log "
+             "WHERE revision > %s AND {where} ORDER BY revision LIMIT %s) AS l ON TRUE "
+             "WHERE h.name = 'revision' ORDER BY l.revision")
+"""A watch's page and the head and compacted revisions it was read at, from one snapshot (one statement):
+a row per event, or one row of NULL events when the page is empty."""
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -143,7 +152,7 @@ class PostgresStore(QueuedWriteStore):
             raise _connect_error(url, exc) from exc
         # check: a pooled connection the server dropped is replaced before a read gets it.
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": False, **connect},
+            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **connect},
             check=psycopg_pool.AsyncConnectionPool.check_connection)
         try:
             await migrate(writer)
@@ -174,7 +183,7 @@ class PostgresStore(QueuedWriteStore):
         return self._compacted
 
     async def get(self, key: str) -> Record | None:
-        async with self._snapshot() as conn:
+        async with self._statement() as conn:  # one statement: one snapshot, one round trip
             cursor = await conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = %s", (key,))
             row = await cursor.fetchone()
         return None if row is None else Record(key, bytes(row[0]), row[1], row[2])
@@ -309,6 +318,14 @@ class PostgresStore(QueuedWriteStore):
         return head, compacted
 
     @contextlib.asynccontextmanager
+    async def _statement(self) -> AsyncIterator[Conn]:
+        """A pooled connection for a single statement, outside any transaction (the pool's are autocommit)."""
+        if self._closed:
+            raise NodusError("ServiceUnavailable", "the store is closed")
+        async with self._pool.connection() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
     async def _snapshot(self) -> AsyncIterator[Conn]:
         if self._closed:
             raise NodusError("ServiceUnavailable", "the store is closed")
@@ -318,15 +335,20 @@ class PostgresStore(QueuedWriteStore):
                 yield conn
 
     async def _read_log(self, prefix: str, after: int, limit: int) -> tuple[Sequence[Event], int]:
-        async with self._snapshot() as conn:
-            head, compacted = self._seen(*await _meta(conn))
-            if after < compacted:
-                raise expired(after, compacted)
-            where, params = key_range(prefix, None, "key", "%s", "TRUE")
-            cursor = await conn.execute(f"SELECT {_LOG_COLUMNS} FROM log WHERE revision > %s AND {where} "
-                                        "ORDER BY revision LIMIT %s".encode(), [after, *params, limit])
+        """The prefix's events after `after` and the head, in ONE statement: PostgreSQL runs a statement
+        on one snapshot, so the head and the page agree as they did in a REPEATABLE READ transaction, in one
+        round trip instead of five (BEGIN, SET TRANSACTION, the meta row, the page, COMMIT). A watch's
+        wake-up costs this read, and a busy replica's watches wake on most commits (ADR 0091)."""
+        where, params = key_range(prefix, None, "key", "%s", "TRUE")
+        async with self._statement() as conn:
+            cursor = await conn.execute(_READ_LOG.format(where=where).encode(), [after, *params, limit])
             rows = await cursor.fetchall()
-        return [_event(row) for row in rows], head
+        if not rows:
+            raise NodusError("InternalError", "the PostgreSQL store has no meta rows: was its schema dropped?")
+        head, compacted = self._seen(int(rows[0][0]), int(rows[0][1]))
+        if after < compacted:
+            raise expired(after, compacted)
+        return [_event(row[2:]) for row in rows if row[2] is not None], head
 
     async def _listen(self) -> Conn:
         conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._connect)
