@@ -94,9 +94,16 @@ class Objects:
         raise NodusError("Conflict", f"{key} kept changing under {_RETRIES} tries", fix="retry")
 
     async def upsert(self, key: str, mutation: Callable[[dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
-        """Creates or updates `key` from its current value (None when absent)."""
+        """Creates or updates `key` from its current value (None when absent).
+
+        As `mutate`, the first try starts from the cache when it holds the key (a node's lease, written by
+        its heartbeats: a store read saved each time, ADR 0091); the write is a compare-and-swap on that
+        revision, so a stale copy only costs a retry from the store."""
+        cached, revision = self.cache.get(key), self.cache.revision(key)
+        first = (cached, revision) if cached is not None and revision is not None else None
         for _ in range(_RETRIES):
-            current = await self.read(key)
+            current = first if first is not None else await self.read(key)
+            first = None
             new = mutation(copy_json(current[0]) if current else None)
             try:
                 if current is None:
