@@ -86,7 +86,9 @@ def test_register_hello_full_state_and_a_run_to_success(fake: FakeCoordinator, a
     end = fake.wait_final("a-ok")
     assert end.reason == "Completed" and end.exit_code == 0 and not end.oom_killed
     assert end.HasField("start_time") and end.HasField("finish_time") and end.HasField("inputs_ready_time")
-    assert in_order(fake.phases("a-ok"), ["PROVISIONING", "MATERIALIZING", "RUNNING", "STOPPING", "SUCCEEDED"])
+    # accepted and materializing pass in a few ms and ride with the next report; nothing to collect: no
+    # STOPPING of its own (ADR 0094)
+    assert in_order(fake.phases("a-ok"), ["RUNNING", "SUCCEEDED"])
 
     reg = fake.registrations[0]
     assert reg.node_name == "node-a"

@@ -197,6 +197,9 @@ class Agent:
     def report(self, att: Attempt, force: bool = False) -> None:
         self.session.report(att, force)
 
+    def report_soon(self, att: Attempt) -> None:
+        self.session.report_soon(att)  # a passing state: moot if the attempt moves on first (ADR 0094)
+
     # -- re-adoption -------------------------------------------------------------------------------
     def load(self) -> None:
         """Re-adopts what a previous agent process left: supervisors still running, ends not yet acked."""
@@ -268,7 +271,7 @@ class Agent:
         self.table.persist(durable=False)  # an accepted attempt has run nothing: a restart drops it anyway
         if self.moves is not None:
             self.moves.poke()  # its supervisor moves into a cgroup soon: start the kernel's wait now (ADR 0072)
-        self.report(att)
+        self.report_soon(att)
         v.task = self._spawn_task(self._start(att), f"start:{att.id}")
 
     async def _start(self, att: Attempt) -> None:
@@ -285,7 +288,7 @@ class Agent:
             v.progress = ProgressTail(layout.progress)
             att.fold_pull(self.runtime.pull_progress(att.id))  # its last bytes, before write_spec forgets them
             att.phase = "MATERIALIZING"
-            self.report(att)
+            self.report_soon(att)
             att.inputs = await self.materializer.materialize(a, layout)
             att.inputs_ready_time = self.clock.now()
             try:
@@ -309,7 +312,7 @@ class Agent:
                 self.notices.add(att.id)
             v.assignment = None  # the supervisor holds the secrets now
             v.log_task = self._spawn_task(self.shipping.ship_log(att, v.log_wake, fresh=True), f"log:{att.id}")
-            self.report(att)
+            self.report_soon(att)  # inputs ready: rides with RUNNING unless the first step is slow to start
         except asyncio.CancelledError:
             if self.shutting_down:
                 raise
@@ -454,7 +457,10 @@ class Agent:
             att.phase = shown_phase(seen.phase, self.checkpoints.in_flight(att.id))
             att.start_time = fields.get("start_time", att.start_time)
             att.exit_code = fields.get("exit_code", att.exit_code)
-            self.report(att)
+            if att.phase == L.RUNNING:
+                self.report(att)  # what a user waits for
+            else:
+                self.report_soon(att)
             return
         att.supervisor_ended = True
         att.start_time = fields.get("start_time", att.start_time)

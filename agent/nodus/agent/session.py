@@ -7,6 +7,7 @@ recovery.Checkpoints; gang plans to gang.Gangs. Nothing here runs work itself.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Protocol
 
@@ -24,6 +25,11 @@ from .runtime import ProcessRuntime
 from .table import AttemptTable
 
 log = logging.getLogger("nodus.agent")
+
+PASSING_REPORT_DELAY = 0.025
+"""Seconds a passing state of an attempt (accepted, materializing, inputs ready, stopping) waits before it
+is reported (`Session.report_soon`): a trivial index passes through all of them in a few milliseconds,
+and each report is a stream message, a durable write of the Attempt, its watch events and an ack (ADR 0094)."""
 
 
 class Stream(Protocol):
@@ -135,6 +141,22 @@ class Session:
         att.reported = att.key()
         if att.terminal:
             att.terminal_seq = (self.stream.stream_id, seq)
+
+    def report_soon(self, att: Attempt) -> None:
+        """Reports a passing state once it has lasted PASSING_REPORT_DELAY (ADR 0094). A change of the
+        attempt meanwhile makes this one moot: each change reports itself (now, after a flush, or soon), so
+        the last state always goes out, and an end still goes out only once state.json holds it."""
+        key = att.key()
+        if att.reported == key:
+            return
+
+        def due() -> None:
+            if att.key() == key:
+                self.report(att)
+        try:
+            asyncio.get_running_loop().call_later(PASSING_REPORT_DELAY, due)
+        except RuntimeError:  # no loop (a test's direct call): at once, as before
+            self.report(att)
 
     def _resend_finished(self, attempt_id: str) -> None:
         end = self.table.finished.get(attempt_id) or {}

@@ -275,7 +275,10 @@ class Supervisor:
             raise  # run() stops the rest (teardown included) and finishes with the stop's phase
         code = main.exit_code
         assert code is not None
-        self.set(phase=P.STOPPING, exit_code=code)
+        if self._winds_down_at_once():
+            self.status.update(phase=P.STOPPING, exit_code=code)  # the end follows at once: one write (ADR 0094)
+        else:
+            self.set(phase=P.STOPPING, exit_code=code)
         self.procs.signal_group(main, signal.SIGKILL)  # what the command left behind in its group
         oom = code != 0 and self.procs.runtime.oom_kills(main.proc) > oom_before
         self._wind_down()
@@ -298,6 +301,18 @@ class Supervisor:
                 self.finish(P.FAILED, Reason.OUTPUT_MISSING, problem, exit_code=code)
             else:
                 self.finish(P.SUCCEEDED, Reason.COMPLETED, "", exit_code=code, outputs=outputs)
+
+    def _winds_down_at_once(self) -> bool:
+        """Nothing after the main command takes time: no teardown steps, sidecars or gang, no declared
+        outputs and nothing in the outputs directory. Then STOPPING is not written on its own: the final
+        status comes right after it, and each write is a file, a rename and a wake-up of the agent."""
+        if self.teardown.steps or self.spec.get("sidecars") or self.spec.get("gang") or self.spec.get("outputs"):
+            return False
+        try:
+            with os.scandir(self.layout.outputs) as entries:
+                return next(entries, None) is None
+        except OSError:
+            return True  # no outputs directory: nothing to collect
 
     def denied_hint(self, e: OSError) -> str:
         """Why a program under an attempt's uid may be refused what root reached (ADR 0040)."""
