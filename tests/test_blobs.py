@@ -141,6 +141,46 @@ def test_log_appends_are_offset_idempotent(tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "att-1.eof").exists()
 
 
+def test_append_log_syncs_only_the_logs_that_did_not_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append that ends a log made it durable (ADR 0094): AppendLog's own sync at the stream's end is
+    for the logs that go on, and an attempt's whole log in one chunk with eof costs one fsync'd write."""
+    from types import SimpleNamespace
+
+    from nodus.coordinator.blob_api import BlobServicer
+    from nodus.coordinator.blobs.files import LogStore
+
+    blobs = BlobStore(tmp_path)
+    synced: list[str] = []
+    real_sync = LogStore.sync
+
+    async def counting(self: LogStore, attempt_id: str) -> None:
+        synced.append(attempt_id)
+        await real_sync(self, attempt_id)
+    monkeypatch.setattr(LogStore, "sync", counting)
+
+    async def peer(context: Any) -> Any:
+        return SimpleNamespace(node="node-a")
+
+    class Context:
+        async def send_initial_metadata(self, md: Any) -> None:
+            pass
+
+    servicer = BlobServicer(blobs, None, node_peer=peer)  # type: ignore[arg-type]
+
+    async def stream(*chunks: Any) -> AsyncIterator[Any]:
+        for chunk in chunks:
+            yield chunk
+
+    async def go() -> None:
+        ack = await servicer.AppendLog(stream(blob_pb2.LogChunk(attempt_id="ended", offset=0, data=b"all\n", eof=True),
+                                              blob_pb2.LogChunk(attempt_id="going", offset=0, data=b"more\n")),
+                                       Context())  # type: ignore[arg-type]
+        assert ack.size == 5
+    run(go())
+    assert synced == ["going"]
+    assert (tmp_path / "logs" / "ended.log").read_bytes() == b"all\n" and (tmp_path / "logs" / "ended.eof").exists()
+
+
 def test_log_gap_is_failed_precondition_with_the_size(tmp_path: Path) -> None:
     logs = BlobStore(tmp_path).logs
     run(logs.append("att-2", 0, b"abc"))

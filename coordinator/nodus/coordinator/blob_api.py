@@ -154,7 +154,10 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
                 async for chunk in request_iterator:
                     self._check(node, chunk.attempt_id, Access("appendlog"))
                     state = await self.blobs.logs.append(chunk.attempt_id, chunk.offset, chunk.data, chunk.eof)
-                    touched.add(chunk.attempt_id)
+                    if state.eof:
+                        touched.discard(chunk.attempt_id)  # an ended log is durable already (Logs.append)
+                    else:
+                        touched.add(chunk.attempt_id)
                     size = state.size
             finally:
                 for attempt_id in touched:  # what was acknowledged is on disk

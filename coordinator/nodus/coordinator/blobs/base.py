@@ -91,11 +91,13 @@ class Logs(abc.ABC):
     async def state(self, attempt_id: str) -> LogState: ...
 
     @abc.abstractmethod
-    async def append(self, attempt_id: str, offset: int, data: bytes, eof: bool = False) -> LogState: ...
+    async def append(self, attempt_id: str, offset: int, data: bytes, eof: bool = False) -> LogState:
+        """A log whose returned state has eof is durable, all of it: it needs no `sync`."""
 
     @abc.abstractmethod
     async def sync(self, attempt_id: str) -> None:
-        """Makes what was appended durable (called when an AppendLog stream ends)."""
+        """Makes what was appended durable (called when an AppendLog stream ends, for the logs it appended
+        to that have not ended)."""
 
     @abc.abstractmethod
     async def read(self, attempt_id: str, offset: int, limit: int = CHUNK) -> bytes: ...

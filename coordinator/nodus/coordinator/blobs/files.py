@@ -236,18 +236,18 @@ class LogStore(Logs):
             raise NodusError("BadRequest", f"offset {offset} is negative")
         lock = self._locks.setdefault(attempt_id, asyncio.Lock())
         async with lock:
-            st = self._states.get(attempt_id)
-            if st is None:
-                st = await asyncio.to_thread(self._load, attempt_id)
-            if offset > st.size:
-                raise self.gap(attempt_id, st.size, offset)
-            end = offset + len(data)
-            new = data[st.size - offset:] if end > st.size else b""
-            if st.eof and new:
-                raise self.ended(attempt_id, st.size)
-            finish = eof and not st.eof
+            cached = self._states.get(attempt_id)
 
-            def write() -> None:
+            def write() -> tuple[LogState, bytes, bool]:
+                """The look at the disk (a log not cached) and the write in one thread hop: an attempt's
+                whole log is often one chunk with eof (bench/startup.py's indexes/s, ADR 0094)."""
+                st = cached if cached is not None else self._load(attempt_id)
+                if offset > st.size:
+                    raise self.gap(attempt_id, st.size, offset)
+                new = data[st.size - offset:] if offset + len(data) > st.size else b""
+                if st.eof and new:
+                    raise self.ended(attempt_id, st.size)
+                finish = eof and not st.eof
                 if new or finish:
                     with open(log, "ab") as f:
                         f.write(new)
@@ -257,8 +257,8 @@ class LogStore(Logs):
                 if finish:
                     mark.touch()
                     _fsync_dir(self.root)
-            await asyncio.to_thread(write)
-            state = LogState(st.size + len(new), st.eof or eof)
+                return LogState(st.size + len(new), st.eof or eof), new, finish
+            state, new, finish = await asyncio.to_thread(write)
             if state.eof:
                 self._states.pop(attempt_id, None)
                 self._locks.pop(attempt_id, None)
@@ -271,7 +271,8 @@ class LogStore(Logs):
         return state
 
     async def sync(self, attempt_id: str) -> None:
-        """Makes what was appended durable (called when an AppendLog stream ends)."""
+        """Makes what was appended durable (called when an AppendLog stream ends; an ended log was made
+        durable by the append that ended it)."""
         log, _ = self._paths(attempt_id)
 
         def flush() -> None:
