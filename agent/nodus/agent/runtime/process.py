@@ -28,6 +28,7 @@ from ..cgroups import DEFAULT_FS, Cgroup
 from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
 from ..reasons import Reason
+from ..spares import SpareDirs
 from ..statefile import read_json, write_json
 from ..uids import OFF, AttemptUids, UidRange, UidsExhausted
 from ..zygote import Zygote, ZygoteError
@@ -89,6 +90,8 @@ class ProcessRuntime:
         # (tests, development): the work dir's digest keeps their cgroups apart.
         self.scope = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:8]
         self.zygote = Zygote(python, self._supervisor_env(), work_dir / "zygote.log") if zygote else None
+        self.spares = SpareDirs(work_dir / "spare")
+        """Ended attempts' emptied trees, renamed into place for new attempts (ADR 0095)."""
 
     def _attempt_uids(self, text: str) -> AttemptUids | None:
         if text == OFF:
@@ -139,6 +142,8 @@ class ProcessRuntime:
 
     def prepare(self, a: agent_pb2.Assignment) -> AttemptLayout:
         layout = self.layout(a.attempt_id)
+        if not layout.root.exists():
+            self.spares.take(layout.root)  # else make() makes every directory
         layout.make()
         layout.progress.touch()
         handshake_dir(layout).mkdir(exist_ok=True)
@@ -329,7 +334,8 @@ class ProcessRuntime:
                 p.chmod(0o700)
             except OSError:
                 pass
-        shutil.rmtree(layout.root, onerror=onerror)
+        if not self.spares.give(layout.root):
+            shutil.rmtree(layout.root, onerror=onerror)
         if self.uids is not None:
             if layout.root.exists():
                 log.warning("attempt %s: its directory could not be removed; its uid stays held", layout.root.name)
