@@ -142,10 +142,14 @@ def _renewal(event: LeaseRenewed, before: float | None) -> list[Action]:
     return [MoveLease(deadline, persist=moved)]
 
 
+CHECKPOINTING = "CHECKPOINTING"
+"""The phase shown while a checkpoint of a running attempt is taken (the agent's, not the supervisor's)."""
+
+
 def shown_phase(observed: str, checkpointing: bool) -> str:
     """The phase to report for a supervised attempt: Checkpointing while a checkpoint of a running
     attempt is taken (it keeps running; the program is held only for the local copy)."""
-    return "CHECKPOINTING" if observed == L.RUNNING and checkpointing else observed
+    return CHECKPOINTING if observed == L.RUNNING and checkpointing else observed
 
 
 def progress_due(now: float, last_sent: float, changed: bool, force: bool) -> bool:
