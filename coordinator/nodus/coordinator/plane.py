@@ -69,7 +69,8 @@ class ControlPlane:
         self.agents = AgentServicer(self.registry, self.objects, service.identity, vault, clock, gangs, interruptions,
                                     image_registry)
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
-                                  free_storage=free_storage, workers=job_workers)
+                                  free_storage=free_storage, workers=job_workers,
+                                  explain=lambda attempts, job: self.placement.explain_new(attempts, job))
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.billing = BillingController(fleet, Ledger(store), service, clock)
         self.sweeps = SweepController(self.cache, service, clock)

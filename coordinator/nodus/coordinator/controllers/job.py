@@ -250,8 +250,7 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
             conditions = set_condition(conditions, INPUTS_READY, "False", reason, message, now, generation)
         elif phase is JobPhase.QUEUED:
             waiting = [a for a in live if not a.placed]
-            explain = next((a.placement_explain for a in waiting if a.placement_explain), "")
-            message = f"waiting for capacity: {explain}" if explain else ""
+            message = queued_message(next((a.placement_explain for a in waiting if a.placement_explain), ""))
         if timeout is not None and timeout_start is not None:
             wake.append(timeout_start + timeout + suspended_for)
         if queue_timeout:
@@ -310,6 +309,11 @@ def decide(job: JobView, attempts: Sequence[AttemptView], now: float,
     return Decision(None if status == prev else status, tuple(actions), min(future) if future else None)
 
 
+def queued_message(explain: str) -> str:
+    """A Queued Job's status.message: why its first waiting attempt fits no node yet (placement's explain)."""
+    return f"waiting for capacity: {explain}" if explain else ""
+
+
 def settles(job: JobView, attempts: Sequence[AttemptView], decision: Decision, prev: Mapping[str, Any]) -> bool:
     """Whether `decision`, once written as it says (its status over the Job's revision, each StopAttempt
     ending an unplaced attempt Cancelled on the revision decided from), leaves a state `decide` changes
@@ -360,10 +364,12 @@ def quiet(job: JobView, attempts: Sequence[AttemptView], decision: Decision) -> 
 def _settles_queued(job: JobView, attempts: Sequence[AttemptView], decision: Decision) -> bool:
     """The Queued class of `settles`: every attempt of the Job is Pending and was never placed (no stop,
     no warning, no offering, nothing an agent reports), the Job is not resuming, and the decision only
-    creates attempts. Decided again with those attempts (Pending, unplaced, without an explain), `_wanted`
-    wants nothing more, the phase is Queued again, the message names the same first explain (new attempts
-    have none), the counts took `creates` in already, and the queue timeouts are in `wake_at` (decide adds
-    the new attempts'). What placement writes next (an explain) is another writer's change: decided again."""
+    creates attempts. Decided again with those attempts (Pending, unplaced), `_wanted` wants nothing more, the
+    phase is Queued again, the message names the same first explain (new attempts have none, or, for a Job's
+    first attempts, the one explain they were all created with and the message was written with: the
+    controller's pre-explain, ADR 0096), the counts took `creates` in already, and the queue timeouts are in
+    `wake_at` (decide adds the new attempts'). What placement writes next (an explain) is another writer's
+    change: decided again."""
     if job.state is not JobState.RUNNING or any(c.get("type") == "Suspended" and c.get("status") == "True"
                                                 for c in job.conditions):
         return False

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
 from ..api.job_folding import effective_image
@@ -22,10 +22,14 @@ from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
-from .job import (Action, CreateAttempt, DeleteAttempt, DeleteJob, StopAttempt, collect_orphans, decide, quiet,
-                  settles)
+from .job import (Action, CreateAttempt, Decision, DeleteAttempt, DeleteJob, JobPhase, StopAttempt, collect_orphans,
+                  decide, queued_message, quiet, settles)
 from .objects import Objects, new_uid
 from .views import AttemptView, JobView, Producer, topology
+
+Explainer = Callable[[Sequence[dict[str, Any]], dict[str, Any]], str]
+"""(a Job's new attempts, not stored yet; the Job) → the explain placement would write on them now, stamped on each,
+when none of them fits any node; "" (nothing stamped) otherwise (PlacementController.explain_new, ADR 0096)."""
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.job")
@@ -159,8 +163,11 @@ class JobWriter(Protocol):
 class JobController:
     def __init__(self, cache: Cache, objects: Objects, jobs: JobWriter, clock: Clock,
                  workers: int = WORKERS, gangs: GangConfig = GangConfig(),
-                 interruptions: Interruptions | None = None, free_storage: int = FREE_STORAGE_BYTES) -> None:
+                 interruptions: Interruptions | None = None, free_storage: int = FREE_STORAGE_BYTES,
+                 explain: Explainer | None = None) -> None:
         self.cache, self.objects, self.writer, self.clock = cache, objects, jobs, clock
+        self.explain = explain
+        """Placement's answer for a Job's first attempts before they are written (None: they are created without)."""
         self.gangs = gangs
         self.free_storage = free_storage
         """status.storage's free inclusion per Job (`--free-storage`)."""
@@ -224,7 +231,7 @@ class JobController:
         attempts = self.cache.attempt_views_of(project, name)
         if job is None or view is None or view.deleting:
             self._watch(key, frozenset())
-            await self._execute(job, project, collect_orphans(attempts), now)
+            await self._execute(project, collect_orphans(attempts), now, {})
             return
         view = self._with_producers(key, view)
         mtbi = self._mtbi(view, attempts)
@@ -233,16 +240,18 @@ class JobController:
             decision = decide_gang(view, attempts, now, self.gangs, mtbi, self.free_storage, prev=prev)
         else:
             decision = decide(view, attempts, now, mtbi=mtbi, free_storage=self.free_storage, prev=prev)
+        made = self._made(job, project, decision.actions, now, view.topology)
+        status = self._pre_explained(view, attempts, decision, made, job)
         # The actions and the status write go to the store together, so one group commit takes both (a
         # reconcile waited for two commits, one after the other); a status that meets a changed Job is
         # decided again on the new one, with what the actions wrote.
         written: dict[str, Any] | None = job
-        if decision.status is None:
-            stopped = await self._execute(job, project, decision.actions, now, view.topology, revisions)
+        if status is None:
+            stopped = await self._execute(project, decision.actions, now, made, revisions)
         else:
             stopped, written = await asyncio.gather(
-                self._execute(job, project, decision.actions, now, view.topology, revisions),
-                self._write_status(job, project, decision.status))
+                self._execute(project, decision.actions, now, made, revisions),
+                self._write_status(job, project, status))
         if written is None:
             self.queue.add_after(key, 0.02)  # the Job changed meanwhile: decide again on the new one
             return
@@ -260,6 +269,21 @@ class JobController:
             self.queue.add(key)  # and then its attempts, as orphans
         if decision.wake_at is not None:
             self.queue.add_after(key, decision.wake_at - self.clock.now())
+
+    def _pre_explained(self, view: JobView, attempts: list[AttemptView], decision: Decision,
+                       made: Mapping[str, dict[str, Any]], job: dict[str, Any]) -> dict[str, Any] | None:
+        """The status to write. A Job's first attempts that fit no node now are created with the explain placement
+        would write on them, and the Queued status names it, as the decision on that explain would: one
+        write, one decision and one watch event of the Job fewer per create (ADR 0096). Only for the Job's first
+        decision (no attempts yet, so no other explain can come first in the message) of a single (not gang)
+        Job; the pass still decides each new attempt, and writes nothing when it finds the same answer."""
+        status = decision.status
+        if (self.explain is None or attempts or view.gang or not made or status is None or status.get("message")
+                or JobPhase.parse(status.get("phase")) is not JobPhase.QUEUED
+                or not all(isinstance(a, CreateAttempt) for a in decision.actions)):
+            return status
+        explain = self.explain(list(made.values()), job)
+        return {**status, "message": queued_message(explain)} if explain else status
 
     def _with_producers(self, key: str, view: JobView) -> JobView:
         """The view with the Jobs its `output` inputs name, as the cache has them now (decide reads them
@@ -296,15 +320,29 @@ class JobController:
         placed = [a for a in attempts if a.job_uid == job.uid and a.offering]
         return self.interruptions.of_offering(max(placed, key=lambda a: a.number).offering) if placed else None
 
-    async def _execute(self, job: dict[str, Any] | None, project: str, actions: tuple[Action | CreateMember, ...],
-                       now: float, topo: Mapping[str, Any] | None = None,
-                       decided: Mapping[str, int] | None = None) -> dict[str, int | None]:
-        """Performs the actions; `job` is the stored Job new attempts are made from, `topo` the gang's
-        resolved topology (the view's) its members' variables come from, `decided` the attempts' revisions
-        the actions were decided from. Returns each stopped attempt's key → the revision its stop wrote when
-        that stop ended it on the revision decided from (None otherwise: something else wrote it between), and
-        each created attempt's key → its revision (None: it existed already)."""
-        creates: list[Any] = []
+    @staticmethod
+    def _made(job: dict[str, Any], project: str, actions: tuple[Action | CreateMember, ...], now: float,
+              topo: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+        """The attempts the actions create, by key, made from the stored `job`; `topo` is the gang's resolved
+        topology (the view's) its members' variables come from."""
+        made: dict[str, dict[str, Any]] = {}
+        for action in actions:
+            if isinstance(action, CreateAttempt):
+                obj = new_attempt(job, action.index, action.number, now)
+            elif isinstance(action, CreateMember):
+                obj = new_member(job, action, now)
+                obj["spec"]["env"] = gang_env(topo or {}, action)
+            else:
+                continue
+            made[attempt_key(project, obj["metadata"]["name"])] = obj
+        return made
+
+    async def _execute(self, project: str, actions: tuple[Action | CreateMember, ...], now: float,
+                       made: Mapping[str, dict[str, Any]], decided: Mapping[str, int] | None = None) -> dict[str, int | None]:
+        """Performs the actions, creating the attempts `made` (`_made`); `decided` is the attempts' revisions the
+        actions were decided from. Returns each stopped attempt's key → the revision its stop wrote when that
+        stop ended it on the revision decided from (None otherwise: something else wrote it between), and each
+        created attempt's key → its revision (None: it existed already)."""
         stopped: dict[str, int | None] = {}
         for action in actions:
             if isinstance(action, StopAttempt):
@@ -313,15 +351,8 @@ class JobController:
                                                           action.checkpoint_seq, action.force), (decided or {}).get(key))
             elif isinstance(action, DeleteAttempt):
                 await self.objects.delete(attempt_key(project, action.name), _deletable)
-            elif isinstance(action, CreateAttempt) and job is not None:
-                obj = new_attempt(job, action.index, action.number, now)
-                creates.append(self._create(attempt_key(project, obj["metadata"]["name"]), obj))
-            elif isinstance(action, CreateMember) and job is not None:
-                obj = new_member(job, action, now)
-                obj["spec"]["env"] = gang_env(topo or {}, action)
-                creates.append(self._create(attempt_key(project, obj["metadata"]["name"]), obj))
-        if creates:
-            stopped.update(await asyncio.gather(*creates))  # one group commit for a wave of new attempts
+        if made:  # one group commit for a wave of new attempts
+            stopped.update(await asyncio.gather(*(self._create(key, obj) for key, obj in made.items())))
         return stopped
 
     async def _create(self, key: str, obj: dict[str, Any]) -> tuple[str, int | None]:

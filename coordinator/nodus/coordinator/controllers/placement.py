@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Callable, Iterable, TypeGuard
+from typing import Any, Callable, Iterable, Sequence, TypeGuard
 
 from ..api import units
 from ..clock import Clock, parse, rfc3339
@@ -214,6 +214,28 @@ class PlacementController:
         self.cache.listen(JOBS, self._on_job)
         self.cache.listen(SWEEPS, self._on_sweep)
         self.cache.listen(BOOKS, self._on_book)
+
+    def explain_new(self, attempts: Sequence[dict[str, Any]], job: dict[str, Any]) -> str:
+        """The explain a pass would write now on `attempts`, new single attempts of `job` not stored yet (one
+        request: the Job's), when they fit no node: stamped on each, as the pass's `explain` writes it, and
+        returned, so the Job controller creates them with it (ADR 0096). "" when they may fit, are gang
+        members, or warm holds are kept (what a pass reads then is more than the fleet's rooms): the pass
+        decides them as before. Reads only; the pass still decides each, and writes nothing on the same answer."""
+        views = [AttemptView.from_object(a) for a in attempts]
+        if not views or any(v.in_gang for v in views):
+            return ""
+        fleet = self.registry.fleet
+        book: PriceBook | None = fleet.book()
+        now = self.clock.now()
+        if book is not None and fleet.warm(now):
+            return ""
+        p: Placement = fleet.rooms()[1].place(_request(views[0], job, now), book=book)
+        if p.node is not None:
+            return ""
+        stamp = explain(p)
+        for attempt in attempts:
+            stamp(attempt)
+        return p.explain
 
     # -- events: each wakes only what it can change --------------------------------------------------
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
