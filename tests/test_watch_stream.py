@@ -151,3 +151,33 @@ def test_watchers_of_one_project_and_selection_share_one_translation_and_others_
     assert cache.translated(outsider, None, red, none, ev) is None, "not theirs to see across projects"
     everywhere = cache.translated(ADMIN, None, red, none, ev)
     assert everywhere is not None and everywhere.type == "ADDED"
+
+
+def test_a_watch_without_bookmarks_reads_the_store_in_its_own_task_and_leaves_no_subscription(tmp_path: Path) -> None:
+    """ADR 0097: no pump task and queue between the store and a watch that keeps no bookmark timer; a watch
+    with bookmarks keeps its pump. Either way, closed, it leaves nothing subscribed in the store's fan-out."""
+    async def test() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            start, tasks = store.revision, len(asyncio.all_tasks())
+            plain = open_stream(store, start, EventCache())
+            marked = WatchStream(store, ADMIN, JOBS, "default", parse_label_selector(""), parse_field_selector(""),
+                                 start, [], send_initial_events=False, allow_bookmarks=True, bookmark_seconds=30.0)
+            await store.create("jobs/default/a", job("a", "x"))
+            [ev] = await plain.next_batch()
+            assert ev.object["metadata"]["name"] == "a"
+            assert len(asyncio.all_tasks()) == tasks, "a plain watch runs in its reader's task"
+            [ev] = await marked.next_batch()
+            assert ev.object["metadata"]["name"] == "a" and len(asyncio.all_tasks()) == tasks + 1, "the bookmark pump"
+            await asyncio.gather(*(store.create(f"jobs/default/b{i}", job(f"b{i}", "x")) for i in range(20)))
+            got: list[str] = []
+            while len(got) < 20:
+                got += [e.object["metadata"]["name"] for e in await plain.next_batch()]
+            assert sorted(got) == sorted(f"b{i}" for i in range(20)), "every event once"
+            await plain.aclose()
+            await marked.aclose()
+            await asyncio.sleep(0)
+            assert not store._fanout._subscriptions, "a closed watch is unsubscribed"
+        finally:
+            await store.close()
+    run(test)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Sequence
 
 import orjson
 
@@ -87,8 +87,32 @@ class WatchStream:
             yield [WatchEvent("ADDED", obj) for obj in initial[i:i + INITIAL_BATCH]]
         if send_initial_events:
             yield [bookmark(info, start, initial_end=True)]
+        prefix = f"{info.plural}/{project}/" if project else f"{info.plural}/"
+        name = fields.name()
+
+        def seen(got: Sequence[Event]) -> list[WatchEvent]:
+            """The events the caller sees, as watch events."""
+            out = []
+            for ev in got:
+                if name and not ev.key.endswith("/" + name):
+                    continue
+                translated = cache.translated(caller, project, labels, fields, ev)
+                if translated is not None:
+                    out.append(translated)
+            return out
+        batches = None if allow_bookmarks else store.watch_batches(prefix, start)
+        if batches is not None:
+            # No timer to keep: the store's batches are read in this task, with no pump task and queue between
+            # (per watcher and commit, a wake-up of the pump and a queue hand-off less: ADR 0097).
+            try:
+                async for got in batches:
+                    if out := seen(got):
+                        yield out
+            finally:
+                await batches.aclose()
+            return
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-        events = store.watch(f"{info.plural}/{project}/" if project else f"{info.plural}/", start)
+        events = store.watch(prefix, start)
 
         async def pump() -> None:
             try:
@@ -99,7 +123,6 @@ class WatchStream:
 
         task = asyncio.create_task(pump())
         last = start
-        name = fields.name()
         try:
             while True:
                 if not queue.empty() or not allow_bookmarks:
@@ -113,20 +136,19 @@ class WatchStream:
                         continue
                 while len(got) < LIVE_BATCH and not queue.empty():
                     got.append(queue.get_nowait())
-                out: list[WatchEvent] = []
+                ready: list[Event] = []
+                error: BaseException | None = None
                 for ev in got:
                     if isinstance(ev, BaseException):
-                        if out:
-                            yield out
-                        raise ev
-                    last = ev.revision
-                    if name and not ev.key.endswith("/" + name):
-                        continue
-                    translated = cache.translated(caller, project, labels, fields, ev)
-                    if translated is not None:
-                        out.append(translated)
-                if out:
+                        error = ev  # the pump's end: what came before it goes out first
+                        break
+                    ready.append(ev)
+                if ready:
+                    last = ready[-1].revision
+                if out := seen(ready):
                     yield out
+                if error is not None:
+                    raise error
         finally:
             task.cancel()
             try:

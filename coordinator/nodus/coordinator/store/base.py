@@ -15,7 +15,7 @@ import abc
 import asyncio
 import collections
 import enum
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from .lease import Lease, LocalLeases
@@ -55,6 +55,10 @@ class Event:
     """The value before this event: None for a create; for DELETE, the deleted value."""
     create_revision: int
     """The create revision of the key this event wrote (for DELETE, of the incarnation it ended)."""
+
+
+Events = list[Event]
+"""Events in revision order, as one commit or one page of history delivers them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,11 @@ class Store(abc.ABC):
         live events, without gap or duplicate. Raises NodusError("Expired") on the first iteration if
         from_revision is below the compacted revision. The caller stops it with `aclose()`; it ends
         when the store closes."""
+
+    def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None] | None:
+        """`watch` as the lists of events at hand at once (a commit's, a page of history), for an engine that
+        has them without a task of its own; None where it does not (the caller then batches `watch` itself)."""
+        return None
 
     @abc.abstractmethod
     async def compact(self, revision: int) -> None:
@@ -215,6 +224,18 @@ class Subscription:
                 return None
             if self._events:
                 return self._events.popleft()
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def next_batch(self) -> Events | None:
+        """Every buffered event (at least one); None once overflowed or closed (check which)."""
+        while True:
+            if self.overflowed or self.closed:
+                return None
+            if self._events:
+                out = list(self._events)
+                self._events.clear()
+                return out
             self._wakeup.clear()
             await self._wakeup.wait()
 

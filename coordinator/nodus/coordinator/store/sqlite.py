@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import queue
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store.base import Event, EventType, Fanout, ListResult, Record
+from nodus.coordinator.store.base import Event, Events, EventType, Fanout, ListResult, Record
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
     precondition
 
@@ -157,7 +158,14 @@ class SqliteStore(QueuedWriteStore):
         return await self._read(lambda c: self._list(c, prefix, limit, start_after, revision))
 
     async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[Event]:
-        """Catch up from the log, then follow live events; back to the log after an overflow.
+        async with contextlib.aclosing(self.watch_batches(prefix, from_revision)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None]:
+        """Catch up from the log (a page at a time), then follow live events (what is buffered at each wake-up,
+        at once); back to the log after an overflow.
 
         Subscribing before reading the log is what closes the gap: an event published before the
         subscription was committed before it, so the log read (which starts later) sees it; an event
@@ -175,17 +183,18 @@ class SqliteStore(QueuedWriteStore):
                         if self._closed:
                             return
                         raise
-                    for event in events:
-                        yield event
-                        cursor = event.revision
+                    if events:
+                        cursor = events[-1].revision
+                        yield list(events)
                     if len(events) < self.LOG_PAGE:
                         # The page held every matching event of that snapshot, whose head is `head`.
                         cursor = max(cursor, head)
                         break
-                while (live := await subscription.next()) is not None:
-                    if live.revision > cursor:
-                        yield live
-                        cursor = live.revision
+                while (live := await subscription.next_batch()) is not None:
+                    fresh = [event for event in live if event.revision > cursor]
+                    if fresh:
+                        cursor = fresh[-1].revision
+                        yield fresh
                 if subscription.closed:
                     return
             finally:
