@@ -229,7 +229,8 @@ async def burst(args: argparse.Namespace, c: Coordinator, tag: str, gets: list[s
         finally:
             api_procs.stop_process(watch)
     lat = [t - acked[name] for arrivals in per_watcher for name, t in arrivals.items()]
-    return {"get_p99": api.pct(got.latencies, .99) * 1e3, "gets": got.ok, "get_errors": sum(got.errors.values()),
+    return {"get_p99": api.pct(got.latencies, .99) * 1e3, "get_p50": api.pct(got.latencies, .5) * 1e3, "gets": got.ok,
+            "get_errors": sum(got.errors.values()), "cpu": got.cpu,
             "watch_p99": api.pct(lat, .99) * 1e3, "watch_p50": api.pct(lat, .5) * 1e3,
             "missed": len(acked) * args.watchers - len(lat), "created": list(acked), "errors": errors[:3]}
 
@@ -293,7 +294,8 @@ def report(args: argparse.Namespace, out: dict[str, Any]) -> None:
       f"{out['waiting']} attempts waited at the drain")
     for label, b in (("idle", idle), ("queue", queued)):
         p(f"  burst ({label}): {b['gets']} GETs ({b['get_errors']} errors), {len(b['created'])} creates; watch "
-          f"p50 {b['watch_p50']:.1f} ms, {b['missed']} missed" + (f"; errors {b['errors']}" if b["errors"] else ""))
+          f"p50 {b['watch_p50']:.1f} ms, {b['missed']} missed; GET p50 {b['get_p50']:.1f} ms; CPU during it: {b['cpu']}"
+          + (f"; errors {b['errors']}" if b["errors"] else ""))
     p("")
     widths = [38, 22, 24, 10]
     p("".join(h.ljust(w) for h, w in zip(("figure", f"{args.jobs} waiting", "idle (same run)", "target"), widths))
