@@ -221,15 +221,14 @@ class PlacementController:
         returned, so the Job controller creates them with it (ADR 0096). "" when they may fit, are gang
         members, or warm holds are kept (what a pass reads then is more than the fleet's rooms): the pass
         decides them as before. Reads only; the pass still decides each, and writes nothing on the same answer."""
-        views = [AttemptView.from_object(a) for a in attempts]
-        if not views or any(v.in_gang for v in views):
+        if not attempts or any((a.get("spec") or {}).get("gang") for a in attempts):
             return ""
         fleet = self.registry.fleet
         book: PriceBook | None = fleet.book()
         now = self.clock.now()
         if book is not None and fleet.warm(now):
             return ""
-        p: Placement = fleet.rooms()[1].place(_request(views[0], job, now), book=book)
+        p: Placement = fleet.rooms()[1].place(_request(AttemptView.from_object(attempts[0]), job, now), book=book)
         if p.node is not None:
             return ""
         stamp = explain(p)
