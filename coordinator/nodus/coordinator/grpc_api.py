@@ -30,7 +30,7 @@ from .blobs import Blobs
 from .clock import Clock, SystemClock, rfc3339
 from .errors import NodusError, new_request_id
 from .identity import ALL_PROJECTS, Caller, Identity, Role, require_operator
-from .metrics import LATENCY, REQUESTS, WATCHERS
+from .metrics import REQUESTS, WATCHERS, observe_request
 from .money.books import PriceBooks
 from .money.budget_store import Budgets
 from .money.budgets import Room
@@ -132,8 +132,7 @@ async def boundary(verb: str, kind: str, context: grpc.aio.ServicerContext,
         code = "INTERNAL"
         await context.abort_with_status(to_status(NodusError("InternalError", "an internal error occurred"), rid))
     finally:
-        REQUESTS.labels("grpc", verb, kind, code).inc()
-        LATENCY.labels("grpc", verb).observe(time.perf_counter() - started)
+        observe_request("grpc", verb, kind, code, time.perf_counter() - started)
         if audit is not None:
             audit(caller, code, rid)
 

@@ -22,7 +22,7 @@ from ..errors import NodusError, new_request_id
 from ..audit import AuditEntry
 from ..identity import Caller, Role
 from ..money import quote
-from ..metrics import LATENCY, REGISTRY, REQUESTS, STORE_COMPACTED, STORE_REVISION, WATCHERS
+from ..metrics import REGISTRY, STORE_COMPACTED, STORE_REVISION, WATCHERS, observe_request
 from ..resources import ResourceService
 from ..watches import WatchEvent
 from ..selectors import parse_field_selector, parse_label_selector
@@ -87,8 +87,7 @@ async def _middleware(request: web.Request, handler: Callable[[web.Request], Awa
     resource = request.get("resource", "")
     if request.method in _WRITES:
         _audit(request, verb, resource, response.status, rid)
-    REQUESTS.labels("rest", verb, resource, str(response.status)).inc()
-    LATENCY.labels("rest", verb).observe(time.perf_counter() - started)
+    observe_request("rest", verb, resource, str(response.status), time.perf_counter() - started)
     # Every request is logged with its id; errors at INFO so support can find a customer's requestId.
     log.log(logging.INFO if response.status >= 400 else logging.DEBUG, "%s %s %s -> %s", rid,
             request.method, request.path_qs, response.status)
