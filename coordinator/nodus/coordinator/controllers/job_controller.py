@@ -26,13 +26,13 @@ from .job import (Action, CreateAttempt, Decision, DeleteAttempt, DeleteJob, Job
                   decide, queued_message, quiet, settles)
 from .objects import Objects, new_uid
 from .views import AttemptView, JobView, Producer, topology
+from .workqueue import WorkQueue, run_workers
+
+log = logging.getLogger("nodus.controllers.job")
 
 Explainer = Callable[[Sequence[dict[str, Any]], dict[str, Any]], str]
 """(a Job's new attempts, not stored yet; the Job) → the explain placement would write on them now, stamped on each,
 when none of them fits any node; "" (nothing stamped) otherwise (PlacementController.explain_new, ADR 0096)."""
-from .workqueue import WorkQueue, run_workers
-
-log = logging.getLogger("nodus.controllers.job")
 
 RESYNC_SECONDS = 30.0
 WORKERS = 64
