@@ -30,8 +30,7 @@ from .backoff import Backoff
 from .blobs import BlobClient
 from .cgroups import MoveWarmer
 from .clock import Clock, SystemClock
-from .decisions import (CHECKPOINTING, Event, Forget, MarkAcked, LogShipped, MoveLease, Tick, decide, progress_due,
-                        shown_phase)
+from .decisions import Event, Forget, MarkAcked, LogShipped, MoveLease, Tick, decide, progress_due, shown_phase
 from .enrolment import SubprocessX509
 from .forgetting import Forgetting
 from .gang import Gangs
@@ -458,10 +457,9 @@ class Agent:
             att.phase = shown_phase(seen.phase, self.checkpoints.in_flight(att.id))
             att.start_time = fields.get("start_time", att.start_time)
             att.exit_code = fields.get("exit_code", att.exit_code)
-            if att.phase in (L.RUNNING, CHECKPOINTING):
-                self.report(att)  # what a user waits for, and a checkpoint however short (not a passing state)
-            else:
-                self.report_soon(att)
+            # What the supervisor shows is reported at once: Running, a checkpoint however short, and the
+            # init, sidecar and stop phases of an attempt that has them (a trivial index has none; ADR 0094)
+            self.report(att)
             return
         att.supervisor_ended = True
         att.start_time = fields.get("start_time", att.start_time)

@@ -27,10 +27,10 @@ from .table import AttemptTable
 log = logging.getLogger("nodus.agent")
 
 PASSING_REPORT_DELAY = 0.5
-"""Seconds a passing state of an attempt (accepted, materializing, inputs ready, stopping) waits before it
+"""Seconds a passing state of an attempt (accepted, materializing, inputs ready: the agent's own) waits before it
 is reported (`Session.report_soon`): a short index passes through all of them well within it (80-300 ms on
 a busy 2-CPU node), and each report is a stream message, a durable write of the Attempt, its watch events
-and an ack (ADR 0094). A state that lasts (a download, an init command) shows half a second late."""
+and an ack (ADR 0094). A state that lasts (a download) shows half a second late."""
 
 
 class Stream(Protocol):
