@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from pathlib import Path
 
 from nodus.agent.layout import AttemptLayout
@@ -97,3 +98,31 @@ def test_a_new_agent_empties_the_spares_a_killed_one_left(tmp_path: Path) -> Non
     assert first.give(ended_attempt(tmp_path / "old").root)
     second = SpareDirs(tmp_path / "spare")
     assert not (tmp_path / "spare").exists() and not second.take(tmp_path / "new")
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A POSIX ACL as the kernel's system.posix_acl_* xattr holds it (version 2, then tag, perm, id each)."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_acls_and_xattrs_the_ended_attempt_set_do_not_reach_the_next_one(tmp_path: Path) -> None:
+    """An attempt owns its directories and may give a uid of its choosing (perhaps the one the next attempt
+    gets, or a later one) a named-user or default ACL entry on them; a spare must not carry it over."""
+    spares = SpareDirs(tmp_path / "spare")
+    old = ended_attempt(tmp_path / "attempts" / "old")
+    any_id = 0xFFFFFFFF
+    acl = _acl((0x01, 7, any_id), (0x02, 7, 12345), (0x04, 5, any_id), (0x10, 7, any_id), (0x20, 5, any_id))
+    for d in (old.root, old.state, old.outputs):
+        os.setxattr(d, "system.posix_acl_access", acl)
+        os.setxattr(d, "system.posix_acl_default", acl)
+        os.setxattr(d, "user.planted", b"1")
+    assert spares.give(old.root)
+    new = AttemptLayout(tmp_path / "attempts" / "new")
+    assert spares.take(new.root)
+    fresh = AttemptLayout(tmp_path / "fresh")
+    fresh.make()
+    fresh.handshake.mkdir()
+    new.make()
+    assert tree(new.root) == tree(fresh.root)
+    for d in (new.root, *(new.root / b for b in BARE)):
+        assert [n for n in os.listxattr(d) if not n.startswith("security.")] == [], d

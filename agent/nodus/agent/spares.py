@@ -26,6 +26,15 @@ GONE = frozenset({"volumes"})
 """Top-level entries of an attempt that go whole."""
 
 
+def _forget_attributes(path: Path) -> None:
+    """Removes what the ended attempt's user could leave on a directory it owned beyond its mode: POSIX ACLs
+    (a named-user or default entry would let that uid, or whoever gets it next, into the next attempt's
+    files) and user xattrs. security.* (labels the host sets) stay; trusted.* needs a privilege to set."""
+    for name in os.listxattr(path, follow_symlinks=False):
+        if not name.startswith("security."):
+            os.removexattr(path, name, follow_symlinks=False)
+
+
 def _default_mode() -> int:
     old = os.umask(0o022)
     os.umask(old)
@@ -79,6 +88,7 @@ class SpareDirs:
             for path in (root, *bare):
                 # The agent's first, so nothing of the ended attempt's user can add an entry behind the scan.
                 os.chown(path, *self._owner, follow_symlinks=False)
+                _forget_attributes(path)
                 os.chmod(path, 0o700 if path == root / "run" else self._mode)
             for name in top & GONE:
                 shutil.rmtree(root / name)
