@@ -391,6 +391,49 @@ def test_a_sidecar_with_its_own_image_serves_the_main_container_on_localhost(
         assert "busybox image" in log and "python image" not in log, log  # the sidecar ran its own image
 
 
+# A sidecar that, told to stop, appends its name to /nodus/outputs/order (shared by every container of the
+# pod) and leaves; it is ready once it has made its ready file.
+STOP_RECORDER = (": > \"$NODUS_READY_FILE\"; trap 'echo {name} >> /nodus/outputs/order; exit 0' TERM; "
+                 "while true; do sleep 0.05; done")
+
+
+def outputs_tree(c: Coordinator, job: str, dest: Path) -> dict[str, bytes]:
+    """The Job's committed /nodus/outputs (a tar.zst), downloaded with the CLI: path -> content."""
+    import io
+    import tarfile
+
+    import zstandard
+    c.run("nodus", "outputs", "get", job, "outputs", "-o", str(dest))
+    with zstandard.ZstdDecompressor().stream_reader(dest.open("rb")) as raw:
+        with tarfile.open(fileobj=io.BytesIO(raw.read()), mode="r:") as tar:
+            return {m.name.lstrip("./"): tar.extractfile(m).read()  # type: ignore[union-attr]
+                    for m in tar.getmembers() if m.isfile()}
+
+
+def test_image_sidecars_stop_in_reverse_after_main_and_a_failing_init_container_fails_the_job_naming_it(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path, tmp_path: Path) -> None:
+    with joined([oci_agent(c, work, oci_registry).start()], c):
+        create(c, "oci-stop-order", backoffLimit=0, image=images["busybox"],
+               command=["sh", "-c", "echo main >> /nodus/outputs/order"],
+               sidecars=[{"name": name, "startupTimeout": "30s", "command": ["sh", "-c", STOP_RECORDER.format(name=name)]}
+                         for name in ("first", "second")])
+        create(c, "oci-init-fails", backoffLimit=0, image=images["busybox"],
+               command=["sh", "-c", "echo main ran; touch /nodus/outputs/main-ran"],
+               initCommand={"command": ["sh", "-c", "echo 'preflight: no GPU driver'; exit 4"]})
+        st = settled(c, "oci-stop-order", 180)
+        assert st["phase"] == "Succeeded", st
+        # main ended first, then the sidecars in the reverse of their start order
+        assert outputs_tree(c, "oci-stop-order", tmp_path / "order.tar.zst")["order"] == b"main\nsecond\nfirst\n"
+        st = settled(c, "oci-init-fails", 180)
+        assert st["phase"] == "Failed", st
+        attempt = attempts_of(c, "oci-init-fails")[0]["status"]
+        assert (attempt["phase"], attempt["reason"]) == ("Failed", "InitFailed"), attempt
+        assert "preflight: no GPU driver" in attempt["message"] and "preflight: no GPU driver" in st["message"], st
+        shown = c.run("kubectl", "get", "job", "oci-init-fails", "-o", "jsonpath={.status.message}").stdout
+        assert "preflight: no GPU driver" in shown
+        assert "main ran" not in c.run("nodus", "logs", "oci-init-fails").stdout  # main never started
+
+
 def test_a_private_image_is_pulled_with_the_jobs_pull_secret(
         c: Coordinator, private_oci_registry: Registry, work: Path, tmp_path: Path) -> None:
     reg = private_oci_registry
