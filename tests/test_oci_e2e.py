@@ -275,14 +275,18 @@ def read_as(uid: int, path: Path) -> str:
                           check=True, timeout=30).stdout
 
 
-def test_a_second_attempt_on_the_node_cannot_read_the_first_ones_files(
+def test_a_second_attempt_on_the_node_cannot_read_the_first_ones_files_or_secrets(
         c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
     hold = ("echo private > /nodus/state/secret.txt; chmod 600 /nodus/state/secret.txt; "
             "while [ ! -e /nodus/state/go ]; do sleep 0.1; done")
+    secret = {"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "oci-first-db"},
+              "stringData": {"password": "hunter2"}}
+    assert c.session().post(c.url(f"{NS}/secrets"), json=secret).status_code == 201
     with joined([oci_agent(c, work, oci_registry).start()], c):
         states = []
         for name in ("oci-first", "oci-second"):
-            create(c, name, backoffLimit=0, image=images["busybox"], command=["sh", "-c", hold])
+            create(c, name, backoffLimit=0, image=images["busybox"], command=["sh", "-c", hold],
+                   **({"secrets": [{"name": "oci-first-db"}]} if name == "oci-first" else {}))
             wait_status(c, name, lambda s: s.get("phase") == "Running", 120, f"{name} to run")
             states.append(state_dir(work, name))
             wait_for(lambda: (states[-1] / "secret.txt").exists(), 60, what=f"{name}'s file")
@@ -291,6 +295,10 @@ def test_a_second_attempt_on_the_node_cannot_read_the_first_ones_files(
         assert first.st_uid != second.st_uid and min(first.st_uid, second.st_uid) >= 1 << 20
         assert read_as(second.st_uid, states[0] / "secret.txt") == "PermissionError"
         assert read_as(first.st_uid, states[0] / "secret.txt") == "private\n"  # the check can tell
+        # the first Job's Secret, as the agent wrote it for its pod: the second pod's root cannot read it
+        password = states[0].parent / "run" / "secrets" / "oci-first-db" / "password"
+        assert read_as(second.st_uid, password) == "PermissionError"
+        assert read_as(first.st_uid, password) == "hunter2"
         for s in states:
             (s / "go").touch()
         for name in ("oci-first", "oci-second"):
