@@ -46,9 +46,9 @@ import api_procs
 import record
 from daemons import Coordinator, start_coordinator, stop_all
 from fleet_agents import RUN_ENV, anchor_server_main, worker_main
+from fleet_queries import job_phases, lost_attempts, unreached
 from fleet_report import report
 
-ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 LONG_RUN_S = 3600
 """How long the reconnect storm's attempts run: past the end of the bench."""
@@ -183,49 +183,6 @@ async def create_jobs(cs: list[Coordinator], names: list[str], label: str, concu
     return acked, errors, time.monotonic() - t0
 
 
-async def job_phases(c: Coordinator, label: str) -> dict[str, int]:
-    """The Jobs labelled bench=LABEL by status.phase, listed in pages."""
-    url = c.http + api.JOBS
-    phases: dict[str, int] = {}
-    params = {"labelSelector": f"bench={label}", "limit": "1000"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=api.client_ssl(c.ca)),
-                                     headers={"Authorization": f"Bearer {c.token}"},
-                                     timeout=aiohttp.ClientTimeout(total=300)) as s:
-        while True:
-            async with s.get(url, params=params) as r:
-                page = orjson.loads(await r.read())
-            for job in page.get("items") or []:
-                phase = (job.get("status") or {}).get("phase") or "-"
-                phases[phase] = phases.get(phase, 0) + 1
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return phases
-            params = {**params, "continue": token}
-
-
-async def unreached(cs: list[Coordinator], names: list[str]) -> list[str]:
-    """Each of these Jobs (those no agent got an assignment of) as every replica sees it: its phase, and each
-    attempt's node, phase and reason, so that where they stopped shows (never placed, or placed and never
-    sent to the agent of that node)."""
-    lines = []
-    async with contextlib.AsyncExitStack() as stack:
-        sessions = [await stack.enter_async_context(aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=api.client_ssl(c.ca)), headers={"Authorization": f"Bearer {c.token}"},
-            timeout=aiohttp.ClientTimeout(total=60))) for c in cs]
-        for name in names:
-            for i, (c, s) in enumerate(zip(cs, sessions)):
-                async with s.get(c.http + api.JOBS + "/" + name) as r:
-                    job = orjson.loads(await r.read()) if r.status == 200 else {}
-                async with s.get(c.http + ATTEMPTS, params={"labelSelector": f"nodus.dev/job={name}"}) as r:
-                    items = orjson.loads(await r.read()).get("items") or [] if r.status == 200 else []
-                seen = [f"{a['metadata']['name']} on {a['spec'].get('node') or '-'} "
-                        f"{(a.get('status') or {}).get('phase')} {(a.get('status') or {}).get('reason', '')}".rstrip()
-                        for a in items]
-                lines.append(f"{name} at replica {i}: Job {(job.get('status') or {}).get('phase')}; "
-                             f"attempts {seen or 'none'}")
-    return lines
-
-
 def gpus_per_agent(args: argparse.Namespace, n: int) -> int:
     """Room for every attempt of the burst at once beside each agent's long attempt, at least 8."""
     return int(args.gpus or max(8, math.ceil(args.attempts / n) + 1))
@@ -340,6 +297,8 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
     if not args.no_storm:
         await storm(args, n, root, store, out)
     await burst(args, out["coordinators"], fleet, out)
+    if "storm" in out:  # after the burst: any lease the restart let run out has been expired by now
+        out["storm"]["lost"] = await lost_attempts(out["coordinators"][0], "long-")
 
 
 async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], out: dict[str, Any]) -> None:

@@ -82,7 +82,8 @@ def size_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
       f"{met(resync is not None and resync <= TARGET_RESYNC_S)}   coordinator spawn → serving {storm['serving_s']:.1f} s"
       + (f", serving → all re-synchronised {resync - storm['serving_s']:.1f} s" if resync is not None else ""))
     p(f"  {storm['synced']:,} of {n:,} re-synchronised; {storm['kept']:,} of {storm['live_before']:,} long attempts "
-      f"still running on their agents; the old coordinator took {storm['stopped_s']:.1f} s to stop")
+      f"still running on their agents; the old coordinator took {storm['stopped_s']:.1f} s to stop"
+      + (f"; {storm['lost']:,} of them Lost (a lease expired) and replaced" if "lost" in storm else ""))
     return lines
 
 

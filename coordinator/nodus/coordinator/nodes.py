@@ -64,6 +64,12 @@ class Leases:
         """Agents can reconnect from now: leases not yet marked expired hold one duration more."""
         self.started = self.clock.now()
 
+    def extend(self, since: float) -> None:
+        """Agents could reconnect (to another replica that restarted, ADR 0098) from `since`: leases not yet
+        marked expired hold until one duration after it, unless they hold already (`hold`) or longer."""
+        if self.started is not None and since > self.started:
+            self.started = since
+
     def expiry(self, lease: dict[str, Any]) -> float:
         expire = parse(lease.get("expireTime")) or 0.0
         if lease.get("expired"):

@@ -43,6 +43,7 @@ from .controllers.job_controller import WORKERS as JOB_WORKERS, JobController
 from .controllers.lease import LeaseController
 from .controllers.leader import LeaderSettings, Leadership
 from .controllers.objects import Objects
+from .controllers import replicas
 from .controllers.placement import PlacementController
 from .controllers.sweep_controller import SweepController
 from .controllers.workload_tokens import WorkloadTokens
@@ -90,6 +91,8 @@ class ControlPlane:
         self.leadership = Leadership(store, leader, self._lead, self._abdicate)
         store.write_observer = STORE_WRITE_LATENCY.observe
         self._controllers = False
+        self._started = clock.now()
+        self._announcing: asyncio.Task[None] | None = None
 
     def servicers(self) -> list[tuple[str, Callable[[grpc.aio.Server], None]]]:
         return [(AGENT_SERVICE, lambda server: add_agent_service(server, self.agents)),
@@ -99,7 +102,10 @@ class ControlPlane:
     async def start(self, controllers: bool = True) -> None:
         """Loads the cache from the store, then claims the controllers' lease (unless told not to run
         them): the first claim here, so a replica that wins starts them before it serves; then every
-        renew interval."""
+        renew interval. First it records that it is starting: the leader holds every lease until it serves
+        (controllers/replicas.py, ADR 0098)."""
+        self._started = self._clock.now()
+        await replicas.announce(self.objects.store, self.leadership.holder, self._started)
         await self.cache.start()
         if not controllers:
             log.warning("controllers are off: Jobs are stored but never run")
@@ -139,6 +145,14 @@ class ControlPlane:
         self.agents.agent_port = agent_port
         self._serving = True
         self.registry.leases.grace()
+        self._announcing = asyncio.create_task(self._announce_serving(self._clock.now()), name="replica-serving")
+
+    async def _announce_serving(self, at: float) -> None:
+        """Records that agents can reconnect here from `at`: the leader's grace for this replica's nodes."""
+        try:
+            await replicas.announce(self.objects.store, self.leadership.holder, self._started, at)
+        except Exception:  # noqa: BLE001 - the starting record still holds the leases for a while
+            log.exception("could not record that this replica serves")
 
     async def replica_status(self) -> dict[str, Any]:
         """What /readyz?verbose shows: this replica's role, the lease as it last saw it, its watch lag."""
@@ -154,9 +168,16 @@ class ControlPlane:
         await cancel_and_wait(tasks)
 
     async def stop(self) -> None:
+        if self._announcing is not None:
+            await cancel_and_wait([self._announcing])
         if self._controllers:
             await self.leadership.stop()
         await self._abdicate()
         for session in list(self.agents.sessions.values()):
             session.end()
+        try:
+            async with asyncio.timeout(2):
+                await replicas.withdraw(self.objects.store, replicas.REPLICAS + self.leadership.holder)
+        except Exception as e:  # noqa: BLE001 - the leader deletes it once its grace is over
+            log.warning("could not delete this replica's record: %s", e or type(e).__name__)
         await self.cache.stop()

@@ -17,7 +17,9 @@ from typing import Any
 
 from ..clock import rfc3339
 from .attempt_machine import NodeLost, Refusal, phase_of, transition
+from . import replicas
 from .cache import LEASES, attempt_key
+from .replicas import grace
 from .objects import Objects
 
 log = logging.getLogger("nodus.controllers.lease")
@@ -59,9 +61,13 @@ class LeaseController:
         leases = self.registry.leases
         now = leases.clock.now()
         expired_now = []
+        held: bool | None = None  # what the replicas' records say, read once a pass and only when a lease is due
         for name in self.registry.names():
             lease = self.registry.lease(name)
-            if lease is not None and not lease.get("expired") and now >= leases.expiry(lease):
+            due = lease is not None and not lease.get("expired") and now >= leases.expiry(lease)
+            if due and held is None:
+                held = await self._replica_grace(now)
+            if due and not held and lease is not None and now >= leases.expiry(lease):
                 def expire(doc: dict[str, Any]) -> dict[str, Any] | None:
                     if doc.get("expired") or now < leases.expiry(doc) or self.registry.alive(name):
                         return None  # renewed meanwhile, in the store or by a heartbeat heard here
@@ -77,3 +83,15 @@ class LeaseController:
                         key = attempt_key(attempt["metadata"]["namespace"], attempt["metadata"]["name"])
                         await self.objects.mutate(key, lost(name, now))
         return expired_now
+
+    async def _replica_grace(self, now: float) -> bool:
+        """Reads the replicas' records from the store (ADR 0098): True while one is starting (no lease runs
+        out); otherwise extends the leases' grace to the newest serving time that still gives one. Deletes
+        the records whose grace is over."""
+        leases = self.registry.leases
+        found = grace(await replicas.read(self.objects.store), leases.duration, now)
+        for key in found.stale:
+            await replicas.withdraw(self.objects.store, key)
+        if found.since is not None:
+            leases.extend(found.since)
+        return found.hold
