@@ -35,12 +35,21 @@ class Coordinator:
 def start_coordinator(root: Path, *args: str) -> Coordinator:
     """Starts nodus-coordinator on loopback with its data in ROOT/data (log in ROOT/coordinator.log) and
     waits for its endpoints file; a coordinator that exits or takes over a minute raises with its log."""
-    data = root / "data"
+    return ready_coordinator(root, spawn_coordinator(root, *args))
+
+
+def spawn_coordinator(root: Path, *args: str) -> subprocess.Popen[bytes]:
+    """Starts nodus-coordinator as `start_coordinator` does, without waiting for it (`ready_coordinator`)."""
     with open(root / "coordinator.log", "ab") as out:
-        proc = subprocess.Popen(
-            [str(BIN / "nodus-coordinator"), "--data-dir", str(data), "--http-listen", "127.0.0.1:0",
+        return subprocess.Popen(
+            [str(BIN / "nodus-coordinator"), "--data-dir", str(root / "data"), "--http-listen", "127.0.0.1:0",
              "--grpc-listen", "127.0.0.1:0", "--log-level", "WARNING", *args],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def ready_coordinator(root: Path, proc: subprocess.Popen[bytes]) -> Coordinator:
+    """Waits for a spawned coordinator's endpoints file (ROOT/data/endpoints.json)."""
+    data = root / "data"
     endpoints = data / "endpoints.json"
     deadline = time.monotonic() + 60
     while not endpoints.exists():

@@ -44,7 +44,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the client processes inherit
 import api
 import api_procs
 import record
-from daemons import Coordinator, start_coordinator, stop_all
+from daemons import Coordinator, ready_coordinator, spawn_coordinator, stop_all
 from fleet_agents import RUN_ENV, anchor_server_main, worker_main
 from fleet_queries import job_phases, lost_attempts, unreached
 from fleet_report import report
@@ -237,8 +237,10 @@ def anchor(args: argparse.Namespace, c: Coordinator, fleet: Fleet) -> dict[str, 
 def start_replicas(args: argparse.Namespace, root: Path, store: list[str],
                    listen: list[tuple[str, str, str]] | None = None) -> list[Coordinator]:
     """--replicas coordinators on one store (ROOT/rN/data): the first makes the CA and the vault key, the
-    others get copies (ADR 0043). `listen`: each one's (https, gRPC, agent port) again, for a restart."""
+    others get copies (ADR 0043), so each starts once the one before serves. `listen`: each one's (https,
+    gRPC, agent port) again, for a restart: then all of them start at once, as a cluster restarted (ADR 0099)."""
     cs: list[Coordinator] = []
+    spawned: list[tuple[Path, subprocess.Popen[bytes]]] = []
     for i in range(args.replicas):
         r = root / f"r{i}"
         r.mkdir(exist_ok=True)
@@ -250,8 +252,14 @@ def start_replicas(args: argparse.Namespace, root: Path, store: list[str],
         (data / "endpoints.json").unlink(missing_ok=True)
         ports = [] if listen is None else ["--http-listen", listen[i][0], "--grpc-listen", listen[i][1],
                                            *(["--agent-listen", listen[i][2]] if listen[i][2] else [])]
-        cs.append(start_coordinator(r, "--heartbeat-interval", f"{args.heartbeat:g}s", *store, *ports))
-    return cs
+        spawned.append((r, spawn_coordinator(r, "--heartbeat-interval", f"{args.heartbeat:g}s", *store, *ports)))
+        if listen is None:
+            cs.append(ready_coordinator(*spawned[-1]))
+    try:
+        return cs if listen is None else [ready_coordinator(r, proc) for r, proc in spawned]
+    except BaseException:
+        stop_all([proc for _, proc in spawned], [])  # the caller still holds the replicas before the restart
+        raise
 
 
 def endpoints(c: Coordinator) -> tuple[str, str, str]:
