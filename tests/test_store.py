@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store import Event, EventType, Record, SqliteStore, Store, prefix_end
-from nodus.coordinator.store.postgres import PostgresStore, _Wakeup
+from nodus.coordinator.store.pg_tail import LogTail
+from nodus.coordinator.store.postgres import PostgresStore
 from postgres import PostgresCluster, postgres_cluster  # noqa: F401 - the session fixture
 
 T = TypeVar("T")
@@ -55,15 +56,14 @@ class Backend:
 
     async def open(self, *, watch_buffer: int | None = None, sqlite: type[SqliteStore] = SqliteStore,
                    postgres: type[PostgresStore] = PostgresStore, **pg: Any) -> Store:
-        """Open the store here; `sqlite`/`postgres` pick a subclass. watch_buffer sizes SQLite's live
-        buffer (PostgreSQL watches keep none: they read the log)."""
+        """Open the store here; `sqlite`/`postgres` pick a subclass. watch_buffer sizes a watch's live buffer."""
         if self.cluster is None:
             # sqlite-mirror: every key also kept in memory and read there (the coordinator mirrors the
             # API's objects, store/opening.py), so every test here holds for reads from the mirror too.
             mirror = ("",) if self.engine == "sqlite-mirror" else ()
             return await sqlite.open(Path(self.location), mirror=mirror,
                                      **({} if watch_buffer is None else {"watch_buffer": watch_buffer}))
-        return await postgres.open(self.location, **pg)
+        return await postgres.open(self.location, **pg, **({} if watch_buffer is None else {"watch_buffer": watch_buffer}))
 
 
 @pytest.fixture(params=["sqlite", "sqlite-mirror", "postgres"])
@@ -671,39 +671,86 @@ def test_postgres_notify_wakes_a_watcher_in_another_process_before_its_poll(pg: 
     run(body, deadline=20)
 
 
-def test_postgres_notify_wakes_only_the_watches_of_the_segments_written(pg: Backend) -> None:
-    """A commit's NOTIFY names the top segments of its keys (ADR 0087): another store's watch of "jobs/" is
-    woken by a write under "jobs/" before its poll, and one under "_leases/" alone sends it no read."""
+class CountingReads(PostgresStore):
+    """Counts the log reads of its watches, whichever reads them (each watch itself, or the process's tail)."""
+
+    reads = 0
+
+    async def _read_log(self, prefix: str, after: int, limit: int) -> tuple[Sequence[Event], int]:
+        self.reads += 1
+        return await super()._read_log(prefix, after, limit)
+
+    async def _read_tail(self, after: int, limit: int) -> tuple[Sequence[Event], int]:
+        self.reads += 1
+        return await super()._read_tail(after, limit)
+
+
+@pytest.mark.parametrize("writer_is", ["this store", "another store"])
+def test_postgres_watches_of_a_process_share_one_log_read_per_commit(pg: Backend, writer_is: str) -> None:
+    """Twenty live watches of one store (a replica's REST watchers) and five commits, one at a time: every
+    watch gets every event in order, and the store reads the log once per commit of another process (the
+    tail, woken by NOTIFY: the poll is an hour) and not at all for its own commits, not once per watch
+    (ADR 0100: a hundred watchers' reads queued on the pool put a follower's watch p99 at seconds)."""
+    async def body() -> None:
+        watcher: Any = await pg.open(postgres=CountingReads, poll_interval=3600)
+        writer = watcher if writer_is == "this store" else await pg.open()
+        watches = [watcher.watch("jobs/", 0) for _ in range(20)]
+        await writer.create("jobs/first", b"")
+        for events in watches:
+            assert (await anext(events)).key == "jobs/first"  # caught up: each watch is live now
+        reads = watcher.reads
+        for i in range(5):
+            await writer.create(f"jobs/{i}", str(i).encode())
+            for events in watches:
+                got = await anext(events)
+                assert (got.key, got.value, got.revision) == (f"jobs/{i}", str(i).encode(), i + 2)
+        assert watcher.reads - reads == (0 if writer is watcher else 5)
+        for events in watches:
+            await events.aclose()
+        for store in {watcher, writer}:
+            await store.close()
+    run(body, deadline=30)
+
+
+def test_postgres_notify_of_segments_nobody_watches_sends_no_read(pg: Backend) -> None:
+    """A commit's NOTIFY names the top segments of its keys (ADR 0087): another store that watches only "jobs/"
+    reads the log for a write under "jobs/" before its poll, and not for one under "_leases/" alone."""
     async def body() -> None:
         writer = await pg.open()
-        watcher = await pg.open(poll_interval=3600)
-        jobs, leases = watcher.watch("jobs/p/", 0), watcher.watch("_leases/", 0)
+        watcher: Any = await pg.open(postgres=CountingReads, poll_interval=3600)
+        jobs = watcher.watch("jobs/p/", 0)
         await writer.create("jobs/p/first", b"")
         assert (await anext(jobs)).key == "jobs/p/first"
-        await writer.create("_leases/n1", b"")
-        assert (await anext(leases)).key == "_leases/n1"
-        wakeup = watcher._wakeup.current("jobs/p/")  # what the jobs watch waits on now
-        await writer.create("_leases/n2", b"")
-        assert (await anext(leases)).key == "_leases/n2"
-        assert not wakeup.is_set(), "a lease write woke the watch of jobs"
+        reads = watcher.reads
+        for i in range(5):
+            await writer.create(f"_leases/n{i}", b"")
         await writer.create("jobs/p/k", b"v")
-        assert (await anext(jobs)).key == "jobs/p/k"
-        for events in (jobs, leases):
-            await events.aclose()
+        got = await anext(jobs)
+        assert (got.key, got.revision) == ("jobs/p/k", 7)
+        assert watcher.reads - reads == 1, "a lease write sent the tail to read the log"
+        await jobs.aclose()
         await watcher.close()
         await writer.close()
     run(body, deadline=20)
 
 
-def test_a_wakeup_fires_the_segments_named_those_without_one_and_everything_when_none_is_named() -> None:
+def test_a_tail_is_woken_by_the_segments_its_watches_follow_and_by_a_notify_naming_none() -> None:
     async def body() -> None:
-        wakeup = _Wakeup()
-        jobs, leases, everything = wakeup.current("jobs/p/"), wakeup.current("_leases/"), wakeup.current("")
-        wakeup.fire(["_leases/"])
-        assert (jobs.is_set(), leases.is_set(), everything.is_set()) == (False, True, True)
-        assert wakeup.current("jobs/") is jobs and wakeup.current("_leases/") is not leases
-        wakeup.fire(None)
-        assert jobs.is_set()
+        async def never(after: int, limit: int) -> tuple[Sequence[Event], int]:
+            raise AssertionError("not read here")
+        tail = LogTail(never, lambda: 0, 3600, 8, 10)
+        subscription = tail.subscribe("jobs/p/", 0)
+        tail.notified(["_leases/"])
+        assert not tail._wake.is_set()
+        tail.notified(["_leases/", "jobs/"])
+        assert tail._wake.is_set()
+        tail._wake.clear()
+        tail.notified(None)  # a replica of the code before ADR 0087 names no segment
+        assert tail._wake.is_set()
+        tail.unsubscribe(subscription)
+        tail._wake.clear()
+        tail.notified(["jobs/"])
+        assert not tail._wake.is_set() and tail.watching == 0
     asyncio.run(body())
 
 

@@ -213,6 +213,12 @@ class Subscription:
             self._events.append(event)
         self._wakeup.set()
 
+    def overflow(self) -> None:
+        """Drop the buffer: the watcher goes back to the durable history (its publisher lost the thread)."""
+        self.overflowed = True
+        self._events.clear()
+        self._wakeup.set()
+
     def close(self) -> None:
         self.closed = True
         self._wakeup.set()
@@ -262,6 +268,10 @@ class Fanout:
             for event in events:
                 if event.key.startswith(prefix):
                     subscription.offer(event)
+
+    def overflow_all(self) -> None:
+        for subscription in self._subscriptions:
+            subscription.overflow()
 
     def close(self) -> None:
         for subscription in self._subscriptions:

@@ -6,14 +6,14 @@ Writes: one writer task owns one connection and commits every waiting operation 
 commit order: a snapshot that sees revision N sees every revision below it, and a watcher never sees
 a gap that later fills (no gap rows, unlike kine).
 
-Watch: the watcher reads `log` after its cursor, then waits for a wake-up and reads again. A commit
-in this process wakes it at once; a commit elsewhere wakes it through LISTEN/NOTIFY; and a poll
-every `poll_interval` seconds wakes it regardless, so correctness never depends on a notification
-arriving. A commit wakes only the watches whose prefix's first segment ("jobs/" of "jobs/p/") one of
-its keys has (the NOTIFY names them): a heartbeat's lease write does not send every other watch to
-read the log (ADR 0087). Reads run on an async pool of autocommit connections: a watch's page with the
-head it is checked against, and a get, are one statement each (one snapshot, one round trip, ADR 0091); a
-list, which reads twice, runs in one REPEATABLE READ transaction.
+Watch: a watch reads `log` after its start revision to catch up, then takes live events from the
+process's one `LogTail` (pg_tail.py, ADR 0100), which reads the log once per wake-up for every watch. A
+commit in this process reaches the tail at once; a commit elsewhere wakes it through LISTEN/NOTIFY; and
+a poll every `poll_interval` seconds wakes it regardless, so correctness never depends on a notification
+arriving. A NOTIFY names the first segments ("jobs/" of "jobs/p/x") of the keys its commit wrote, and
+wakes the tail only when a watch follows one of them (ADR 0087). Reads run on an async pool of autocommit
+connections: a log page with the head it is checked against, and a get, are one statement each (one
+snapshot, one round trip, ADR 0091); a list, which reads twice, runs in one REPEATABLE READ transaction.
 
 Leases and fencing (docs/adr/0043-leader-lease-and-fencing.md): a lease is a row of `lease`, claimed
 and renewed in its own short transaction on the database's clock. A batch holding fenced writes
@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import psycopg
 import psycopg_pool
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store.base import Event, EventType, ListResult, Record
+from nodus.coordinator.store.base import Event, Events, EventType, ListResult, Record
 from nodus.coordinator.store.lease import Fence, Lease
 from nodus.coordinator.store.pg_batch import DELETE as _DELETE, PUT as _PUT, plan
 from nodus.coordinator.store.pg_lease import PgLeases, fence_epochs
 from nodus.coordinator.store.pg_schema import migrate
+from nodus.coordinator.store.pg_tail import LogTail, top
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, check_revision, expired, key_range
 
 CHANNEL = "nodus_store"
@@ -55,30 +56,6 @@ _READ_LOG = ("SELECT h.value, c.value, l.revision, l.key, l.type, l.value, l.pre
 a row per event, or one row of NULL events when the page is empty."""
 
 Conn = psycopg.AsyncConnection[Any]
-
-
-def top(key: str) -> str:
-    """A key's or a prefix's first segment with its slash ("jobs/" of "jobs/p/x"); "" for one without a slash
-    (a watch of such a prefix is woken by every commit)."""
-    cut = key.find("/")
-    return key[:cut + 1] if cut >= 0 else ""
-
-
-class _Wakeup:
-    """Wakes the watchers waiting on the current generation of a top segment; take `current()` before reading."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
-
-    def current(self, prefix: str) -> asyncio.Event:
-        return self._events.setdefault(top(prefix), asyncio.Event())
-
-    def fire(self, tops: Sequence[str] | None = None) -> None:
-        """Wakes the watches of these top segments and those of prefixes without one; None: every watch."""
-        for name in list(self._events) if tops is None else {*tops, ""}:
-            event = self._events.pop(name, None)
-            if event is not None:
-                event.set()
 
 
 def _event(row: Sequence[Any]) -> Event:
@@ -114,7 +91,8 @@ class PostgresStore(QueuedWriteStore):
     COMPACT_CHUNK = 5000
 
     def __init__(self, url: str, pool: psycopg_pool.AsyncConnectionPool[Any], writer: Conn, max_batch: int,
-                 poll_interval: float, loop: asyncio.AbstractEventLoop, connect: dict[str, Any]) -> None:
+                 poll_interval: float, loop: asyncio.AbstractEventLoop, connect: dict[str, Any],
+                 watch_buffer: int = 4096) -> None:
         self.url = url
         self._connect = connect
         """Keyword arguments of every connection this store opens (its application_name)."""
@@ -124,7 +102,7 @@ class PostgresStore(QueuedWriteStore):
         self._writer_conn = writer
         self._loop = loop
         self._queue: asyncio.Queue[Write | None] = asyncio.Queue()
-        self._wakeup = _Wakeup()
+        self._tail = LogTail(self._read_tail, lambda: self._compacted, poll_interval, watch_buffer, self.LOG_PAGE)
         self._closed = False
         self._head = 0
         self._compacted = 0
@@ -132,16 +110,15 @@ class PostgresStore(QueuedWriteStore):
         self._listen_task: asyncio.Task[None] | None = None
         self._listener: Conn | None = None
         self._leases = PgLeases(url, connect)
-        self._watches = 0
-        self._watch_head = 0
-        """The newest revision up to which one of this process's watches has read the log."""
 
     @classmethod
     async def open(cls, url: str, *, max_batch: int = 1000, poll_interval: float = 1.0, listen: bool = True,
-                   pool_size: int = 4, application_name: str = "nodus-coordinator") -> PostgresStore:
+                   pool_size: int = 4, application_name: str = "nodus-coordinator",
+                   watch_buffer: int = 4096) -> PostgresStore:
         """Open the store at `url` (postgresql://…), migrating its schema. listen=False skips
         LISTEN (watches then see other processes' commits on the poll alone). `application_name`
-        names this process's connections in pg_stat_activity."""
+        names this process's connections in pg_stat_activity. `watch_buffer`: the live events a watch
+        may fall behind by before it goes back to reading the log."""
         if not _parses(url):
             raise NodusError("BadRequest", f"{url.split('@')[-1]!r} is not a PostgreSQL connection URL "
                                            "(postgresql://USER@HOST:PORT/DBNAME)")
@@ -157,9 +134,11 @@ class PostgresStore(QueuedWriteStore):
         try:
             await migrate(writer)
             await pool.open(wait=True, timeout=10)
-            store = cls(url, pool, writer, max_batch, poll_interval, asyncio.get_running_loop(), connect)
+            store = cls(url, pool, writer, max_batch, poll_interval, asyncio.get_running_loop(), connect,
+                        watch_buffer)
             async with writer.transaction():
                 store._head, store._compacted = await _meta(writer)
+            store._tail.start(store._head)
             if listen:
                 store._listener = await store._listen()
                 store._listen_task = asyncio.create_task(store._listen_loop())
@@ -218,32 +197,41 @@ class PostgresStore(QueuedWriteStore):
         return ListResult(records, at, more)
 
     async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[Event]:
-        """Read the log after the cursor; when a read comes back short, wait for a wake-up (a local
-        commit, a NOTIFY, or the poll) and read again. The wake-up is taken before the read, so a
-        commit that lands during the read is never slept through."""
-        cursor = from_revision
-        self._watches += 1
-        try:
-            while not self._closed:
-                wakeup = self._wakeup.current(prefix)
-                try:
-                    events, head = await self._read_log(prefix, cursor, self.LOG_PAGE)
-                except NodusError:
-                    if self._closed:
-                        return
-                    raise
-                for event in events:
+        async with contextlib.aclosing(self.watch_batches(prefix, from_revision)) as batches:
+            async for batch in batches:
+                for event in batch:
                     yield event
-                    cursor = event.revision
-                if len(events) == self.LOG_PAGE:
-                    continue
-                cursor = max(cursor, head)
-                self._watch_head = max(self._watch_head, cursor)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_interval):
-                        await wakeup.wait()
-        finally:
-            self._watches -= 1
+
+    async def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None]:
+        """Catch up from the log (a page at a time), then follow the tail's live events (what is buffered at
+        each wake-up, at once); back to the log after an overflow. Subscribing before the catch-up read
+        closes the gap (pg_tail.py); buffered events at or below the cursor are duplicates of that read."""
+        cursor = from_revision
+        while not self._closed:
+            subscription = self._tail.subscribe(prefix, self._head)
+            try:
+                while True:
+                    try:
+                        events, head = await self._read_log(prefix, cursor, self.LOG_PAGE)
+                    except NodusError:
+                        if self._closed:
+                            return
+                        raise
+                    if events:
+                        cursor = events[-1].revision
+                        yield list(events)
+                    if len(events) < self.LOG_PAGE:
+                        cursor = max(cursor, head)  # the page held every matching event of that snapshot
+                        break
+                while (live := await subscription.next_batch()) is not None:
+                    fresh = [event for event in live if event.revision > cursor]
+                    if fresh:
+                        cursor = fresh[-1].revision
+                        yield fresh
+                if subscription.closed:
+                    return
+            finally:
+                self._tail.unsubscribe(subscription)
 
     async def compact(self, revision: int) -> None:
         if self._closed:
@@ -274,11 +262,11 @@ class PostgresStore(QueuedWriteStore):
     async def watch_lag(self) -> int:
         """The store's head now (read from the database) less the newest revision up to which this
         process's watches have read the log; 0 while none is open."""
-        if not self._watches:
+        if not self._tail.watching:
             return 0
         async with self._snapshot() as conn:
             head, _ = self._seen(*await _meta(conn))
-        return max(0, head - self._watch_head)
+        return max(0, head - self._tail.cursor)
 
     # -- leases ----------------------------------------------------------------------------------
 
@@ -302,7 +290,7 @@ class PostgresStore(QueuedWriteStore):
         if self._listen_task is not None:
             self._listen_task.cancel()
         await asyncio.gather(*(t for t in (self._writer_task, self._listen_task) if t), return_exceptions=True)
-        self._wakeup.fire()
+        await self._tail.close()
         if self._listener is not None:
             await self._listener.close()
         await self._writer_conn.close()
@@ -334,11 +322,18 @@ class PostgresStore(QueuedWriteStore):
                 await conn.execute(_SNAPSHOT)
                 yield conn
 
+    async def _read_tail(self, after: int, limit: int) -> tuple[Sequence[Event], int]:
+        """The tail's read: every key's events after `after` (pg_tail.py)."""
+        return await self._query_log("", after, limit)
+
     async def _read_log(self, prefix: str, after: int, limit: int) -> tuple[Sequence[Event], int]:
+        """A watch's catch-up read: the prefix's events after `after` and the head of the same snapshot."""
+        return await self._query_log(prefix, after, limit)
+
+    async def _query_log(self, prefix: str, after: int, limit: int) -> tuple[Sequence[Event], int]:
         """The prefix's events after `after` and the head, in ONE statement: PostgreSQL runs a statement
         on one snapshot, so the head and the page agree as they did in a REPEATABLE READ transaction, in one
-        round trip instead of five (BEGIN, SET TRANSACTION, the meta row, the page, COMMIT). A watch's
-        wake-up costs this read, and a busy replica's watches wake on most commits (ADR 0091)."""
+        round trip instead of five (BEGIN, SET TRANSACTION, the meta row, the page, COMMIT) (ADR 0091)."""
         where, params = key_range(prefix, None, "key", "%s", "TRUE")
         async with self._statement() as conn:
             cursor = await conn.execute(_READ_LOG.format(where=where).encode(), [after, *params, limit])
@@ -363,14 +358,15 @@ class PostgresStore(QueuedWriteStore):
             if conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     async for note in conn.notifies():
-                        self._wakeup.fire(note.payload.split() or None)  # an older replica names no segment
+                        if note.pid != self._writer_conn.info.backend_pid:  # our own commits reached the tail
+                            self._tail.notified(note.payload.split() or None)  # an older replica names none
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
                 self._listener = None
             await asyncio.sleep(self.poll_interval)
             with contextlib.suppress(psycopg.Error):
                 self._listener = await self._listen()
-                self._wakeup.fire()
+                self._tail.notified(None)
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -415,13 +411,15 @@ class PostgresStore(QueuedWriteStore):
         outcomes: list[tuple[asyncio.Future[Record], Record | None, NodusError | None]] = []
         locked = False
         tops: list[str] = []
+        before = 0
+        log: list[tuple[Any, ...]] = []
         try:
             async with conn.transaction():
                 cursor = await conn.execute("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
                 row = await cursor.fetchone()
                 assert row is not None
                 locked = True
-                revision = int(row[0])
+                revision = before = int(row[0])
                 epochs = await fence_epochs(conn, writes)
                 keys = sorted({op.key for op in writes})
                 cursor = await conn.execute(
@@ -430,6 +428,7 @@ class PostgresStore(QueuedWriteStore):
                 batch = plan(writes, stored, revision, epochs)
                 outcomes = batch.outcomes
                 revision = batch.revision
+                log = batch.log
                 if batch.changed:
                     async with conn.cursor() as many:  # executemany pipelines its rows: one round trip
                         await many.executemany(_INSERT_LOG, batch.log)
@@ -447,7 +446,7 @@ class PostgresStore(QueuedWriteStore):
             outcomes = [(op.future, None, failure) for op in writes]
         else:
             self._head = max(self._head, revision)
-            self._wakeup.fire(tops)
+            self._tail.committed(before, [_event((r, k, t, v, p, c)) for r, k, t, v, p, _, c, _ in log], tops)
         _resolve(outcomes)
         return True
 
