@@ -110,3 +110,54 @@ def test_a_pool_runs_tasks_in_order_raises_their_errors_and_cancels_what_has_not
     finally:
         gate.set()
         lane.close()
+
+
+def test_a_file_restore_hashes_its_archive_before_it_imports_zstd_and_the_parser(tmp_path: Path) -> None:
+    """ADR 0104: `nodus checkpoint restore FILE` maps FILE and starts its sha256 before it imports zstd and
+    argparse, so that a second CPU hashes while the first imports; the restore still checks that digest."""
+    from nodus.checkpoint import save_file
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "w.bin").write_bytes(os.urandom(100_000))
+    save_file(["state"], tmp_path / "s.tar.zst", root=tmp_path)
+    code = (
+        "import os, sys\n"
+        "def hook(event, args):\n"
+        "    if event == 'mmap.__new__' or (event == 'import' and args[0] in ('zstandard', 'argparse')):\n"
+        "        os.write(1, f'event {event} {args[0] if event == \"import\" else \"\"}\\n'.encode())\n"
+        "sys.addaudithook(hook)\n"
+        f"sys.argv = ['nodus', 'checkpoint', 'restore', {str(tmp_path / 's.tar.zst')!r}, '--into', "
+        f"{str(tmp_path / 'out')!r}]\n"
+        "from nodus.cli.entry import main\n"
+        "main()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    events = [line.split(maxsplit=1)[1].strip() for line in r.stdout.splitlines() if line.startswith("event ")]
+    assert events[0] == "mmap.__new__", events
+    assert {"import zstandard", "import argparse"} <= set(events[1:]), events
+    assert "sha256 verified" in r.stdout
+    assert (tmp_path / "out" / "state" / "w.bin").read_bytes() == (tmp_path / "state" / "w.bin").read_bytes()
+
+
+def test_an_archive_opened_early_is_refused_as_before(tmp_path: Path) -> None:
+    """The early-opened archive (ADR 0104) goes through every refusal: another digest than its manifest's,
+    a size over --max-size; the target is left as it was."""
+    from nodus.checkpoint import save_file
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "w.bin").write_bytes(os.urandom(300_000))
+    save_file(["state"], tmp_path / "s.tar.zst", root=tmp_path)
+    nodus = str(Path(sys.executable).parent / "nodus")
+    r = subprocess.run([nodus, "checkpoint", "restore", "s.tar.zst", "--into", "a", "--max-size", "1Ki"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and "maxSize" in r.stderr and not (tmp_path / "a").exists(), r.stderr
+    blob = bytearray((tmp_path / "s.tar.zst").read_bytes())
+    blob[-10] ^= 1
+    (tmp_path / "s.tar.zst").write_bytes(bytes(blob))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "keep").write_text("mine")
+    r = subprocess.run([nodus, "checkpoint", "restore", "s.tar.zst", "--into", "b"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "sha256" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path / "b")) == ["keep"]

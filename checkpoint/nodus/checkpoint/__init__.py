@@ -15,14 +15,19 @@ read a byte (ADR 0081).
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
 
 from .errors import (AlreadyCommitted, ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace,
                      NotFound, SourceError, StoreError, UnsafeArchive)
 # eager: the function `restore` must win over the submodule of that name, which importing it sets here
 from .restore import Summary, inspect, restore, verify_digest
 
+TYPE_CHECKING = False
+"""typing.TYPE_CHECKING without importing typing (and re, collections, enum with it) before `nodus
+checkpoint restore` has started hashing its archive (ADR 0104); mypy reads any TYPE_CHECKING as true."""
+
 if TYPE_CHECKING:
+    from typing import Any
+
     from .archive import DEFAULT_LEVEL, ArchiveInfo, Plan, member_name, scan, write
     from .integration import TrainerCheckpoint, find_trainer_checkpoint
     from .manifest import Manifest

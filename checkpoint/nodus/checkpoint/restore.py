@@ -18,28 +18,33 @@ second; ownership is not restored (the restoring process owns what it writes).
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import mmap
 import os
 import stat
-import threading
-from typing import BinaryIO, Iterator
 
 from .errors import ArchiveTooLarge, CheckpointError, CorruptArchive, DigestMismatch, NoSpace, UnsafeArchive
-from .frames import FRAME
+from .mapped import MappedArchive
 from .members import check_hardlink, check_symlink, normalize_name, under_symlink
-from .reader import CHUNK, Decompressed, HashingReader, members
-from .tarheaders import Member
-from .writers import Writers
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing before the digest has started (ADR 0104)
+if TYPE_CHECKING:  # imported where used: zstd, the tar reader and the lanes load after the digest has started
+    from typing import BinaryIO
+
+    from .reader import Decompressed
+    from .tarheaders import Member
+    from .writers import Writers
 
 STAGING_PREFIX = ".nodus-restore-"
 WRITERS = 4
 """Lanes (threads) that create and write the restored files (writers.py): a directory's small files on one
 lane, each large file on the next lane in turn, side by side while the main thread parses (ADR 0063, 0081)."""
-LARGE = FRAME
-"""Files above this are written in tasks of this size; smaller ones are one task each."""
+LARGE = 4 << 20
+"""Files above this are written in tasks of this size; smaller ones are one task each (frames.FRAME: a
+task is about one decoded frame)."""
+CHUNK = 4 << 20
+"""reader.CHUNK: reads of the compressed stream when it is not mapped."""
 
 
 class Summary:
@@ -145,6 +150,8 @@ def inspect(source: BinaryIO, *, sha256: str | None = None, max_size: int | None
             max_unpacked: int | None = None) -> Summary:
     """Read an archive through without extracting: every member checked, zstd's checksum and the
     sha256 compared. What `nodus checkpoint verify` does."""
+    from .reader import Decompressed, HashingReader, members
+
     raw = HashingReader(source, max_size)
     stream = Decompressed(raw)
     rules = _Rules(max_unpacked)
@@ -184,9 +191,12 @@ def _count(out: Summary, m: Member, name: str) -> None:
         out.unpacked_size += m.size
 
 
-def _check_size(path: str | os.PathLike[str], size: int | None, max_size: int | None) -> int:
-    """Refusals that need no byte of the archive: larger than max_size, not the committed size."""
-    actual = os.stat(path).st_size
+def _check_size(path: str | os.PathLike[str], size: int | None, max_size: int | None,
+                actual: int | None = None) -> int:
+    """Refusals that need no byte of the archive: larger than max_size, not the committed size. `actual`
+    is the size of what is mapped, when it is; else the file's."""
+    if actual is None:
+        actual = os.stat(path).st_size
     if max_size is not None and actual > max_size:
         raise ArchiveTooLarge(f"{os.fspath(path)} is {actual} bytes, larger than maxSize ({max_size} bytes); "
                               "nothing was extracted")
@@ -196,60 +206,46 @@ def _check_size(path: str | os.PathLike[str], size: int | None, max_size: int | 
     return actual
 
 
-class _Hasher:
-    """sha256 of the mapped archive on a thread of its own, beside the extraction reading the same pages."""
-
-    def __init__(self, buf: memoryview) -> None:
-        self.sha = hashlib.sha256()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(buf,), name="checkpoint-sha256", daemon=True)
-        self._thread.start()
-
-    def _run(self, buf: memoryview) -> None:
-        step = 16 * CHUNK
-        for start in range(0, len(buf), step):
-            if self._stop.is_set():
-                return
-            self.sha.update(buf[start:start + step])
-
-    def digest(self) -> str:
-        self._thread.join()
-        return self.sha.hexdigest()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def restore(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha256: str | None = None,
-            size: int | None = None, max_size: int | None = None, max_unpacked: int | None = None) -> Summary:
+            size: int | None = None, max_size: int | None = None, max_unpacked: int | None = None,
+            archive: MappedArchive | None = None) -> Summary:
     """Extract `path` under `into` (created if needed), its sha256 (when given) checked in the same pass.
 
     The archive is read once: mapped, hashed on one thread while its frames are decoded on others
     and its members written into a staging directory inside the target. Only once the digest
     matches does anything move from staging into the target; a mismatch, or any refusal, removes
-    the staging directory and leaves the target as it was."""
-    actual = _check_size(path, size, max_size)
-    target = os.fspath(into)
-    created = not os.path.lexists(target)
+    the staging directory and leaves the target as it was.
+
+    `archive`, when given, is `path` already opened and being hashed (`nodus checkpoint restore`
+    starts that before its imports, ADR 0104); the restore owns it from here and closes it."""
     try:
-        os.makedirs(target, exist_ok=True)
-        staging = _staging_dir(target)
-    except OSError as e:
-        raise _os_error(e, target) from None
+        if archive is None:
+            _check_size(path, size, max_size)  # before any byte is read
+            try:
+                archive = MappedArchive(path)
+            except OSError as e:
+                raise _os_error(e, os.fspath(into)) from None
+        actual = _check_size(path, size, max_size, archive.size)  # what is mapped is what counts
+        target = os.fspath(into)
+        created = not os.path.lexists(target)
+        try:
+            os.makedirs(target, exist_ok=True)
+            staging = _staging_dir(target)
+        except OSError as e:
+            raise _os_error(e, target) from None
+    except BaseException:
+        if archive is not None:
+            archive.close()
+        raise
     done = False
     try:
-        with open(path, "rb", buffering=0) as f, _mapped(f, actual) as buf:
-            hasher = _Hasher(buf)
+        with archive:
             try:
-                out, dirs = _extract(buf, staging, max_unpacked)
+                out, dirs = _extract(archive.view, staging, max_unpacked)
             except (CorruptArchive, UnsafeArchive, ArchiveTooLarge) as e:
-                _compare(path, sha256, hasher.digest(), e)  # a damaged or foreign archive: say that first
+                _compare(path, sha256, archive.digest(), e)  # a damaged or foreign archive: say that first
                 raise
-            except BaseException:
-                hasher.stop()
-                raise
-            digest = hasher.digest()
+            digest = archive.digest()
             _compare(path, sha256, digest, None)
         out.size, out.sha256 = actual, digest
         _merge_all(staging, target)
@@ -299,24 +295,6 @@ def _compare(path: str | os.PathLike[str], sha256: str | None, digest: str, caus
                              "nothing was extracted") from cause
 
 
-@contextlib.contextmanager
-def _mapped(f: BinaryIO, size: int) -> Iterator[memoryview]:
-    """The file's bytes in memory, mapped (no copy out of the page cache)."""
-    if not size:
-        yield memoryview(b"")
-        return
-    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    view = memoryview(mm)
-    try:
-        yield view
-    finally:
-        try:
-            view.release()
-            mm.close()
-        except BufferError:
-            pass  # a slice still held by a decoder thread being torn down: the mapping goes with the last one
-
-
 def _os_error(e: OSError, target: str) -> CheckpointError:
     if e.errno == errno.ENOSPC:
         return NoSpace(f"no space left on device while restoring into {target}; the target was not changed "
@@ -339,6 +317,9 @@ def _remove(path: str) -> None:
 
 
 def _extract(buf: memoryview, staging: str, max_unpacked: int | None) -> tuple[Summary, list[tuple[str, int, int]]]:
+    from .reader import Decompressed, members
+    from .writers import Writers
+
     stream = Decompressed.of_buffer(buf)
     writers = Writers(WRITERS)
     rules = _Rules(max_unpacked)

@@ -14,6 +14,7 @@ from .errors import CheckpointError, DigestMismatch, NoSpace, SourceError
 from .filesink import FileSink
 from .frames import DEFAULT_LEVEL
 from .manifest import Clock, Manifest, utcnow
+from .mapped import MappedArchive
 from .restore import Summary, inspect, restore
 
 SIDECAR = ".manifest.json"
@@ -88,9 +89,17 @@ def verify_file(path: str | os.PathLike[str], *, sha256: str | None = None,
 
 
 def restore_file(path: str | os.PathLike[str], into: str | os.PathLike[str], *, sha256: str | None = None,
-                 max_size: int | None = None, max_unpacked: int | None = None) -> tuple[Manifest | None, Summary]:
-    """Restore FILE under `into`; its digest is checked first against `sha256` or the sidecar."""
-    manifest = read_sidecar(path)
+                 max_size: int | None = None, max_unpacked: int | None = None,
+                 archive: MappedArchive | None = None) -> tuple[Manifest | None, Summary]:
+    """Restore FILE under `into`; its digest is checked first against `sha256` or the sidecar. `archive`:
+    FILE already opened and being hashed (restore's `archive`, ADR 0104), owned and closed from here."""
+    try:
+        manifest = read_sidecar(path)
+    except BaseException:
+        if archive is not None:
+            archive.close()
+        raise
     expected = sha256 or (manifest.sha256 if manifest else None)
     size = manifest.size if manifest is not None and sha256 is None else None
-    return manifest, restore(path, into, sha256=expected, size=size, max_size=max_size, max_unpacked=max_unpacked)
+    return manifest, restore(path, into, sha256=expected, size=size, max_size=max_size, max_unpacked=max_unpacked,
+                             archive=archive)

@@ -23,6 +23,7 @@ from .errors import CliError
 
 if TYPE_CHECKING:
     from nodus.checkpoint import Manifest, Store
+    from nodus.checkpoint.mapped import MappedArchive
 
 FILE_SUFFIXES = (".tar.zst", ".tzst")
 DEFAULT_MAX_SIZE = "1Ti"
@@ -107,7 +108,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
                 raise CliError("--seq applies to a store, not to one archive file")
             from nodus.checkpoint.standalone import restore_file
 
-            manifest, summary = restore_file(args.source, args.into, max_size=max_size)
+            manifest, summary = restore_file(args.source, args.into, max_size=max_size,
+                                             archive=getattr(args, "archive", None))
             checked = "sha256 verified against its manifest" if manifest else \
                 "no manifest beside it: sha256 not compared (zstd's checksums of the compressed frames still are)"
             what = args.source
@@ -187,8 +189,18 @@ def add_file_verbs(verbs: Any, s3_flag: Callable[[argparse.ArgumentParser], None
     v.set_defaults(func=cmd_verify, operator=True)
 
 
-def main(argv: list[str]) -> int:
-    """`nodus checkpoint save|restore|verify ...` (argv from `checkpoint` on), parsed and run."""
+def main(argv: list[str], archive: MappedArchive | None = None) -> int:
+    """`nodus checkpoint save|restore|verify ...` (argv from `checkpoint` on), parsed and run. `archive`:
+    the restore's FILE, opened and being hashed since before the imports (entry.py, ADR 0104); used only
+    by the restore of that same FILE, closed in any case."""
+    try:
+        return _main(argv, archive)
+    finally:
+        if archive is not None:
+            archive.close()  # a no-op where the restore took and closed it
+
+
+def _main(argv: list[str], archive: MappedArchive | None) -> int:
     parser = argparse.ArgumentParser(prog="nodus")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("checkpoint", help="save, restore and verify checkpoints (tar.zst + manifest)",
@@ -196,6 +208,8 @@ def main(argv: list[str]) -> int:
     verbs = p.add_subparsers(dest="checkpoint_action", required=True, metavar="{save,restore,verify}")
     add_file_verbs(verbs, s3_flag)
     args = parser.parse_args(argv)
+    if archive is not None and args.func is cmd_restore and args.source == archive.path:
+        args.archive = archive
     _tune_process()
     try:
         return int(args.func(args))
