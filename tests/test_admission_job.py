@@ -364,6 +364,19 @@ def test_valid_job_is_admitted_with_defaults_written() -> None:
     assert "status" not in admitted.object
 
 
+def test_each_job_gets_its_own_defaults() -> None:
+    """The defaults are worked out once per schema node (ADR 0106); what each Job gets is still its own: a
+    change to one Job's defaulted list or materialized object shows in no other Job admitted after it."""
+    first = create(BASE).object["spec"]
+    first["recovery"]["checkpoint"]["paths"].append("/elsewhere")
+    first["placement"]["profile"] = "Cheapest"
+    first["recovery"]["checkpoint"]["interval"] = "5m"
+    second = create(BASE).object["spec"]
+    assert second["recovery"]["checkpoint"]["paths"] == ["/nodus/state"]
+    assert second["recovery"]["checkpoint"]["interval"] == "auto"
+    assert second["placement"] == {"interruptible": "Never", "profile": "Balanced", "queueTimeout": "24h0m0s"}
+
+
 def test_nested_defaults_and_dcp_for_distributed_jobs() -> None:
     obj = merged(BASE, spec(distributed={"nodes": 2}, resources={"gpu": {"type": ["H100"], "count": 8}}, network=OPEN,
                             inputs=[{"name": "w", "output": {"job": "prep", "name": "weights"}}],

@@ -122,12 +122,20 @@ class Obj(Node):
     """Groups of fields of which exactly one must be set."""
     materialize: bool = False
     """Create the object when absent, so that its defaults are written (placement, recovery …)."""
+    defaults: tuple[tuple[str, Any], ...] = field(default=(), init=False, repr=False, compare=False)
+    """What absent fields become: a field's `default` or a materialized object's defaults (worked out once)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", tuple(
+            (k, s.default if s.default is not None else dict(s.defaults)) for k, s in self.fields.items()
+            if s.default is not None or isinstance(s, Obj) and s.materialize and s.defaults))
 
 
 # -- decoding ----------------------------------------------------------------------------------------
 
 FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
 _INVALID = object()
+_SCALARS = (str, int, float, bool)
 """Returned for a value of the wrong type; its parent leaves the key out."""
 
 
@@ -218,17 +226,9 @@ def _decode_obj(node: Obj, value: Any, path: str, ctx: Decoding) -> Any:
         if decoded is not _INVALID:
             out[key] = decoded
     if ctx.defaults:
-        for key, sub in node.fields.items():
-            if key in out or value.get(key) is not None:
-                continue
-            if sub.default is not None:
-                out[key] = copy.deepcopy(sub.default)
-            elif isinstance(sub, Obj) and sub.materialize:
-                # Checks stay off: a materialized object holds only defaults, which are valid.
-                inner = Decoding(mode=ctx.mode, defaults=True, checks=False, limits=ctx.limits)
-                made = _decode_obj(sub, {}, join(path, key), inner)
-                if made:
-                    out[key] = made
+        for key, default in node.defaults:
+            if key not in out and value.get(key) is None:
+                out[key] = default if isinstance(default, _SCALARS) else copy.deepcopy(default)
     if ctx.checks:
         for key in node.required:
             if key not in out and value.get(key) is None:
