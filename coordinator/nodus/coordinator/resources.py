@@ -220,7 +220,7 @@ class ResourceService:
         if admitted is None:  # else `obj` was admitted already (create_many)
             obj.pop("status", None)
             admitted = await admit_create(info, obj, self._lookup, project=project, field_validation=field_validation,
-                                          limits=self.limits)
+                                          limits=self.limits, owned=True)  # create's copy or the gateway's parse
         new = admitted.object
         meta = new.setdefault("metadata", {})
         if not meta.get("name"):

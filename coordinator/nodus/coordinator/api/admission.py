@@ -149,7 +149,7 @@ class _Pass:
 
 
 def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: str | None, limits: AdmissionLimits,
-                   old_body: dict[str, Any] | None = None) -> _Pass:
+                   old_body: dict[str, Any] | None = None, owned: bool = False) -> _Pass:
     ks = schema_for(info)
     ctx = Decoding(mode=mode, limits=limits)
     for key, want in (("apiVersion", info.api_version), ("kind", info.kind)):
@@ -159,7 +159,8 @@ def _decode_object(info: KindInfo, obj: dict[str, Any], mode: str, *, project: s
         elif value != want:
             ctx.causes.append(errors.invalid_value(key, value, f'must be "{want}"'))
     metadata = _decode_metadata(obj, ctx, project)
-    raw = copy_json({k: v for k, v in obj.items() if k not in _ENVELOPE})
+    raw = {k: v for k, v in obj.items() if k not in _ENVELOPE}
+    raw = raw if owned else copy_json(raw)  # folding changes it in place; decoding makes new containers
     fold_causes = ks.fold(raw)
     body = decode(ks.body, raw, "", ctx)
     if not isinstance(body, dict):  # pragma: no cover - raw is always a dict
@@ -223,13 +224,15 @@ def _body_of(obj: dict[str, Any]) -> dict[str, Any]:
 # -- entry points ------------------------------------------------------------------------------------
 
 async def admit_create(info: KindInfo, obj: dict[str, Any], lookup: Lookup, *, project: str,
-                       field_validation: str = "Strict", limits: AdmissionLimits = BETA) -> Admitted:
+                       field_validation: str = "Strict", limits: AdmissionLimits = BETA,
+                       owned: bool = False) -> Admitted:
     """Decode, fold, default and validate a new object under the operator's `limits`; look up what it
-    references; pin secrets."""
+    references; pin secrets. `owned`: `obj` is the caller's private copy, which alias folding may change
+    (a copy of its body saved, ADR 0106)."""
     mode = _mode(field_validation)
     obj = _as_object(obj)
     ks = schema_for(info)
-    p = _decode_object(info, obj, mode, project=project, limits=limits)
+    p = _decode_object(info, obj, mode, project=project, limits=limits, owned=owned)
     if ks.create_rules is not None:
         _add_unique(p.ctx.causes, ks.create_rules(p.body))
     status = copy_json(obj.get("status"))  # passed through: the resource service decides
