@@ -10,7 +10,6 @@ over the decoded object; `KindSchema` bundles a kind's tree with those functions
 """
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -126,16 +125,15 @@ class Obj(Node):
     """What absent fields become: a field's `default` or a materialized object's defaults (worked out once)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "defaults", tuple(
-            (k, s.default if s.default is not None else dict(s.defaults)) for k, s in self.fields.items()
-            if s.default is not None or isinstance(s, Obj) and s.materialize and s.defaults))
+        pairs = ((k, s.default) if s.default is not None else (k, dict(s.defaults))
+                 if isinstance(s, Obj) and s.materialize and s.defaults else None for k, s in self.fields.items())
+        object.__setattr__(self, "defaults", tuple(p for p in pairs if p is not None))
 
 
 # -- decoding ----------------------------------------------------------------------------------------
 
 FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
 _INVALID = object()
-_SCALARS = (str, int, float, bool)
 """Returned for a value of the wrong type; its parent leaves the key out."""
 
 
@@ -228,7 +226,7 @@ def _decode_obj(node: Obj, value: Any, path: str, ctx: Decoding) -> Any:
     if ctx.defaults:
         for key, default in node.defaults:
             if key not in out and value.get(key) is None:
-                out[key] = default if isinstance(default, _SCALARS) else copy.deepcopy(default)
+                out[key] = copy_json(default)  # JSON values only: scalars as they are, containers new
     if ctx.checks:
         for key in node.required:
             if key not in out and value.get(key) is None:
