@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,35 @@ def test_an_agent_that_is_not_root_says_so_at_error_level_and_runs_attempts_as_i
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "attempts run as the agent's own user (uid 1000), all under one uid" in record.getMessage()
     assert "--attempt-uids 300500:10" in record.getMessage()
+
+
+def test_a_release_rides_on_the_next_allocations_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADR 0102: on a busy node an index's release and the next index's allocation write uids.json once, not
+    twice; a restarted agent drops a released record by itself, and a stop writes what is still pending."""
+    import nodus.agent.uids as uids_module
+    writes: list[dict[str, Any]] = []
+    real = uids_module.write_json
+
+    def counted(path: Path, value: Any, **kw: Any) -> None:
+        writes.append(json.loads(json.dumps(value)))
+        real(path, value, **kw)
+
+    monkeypatch.setattr(uids_module, "write_json", counted)
+    path = tmp_path / "uids.json"
+    uids = AttemptUids(UidRange(300000, 8), path, tmp_path / "attempts", live=set, release_save_delay=3600)
+    done = _attempt(tmp_path, "a0")
+    uids.allocate("a0")
+    done.rmdir()
+    uids.release("a0")
+    assert uids.uid_of("a0") is None and json.loads(path.read_text())["attempts"] == {"a0": 300000}
+    assert AttemptUids(UidRange(300000, 8), path, tmp_path / "attempts", live=set).held == {}  # dropped at load
+    writes.clear()
+    _attempt(tmp_path, "a1")
+    uids.allocate("a1")
+    assert [w["attempts"] for w in writes] == [{"a1": 300001}]  # the release and the allocation: one write
+    uids.release("a1")
+    uids.close()
+    assert json.loads(path.read_text())["attempts"] == {}
+    writes.clear()
+    uids.close()
+    assert writes == []  # nothing pending: nothing written

@@ -10,7 +10,9 @@ The allocator records which attempt directory holds which uid in `<work>/uids.js
 rename) before the uid owns anything, so a restarted agent gives a re-adopted attempt the same uid.
 A uid is released when its attempt's directory is removed, and handed out again only after every
 other uid of the range had its turn (round robin) and only when no process runs under it any more
-(a program that left the attempt's cgroup with --cgroups false, say).
+(a program that left the attempt's cgroup with --cgroups false, say). A release reaches uids.json with
+the next allocation's write, or `RELEASE_SAVE_DELAY` later when none comes (ADR 0102): a restarted agent
+drops a record whose directory is gone, so the file may lag behind a release but never behind an allocation.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ OFF = "off"
 """`--attempt-uids off`: attempts run as the agent's own user (or --workload-user), as before ADR 0040."""
 MAX_ID = (1 << 32) - 2
 """The last valid id ((uid_t)-1 is "no change" to setresuid)."""
+RELEASE_SAVE_DELAY = 0.5
+"""Seconds a release waits for an allocation to carry it to uids.json before it is written alone."""
 
 
 class UidsExhausted(Exception):
@@ -120,13 +124,19 @@ class AttemptUids:
     """Which attempt directory holds which uid of the range; safe to call from several threads."""
 
     def __init__(self, rng: UidRange, state_path: Path, attempts_dir: Path,
-                 live: Callable[[], set[int]] = uids_with_processes) -> None:
+                 live: Callable[[], set[int]] = uids_with_processes,
+                 release_save_delay: float = RELEASE_SAVE_DELAY) -> None:
         self.range = rng
         self.state_path = state_path
         self.attempts_dir = attempts_dir
         self.live = live
         """The uids that still run a process (the host's /proc, a scan of ~30 ms; tests pass their own)."""
         self._lock = threading.Lock()
+        self.release_save_delay = release_save_delay
+        self._released = False
+        """A release no write has carried to the disk yet."""
+        self._timer: threading.Timer | None = None
+        """Writes `_released` when no allocation did by then; one per RELEASE_SAVE_DELAY at most, whatever the rate."""
         raw = read_json(state_path) or {}
         self.held: dict[str, int] = {str(k): int(v) for k, v in (raw.get("attempts") or {}).items()}
         """Attempt directory name -> its uid (the gid is the same number)."""
@@ -188,12 +198,38 @@ class AttemptUids:
 
     def release(self, name: str) -> None:
         """Attempt directory `name` is gone: its uid may go to another attempt (once nothing of it runs)."""
+        # Not written at once: the directory is gone, so a restarted agent drops the record anyway (__init__),
+        # and on a busy node the next allocation, a few ms away, writes it (one rename per index saved).
         with self._lock:
-            if self.held.pop(name, None) is not None:
+            if self.held.pop(name, None) is None:
+                return
+            if self.release_save_delay <= 0:
+                self._save()
+                return
+            self._released = True
+            if self._timer is None:
+                self._timer = threading.Timer(self.release_save_delay, self._save_releases)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _save_releases(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._released:
+                self._save()
+
+    def close(self) -> None:
+        """Writes a release still pending (the agent stops)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._released:
                 self._save()
 
     def _save(self) -> None:
         # Atomic, not fsynced: an agent killed keeps what the kernel has; a host crash ends the attempts,
-        # and the directories' groups restore what it lost (__init__).
+        # and the directories' groups restore what it lost (__init__). Called with the lock held.
+        self._released = False
         write_json(self.state_path, {"range": str(self.range), "next": self.next, "wrapped": self.wrapped,
                                      "attempts": self.held}, mode=0o600, durable=False)

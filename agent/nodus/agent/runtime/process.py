@@ -192,6 +192,8 @@ class ProcessRuntime:
     def close(self) -> None:
         if self.zygote is not None:
             self.zygote.close()
+        if self.uids is not None:
+            self.uids.close()
 
     def cgroup_name(self, layout: AttemptLayout) -> str:
         return f"{self.scope}-{layout.root.name}"
