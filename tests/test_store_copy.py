@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from nodus.coordinator.store.postgres import PostgresStore
+from nodus.coordinator.store.sqlite import SqliteStore
 from nodus.coordinator.vault import Vault, load_or_create_key
 
 from conftest import BIN, Coordinator, job
@@ -36,6 +37,19 @@ def read_all(c: Coordinator) -> tuple[list[dict[str, Any]], dict[str, Any], int]
 def copy(data_dir: Path, url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "nodus-coordinator"), "store", "copy", "--from", f"sqlite://{data_dir}",
                            "--to", url], capture_output=True, text=True, timeout=120, check=False)
+
+
+def heads(data_dir: Path, url: str) -> tuple[int, int]:
+    """The store-wide revision of the SQLite source and of the PostgreSQL copy, read from the stores."""
+    async def read() -> tuple[int, int]:
+        source = await SqliteStore.open(data_dir / "store.db")
+        copied = await PostgresStore.open(url)
+        try:
+            return source.revision, copied.revision
+        finally:
+            await source.close()
+            await copied.close()
+    return asyncio.run(read())
 
 
 def read_secret(url: str, data_dir: Path) -> dict[str, str]:
@@ -73,9 +87,14 @@ def test_store_copy_moves_every_object_and_secret_to_postgresql(
     assert done.returncode == 0, done.stderr
     assert "copied" in done.stdout
 
+    source_head, copied_head = heads(tmp_path / "data", url)
+    assert copied_head == source_head >= before[2]  # the store-wide revision goes on from the source's
+
     with Coordinator(tmp_path / "data").start(extra_args=("--store-url", url)) as c:
-        after = read_all(c)
-        assert after == before  # objects, resourceVersions, the list's revision
+        items, secret, revision = read_all(c)
+        assert (items, secret) == before[:2]  # every object and the Secret, resourceVersions included
+        # The list's revision is the store's: a coordinator's start writes its replica record (ADR 0098).
+        assert revision >= copied_head
         # Writes continue from the copied revision, never reusing one.
         created = c.session().post(c.url(f"{NS}/jobs"), json=job("after-copy"))
         assert created.status_code == 201, created.text
