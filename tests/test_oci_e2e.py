@@ -8,6 +8,7 @@ layers, namespaces) is removed after it.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -59,6 +60,22 @@ def traversable_dir(prefix: str) -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix))
     d.chmod(0o711)
     return d
+
+
+@contextlib.contextmanager
+def agent_hosts(prefix: str) -> Iterator[Path]:
+    """A traversable top dir for several agents' work dirs (n0, n1, ...): their pods cleaned after, and the
+    dir removed unless something is still mounted under it."""
+    top = traversable_dir(prefix)
+    try:
+        yield top
+    finally:
+        for n in top.glob("n*"):
+            clean_pods(n)
+        with open("/proc/self/mountinfo") as f:
+            mounted = any(str(top) in line for line in f)
+        if not mounted:
+            shutil.rmtree(top, ignore_errors=True)  # never through a mount that is still there
 
 
 def clean_pods(work: Path) -> None:

@@ -23,7 +23,7 @@ from nodus.coordinator.api.job import spec_rules
 from nodus.coordinator.api.limits import AdmissionLimits
 from nodus.v1 import agent_pb2
 from registry import Registry, build_python_layout, push
-from test_oci_e2e import clean_pods, traversable_dir
+from test_oci_e2e import agent_hosts
 
 NEEDS = pytest.mark.skipif(any(shutil.which(t) is None for t in ("runc", "skopeo", "umoci", "docker-registry"))
                            or os.geteuid() != 0, reason="needs runc, skopeo, umoci, docker-registry and root")
@@ -105,16 +105,8 @@ def c(tmp_path_factory: pytest.TempPathFactory, oci_registry: Registry) -> Itera
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    top = traversable_dir("nodus-oci-gang-")
-    try:
+    with agent_hosts("nodus-oci-gang-") as top:
         yield top
-    finally:
-        for n in top.glob("n*"):
-            clean_pods(n)
-        with open("/proc/self/mountinfo") as f:
-            mounted = any(str(top) in line for line in f)
-        if not mounted:
-            shutil.rmtree(top, ignore_errors=True)  # never through a mount that is still there
 
 
 @NEEDS

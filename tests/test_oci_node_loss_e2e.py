@@ -19,7 +19,7 @@ from agent_double import AgentProcess
 from conftest import Coordinator
 from e2e import AGENT_ENV, attempts_of, create, joined, settled, wait_status
 from registry import Registry, build_busybox_layout, push
-from test_oci_e2e import clean_pods, traversable_dir
+from test_oci_e2e import agent_hosts, clean_pods
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -34,16 +34,8 @@ SCRIPT = 'echo "attempt $NODUS_ATTEMPT_NUMBER runs build $BUILD"; [ "$NODUS_ATTE
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    top = traversable_dir("nodus-oci-loss-")
-    try:
+    with agent_hosts("nodus-oci-loss-") as top:
         yield top
-    finally:
-        for n in top.glob("n*"):
-            clean_pods(n)
-        with open("/proc/self/mountinfo") as f:
-            mounted = any(str(top) in line for line in f)
-        if not mounted:
-            shutil.rmtree(top, ignore_errors=True)  # never through a mount that is still there
 
 
 def test_the_replacement_after_a_node_loss_runs_the_pinned_digest_after_the_tag_moved(
