@@ -41,7 +41,8 @@ startTime (the spec written, the supervisor forked from the zygote, its RUNNING:
 have millisecond resolution). Then the steps an image attempt's supervisor takes that a process
 attempt's does not, each run here --jobs times with the agent's own functions: importing
 nodus.agent.supervisor.containers in a fork of an interpreter holding what the zygote preloads, the pod's
-namespaces (oci.pod.create_namespaces), its writable layer (mount_layer), `runc run --detach` (Runc.run).
+namespaces (a spare's claimed: oci.slots.IdSlots.claim, ADR 0111; making the spare, which the agent does
+after the attempt before ended, is printed beside), its writable layer (mount_layer), `runc run --detach` (Runc.run).
 For the many-index Job (bench/startup_phases.py): the medians of its indexes' phases, created → placed →
 inputs ready → started → finished and an end → the next index's Attempt created, and the CPU-seconds per
 index of the agent, its supervisors (the zygote and what it forked) and the coordinator, with the rate
@@ -140,8 +141,9 @@ def clean_pods(work: Path) -> None:
     writable layers, namespace bind mounts."""
     if not (work / "runc").exists():
         return
-    from nodus.agent.oci.pod import remove_namespaces, unmount_layer
+    from nodus.agent.oci.mounts import unmount_layer
     from nodus.agent.oci.runc import Runc
+    from nodus.agent.oci.slots import IdSlots
 
     runc = Runc(work / "runc")
     for state in runc.list():
@@ -149,7 +151,7 @@ def clean_pods(work: Path) -> None:
     for pod_dir in work.glob("attempts/*/run/pod"):
         for layer in pod_dir.glob("containers/*"):
             unmount_layer(layer)
-        remove_namespaces(pod_dir / "ns")
+    IdSlots(work / "ids").unbind_all()  # the pods' namespaces and the agent's spares (ADR 0111)
 
 
 def mounts_under(root: Path) -> list[str]:
@@ -360,17 +362,19 @@ def agent_steps(layout: Path, work: Path, runs: int) -> dict[str, float]:
     """The steps an image attempt's supervisor takes that a process attempt's does not, each run here `runs`
     times with the agent's own functions (medians, ms): importing its container runtime (in a fork of an
     interpreter holding what the zygote preloads), the pod's namespaces, the writable layer, `runc run --detach`."""
-    from nodus.agent.oci.bundle import ID_SLOTS, IdRange, Process, runtime_spec
-    from nodus.agent.oci.pod import create_namespaces, mount_layer, remove_namespaces, unmount_layer
+    from nodus.agent.oci.bundle import IdRange, Process, runtime_spec
+    from nodus.agent.oci.mounts import mount_layer, unmount_layer
+    from nodus.agent.oci.namespaces import create_namespaces
+    from nodus.agent.oci.slots import IdSlots
     from nodus.agent.oci.runc import Runc
 
     work.mkdir(mode=0o711)
     tree = work / "tree"  # root-owned, as the agent's cache holds it
     subprocess.run(["umoci", "raw", "unpack", "--image", f"{layout}:latest", str(tree)], check=True,
                    capture_output=True, timeout=120)
-    ids = IdRange.for_slot(ID_SLOTS - 2)
     runc = Runc(work / "runc")
-    steps: dict[str, list[float]] = {k: [] for k in ("import", "namespaces", "layer", "run")}
+    slots = IdSlots(work / "ids")
+    steps: dict[str, list[float]] = {k: [] for k in ("import", "spare", "namespaces", "layer", "run")}
     for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", IMPORT_CONTAINERS], check=True, capture_output=True, text=True,
                              timeout=60)
@@ -380,14 +384,20 @@ def agent_steps(layout: Path, work: Path, runs: int) -> dict[str, float]:
             for i in range(runs):
                 pod = work / f"pod{i}"
                 pod.mkdir()
-                os.chown(pod, ids.host(0), ids.host(0))
-                pod.chmod(0o700)
                 layer = pod / "containers" / "main"
                 cid = f"nodus-bench-steps-{os.getpid()}-{i}"
                 try:
+                    s0 = time.perf_counter()
+                    slots.make_spare()  # the agent's, after the attempt before this one ended (ADR 0111)
+                    s1 = time.perf_counter()
                     t0 = time.perf_counter()
-                    ns = create_namespaces(pod / "ns", ids)
+                    slot = slots.claim(cid)  # the spare's slot, its namespaces made: as Pod() takes it
+                    ids = IdRange.for_slot(slot)
+                    ns = create_namespaces(slots.namespaces(slot), ids)
                     t1 = time.perf_counter()
+                    os.chown(pod, ids.host(0), ids.host(0))
+                    pod.chmod(0o700)
+                    t1b = time.perf_counter()  # the chown is Pod()'s, as before: in neither step
                     merged = mount_layer(tree, layer, ids.host(0), ns.user)
                     t2 = time.perf_counter()
                     spec = runtime_spec(Process(("/bin/true",), ("PATH=/bin",), "/", 0, 0), str(merged), hostname=cid,
@@ -398,8 +408,8 @@ def agent_steps(layout: Path, work: Path, runs: int) -> dict[str, float]:
                 finally:
                     runc.delete(cid, force=True)
                     unmount_layer(layer)
-                    remove_namespaces(pod / "ns")
-                for key, (a, b) in zip(("namespaces", "layer", "run"), ((t0, t1), (t1, t2), (t2, t3))):
+                    slots.release(cid)
+                for key, (a, b) in zip(("spare", "namespaces", "layer", "run"), ((s0, s1), (t0, t1), (t1b, t2), (t2, t3))):
                     steps[key].append((b - a) * 1000)
     finally:
         if runc.root.exists():
@@ -658,10 +668,11 @@ def main() -> None:
         if steps:
             extra = steps["namespaces"] + steps["layer"] + steps["run"]
             print("an image attempt's supervisor steps a process attempt's does not take, each run here with the agent's")
-            print(f"own functions (medians over {args.jobs}, ms): pod namespaces {steps['namespaces']:.1f}, writable "
-                  f"layer {steps['layer']:.1f}, runc run --detach {steps['run']:.1f}; "
-                  f"sum {extra:.1f} (import nodus.agent.supervisor.containers in a fresh process "
-                  f"{steps['import']:.1f}: off the attempt's path, the zygote preloads it)")
+            print(f"own functions (medians over {args.jobs}, ms): pod namespaces {steps['namespaces']:.1f} (a spare's, "
+                  f"claimed), writable layer {steps['layer']:.1f}, runc run --detach {steps['run']:.1f}; "
+                  f"sum {extra:.1f} (off the attempt's path: import nodus.agent.supervisor.containers in a fresh "
+                  f"process {steps['import']:.1f}, the zygote preloads it; a spare pod's namespaces made by the agent "
+                  f"after the attempt before {steps['spare']:.1f})")
             if stuck:
                 print(f"  note: {len(stuck)} image attempt(s) stayed on the agent after their Job ended (it could not "
                       f"remove them; see its log); the runc runs after them did not wait for them")

@@ -29,7 +29,9 @@ from nodus.agent.clock import SystemClock
 from nodus.agent.runtime import OciRuntime, Refused
 from nodus.v1 import agent_pb2
 from nodus.agent.oci import disk
-from nodus.agent.oci.pod import remove_namespaces, unmount_layer
+from nodus.agent.oci.mounts import unmount_layer
+from nodus.agent.oci.slots import IdSlots
+from nodus.agent.runtime.oci import SPARE_PODS
 from nodus.agent.oci.runc import Runc
 from nodus.agent.statefile import read_json
 from registry import Registry, build_busybox_layout, build_python_layout, push
@@ -88,7 +90,7 @@ def clean_pods(work: Path) -> None:
         for layer in pod_dir.glob("containers/*"):
             unmount_layer(layer)
         disk.remove(pod_dir)
-        remove_namespaces(pod_dir / "ns")
+    IdSlots(work / "ids").unbind_all()  # the pods' namespaces and the agent's spares (ADR 0111)
 
 
 def state_dir(work: Path, job: str) -> Path:
@@ -370,16 +372,53 @@ def test_a_pod_whose_supervisor_died_is_cleaned_up_and_the_attempt_replaced(
         wait_for(lambda: [s for s in Runc(work / "runc").list() if s.status == "running"], 60,
                  what="the container to run")
         pod_id = state.parent.name
-        assert [p.name for p in (work / "ids").iterdir() if p.read_text() == pod_id]  # its id slot is held
+        slot = IdSlots(work / "ids").slot_of(pod_id)
+        assert slot is not None  # its id slot is held
+        ipc = IdSlots(work / "ids").namespaces(slot) / "ipc"
+        # a mark in the pod's IPC namespace: namespaces bound later (a spare's, a pod's) must not have it
+        subprocess.run(["nsenter", f"--ipc={ipc}", "--", "ipcmk", "-Q"], check=True, capture_output=True)
         os.kill(int((read_json(run / "status.json") or {})["supervisor_pid"]), signal.SIGKILL)
         st = settled(c, "oci-orphan", 120)
         assert st["phase"] == "Succeeded", st  # the replacement (attempt 2) ran to its end
         first = attempts_of(c, "oci-orphan")[0]
         assert (first["status"]["phase"], first["status"]["reason"]) == ("Lost", "AgentFault"), first["status"]
         assert not [s.id for s in Runc(work / "runc").list() if s.id.startswith(pod_id)]
-        assert not [p for p in (work / "ids").iterdir() if p.read_text() == pod_id]  # the slot is free again
+        assert IdSlots(work / "ids").slot_of(pod_id) is None  # the slot is free again
+        wait_for(lambda: len(IdSlots(work / "ids").spares()) == SPARE_PODS or None, 60, what="the agent's spares")
         with open("/proc/self/mountinfo") as f:
             assert not [line for line in f if str(run / "pod") in line], "a mount of the dead pod was left"
+        for bound in (work / "ids").glob("ns/*/ipc"):
+            queues = subprocess.run(["nsenter", f"--ipc={bound}", "--", "ipcs", "-q"], capture_output=True,
+                                    text=True, check=True).stdout
+            assert "0x" not in queues, f"the dead pod's IPC namespace is still bound at {bound}"
+
+
+def test_an_image_attempt_takes_a_spare_pod_made_after_the_one_before_and_a_stop_removes_the_spares(
+        c: Coordinator, images: dict[str, str], oci_registry: Registry, work: Path) -> None:
+    """ADR 0111: once an image attempt is gone the agent holds spare pods' namespaces; the next image attempt's
+    pod takes one (its containers run in the spare's network namespace), and the agent's stop removes them."""
+    slots = IdSlots(work / "ids")
+    hold = "while [ ! -e /nodus/state/go ]; do sleep 0.1; done"
+    agent = oci_agent(c, work, oci_registry).start()
+    with joined([agent], c):
+        create(c, "oci-spare-1", backoffLimit=0, image=images["busybox"], command=["true"])
+        assert settled(c, "oci-spare-1", 120)["phase"] == "Succeeded"
+        wait_for(lambda: len(slots.spares()) == SPARE_PODS or None, 60, what="the agent's spare pods")
+        spares = slots.spares()
+        made = {slot: os.stat(slots.namespaces(slot) / "net").st_ino for slot in spares}
+        create(c, "oci-spare-2", backoffLimit=0, image=images["busybox"], command=["sh", "-c", hold])
+        state = state_dir(work, "oci-spare-2")
+        [container] = wait_for(lambda: [s for s in Runc(work / "runc").list() if s.status == "running"], 60,
+                               what="the second Job's container")
+        slot = slots.slot_of(state.parent.name)
+        assert slot in spares, (slot, spares)  # a spare's slot, not a fresh one
+        assert os.stat(f"/proc/{container.pid}/ns/net").st_ino == made[slot]  # in the spare's made namespace
+        (state / "go").touch()
+        assert settled(c, "oci-spare-2", 120)["phase"] == "Succeeded"
+        wait_for(lambda: len(slots.spares()) == SPARE_PODS or None, 60, what="the spares topped up")
+    assert slots.spares() == []  # the agent's stop removed them
+    with open("/proc/self/mountinfo") as f:
+        assert not [line for line in f if str(work / "ids") in line], "a spare's namespace was left bound"
 
 
 def test_asking_for_the_oci_runtime_without_runc_fails_at_start_naming_it(c: Coordinator, tmp_path: Path) -> None:

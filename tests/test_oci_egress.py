@@ -34,7 +34,8 @@ from nodus.agent.oci.bundle import ContainerRequest, ImageConfig, Mount
 from nodus.agent.oci.dns_gate import DnsGate
 from nodus.agent.oci.egress import (PRESETS, Egress, EgressError, NodeNetwork, Policy, PodLink, matches,
                                     preset_table)
-from nodus.agent.oci.pod import IdSlots, Pod, remove_cgroup_dirs
+from nodus.agent.oci.pod import Pod, remove_cgroup_dirs
+from nodus.agent.oci.slots import IdSlots
 from nodus.agent.oci.runc import Runc, become_subreaper
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"

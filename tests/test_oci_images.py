@@ -19,7 +19,8 @@ import pytest
 from nodus.agent.cgroups import DEFAULT_FS
 from nodus.agent.oci.bundle import ContainerRequest
 from nodus.agent.oci.images import ImageStore, PulledImage, PullProgress
-from nodus.agent.oci.pod import IdSlots, Pod
+from nodus.agent.oci.pod import Pod
+from nodus.agent.oci.slots import IdSlots
 from nodus.agent.oci.pull_errors import DigestMismatch, DiskFull, Fault, ImagePullError, InvalidReference, NotFound, \
     Unauthorized, Unreachable, classify
 from nodus.agent.oci.runc import Runc, become_subreaper

@@ -20,9 +20,11 @@ from nodus.agent.cgroups import DEFAULT_FS, Cgroup
 from nodus.agent.oci import disk
 from nodus.agent.checkpointing import Hold
 from nodus.agent.layout import AttemptLayout
-from nodus.agent.oci.bundle import ContainerRequest, ImageConfig, Limits, Mount
-from nodus.agent.oci.pod import (ContainerProcess, IdSlots, Pod, listening_ports, remove_cgroup_dirs, remove_namespaces,
-                                 unmount_layer)
+from nodus.agent.oci.bundle import ContainerRequest, IdRange, ImageConfig, Limits, Mount
+from nodus.agent.oci.mounts import unmount_layer
+from nodus.agent.oci.namespaces import remove_namespaces
+from nodus.agent.oci.pod import ContainerProcess, Pod, listening_ports, pod_safe_id, remove_cgroup_dirs
+from nodus.agent.oci.slots import IdSlots
 from nodus.agent.oci.runc import (ContainerExists, ContainerNotFound, ContainerStatus, Runc, RuncMissing,
                                   become_subreaper)
 from nodus.agent.statefile import read_json, write_json
@@ -49,8 +51,8 @@ class Node:
     cgroup_parent: str
     pods: list[Pod] = field(default_factory=list)
 
-    def pod(self, name: str, disk_bytes: int = 0) -> Pod:
-        pod = Pod(f"{name}-{uuid.uuid4().hex[:6]}", self.root / "pods" / name, self.runc, self.slots,
+    def pod(self, name: str, disk_bytes: int = 0, pod_id: str = "") -> Pod:
+        pod = Pod(pod_id or f"{name}-{uuid.uuid4().hex[:6]}", self.root / "pods" / name, self.runc, self.slots,
                   f"{self.cgroup_parent}/{name}", disk_bytes=disk_bytes)
         self.pods.append(pod)
         return pod
@@ -118,7 +120,7 @@ def node(rootfs: Path) -> Iterator[Node]:
                 for layer in pod_dir.glob("containers/*"):
                     unmount_layer(layer)
                 disk.remove(pod_dir)
-                remove_namespaces(pod_dir / "ns")
+                n.slots.release(pod_safe_id(pod_dir.parent.parent.name))  # its namespaces with its slot
             remove_cgroup_dirs(n.cgroup_parent)
             assert not [c for c in DEFAULT_FS.iterdir() if (c / n.cgroup_parent).exists()], "a test cgroup was left"
             with open("/proc/self/mountinfo") as f:
@@ -239,7 +241,8 @@ import os, sys, time
 from pathlib import Path
 from typing import Any
 from nodus.agent.oci.bundle import ContainerRequest, ImageConfig
-from nodus.agent.oci.pod import IdSlots, Pod
+from nodus.agent.oci.pod import Pod
+from nodus.agent.oci.slots import IdSlots
 from nodus.agent.statefile import read_json, write_json
 from nodus.agent.oci.runc import Runc
 root, pod_id, rootfs, cgroup = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
@@ -261,8 +264,8 @@ def test_the_container_outlives_its_caller_and_is_found_again_from_runc_state(no
     finally:
         caller.kill()  # SIGKILL: nothing of the caller's runs after this
         caller.wait()
-    again = node.pod("g")  # a restarted caller: same directory, slot and runc root
-    again.pod_id = pod_id
+    again = node.pod("g", pod_id=pod_id)  # a restarted caller: same pod id, directory, slot and runc root
+    assert again.ids == IdRange.for_slot(0) and node.slots.spares() == []  # its slot, its namespaces kept
     states = again.find()
     assert list(states) == [f"{pod_id}-main"]
     state = states[f"{pod_id}-main"]
@@ -367,7 +370,8 @@ def test_the_supervisor_runs_init_sidecar_and_main_as_containers_of_one_pod(node
     assert "secrets are read-only" in log
     assert (node.root / "attempts/sup-a/outputs/result").read_text() == "s3cret"
     assert node.runc.list() == []  # every container of the pod deleted when the attempt ended
-    assert not (node.root / "ids").exists() or list((node.root / "ids").iterdir()) == []
+    ids = node.root / "ids"  # no slot held, no namespace of it left (their directories removed with them)
+    assert not ids.exists() or ([p for p in ids.iterdir() if p.name.isdigit()] == [] and list(ids.glob("ns/*")) == [])
 
 
 def test_the_supervisor_reports_a_container_oom_kill_as_oomkilled(node: Node) -> None:
@@ -432,8 +436,7 @@ def test_pod_namespaces_are_made_even_from_a_process_running_grpc_threads(tmp_pa
     namespaces' holder is therefore a fresh program, and this works whatever threads the caller has."""
     import grpc
 
-    from nodus.agent.oci.bundle import IdRange
-    from nodus.agent.oci.pod import create_namespaces
+    from nodus.agent.oci.namespaces import create_namespaces
 
     channel = grpc.insecure_channel("127.0.0.1:1")
     try:
@@ -452,3 +455,30 @@ def test_pod_namespaces_are_made_even_from_a_process_running_grpc_threads(tmp_pa
             remove_namespaces(tmp_path / "ns")
     finally:
         channel.close()
+
+
+def ipc_queues(ipc: str) -> str:
+    """The System V message queues of the IPC namespace bound at `ipc`, as ipcs lists them."""
+    return subprocess.run(["nsenter", f"--ipc={ipc}", "--", "ipcs", "-q"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_a_pod_takes_a_spares_namespaces_and_never_a_dead_pods(node: Node) -> None:
+    """ADR 0111: a pod claims a spare the agent made ahead (its containers run in the spare's namespaces); a slot
+    claimed fresh gets new namespaces even where a pod killed before its release left its own bound there."""
+    spare = node.slots.make_spare()
+    made = node.slots.namespaces(spare)
+    assert node.slots.spares() == [spare] and os.path.ismount(made / "net")
+    pod = node.pod("spare")
+    assert pod.ids == IdRange.for_slot(spare) and node.slots.spares() == []
+    assert pod.namespaces.network == str(made / "net")
+    proc = run(node, pod, "main", sh("sleep 30"))
+    assert os.stat(f"/proc/{proc.pid}/ns/net").st_ino == os.stat(made / "net").st_ino
+    # a pod killed before its release: its slot file gone, its namespaces still bound, a queue in its IPC
+    pod.stop_all({"main": proc}, grace=1)
+    (node.slots.directory / str(spare)).unlink()
+    subprocess.run(["nsenter", f"--ipc={made / 'ipc'}", "--", "ipcmk", "-Q"], check=True, capture_output=True)
+    assert "0x" in ipc_queues(str(made / "ipc"))
+    fresh = node.pod("fresh")
+    assert fresh.ids == IdRange.for_slot(spare)  # the lowest free slot: the dead pod's
+    assert "0x" not in ipc_queues(fresh.namespaces.ipc)  # new namespaces, not the dead pod's

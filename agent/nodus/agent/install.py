@@ -282,6 +282,9 @@ def uninstall(argv: list[str], say: Callable[[str], None] = print) -> None:
     hi.remove_install(layout, manifest, keep_venvs=bool(supervisors), say=say)
     if args.purge:
         import shutil
+
+        from .oci.slots import IdSlots
+        IdSlots(work_dir / "ids").unbind_all()  # never delete through a pod's namespace bind mounts (ADR 0111)
         shutil.rmtree(work_dir, ignore_errors=True)
         say(f"removed the work dir {manifest.settings.get('work_dir')}")
     else:

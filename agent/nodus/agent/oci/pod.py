@@ -1,25 +1,19 @@
 """One attempt's pod: its host id range, its namespaces, a writable layer per container, and the
 containers themselves (init, sidecars in order, main), started through runc and stopped in reverse.
 
-The supervisor owns a Pod and stays single-threaded: namespaces are made by a forked child, and a
+The supervisor owns a Pod and stays single-threaded: namespaces are made by an `unshare` program (oci/namespaces.py), and a
 container's init is the supervisor's child once it is a subreaper (runc.become_subreaper), so a
 container is waited for like a process. Everything a restarted caller needs is on disk: the id
-slot file, the namespace bind mounts under the pod directory and runc's state (docs/adr/0020-oci-pods.md).
+slot file, the namespace bind mounts under its slot (oci/slots.py) and runc's state (docs/adr/0020-oci-pods.md).
 """
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
 import select
 import signal
-import socket
-import struct
-import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,158 +21,15 @@ from typing import Sequence
 
 from ..cgroups import DEFAULT_FS
 from . import disk
-from .bundle import (ID_SLOTS, ContainerRequest, Device, Hook, IdRange, ImageConfig, Limits, Mount, PodNamespaces,
-                     resolve_process, runtime_spec)
+from .bundle import ContainerRequest, Device, Hook, IdRange, ImageConfig, Limits, Mount, resolve_process, runtime_spec
 from .egress import Egress, NodeNetwork, PodEgress, Policy
-from .mounts import MountError, bind, libc, mount_layer, unmount, unmount_layer
-from .runc import ContainerState, ContainerStatus, Runc, RuncError, wait_exit
+from .mounts import mount_layer, unmount_layer
+from .namespaces import PodError, create_namespaces
+from .runc import ContainerState, Runc, RuncError
+from .slots import IdSlots
 
-NAMESPACES = ("user", "net", "ipc")
 KILL_WAIT = 5.0
 """Seconds to wait for a container's init after SIGKILL before runc delete --force."""
-
-
-class PodError(MountError):
-    """The pod's namespaces, id range or a container's writable layer could not be set up."""
-
-
-class IdSlots:
-    """Which pod holds which host id range: one file per claimed slot, created exclusively, naming the pod.
-
-    A slot is claimed before the pod's first container and released after its last one is deleted, so
-    two live pods never share host ids and a restarted agent sees the claims it made.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def slot_of(self, pod_id: str) -> int | None:
-        if not self.directory.is_dir():
-            return None
-        for entry in self.directory.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                holder = entry.read_text()
-            except FileNotFoundError:
-                continue  # another pod freed that slot between the listing and the read
-            if holder == pod_id:
-                return int(entry.name)
-        return None
-
-    def claim(self, pod_id: str) -> int:
-        """The pod's slot: the one it holds already, else the lowest free one."""
-        held = self.slot_of(pod_id)
-        if held is not None:
-            return held
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for slot in range(ID_SLOTS):
-            try:
-                fd = os.open(self.directory / str(slot), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            except FileExistsError:
-                continue
-            # not fsynced: a restarted agent reads it from the page cache, and after a host crash no pod of
-            # the slot lives (an empty file a crash left holds its slot either way, fsync or not)
-            with os.fdopen(fd, "w") as f:
-                f.write(pod_id)
-            return slot
-        raise PodError(f"all {ID_SLOTS} host id ranges are held by pods; wait for attempts to end")
-
-    def release(self, pod_id: str) -> None:
-        slot = self.slot_of(pod_id)
-        if slot is not None:
-            (self.directory / str(slot)).unlink(missing_ok=True)
-
-
-def create_namespaces(directory: Path, ids: IdRange, host_network: bool = False) -> PodNamespaces:
-    """A user namespace mapping container ids to `ids`, and a network and IPC namespace it owns
-    (loopback up), kept alive by bind mounts on files in `directory`.
-
-    The network namespace belongs to the pod's user namespace, so the containers may mount sysfs. With
-    `host_network` (a gang member's pod) there is none: the containers stay in the node's network
-    namespace (docs/adr/0033-gang-pods-on-the-host-network.md).
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    kinds = tuple(ns for ns in NAMESPACES if not (host_network and ns == "net"))
-    paths = PodNamespaces(str(directory / "user"), None if host_network else str(directory / "net"),
-                          str(directory / "ipc"))
-    if all(os.path.ismount(directory / ns) for ns in kinds):
-        return paths  # made before a restart
-    # The holder is a fresh program (unshare(1) exec'ing sh), not a fork of this process: a fork of a
-    # process with gRPC threads gets them restarted by gRPC's at-fork handler, and a multithreaded
-    # process cannot unshare a user namespace (EINVAL). It waits on stdin while the namespaces are
-    # mapped and bound; loopback is brought up from here as host root (ip in the pod's netns).
-    flags = ["--user", "--ipc"] if host_network else ["--user", "--net", "--ipc"]
-    holder = subprocess.Popen(["unshare", *flags, "--", "sh", "-c", "echo u; read g"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        if holder.stdout.readline() != b"u\n":
-            holder.wait(10)
-            why = holder.stderr.read().decode(errors="replace").strip() if holder.stderr else ""
-            raise PodError(f"could not create the pod's {', '.join(kinds)} namespaces: {why or 'unshare failed'}")
-        for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{holder.pid}/{name}", "w") as f:
-                f.write(f"0 {ids.host_start} {ids.size}\n")
-        for ns in kinds:
-            target = directory / ns
-            target.touch()
-            bind(f"/proc/{holder.pid}/ns/{ns}", target)
-        if paths.network is not None:
-            try:
-                loopback_up(paths.network)
-            except OSError as e:
-                remove_namespaces(directory)
-                raise PodError(f"could not bring up loopback in the pod's network namespace: {e}") from e
-    finally:
-        holder.stdin.close()  # the holder's `read` ends: it exits, the bind mounts keep the namespaces
-        try:
-            wait_exit(holder, 10)  # woken at its exit, not by Popen.wait's doubling sleeps (ADR 0076)
-        except subprocess.TimeoutExpired:
-            pass  # killed and reaped
-    return paths
-
-
-CLONE_NEWNET = 0x40000000
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-IFREQ = "16sH22x"
-"""struct ifreq with its flags member (40 bytes, what the kernel copies)."""
-
-
-def loopback_up(netns: str) -> None:
-    """Brings `lo` up in the network namespace bound at `netns` (SIOCSIFFLAGS on a socket made inside it),
-    from a short-lived thread that enters it: setns moves only the calling thread, and no `ip` program is
-    started on the pod's way to running. Host root may: it holds CAP_NET_ADMIN over every pod's namespaces."""
-    failed: list[OSError] = []
-
-    def enter_and_raise() -> None:
-        try:
-            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc().setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {netns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                flags = struct.unpack(IFREQ, fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack(IFREQ, b"lo", 0)))[1]
-                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack(IFREQ, b"lo", flags | IFF_UP))
-        except OSError as e:
-            failed.append(e)
-
-    thread = threading.Thread(target=enter_and_raise, name="pod-loopback")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-
-
-def remove_namespaces(directory: Path) -> None:
-    for ns in NAMESPACES:
-        target = directory / ns
-        if os.path.ismount(target):
-            unmount(target)
-        target.unlink(missing_ok=True)
 
 
 @dataclass(slots=True)
@@ -265,9 +116,14 @@ class Pod:
             try:  # the writable layers on a filesystem of the disk floor's size (oci/disk.py)
                 disk.mount(directory, disk_bytes, self.ids.host(0))
             except (disk.DiskLimitError, OSError) as e:
-                slots.release(self.pod_id)
+                slots.release(self.pod_id)  # a spare's namespaces with it
                 raise PodError(f"the writable layers could not be limited to resources.disk: {e}") from e
-        self.namespaces = create_namespaces(directory / "ns", self.ids, host_network)
+        try:  # made already when the slot was a spare's (ADR 0111) or the pod's own before a restart
+            self.namespaces = create_namespaces(slots.namespaces(slot), self.ids, host_network)
+        except BaseException:
+            disk.remove(directory)
+            slots.release(self.pod_id)
+            raise
         self.egress = (PodEgress(egress, "", None, network) if self.namespaces.network is None
                        else network.for_pod(egress, self.namespaces.network, slot))
         """The pod's way out (Deny: loopback only); the supervisor calls `egress.refresh` and reads `egress.denied`."""
@@ -275,7 +131,6 @@ class Pod:
             self.egress.attach()
         except BaseException:
             self.egress.detach()
-            remove_namespaces(directory / "ns")
             disk.remove(directory)
             slots.release(self.pod_id)
             raise
@@ -358,7 +213,6 @@ class Pod:
                 unmount_layer(directory)
         disk.remove(self.directory)
         self.egress.detach()
-        remove_namespaces(self.directory / "ns")
         remove_cgroup_dirs(self.cgroup_parent)
         self.slots.release(self.pod_id)
 

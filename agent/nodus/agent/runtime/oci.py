@@ -24,9 +24,11 @@ from ..oci import cdi, disk, sdk
 from ..oci.bundle import ImageConfig
 from ..oci.egress import Policy, left_link, preset_table, remove_link
 from ..oci.images import ImageStore, PulledImage, PullProgress
-from ..oci.pod import IdSlots, pod_safe_id, remove_cgroup_dirs, remove_namespaces, unmount_layer
+from ..oci.namespaces import PodError, remove_namespaces
+from ..oci.pod import pod_safe_id, remove_cgroup_dirs, unmount_layer
 from ..oci.pull_errors import ImagePullError
 from ..oci.runc import Runc, RuncError
+from ..oci.slots import IdSlots
 from ..oci.skopeo import RegistryCredentials, Skopeo
 from ..reasons import Reason
 from ..settings import AgentConfig, choose_runtime
@@ -36,6 +38,8 @@ from .process import PASSED_ENV, ProcessRuntime, Refused
 log = logging.getLogger("nodus.agent.runtime")
 _POLICIES = {agent_pb2.EGRESS_POLICY_DENY: Policy.DENY, agent_pb2.EGRESS_POLICY_ALLOW_LIST: Policy.ALLOW_LIST,
              agent_pb2.EGRESS_POLICY_OPEN: Policy.OPEN}
+SPARE_PODS = 2
+"""Pods' namespaces kept made ahead (ADR 0111): one for the next image attempt and one for the one after."""
 GANG_EGRESS = ("spec.network.egress.policy: a gang member's pod shares the node's network (ADR 0033), where Deny and "
                "AllowList cannot be enforced; set network.egress.policy to Open for a distributed Job with an image")
 
@@ -65,6 +69,9 @@ class OciRuntime(ProcessRuntime):
         """NodeNetwork's settings (pod_range, if_prefix, uplinks), as the supervisor builds it from spec.json."""
         self.runc_root = work_dir / "runc"
         self.id_slots = work_dir / "ids"
+        self.slots = IdSlots(self.id_slots)
+        self.slots.remove_spares(unfinished_only=True)  # what a killed agent was making is in no known state
+        self._topping_up = threading.Lock()
         self.sdk = sdk.install(work_dir / "sdk")
         self.disk_limit = disk.available()
         """None when pods' writable layers can be limited to resources.disk (oci/disk.py), else why not."""
@@ -232,14 +239,14 @@ class OciRuntime(ProcessRuntime):
             for directory in containers.iterdir():
                 unmount_layer(directory)
         disk.remove(pod_dir)
-        remove_namespaces(pod_dir / "ns")
+        remove_namespaces(pod_dir / "ns")  # where an agent before ADR 0111 bound them
         remove_cgroup_dirs(f"{spec.get('cgroup_root', self.cgroup_root)}/{spec.get('cgroup_name') or layout.root.name}")
         slots = IdSlots(Path(oci["id_slots"]) if oci else self.id_slots)
         slot = slots.slot_of(pod_id)
         link = left_link(oci, slot) if oci and slot is not None else None
         if link is not None:
             remove_link(link)  # the node's NAT table outlives the pod's namespace
-        slots.release(pod_id)
+        slots.release(pod_id)  # the slot's namespaces with it
 
     def remove(self, layout: AttemptLayout) -> None:
         with self._pull_lock:  # one stopped between its pull and its spec
@@ -247,7 +254,25 @@ class OciRuntime(ProcessRuntime):
                 self._pulled.pop(attempt_id, None)
         if (layout.run / "pod").exists():
             self.close_pod(layout)  # never remove a tree through a layer still mounted
+            self.top_up_spares()  # before the attempt is gone: the node is idle once its attempts are
         super().remove(layout)
+
+    def top_up_spares(self) -> None:
+        """Makes spare pods' namespaces until SPARE_PODS wait (ADR 0111): after an image attempt ends, off
+        every attempt's way to running. A failure leaves the next pod to make its own, where it fails loudly."""
+        if not self._topping_up.acquire(blocking=False):
+            return  # another ended attempt's thread is at it
+        try:
+            for _ in range(SPARE_PODS - len(self.slots.spares())):
+                self.slots.make_spare()
+        except (PodError, OSError) as e:
+            log.warning("a spare pod's namespaces could not be made (%s): the next image attempt makes its own", e)
+        finally:
+            self._topping_up.release()
+
+    def close(self) -> None:
+        super().close()
+        self.slots.remove_spares()  # the agent stops: no attempt of its will take them
 
 
 def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock,

@@ -37,7 +37,8 @@ from ..oci import sdk
 from ..oci.bundle import ContainerRequest, ImageConfig, Mount, attempt_mounts, resolve_user
 from ..oci.cdi import GpuInjection, with_gpus
 from ..oci.egress import Egress, EgressError, NodeNetwork, Policy
-from ..oci.pod import ContainerProcess, IdSlots, Pod
+from ..oci.pod import ContainerProcess, Pod
+from ..oci.slots import IdSlots
 from ..oci.runc import Runc, RuncError, become_subreaper
 from ..statefile import write_json
 
