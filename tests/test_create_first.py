@@ -1,19 +1,26 @@
 """A Job created with its first decision (ADR 0108): the Job, already Queued with the reason it waits, and its
 first attempt are one commit; a watcher of Jobs sees one ADDED and nothing more from the controllers, and
-the store's creates-together are whole or nothing."""
+the store's creates-together are whole or nothing; a refused one falls back to the plain create."""
 from __future__ import annotations
 
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import orjson
 import pytest
 
 from conftest import Coordinator, job
+from nodus.coordinator.api.kinds import resolve
+from nodus.coordinator.controllers.job_controller import FirstDecision
 from nodus.coordinator.errors import NodusError
+from nodus.coordinator.identity import SYSTEM, Identity
+from nodus.coordinator.resources import ResourceService
 from nodus.coordinator.store import SqliteStore
+from nodus.coordinator.store.base import Record
+from nodus.coordinator.store.lease import Fence
+from nodus.coordinator.vault import Vault, load_or_create_key
 
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
@@ -104,3 +111,54 @@ def test_a_job_created_suspended_is_left_to_the_controller(c: Coordinator) -> No
     names = [a["metadata"]["name"] for a in s.get(c.url(ATTEMPTS)).json()["items"]]
     assert not any(n.startswith("first-suspended") for n in names)
 
+
+
+class FoldingDecider:
+    """A Job controller's stand-in: every Job's first decision is Queued with one attempt (its name fixed)."""
+
+    fence: Fence | None = None
+
+    def __init__(self) -> None:
+        self.written: list[list[str]] = []
+
+    def decide_first(self, project: str, job: dict[str, Any]) -> FirstDecision:
+        attempt = {"apiVersion": "nodus.dev/v1", "kind": "Attempt",
+                   "metadata": {"name": "again-0-1", "namespace": project},
+                   "spec": {"job": job["metadata"]["name"], "jobUID": job["metadata"]["uid"]}}
+        return FirstDecision({**(job.get("status") or {}), "phase": "Queued"}, {"attempts/default/again-0-1": attempt},
+                             None)
+
+    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
+        self.written.append([r.key for r in records])
+
+
+def test_a_refused_commit_falls_back_to_the_plain_create(tmp_path: Path) -> None:
+    async def test() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            identity = Identity(store)
+            await identity.ensure_project("default")
+            service = ResourceService(store, identity, Vault(store, load_or_create_key(tmp_path / "secret.key")))
+            decider = FoldingDecider()
+            service.first_decisions = decider
+            # An attempt of a deleted Job of the same name, not collected yet: the Job and its first decision cannot
+            # be written together, and the create is answered as without them, not refused.
+            leftover = b'{"metadata":{"name":"again-0-1"},"spec":{"job":"again","jobUID":"old"}}'
+            await store.create("attempts/default/again-0-1", leftover)
+            made, _ = await service.create(SYSTEM, resolve("jobs"), "default", job("again"), owned=True)
+            assert "phase" not in (made.get("status") or {}) and decider.written == []
+            stored = await store.get("jobs/default/again")
+            assert stored is not None and orjson.loads(stored.value).get("status") == made.get("status")
+            left = await store.get("attempts/default/again-0-1")
+            assert left is not None and left.value == leftover
+            # Without it, the same create writes the Job Queued and the attempt in one commit, and says so.
+            await store.delete("attempts/default/again-0-1")
+            await store.delete("jobs/default/again")
+            made, _ = await service.create(SYSTEM, resolve("jobs"), "default", job("again"), owned=True)
+            assert made["status"]["phase"] == "Queued"
+            assert decider.written == [["jobs/default/again", "attempts/default/again-0-1"]]
+            attempt = await store.get("attempts/default/again-0-1")
+            assert attempt is not None and attempt.revision == int(made["metadata"]["resourceVersion"]) + 1
+        finally:
+            await store.close()
+    asyncio.run(asyncio.wait_for(test(), 30))
