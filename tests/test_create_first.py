@@ -73,7 +73,7 @@ def test_a_job_is_created_queued_with_its_attempt_and_watched_once(c: Coordinato
     rv = s.get(c.url(JOBS)).json()["metadata"]["resourceVersion"]
     jobs: list[dict[str, Any]] = []
     attempts: list[dict[str, Any]] = []
-    threads = [watch(c, JOBS, rv, "metadata.name=first-1", 4, jobs), watch(c, ATTEMPTS, rv, "", 4, attempts)]
+    threads = [watch(c, JOBS, rv, "metadata.name=first-1", 8, jobs), watch(c, ATTEMPTS, rv, "", 8, attempts)]
     made = s.post(c.url(JOBS), json=job("first-1"))
     assert made.status_code == 201, made.text
     body = made.json()
@@ -82,7 +82,7 @@ def test_a_job_is_created_queued_with_its_attempt_and_watched_once(c: Coordinato
     assert body["status"]["message"].startswith("waiting for capacity: ")
     assert body["status"]["attempts"]["total"] == 1 and body["status"]["active"] == 1
     for t in threads:
-        t.join(15)
+        t.join(20)
     # Everything a kubectl watcher of the Job is sent: one ADDED, the object the 201 answered, and no MODIFIED
     # from the controllers afterwards (their decision is the one it was created with).
     assert [e["type"] for e in jobs] == ["ADDED"], jobs
