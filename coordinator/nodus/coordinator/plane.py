@@ -86,6 +86,7 @@ class ControlPlane:
         self.sinks = SinkLoader(self.cache, self.objects, blobs, vault)  # outputs into customers' tables
         self.workload_tokens = WorkloadTokens(self.cache, store, service.identity)  # ServiceAccount tokens (ADR 0055)
         self._identity = service.identity
+        self._service = service
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
         self.leadership = Leadership(store, leader, self._lead, self._abdicate)
@@ -134,6 +135,8 @@ class ControlPlane:
             runs.append(("blob-gc", self.gc.run))
         if self.volume_commits is not None:
             runs.append(("volume-commits", self.volume_commits.run))
+        self.jobs.fence = fence
+        self._service.first_decisions = self.jobs  # a Job is created with its first decision (ADR 0108)
         for name, run in runs:
             context = contextvars.copy_context()
             context.run(FENCE.set, fence)
@@ -164,6 +167,7 @@ class ControlPlane:
                 "holder": self.leadership.holder, "watch lag": f"{lag} revisions"}
 
     async def _abdicate(self) -> None:
+        self._service.first_decisions = None
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(tasks)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets as pysecrets
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jsonpatch
 import orjson
@@ -21,12 +21,15 @@ from .api.kinds import KindInfo, resolve
 from .api.limits import BETA, AdmissionLimits
 from .continue_tokens import decode_continue, encode_continue
 from .controllers.fleet import Fleet
+from .controllers.job_controller import FirstDecision
+from .controllers.objects import encode as encode_object
 from .errors import NodusError
 from .identity import SYSTEM, Caller, Identity, Role
 from .images import ImageResolver
 from .selectors import FieldSelector, LabelSelector
-from .status_write import write_status
-from .store.base import Store
+from .status_write import admitted_status, write_status
+from .store.base import Record, Store
+from .store.lease import FENCE, Fence
 from .stored import ListPage, decode as _decode, encode as _encode, key as _key, parse_rv as _parse_rv, \
     prefix as _prefix, utc_now as utc_now
 from .strategies import KindStrategy, strategies
@@ -48,6 +51,19 @@ class _Lookup:
         return _decode(await self._service.store.get(f"{plural}/{project}/{name}"))
 
 
+class FirstDecider(Protocol):
+    """What a Job create asks the leading Job controller (controllers/job_controller.py, ADR 0108)."""
+
+    fence: Fence | None
+    """The lease epoch the controller writes under: the attempts its first decision creates carry it."""
+
+    def decide_first(self, project: str, job: dict[str, Any]) -> FirstDecision | None:
+        """The Job's first decision before it is stored; None: left to the controller's reconcile."""
+
+    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
+        """The Job and its attempts as stored by one commit."""
+
+
 class ResourceService:
     def __init__(self, store: Store, identity: Identity, vault: Vault,
                  now: Callable[[], str] = utc_now, bookmark_seconds: float = 30.0,
@@ -60,6 +76,8 @@ class ResourceService:
         self.limits = limits
         """What admission lets an object ask for (`nodus-coordinator --gang-max-nodes`)."""
         self.sweep_cells = SweepCellService(fleet.cache if fleet is not None else None, sweeps)  # large Sweeps' rows
+        self.first_decisions: FirstDecider | None = None
+        """The leading Job controller, whose first decision a Job is created with (ADR 0108); None: left to it."""
 
     def _strategy(self, info: KindInfo) -> KindStrategy:
         return self._strategies.get(info.kind, _DEFAULT)
@@ -244,16 +262,49 @@ class ResourceService:
             if await self.store.get(key) is not None:
                 raise self._already_exists(info, meta["name"])
             await strategy.keep(project, meta["name"], new, values)
-        try:
-            rec = await self.store.create(key, _encode(new))
-        except NodusError as e:
-            if e.reason == "AlreadyExists":
-                raise self._already_exists(info, meta["name"]) from None
-            raise
+        rec = await self._create_first(info, project, key, new) if values is None else None
+        if rec is None:
+            try:
+                rec = await self.store.create(key, _encode(new))
+            except NodusError as e:
+                if e.reason == "AlreadyExists":
+                    raise self._already_exists(info, meta["name"]) from None
+                raise
         if not read_back:
             meta["resourceVersion"] = str(rec.revision)
             return new, admitted.warnings
         return _decode(rec), admitted.warnings  # type: ignore[return-value]
+
+    async def _create_first(self, info: KindInfo, project: str, key: str, new: dict[str, Any]) -> Record | None:
+        """A Job created with its first decision (ADR 0108): the Job with the status the Job controller's first
+        reconcile would write and the attempts it would create, in one commit, whole or not at all. None (`new` as
+        it was) where no Job controller leads here, the store cannot create keys together, `decide_first` leaves it
+        to the controller, or the commit is refused (a key there already, a deposed leader): then the plain create."""
+        decider = self.first_decisions
+        if (decider is None or not self.store.creates_together or info.plural != _JOBS.plural
+                or info.group != _JOBS.group):
+            return None
+        first = decider.decide_first(project, new)
+        if first is None:
+            return None
+        before = new.get("status")
+        new["status"] = admitted_status(_JOBS, before, first.status)
+        fence = FENCE.set(decider.fence)  # the controller's writes, under its lease (as its own reconcile's)
+        try:
+            records = await self.store.create_together(
+                [(key, _encode(new)), *((k, encode_object(a)) for k, a in first.attempts.items())])
+        except NodusError as e:
+            if e.reason not in ("AlreadyExists", "LeaderDeposed"):
+                raise
+            if before is None:
+                new.pop("status", None)
+            else:
+                new["status"] = before
+            return None
+        finally:
+            FENCE.reset(fence)
+        decider.first_written(records, first)
+        return records[0]
 
     def _already_exists(self, info: KindInfo, name: str) -> NodusError:
         return NodusError("AlreadyExists", f'{info.resource} "{name}" already exists',

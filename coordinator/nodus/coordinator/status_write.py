@@ -21,6 +21,17 @@ from .errors import NodusError
 from .store.base import Store
 
 
+def admitted_status(info: KindInfo, stored: Any, status: Any) -> Any:
+    """`status` admitted as a controller's status write over `stored` admits it: only what differs from `stored` is
+    checked (the rest was admitted when it was written: a Job's status carries its ~2 KB estimate, which no
+    controller changes)."""
+    if isinstance(status, dict) and isinstance(stored, dict):
+        changed = {k: v for k, v in status.items() if k not in stored or stored[k] != v}
+        admitted = admit_status(info, {"status": changed}).object.get("status") or {}
+        return {k: admitted[k] if k in changed else v for k, v in status.items() if k not in changed or k in admitted}
+    return admit_status(info, {"status": status}).object.get("status")
+
+
 async def write_status(store: Store, info: KindInfo, project: str, obj: dict[str, Any], status: Any,
                        conflict: Callable[[KindInfo, str], NodusError],
                        not_found: Callable[[KindInfo, str], NodusError]) -> dict[str, Any]:
@@ -34,14 +45,7 @@ async def write_status(store: Store, info: KindInfo, project: str, obj: dict[str
         raise NodusError("Invalid", f'{info.kind} "{name}": a status write needs the metadata.resourceVersion '
                          f"it was decided from, not {version!r}", fix="pass the object as the cache holds it")
     stored = obj.get("status")
-    if isinstance(status, dict) and isinstance(stored, dict):
-        # Only what differs from the stored status is admitted: the rest was admitted when it was written
-        # (a Job's status carries its ~2 KB estimate, which no controller changes).
-        changed = {k: v for k, v in status.items() if k not in stored or stored[k] != v}
-        admitted = admit_status(info, {"status": changed}).object.get("status") or {}
-        status = {k: admitted[k] if k in changed else v for k, v in status.items() if k not in changed or k in admitted}
-    else:
-        status = admit_status(info, {"status": status}).object.get("status")
+    status = admitted_status(info, stored, status)
     if status == stored:
         return obj
     meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}

@@ -17,8 +17,10 @@ from ..api.attempt import INDEX_LABEL, JOB_LABEL, RANK_LABEL, attempt_name
 from ..api.job_folding import effective_image
 from ..clock import Clock, rfc3339
 from ..errors import NodusError
+from ..store.base import Record
+from ..store.lease import Fence
 from .attempt_machine import Created, Refusal, StoppedUnplaced, phase_of, transition
-from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
+from .cache import ATTEMPTS, JOBS, Cache, attempt_key, decode, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
@@ -147,6 +149,19 @@ class Settled:
     """When time alone changes the decision (the decision's own wake-up)."""
 
 
+@dataclass(frozen=True, slots=True)
+class FirstDecision:
+    """A new Job's first decision, made before the Job is stored, so that the Job (created with this status) and
+    the attempts it creates are one commit (`JobController.decide_first`, ADR 0108)."""
+
+    status: dict[str, Any]
+    """The status to create the Job with: the decision's, with placement's explain in its message (ADR 0096)."""
+    attempts: dict[str, dict[str, Any]]
+    """The attempts it creates, by key, in the order they are written after the Job."""
+    wake_at: float | None
+    """The decision's wake-up (a queue timeout)."""
+
+
 class JobWriter(Protocol):
     """What the controller writes to Jobs, as the system: their status (admitted and compared on
     resourceVersion, so a changed Job raises Conflict) and the delete a TTL asks for. The resource
@@ -167,6 +182,9 @@ class JobController:
                  explain: Explainer | None = None) -> None:
         self.cache, self.objects, self.writer, self.clock = cache, objects, jobs, clock
         self.explain = explain
+        self.fence: Fence | None = None
+        """The lease epoch this controller leads under (set by the control plane): what a Job created with its first
+        decision writes its attempts under (`decide_first`, ADR 0108)."""
         """Placement's answer for a Job's first attempts before they are written (None: they are created without)."""
         self.gangs = gangs
         self.free_storage = free_storage
@@ -269,6 +287,44 @@ class JobController:
             self.queue.add(key)  # and then its attempts, as orphans
         if decision.wake_at is not None:
             self.queue.add_after(key, decision.wake_at - self.clock.now())
+
+    def decide_first(self, project: str, job: dict[str, Any]) -> FirstDecision | None:
+        """What the Job's first reconcile would decide and write, decided on `job` (admitted, its metadata set, not
+        stored yet) as that reconcile decides it on the stored Job with no attempts: the caller creates the Job with
+        `status` and the attempts in one commit and hands the records to `first_written` (ADR 0108). None where
+        the first reconcile is left to do it: the cache not synced (a restart: the Job's inputs are not all
+        known), a gang (decide_gang), `output` inputs (their producers), a Job being deleted, and any decision but
+        a Queued status with attempts to create that settles (`job.settles`: decided again on what it writes, it
+        changes nothing), such as a Job created Suspended or Cancelled."""
+        if not self.cache.synced.is_set():
+            return None
+        view = JobView.from_object(job)
+        if view.gang or view.output_inputs or view.deleting:
+            return None
+        now = self.clock.now()
+        prev = job.get("status") or {}
+        decision = decide(view, [], now, mtbi=self._mtbi(view, []), free_storage=self.free_storage, prev=prev)
+        if (decision.status is None or not decision.actions
+                or JobPhase.parse(decision.status.get("phase")) is not JobPhase.QUEUED
+                or not settles(view, [], decision, prev)):
+            return None
+        made = self._made(job, project, decision.actions, now, view.topology)
+        status = self._pre_explained(view, [], decision, made, job)
+        assert status is not None  # a Queued decision has one
+        return FirstDecision(status, made, decision.wake_at)
+
+    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
+        """The Job and its first attempts as one commit stored them (the Job's record first): into the cache, and
+        the Job recorded settled at those revisions, as its reconcile records its own writes (ADR 0071), so the
+        reconcile their events set off skips it. If this is never called (the create was cancelled after its
+        commit), the cache's watch brings them and the reconcile decides again: the same status, nothing written."""
+        job_rec, attempt_recs = records[0], records[1:]
+        key = job_rec.key
+        for rec in records:  # the Job first: its attempts' listeners find it
+            self.cache.apply(rec.key, decode(rec.key, rec.value, rec.revision), rec.revision)
+        self._settled[key] = Settled(job_rec.revision, {rec.key: rec.revision for rec in attempt_recs}, first.wake_at)
+        if first.wake_at is not None:
+            self.queue.add_after(key, first.wake_at - self.clock.now())
 
     def _pre_explained(self, view: JobView, attempts: list[AttemptView], decision: Decision,
                        made: Mapping[str, dict[str, Any]], job: dict[str, Any]) -> dict[str, Any] | None:

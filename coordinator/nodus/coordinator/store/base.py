@@ -15,7 +15,7 @@ import abc
 import asyncio
 import collections
 import enum
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .lease import Lease, LocalLeases
@@ -104,6 +104,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def create(self, key: str, value: bytes) -> Record:
         """Create `key`; NodusError("AlreadyExists") if it exists."""
+
+    creates_together = False
+    """Whether `create_together` is available: several creates in one commit, or none (ADR 0108)."""
+
+    async def create_together(self, items: Sequence[tuple[str, bytes]]) -> list[Record]:
+        """Creates every (key, value) of `items` in one commit, with consecutive revisions in their order (a
+        watcher sees them in that order, in one batch), or none of them: NodusError("AlreadyExists") naming the
+        first key that exists. Only where `creates_together` is True."""
+        raise NotImplementedError(f"{type(self).__name__} cannot create keys together")
 
     @abc.abstractmethod
     async def update(self, key: str, value: bytes, expected_revision: int | None) -> Record:

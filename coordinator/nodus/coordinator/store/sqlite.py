@@ -77,6 +77,8 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
 class SqliteStore(QueuedWriteStore):
     """The SQLite engine. Open with `await SqliteStore.open(path)` inside the loop that will use it."""
 
+    creates_together = True
+    """A group of creates is one queued write that the writer applies whole or refuses whole (ADR 0108)."""
     READ_THREADS = 4
     """Reads run on their own connections in this many threads, so they never wait for the writer."""
     LOG_PAGE = 500
@@ -340,17 +342,20 @@ class SqliteStore(QueuedWriteStore):
         revision = self._head
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op in writes:
-                row = conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = ?",
-                                   (op.key,)).fetchone()
-                error = precondition(op, None if row is None else row[1])
+            for first in writes:
+                ops = (first, *first.together)  # creates together: all of them or none (create_together)
+                rows = [conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = ?",
+                                     (op.key,)).fetchone() for op in ops]
+                error = next((e for op, row in zip(ops, rows)
+                              if (e := precondition(op, None if row is None else row[1])) is not None), None)
                 if error is not None:
-                    outcomes.append((op.future, None, error))
+                    outcomes.extend((op.future, None, error) for op in ops)
                     continue
-                revision += 1
-                event = _apply(conn, op, row, revision)
-                events.append(event)
-                outcomes.append((op.future, Record(op.key, event.value, revision, event.create_revision), None))
+                for op, row in zip(ops, rows):
+                    revision += 1
+                    event = _apply(conn, op, row, revision)
+                    events.append(event)
+                    outcomes.append((op.future, Record(op.key, event.value, revision, event.create_revision), None))
             if events:
                 conn.execute("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
             conn.execute("COMMIT")
@@ -361,7 +366,7 @@ class SqliteStore(QueuedWriteStore):
             except sqlite3.Error:
                 pass  # SQLite rolled back already, or the connection is gone; the batch failed either way
             error = NodusError("InternalError", f"store write failed: {exc}")
-            outcomes = [(op.future, None, error) for op in writes]
+            outcomes = [(op.future, None, error) for first in writes for op in (first, *first.together)]
             events = []
         else:
             self._head = revision

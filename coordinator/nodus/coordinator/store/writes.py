@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import enum
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store.base import Record, Store, prefix_end
@@ -34,6 +34,16 @@ class Write:
     future: asyncio.Future[Record]
     fence: Fence | None = None
     """The lease epoch this write commits under (a controller's write), or None (unfenced)."""
+    together: tuple["Write", ...] = ()
+    """Creates that commit with this one, after it, or fail with it (`Store.create_together`); queued as one."""
+
+
+def _checked(key: str, value: bytes) -> tuple[str, bytes]:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a key is a non-empty str, not {key!r}")
+    if not isinstance(value, bytes):
+        raise TypeError(f"a value is bytes, not {type(value).__name__}")
+    return key, value
 
 
 def precondition(op: Write, revision: int | None) -> NodusError | None:
@@ -90,14 +100,35 @@ class QueuedWriteStore(Store):
     async def delete(self, key: str, expected_revision: int | None = None) -> Record:
         return await self._submit_write(WriteKind.DELETE, key, b"", expected_revision)
 
+    async def create_together(self, items: Sequence[tuple[str, bytes]]) -> list[Record]:
+        if not self.creates_together:
+            return await super().create_together(items)
+        if not items or len({key for key, _ in items}) != len(items):
+            raise ValueError(f"create_together needs distinct keys, not {[key for key, _ in items]!r}")
+        fence = self._fence()
+        loop = asyncio.get_running_loop()
+        writes = [Write(WriteKind.CREATE, *_checked(key, value), None, loop.create_future(), fence)
+                  for key, value in items]
+        first, rest = writes[0], tuple(writes[1:])
+        first.together = rest
+        self._enqueue(first)
+        started = time.perf_counter()
+        try:
+            # One by one, not gathered: the writer resolves them all at once, so the caller resumes before the
+            # watchers are told (a controller's cache takes its own writes first, as with a single write).
+            return [await w.future for w in writes]
+        except BaseException:
+            for w in writes:
+                if w.future.done() and not w.future.cancelled():
+                    w.future.exception()  # the same refusal for each: retrieved, so none is logged as lost
+            raise
+        finally:
+            if self.write_observer is not None:
+                self.write_observer(time.perf_counter() - started)
+
     async def _submit_write(self, kind: WriteKind, key: str, value: bytes, expected: int | None) -> Record:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"a key is a non-empty str, not {key!r}")
-        if not isinstance(value, bytes):
-            raise TypeError(f"a value is bytes, not {type(value).__name__}")
-        fence = FENCE.get()
-        if fence is not None:
-            self._check_fence(fence)
+        key, value = _checked(key, value)
+        fence = self._fence()
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         self._enqueue(Write(kind, key, value, expected, future, fence))
         # A caller cancelled here may still find its write committed, as with any database.
@@ -107,6 +138,12 @@ class QueuedWriteStore(Store):
         finally:
             if self.write_observer is not None:
                 self.write_observer(time.perf_counter() - started)
+
+    def _fence(self) -> Fence | None:
+        fence = FENCE.get()
+        if fence is not None:
+            self._check_fence(fence)
+        return fence
 
     def _check_fence(self, fence: Fence) -> None:
         """Refuses (LeaderDeposed) a write whose fence no longer holds. In one process's store the

@@ -1,0 +1,164 @@
+"""A Job created with its first decision (ADR 0108): the Job, already Queued with the reason it waits, and its
+first attempt are one commit; a watcher of Jobs sees one ADDED and nothing more from the controllers, and
+the store's creates-together are whole or nothing; a refused one falls back to the plain create."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import orjson
+import pytest
+
+from conftest import Coordinator, job
+from nodus.coordinator.api.kinds import resolve
+from nodus.coordinator.controllers.job_controller import FirstDecision
+from nodus.coordinator.errors import NodusError
+from nodus.coordinator.identity import SYSTEM, Identity
+from nodus.coordinator.resources import ResourceService
+from nodus.coordinator.store import SqliteStore
+from nodus.coordinator.store.base import Record
+from nodus.coordinator.store.lease import Fence
+from nodus.coordinator.vault import Vault, load_or_create_key
+
+JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
+ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
+
+
+def test_creates_together_commit_whole_in_order_or_not_at_all(tmp_path: Path) -> None:
+    async def test() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            start = store.revision
+            records = await store.create_together([("jobs/p/a", b'{"a":1}'), ("attempts/p/a-0-1", b'{"b":2}')])
+            assert [(r.key, r.revision) for r in records] == [("jobs/p/a", start + 1), ("attempts/p/a-0-1", start + 2)]
+            watch = store.watch_batches("", start)
+            assert watch is not None
+            batch = await anext(watch)
+            assert [(e.key, e.revision, e.value) for e in batch] == [
+                ("jobs/p/a", start + 1, b'{"a":1}'), ("attempts/p/a-0-1", start + 2, b'{"b":2}')]
+            await watch.aclose()
+            # The second key exists: the first is not created either, and both callers' writes are refused.
+            with pytest.raises(NodusError) as refused:
+                await store.create_together([("jobs/p/b", b"{}"), ("attempts/p/a-0-1", b"{}")])
+            assert refused.value.reason == "AlreadyExists" and "attempts/p/a-0-1" in str(refused.value)
+            assert await store.get("jobs/p/b") is None and store.revision == start + 2
+            with pytest.raises(ValueError, match="distinct keys"):
+                await store.create_together([("jobs/p/c", b"{}"), ("jobs/p/c", b"{}")])
+        finally:
+            await store.close()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    """Controllers on and no node: every Job waits for capacity."""
+    with Coordinator(tmp_path_factory.mktemp("first") / "data").start() as c:
+        yield c
+
+
+def watch(c: Coordinator, path: str, rv: str, selector: str, seconds: int, out: list[dict[str, Any]]) -> threading.Thread:
+    def consume() -> None:
+        with c.session().get(c.url(path), params={"watch": "true", "resourceVersion": rv, "fieldSelector": selector,
+                                                  "timeoutSeconds": str(seconds)}, stream=True) as resp:
+            out.extend(orjson.loads(line) for line in resp.iter_lines() if line)
+    t = threading.Thread(target=consume)
+    t.start()
+    return t
+
+
+def test_a_job_is_created_queued_with_its_attempt_and_watched_once(c: Coordinator) -> None:
+    s = c.session()
+    rv = s.get(c.url(JOBS)).json()["metadata"]["resourceVersion"]
+    jobs: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    threads = [watch(c, JOBS, rv, "metadata.name=first-1", 8, jobs), watch(c, ATTEMPTS, rv, "", 8, attempts)]
+    made = s.post(c.url(JOBS), json=job("first-1"))
+    assert made.status_code == 201, made.text
+    body = made.json()
+    # The 201 answers the Job as stored: already Queued, saying why it waits, its first attempt counted.
+    assert body["status"]["phase"] == "Queued"
+    assert body["status"]["message"].startswith("waiting for capacity: ")
+    assert body["status"]["attempts"]["total"] == 1 and body["status"]["active"] == 1
+    for t in threads:
+        t.join(20)
+    # Everything a kubectl watcher of the Job is sent: one ADDED, the object the 201 answered, and no MODIFIED
+    # from the controllers afterwards (their decision is the one it was created with).
+    assert [e["type"] for e in jobs] == ["ADDED"], jobs
+    assert jobs[0]["object"] == body
+    mine = [e for e in attempts if e["object"]["spec"]["job"] == "first-1"]
+    assert [e["type"] for e in mine] == ["ADDED"], mine
+    attempt = mine[0]["object"]
+    # The same commit: the attempt's revision follows the Job's, and it was created waiting with placement's explain.
+    assert int(attempt["metadata"]["resourceVersion"]) == int(body["metadata"]["resourceVersion"]) + 1
+    assert attempt["spec"]["jobUID"] == body["metadata"]["uid"] and attempt["status"]["phase"] == "Pending"
+    assert body["status"]["message"] == "waiting for capacity: " + attempt["status"]["placement"]["explain"]
+    assert s.get(c.url(f"{JOBS}/first-1")).json() == body
+
+
+def test_a_job_created_suspended_is_left_to_the_controller(c: Coordinator) -> None:
+    s = c.session()
+    made = s.post(c.url(JOBS), json=job("first-suspended", state="Suspended"))
+    assert made.status_code == 201, made.text
+    assert "phase" not in (made.json().get("status") or {})  # no first decision folded in: it creates nothing
+    for _ in range(100):
+        got = s.get(c.url(f"{JOBS}/first-suspended")).json()
+        if (got.get("status") or {}).get("phase") == "Suspended":
+            break
+        threading.Event().wait(0.1)
+    assert got["status"]["phase"] == "Suspended"
+    names = [a["metadata"]["name"] for a in s.get(c.url(ATTEMPTS)).json()["items"]]
+    assert not any(n.startswith("first-suspended") for n in names)
+
+
+
+class FoldingDecider:
+    """A Job controller's stand-in: every Job's first decision is Queued with one attempt (its name fixed)."""
+
+    fence: Fence | None = None
+
+    def __init__(self) -> None:
+        self.written: list[list[str]] = []
+
+    def decide_first(self, project: str, job: dict[str, Any]) -> FirstDecision:
+        attempt = {"apiVersion": "nodus.dev/v1", "kind": "Attempt",
+                   "metadata": {"name": "again-0-1", "namespace": project},
+                   "spec": {"job": job["metadata"]["name"], "jobUID": job["metadata"]["uid"]}}
+        return FirstDecision({**(job.get("status") or {}), "phase": "Queued"}, {"attempts/default/again-0-1": attempt},
+                             None)
+
+    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
+        self.written.append([r.key for r in records])
+
+
+def test_a_refused_commit_falls_back_to_the_plain_create(tmp_path: Path) -> None:
+    async def test() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        try:
+            identity = Identity(store)
+            await identity.ensure_project("default")
+            service = ResourceService(store, identity, Vault(store, load_or_create_key(tmp_path / "secret.key")))
+            decider = FoldingDecider()
+            service.first_decisions = decider
+            # An attempt of a deleted Job of the same name, not collected yet: the Job and its first decision cannot
+            # be written together, and the create is answered as without them, not refused.
+            leftover = b'{"metadata":{"name":"again-0-1"},"spec":{"job":"again","jobUID":"old"}}'
+            await store.create("attempts/default/again-0-1", leftover)
+            made, _ = await service.create(SYSTEM, resolve("jobs"), "default", job("again"), owned=True)
+            assert "phase" not in (made.get("status") or {}) and decider.written == []
+            stored = await store.get("jobs/default/again")
+            assert stored is not None and orjson.loads(stored.value).get("status") == made.get("status")
+            left = await store.get("attempts/default/again-0-1")
+            assert left is not None and left.value == leftover
+            # Without it, the same create writes the Job Queued and the attempt in one commit, and says so.
+            await store.delete("attempts/default/again-0-1")
+            await store.delete("jobs/default/again")
+            made, _ = await service.create(SYSTEM, resolve("jobs"), "default", job("again"), owned=True)
+            assert made["status"]["phase"] == "Queued"
+            assert decider.written == [["jobs/default/again", "attempts/default/again-0-1"]]
+            attempt = await store.get("attempts/default/again-0-1")
+            assert attempt is not None and attempt.revision == int(made["metadata"]["resourceVersion"]) + 1
+        finally:
+            await store.close()
+    asyncio.run(asyncio.wait_for(test(), 30))
