@@ -66,3 +66,29 @@ def test_a_replacement_restores_its_index_checkpoint_from_the_lineage_not_anothe
     fresh = agent_pb2.Assignment(attempt_id=neighbour["spec"]["id"])
     store.prepare(fresh, neighbour, JOB, cache.attempts_of_index("p", "train", 1))
     assert not fresh.HasField("restore_from"), "its own checkpoint is no restore of its own"
+
+
+def test_a_jobs_attempts_and_views_keep_their_order_and_follow_new_revisions() -> None:
+    """attempts_of and attempt_views_of keep the keys' sorted order while it is cached (ADR 0109): an attempt
+    created or deleted shows at once, and a new revision of one shows its new value and view."""
+    cache, now = Cache(cast(Store, None)), ManualClock().now()
+    w = Revisions(cache)
+    for i in (2, 0, 10):
+        a = new_attempt(JOB, i, 1, now)
+        w.put(a, a["metadata"]["name"])
+    assert names(cache.attempts_of("p", "train")) == ["train-0-1", "train-10-1", "train-2-1"]
+    assert [v.name for v in cache.attempt_views_of("p", "train")] == ["train-0-1", "train-10-1", "train-2-1"]
+    ran = new_attempt(JOB, 1, 1, now)
+    w.put(ran, "train-1-1")
+    w.put(None, "train-10-1")
+    assert [v.name for v in cache.attempt_views_of("p", "train")] == ["train-0-1", "train-1-1", "train-2-1"]
+    w.put({**ran, "status": {"phase": "Succeeded", "exitCode": 0}}, "train-1-1")
+    assert [v.phase.value for v in cache.attempt_views_of("p", "train")] == ["Pending", "Succeeded", "Pending"]
+    assert [(a.get("status") or {}).get("phase") for a in cache.attempts_of("p", "train")] == \
+        ["Pending", "Succeeded", "Pending"]
+    for name in ("train-0-1", "train-1-1", "train-2-1"):
+        w.put(None, name)
+    assert cache.attempts_of("p", "train") == [] and cache.attempt_views_of("p", "train") == []
+    again = new_attempt(JOB, 3, 1, now)  # the same Job name later: its new attempt is found
+    w.put(again, "train-3-1")
+    assert names(cache.attempts_of("p", "train")) == ["train-3-1"]
