@@ -575,3 +575,32 @@ def test_out_of_credits_it_checkpoints_until_stop_by_time_then_stops_without_the
     forced = w.attempts["train-0-1"]["spec"]["stop"]
     assert "checkpointSeq" not in forced and forced["reason"] == "InsufficientCredits"
     assert forced["time"] == asked["time"], "the stop keeps the time it was first asked"
+
+
+def test_a_many_index_job_refills_the_lowest_free_indexes_and_shows_the_newest_inputs_ready() -> None:
+    """Slots freed one at a time take the lowest indexes neither succeeded nor running, a failed index comes back
+    as its next number, and status.inputsReadyTime is the newest attempt's (ADR 0109's one-pass forms)."""
+    w = World(completions=40, parallelism=4, backoffLimit=10)
+    w.settle()
+    assert w.live() == ["train-0-1", "train-1-1", "train-2-1", "train-3-1"]
+    for name in w.live():
+        w.place(name)
+        w.report(name, P.RUNNING, inputs_ready_time=w.clock.now())
+    w.clock.advance(1)
+    w.report("train-2-1", P.SUCCEEDED, exit_code=0)
+    w.report("train-1-1", P.FAILED, exit_code=3)
+    w.settle()
+    assert w.live() == ["train-0-1", "train-1-2", "train-3-1", "train-4-1"]
+    w.place("train-4-1")
+    w.report("train-4-1", P.RUNNING, inputs_ready_time=w.clock.now())
+    w.place("train-1-2")
+    w.report("train-1-2", P.RUNNING, inputs_ready_time=w.clock.now() + 0.5)
+    w.settle()
+    assert w.status["inputsReadyTime"] == w.attempts["train-1-2"]["status"]["inputsReadyTime"], \
+        "the newest by creation, then number: train-1-2 and train-4-1 were created together, 1-2 is the later number"
+    for name in ("train-0-1", "train-3-1", "train-4-1"):
+        w.report(name, P.SUCCEEDED, exit_code=0)
+    w.report("train-1-2", P.FAILED, exit_code=3)
+    w.settle()
+    assert w.live() == ["train-1-3", "train-5-1", "train-6-1", "train-7-1"]
+    assert w.status["succeeded"] == 4 and w.status["completedIndexes"] == "0,2-4" and w.status["failed"] == 2

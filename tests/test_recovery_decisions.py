@@ -327,6 +327,9 @@ class FakeCache:
     def attempts_of(self, project: str, name: str) -> list[dict[str, Any]]:
         return list(self.w.attempts.values())
 
+    def attempts_of_index(self, project: str, name: str, index: int) -> list[dict[str, Any]]:
+        return [a for a in self.w.attempts.values() if int(a["spec"].get("index", 0)) == index]
+
     def attempt_view(self, key: str) -> AttemptView | None:
         obj = self.w.attempts.get(key.rsplit("/", 1)[-1])
         return None if obj is None else AttemptView.from_object(obj)

@@ -436,14 +436,14 @@ class Session:
             if not running:  # one the agent reported holds its token: a repeated Assignment is a no-op there
                 await workload_tokens.attach(built, attempt, job, self.service.identity, self.service.objects.store,
                                              self.service.api, self.same_host)  # ADRs 0055, 0065
-            siblings = self.cache.attempts_of(project, attempt["spec"]["job"])
             store = (await self._current_store(attempt, job) if running
                      else await checkpoints.checkpoint_store(checkpoints.reader(self.service.objects),
                                                              self.service.vault, job))
-            checkpoints.prepare(built, attempt, job, siblings, store,
-                                self.service.interruptions.of_offering(view.offering))
-            plan = gang_plan.plan(view, self.cache.attempt_views_of(project, attempt["spec"]["job"]), job_view,
-                                  self.service.gang_config)
+            # The index's attempts (what a restore reads), not the Job's: O(n²) over a Job's n indexes (ADR 0109).
+            lineage = self.cache.attempts_of_index(project, attempt["spec"]["job"], int(attempt["spec"].get("index", 0)))
+            checkpoints.prepare(built, attempt, job, lineage, store, self.service.interruptions.of_offering(view.offering))
+            plan = None if not view.in_gang else gang_plan.plan(
+                view, self.cache.attempt_views_of(project, attempt["spec"]["job"]), job_view, self.service.gang_config)
             if plan is not None:
                 built.gang.CopyFrom(plan_message(plan, self.service.gang_config))
                 self._plans[attempt["spec"]["id"]] = (plan.epoch, plan.step)

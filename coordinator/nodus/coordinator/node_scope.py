@@ -96,8 +96,9 @@ class NodeScope:
         source = (job_spec.get("source") or {}).get("blob")
         if source:
             yield str(source).removeprefix("sha256:")
-        lineage = rules.index_attempts(self.cache.attempts_of(project, spec.get("job", "")), spec.get("jobUID", ""),
-                                       int(spec.get("index", 0)))
+        lineage = rules.index_attempts(
+            self.cache.attempts_of_index(project, spec.get("job", ""), int(spec.get("index", 0))),
+            spec.get("jobUID", ""), int(spec.get("index", 0)))
         for record in rules.committed(lineage):
             yield str(record.get("sha256") or "")
             for part in record.get("parts") or []:

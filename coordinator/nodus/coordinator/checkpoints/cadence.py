@@ -72,7 +72,9 @@ def due_requests(cache: Cache, node: str, now: float, asked: dict[str, tuple[int
         requested_at = (pending_checkpoint((job.get("metadata") or {}).get("annotations") or {},
                                            (job.get("status") or {}).get("handledRequests") or {})
                         if rules.continuity(job_spec) == "Checkpointed" else None)
-        siblings = cache.attempts_of(attempt["metadata"]["namespace"], spec["job"])
+        # The index's attempts only (what the cadence reads): a walk over the whole Job per live attempt and tick
+        # made a Job of n indexes O(n²) (ADR 0109).
+        siblings = cache.attempts_of_index(attempt["metadata"]["namespace"], spec["job"], int(spec.get("index", 0)))
         same = rules.index_attempts(siblings, spec.get("jobUID", ""), int(spec.get("index", 0)))
         gang = spec.get("gang") or {}
         own_mtbi = mtbi(_offering(cache, attempt))

@@ -29,8 +29,9 @@ async def reclaim(cache: Cache, objects: Objects, node: str, grace_seconds: int,
             continue
         seq = 0
         if phase_of(attempt) is AttemptPhase.RUNNING and rules.continuity(job.get("spec") or {}) == "Checkpointed":
-            siblings = rules.index_attempts(cache.attempts_of(project, spec["job"]), spec.get("jobUID", ""),
-                                            int(spec.get("index", 0)))
+            index = int(spec.get("index", 0))
+            siblings = rules.index_attempts(cache.attempts_of_index(project, spec["job"], index), spec.get("jobUID", ""),
+                                            index)
             seq = rules.next_seq(siblings)
         asked += await _notice(objects, attempt, AttemptReason.PREEMPTED, grace_seconds, now, seq)
     return asked

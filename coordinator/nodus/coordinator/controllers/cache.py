@@ -60,6 +60,12 @@ def owner_of(attempt: dict[str, Any]) -> tuple[str, str]:
     return attempt["metadata"].get("namespace", ""), (attempt.get("spec") or {}).get("job", "")
 
 
+def _index_of(attempt: dict[str, Any]) -> tuple[str, str, int]:
+    """(project, job name, index) of an Attempt."""
+    project, job = owner_of(attempt)
+    return project, job, int((attempt.get("spec") or {}).get("index", 0))
+
+
 class Cache:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -69,6 +75,13 @@ class Cache:
         self._revisions: dict[str, int] = {}
         self._tombstones: dict[str, int] = {}
         self._by_job: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._by_index: dict[tuple[str, str, int], set[str]] = {}
+        """(project, job name, index) → its attempts' keys: an index's lineage (its checkpoints, its restore) is
+        read per assignment and per cadence tick, and a walk over every attempt of the Job there made a Job of n
+        indexes cost O(n²) (ADR 0109)."""
+        self._job_order: dict[tuple[str, str], list[str]] = {}
+        """A Job's attempt keys sorted, kept until one is added or removed: its reconcile reads them on every change
+        of one of them, and a sort per read made a Job of n indexes O(n² log n) (ADR 0109)."""
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self._live_by_node: dict[str, set[str]] = defaultdict(set)
         """The node's attempts whose phase has not ended: what its stream and cadence look at (a node's
@@ -180,8 +193,18 @@ class Cache:
         return True
 
     def _index_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if old is None or new is None or owner_of(old) != owner_of(new):
+            for obj in (old, new):
+                if obj is not None:
+                    self._job_order.pop(owner_of(obj), None)
         if old is not None:
             self._by_job[owner_of(old)].discard(key)
+            lineage = _index_of(old)
+            same = self._by_index.get(lineage)
+            if same is not None:
+                same.discard(key)
+                if not same:
+                    del self._by_index[lineage]
             node = (old.get("spec") or {}).get("node")
             if node:
                 self._by_node[node].discard(key)
@@ -193,6 +216,7 @@ class Cache:
             self._by_id.pop((old.get("spec") or {}).get("id", ""), None)
         if new is not None:
             self._by_job[owner_of(new)].add(key)
+            self._by_index.setdefault(_index_of(new), set()).add(key)
             spec = new.get("spec") or {}
             if spec.get("node"):
                 self._by_node[spec["node"]].add(key)
@@ -220,7 +244,13 @@ class Cache:
         return self._objects.get(job_key(project, name))
 
     def attempts_of(self, project: str, job: str) -> list[dict[str, Any]]:
-        return self._values(self._by_job.get((project, job), ()))
+        objects = self._objects
+        return [objects[k] for k in self._ordered(project, job) if k in objects]
+
+    def attempts_of_index(self, project: str, job: str, index: int) -> list[dict[str, Any]]:
+        """The attempts of one index of the Job (of every Job of that name: callers still match the jobUID), as
+        `attempts_of` orders them."""
+        return self._values(self._by_index.get((project, job, index), ()))
 
     def attempts_on(self, node: str) -> list[dict[str, Any]]:
         return self._values(self._by_node.get(node, ()))
@@ -256,7 +286,23 @@ class Cache:
 
     def attempt_views_of(self, project: str, job: str) -> list[AttemptView]:
         """The Job's attempts as views, in the order of `attempts_of`."""
-        return [v for k in sorted(self._by_job.get((project, job), ())) if (v := self.attempt_view(k)) is not None]
+        views, revisions = self._attempt_views, self._revisions
+        out = []
+        for k in self._ordered(project, job):
+            hit = views.get(k)  # the view of the revision held, inline: this runs per change of a Job's attempt
+            if hit is not None and hit[0] == revisions.get(k):
+                out.append(hit[1])
+            elif (view := self.attempt_view(k)) is not None:
+                out.append(view)
+        return out
+
+    def _ordered(self, project: str, job: str) -> list[str]:
+        order = self._job_order.get((project, job))
+        if order is None:
+            order = sorted(self._by_job.get((project, job), ()))
+            if order:  # a Job with none (gone, or not started) is not remembered
+                self._job_order[(project, job)] = order
+        return order
 
     def attempt_revisions(self, project: str, job: str) -> dict[str, int]:
         """Each of the Job's attempts' key → the revision held (no view built): what a decision reads of them."""

@@ -53,7 +53,7 @@ def input_status(job: JobView, attempts: Sequence[AttemptView]) -> list[dict[str
     materialized, the sha256 its agent computed at the end of the stream (the newest attempt's, should
     a URL have served other bytes to another attempt)."""
     out = {str(p.get("name")): dict(p) for p in job.pinned_inputs}
-    for a in sorted(attempts, key=lambda a: (a.created or 0, a.number)):
+    for a in sorted((a for a in attempts if a.inputs), key=lambda a: (a.created or 0, a.number)):  # ADR 0109
         for verified in a.inputs:
             name = str(verified.get("name"))
             out.setdefault(name, {"name": name})["sha256"] = verified.get("sha256")
