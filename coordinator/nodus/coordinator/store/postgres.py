@@ -1,8 +1,8 @@
 """The PostgreSQL store: the same contract as the SQLite one, on psycopg 3 (docs/adr/0030-postgresql-store.md).
 
-Writes: one writer task gathers every waiting operation into one batch, and the writer's own thread and
-connection commit it in one transaction of two round trips (group commit, each operation its own
-revision; pg_writer.py, ADR 0110). The transaction first locks the `meta` revision row
+Writes: one writer task gathers every waiting operation into one batch and commits it on a connection of
+its own in one transaction of two pipelined round trips (group commit, each operation its own revision;
+pg_writer.py, ADR 0110). The transaction first locks the `meta` revision row
 (`SELECT … FOR UPDATE`), so writers from any process are serialised and revisions are handed out in
 commit order: a snapshot that sees revision N sees every revision below it, and a watcher never sees
 a gap that later fills (no gap rows, unlike kine).
@@ -394,7 +394,7 @@ class PostgresStore(QueuedWriteStore):
                 await self._commit_batch(writes)
 
     async def _commit_batch(self, writes: Sequence[Write]) -> None:
-        """Commits `writes` on the writer's thread, publishes the batch's events to this process's
+        """Commits `writes` on the writer's connection, publishes the batch's events to this process's
         watches, then answers its writers."""
         batch = await self._writer.commit(writes)
         if batch.revision:
