@@ -407,6 +407,17 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
         api.log(f"the burst did not drain in {args.drain_timeout:g}s: no steady state after it")
 
 
+def terms_lost(root: Path) -> list[str]:
+    """Every time a replica stopped leading the controllers for another reason than its own stop (the
+    storm's restart): the reasons, from the replicas' logs (leader.py's warning)."""
+    lost = []
+    for log in sorted(root.glob("r*/coordinator.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "no longer leading the controllers" in line and not line.endswith(": stopping"):
+                lost.append(line.split("no longer leading the controllers", 1)[1].strip())
+    return lost
+
+
 def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, Any]:
     root = tmp / f"agents-{n}"
     root.mkdir()
@@ -423,6 +434,7 @@ def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, 
             out.pop("fleet").stop()
         if "coordinators" in out:
             stop_all([c.proc for c in out.pop("coordinators")], [])
+        out["terms_lost"] = terms_lost(root)
         if "identity" in out:
             shutil.rmtree(out.pop("identity"), ignore_errors=True)
     return out

@@ -73,6 +73,10 @@ def size_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
          f"NOT drained in {args.drain_timeout:g} s"))
     p(f"  created {create['acked']:,} Jobs in {create['seconds']:.1f} s ({create['acked'] / max(create['seconds'], 1e-9):,.0f}/s, "
       f"{args.concurrency} in flight), {create['n_errors']} errors" + (f": {create['errors']}" if create["errors"] else ""))
+    lost = r.get("terms_lost")
+    if lost is not None and args.replicas > 1:
+        p(f"leadership: {len(lost)} terms lost while the replicas ran (a stop for the restart not counted)"
+          + "".join(f"\n  {why}" for why in lost[:5]))
     if storm is None:
         p("reconnect storm: not run (--no-storm)")
         return lines

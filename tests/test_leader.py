@@ -12,10 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from nodus.coordinator.controllers.leader import LeaderSettings, Leadership
+from nodus.coordinator.controllers.leader import Answer, Decision, LeaderSettings, Leadership, Term, decide
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store import SqliteStore, Store
 from nodus.coordinator.store.lease import CONTROLLERS, FENCE, Fence, Lease
+from nodus.coordinator.store.pg_lease import FENCE_EPOCHS
 from nodus.coordinator.store.postgres import PostgresStore
 from postgres import postgres_cluster  # noqa: F401 - the session fixture
 from test_store import Backend, backend, run  # noqa: F401 - the two-engine fixture
@@ -127,6 +128,16 @@ class Recorder:
         self.calls.append("abdicate")
 
 
+class Clock:
+    """The leadership's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Unreachable(SqliteStore):
     """A store whose lease claims fail while `down` (the database unreachable)."""
 
@@ -143,8 +154,9 @@ def test_the_leadership_loop_starts_the_controllers_once_and_stops_them_when_the
         store: Any = await Unreachable.open(tmp_path / "store.db")
         settings = LeaderSettings(duration=0.2, renew_interval=0.1)
         first, second = Recorder(), Recorder()
-        a = Leadership(store, settings, first.lead, first.abdicate, holder="a")
-        b = Leadership(store, settings, second.lead, second.abdicate, holder="b")
+        clock = Clock()
+        a = Leadership(store, settings, first.lead, first.abdicate, holder="a", clock=clock)
+        b = Leadership(store, settings, second.lead, second.abdicate, holder="b", clock=clock)
         try:
             await a.tick()
             await a.tick()  # a renewal starts nothing again
@@ -152,7 +164,10 @@ def test_the_leadership_loop_starts_the_controllers_once_and_stops_them_when_the
             assert (a.role, a.epoch, first.calls) == ("leader", 1, ["lead 1"])
             assert (b.role, b.epoch, second.calls) == ("follower", 1, [])
 
-            store.down = True  # a renewal fails: a stops its controllers at once
+            store.down = True  # a renewal fails: a leads on while the lease it renewed holds
+            await a.tick()
+            assert (a.role, first.calls) == ("leader", ["lead 1"])
+            clock.now += 0.2  # ... and stops its controllers once it ran out, with no renewal answered
             await a.tick()
             assert (a.role, first.calls) == ("follower", ["lead 1", "abdicate"])
             store.down = False
@@ -212,3 +227,115 @@ def test_stopping_while_a_lease_claim_answers_still_stops_the_loop() -> None:
         assert leadership.role == "follower"
 
     asyncio.run(main())
+
+
+def test_a_slow_or_failed_renewal_keeps_the_term_until_its_lease_runs_out() -> None:
+    """The decision alone (ADR 0110): the lease claimed at `sent` for `remaining` seconds holds until
+    sent + remaining by this replica's clock, whatever the renewals since do."""
+    term = Term(Fence(CONTROLLERS, 4), valid_until=110.0)
+    mine = Lease(CONTROLLERS, "me", 4, 10.0)
+
+    assert decide("me", term, None, now=109.9) == Decision(term)  # a renewal slower than the interval
+    assert decide("me", term, Answer(None, 100.0, "timeout"), now=105.0) == Decision(term)
+    lost = decide("me", term, None, now=110.0)
+    assert (lost.term, lost.start) == (None, False) and "no renewal answered" in lost.stop
+    failed = decide("me", term, Answer(None, 100.0, "connection refused"), now=110.5)
+    assert failed.term is None and "connection refused" in failed.stop
+
+    renewed = decide("me", term, Answer(mine, sent=103.0), now=109.0)  # answered late, still in time
+    assert renewed == Decision(Term(Fence(CONTROLLERS, 4), 113.0))
+    late = decide("me", term, Answer(mine, sent=103.0), now=113.0)
+    assert late.term is None and "after the lease ran out" in late.stop
+
+    other = decide("me", term, Answer(Lease(CONTROLLERS, "b", 5, 9.0), 104.0), now=104.1)
+    assert other.term is None and "b holds it at epoch 5" in other.stop
+    moved = decide("me", term, Answer(Lease(CONTROLLERS, "me", 6, 10.0), 104.0), now=104.1)
+    assert moved == Decision(Term(Fence(CONTROLLERS, 6), 114.0), "the epoch moved to 6", start=True)
+
+    assert decide("me", None, Answer(mine, 100.0), now=100.2) == Decision(Term(Fence(CONTROLLERS, 4), 110.0),
+                                                                           start=True)
+    assert decide("me", None, Answer(Lease(CONTROLLERS, "b", 5, 9.0), 100.0), now=100.2) == Decision(None)
+    assert decide("me", None, None, now=100.2) == Decision(None)
+
+
+class _HeldRenewals:
+    """A store double that grants the first claim and holds every later one until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+        self.gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def claim_lease(self, name: str, holder: str, duration: float) -> Lease:
+        self.claims += 1
+        if self.claims > 1:
+            await self.gate
+        return Lease(name, holder, 1, duration)
+
+
+def test_a_leader_whose_renewal_hangs_stops_only_once_its_lease_ran_out() -> None:
+    async def main() -> None:
+        store = _HeldRenewals()
+        clock = Clock()
+        recorder = Recorder()
+        stopped = asyncio.Event()
+
+        async def abdicate() -> None:
+            await recorder.abdicate()
+            stopped.set()
+        leadership = Leadership(store, LeaderSettings(duration=10, renew_interval=0.01), recorder.lead,  # type: ignore[arg-type]
+                                abdicate, holder="me", clock=clock)
+        await leadership.tick()
+        assert (leadership.role, recorder.calls) == ("leader", ["lead 1"])
+        renewal = asyncio.create_task(leadership.tick())  # held: the renewal does not answer
+        while store.claims < 2:
+            await asyncio.sleep(0)
+        clock.now += 9.9
+        assert leadership.role == "leader"
+        clock.now += 0.1  # the lease the first claim won has run out by this clock
+        await asyncio.wait_for(stopped.wait(), 30)
+        assert (leadership.role, recorder.calls) == ("follower", ["lead 1", "abdicate"])
+        store.gate.set_result(None)  # the renewal answers after all: a new term at the same epoch
+        await asyncio.wait_for(renewal, 30)
+        assert leadership.role == "follower"  # it answered after the lease it renewed ran out
+        await leadership.tick()
+        assert (leadership.role, recorder.calls) == ("leader", ["lead 1", "abdicate", "lead 1"])
+
+    asyncio.run(main())
+
+
+def test_a_renewal_does_not_wait_for_a_fenced_batch_but_a_takeover_does(postgres_cluster: Any) -> None:  # noqa: F811
+    """A write batch holds the fence's lock on the lease row until it commits; the holder's renewal goes
+    through meanwhile (it used to wait for it, and on a busy host that outlasted the renew interval),
+    while a takeover waits for the batch, so the batch commits under the epoch it read (ADR 0110)."""
+    url = postgres_cluster.database()
+
+    async def body() -> None:
+        a = await PostgresStore.open(url, application_name="nodus-test-a")
+        b = await PostgresStore.open(url, application_name="nodus-test-b")
+        batch = await psycopg.AsyncConnection.connect(url)
+        try:
+            won = await a.claim_lease(CONTROLLERS, "a", 30)
+            await batch.execute("BEGIN")  # a write batch mid-transaction, as the store's writer reads the fence
+            read = await (await batch.execute(FENCE_EPOCHS, ([CONTROLLERS],))).fetchall()
+            assert read == [(CONTROLLERS, won.epoch)]
+
+            renewed = await asyncio.wait_for(a.claim_lease(CONTROLLERS, "a", 30), 30)
+            assert (renewed.holder, renewed.epoch) == ("a", won.epoch)
+            assert batch.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still holding
+
+            await a.release_lease(CONTROLLERS, "a")
+            takeover = asyncio.create_task(b.claim_lease(CONTROLLERS, "b", 30))
+            with psycopg.connect(url, autocommit=True) as admin:
+                while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                                    "'nodus-test-b' AND wait_event_type = 'Lock'").fetchone() != (1,):
+                    assert not takeover.done(), takeover
+                    await asyncio.sleep(0.01)
+            assert not takeover.done()
+            await batch.execute("COMMIT")
+            taken = await asyncio.wait_for(takeover, 30)
+            assert (taken.holder, taken.epoch) == ("b", won.epoch + 1)
+        finally:
+            await batch.close()
+            await a.close()
+            await b.close()
+    run(body)

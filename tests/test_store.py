@@ -497,13 +497,13 @@ class GatedPostgres(PostgresStore):
     gate: threading.Event
     batches: list[int]
 
-    async def _commit_batch(self, conn: Any, writes: Sequence[Any]) -> None:
+    async def _commit_batch(self, writes: Sequence[Any]) -> None:
         self.batches.append(len(writes))
         if self.hold:
             self.hold = False
             self.entered.set()
             await asyncio.to_thread(self.gate.wait, 10)
-        await super()._commit_batch(conn, writes)
+        await super()._commit_batch(writes)
 
 
 def test_a_failing_operation_does_not_fail_its_batch(backend: Backend) -> None:

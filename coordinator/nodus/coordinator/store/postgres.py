@@ -1,7 +1,8 @@
 """The PostgreSQL store: the same contract as the SQLite one, on psycopg 3 (docs/adr/0030-postgresql-store.md).
 
-Writes: one writer task owns one connection and commits every waiting operation in one transaction
-(group commit, each operation its own revision). The transaction first locks the `meta` revision row
+Writes: one writer task gathers every waiting operation into one batch and commits it on a connection of
+its own in one transaction of two pipelined round trips (group commit, each operation its own revision;
+pg_writer.py, ADR 0110). The transaction first locks the `meta` revision row
 (`SELECT … FOR UPDATE`), so writers from any process are serialised and revisions are handed out in
 commit order: a snapshot that sees revision N sees every revision below it, and a watcher never sees
 a gap that later fills (no gap rows, unlike kine).
@@ -16,10 +17,11 @@ connections: a log page with the head it is checked against, and a get, are one 
 snapshot, one round trip, ADR 0091); a list, which reads twice, runs in one REPEATABLE READ transaction.
 
 Leases and fencing (docs/adr/0043-leader-lease-and-fencing.md): a lease is a row of `lease`, claimed
-and renewed in its own short transaction on the database's clock. A batch holding fenced writes
-reads the epochs they name `FOR SHARE` inside its own transaction, after the revision row lock, and
-refuses each fenced write whose epoch moved: a takeover's UPDATE of the lease row waits for that
-share lock, so a deposed leader's write either commits before the takeover or sees the new epoch.
+and renewed on the database's clock by a thread and connection of its own (pg_lease.py, ADR 0110). A
+batch holding fenced writes reads the epochs they name `FOR KEY SHARE` inside its own transaction, after
+the revision row lock, and refuses each fenced write whose epoch moved: a takeover's `FOR UPDATE` of the
+lease row waits for that lock, so a deposed leader's write either commits before the takeover or sees the
+new epoch; the holder's renewal (a non-key UPDATE) does not wait for it.
 A connection the server dropped (pg_terminate_backend, a restart) is replaced on the next use.
 """
 from __future__ import annotations
@@ -35,10 +37,11 @@ import psycopg_pool
 from nodus.coordinator.errors import NodusError
 from nodus.coordinator.store.base import Event, Events, EventType, ListResult, Record
 from nodus.coordinator.store.lease import Fence, Lease
-from nodus.coordinator.store.pg_batch import DELETE as _DELETE, PUT as _PUT, plan
-from nodus.coordinator.store.pg_lease import PgLeases, fence_epochs
+from nodus.coordinator.store.pg_batch import DELETE as _DELETE, PUT as _PUT
+from nodus.coordinator.store.pg_lease import PgLeases
 from nodus.coordinator.store.pg_schema import migrate
 from nodus.coordinator.store.pg_tail import LogTail, top
+from nodus.coordinator.store.pg_writer import BatchWriter
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, check_revision, expired, key_range
 
 CHANNEL = "nodus_store"
@@ -90,7 +93,7 @@ class PostgresStore(QueuedWriteStore):
     LOG_PAGE = 500
     COMPACT_CHUNK = 5000
 
-    def __init__(self, url: str, pool: psycopg_pool.AsyncConnectionPool[Any], writer: Conn, max_batch: int,
+    def __init__(self, url: str, pool: psycopg_pool.AsyncConnectionPool[Any], writer: BatchWriter, max_batch: int,
                  poll_interval: float, loop: asyncio.AbstractEventLoop, connect: dict[str, Any],
                  watch_buffer: int = 4096) -> None:
         self.url = url
@@ -99,7 +102,7 @@ class PostgresStore(QueuedWriteStore):
         self.max_batch = max_batch
         self.poll_interval = poll_interval
         self._pool = pool
-        self._writer_conn = writer
+        self._writer = writer
         self._loop = loop
         self._queue: asyncio.Queue[Write | None] = asyncio.Queue()
         self._tail = LogTail(self._read_tail, lambda: self._compacted, poll_interval, watch_buffer, self.LOG_PAGE)
@@ -124,25 +127,29 @@ class PostgresStore(QueuedWriteStore):
                                            "(postgresql://USER@HOST:PORT/DBNAME)")
         connect: dict[str, Any] = {"application_name": application_name, "connect_timeout": 10}
         try:
-            writer = await psycopg.AsyncConnection.connect(url, **connect)
+            setup = await psycopg.AsyncConnection.connect(url, **connect)
         except psycopg.Error as exc:
             raise _connect_error(url, exc) from exc
+        writer = BatchWriter(url, connect, CHANNEL)
         # check: a pooled connection the server dropped is replaced before a read gets it.
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **connect},
             check=psycopg_pool.AsyncConnectionPool.check_connection)
         try:
-            await migrate(writer)
+            await migrate(setup)
+            await writer.connect()
             await pool.open(wait=True, timeout=10)
             store = cls(url, pool, writer, max_batch, poll_interval, asyncio.get_running_loop(), connect,
                         watch_buffer)
-            async with writer.transaction():
-                store._head, store._compacted = await _meta(writer)
+            async with setup.transaction():
+                store._head, store._compacted = await _meta(setup)
+            await setup.close()
             store._tail.start(store._head)
             if listen:
                 store._listener = await store._listen()
                 store._listen_task = asyncio.create_task(store._listen_loop())
         except BaseException as exc:
+            await setup.close()
             await writer.close()
             await pool.close()
             if isinstance(exc, (psycopg.Error, psycopg_pool.PoolTimeout)):
@@ -293,7 +300,7 @@ class PostgresStore(QueuedWriteStore):
         await self._tail.close()
         if self._listener is not None:
             await self._listener.close()
-        await self._writer_conn.close()
+        await self._writer.close()
         await self._leases.close()
         await self._pool.close()
 
@@ -358,7 +365,7 @@ class PostgresStore(QueuedWriteStore):
             if conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     async for note in conn.notifies():
-                        if note.pid != self._writer_conn.info.backend_pid:  # our own commits reached the tail
+                        if note.pid != self._writer.backend_pid:  # our own commits reached the tail
                             self._tail.notified(note.payload.split() or None)  # an older replica names none
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
@@ -384,71 +391,17 @@ class PostgresStore(QueuedWriteStore):
             stopping = None in ops
             writes = [op for op in ops if op is not None]
             if writes:
-                if await self._reconnect_writer(writes):
-                    await self._commit_batch(self._writer_conn, writes)
+                await self._commit_batch(writes)
 
-    async def _reconnect_writer(self, writes: Sequence[Write]) -> bool:
-        """Replaces a writer connection the server dropped (pg_terminate_backend, a restart); False,
-        with `writes` failed, when the server cannot be reached."""
-        if not (self._writer_conn.closed or self._writer_conn.broken):
-            return True
-        try:
-            self._writer_conn = await psycopg.AsyncConnection.connect(self.url, **self._connect)
-        except psycopg.Error as exc:
-            _resolve([(op.future, None, _connect_error(self.url, exc)) for op in writes])
-            return False
-        return True
-
-    async def _commit_batch(self, conn: Conn, writes: Sequence[Write]) -> None:
-        """Commits `writes` and resolves their futures. A connection found dropped before the batch
-        wrote anything is replaced and the batch sent again, once: nothing of it can have committed."""
-        if not await self._try_batch(conn, writes, retry=True) and await self._reconnect_writer(writes):
-            await self._try_batch(self._writer_conn, writes, retry=False)
-
-    async def _try_batch(self, conn: Conn, writes: Sequence[Write], retry: bool) -> bool:
-        """Commits `writes` and resolves their futures; False (nothing resolved) when `retry` and the
-        connection turned out dropped before the batch wrote anything."""
-        outcomes: list[tuple[asyncio.Future[Record], Record | None, NodusError | None]] = []
-        locked = False
-        tops: list[str] = []
-        before = 0
-        log: list[tuple[Any, ...]] = []
-        try:
-            async with conn.transaction():
-                cursor = await conn.execute("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
-                row = await cursor.fetchone()
-                assert row is not None
-                locked = True
-                revision = before = int(row[0])
-                epochs = await fence_epochs(conn, writes)
-                keys = sorted({op.key for op in writes})
-                cursor = await conn.execute(
-                    "SELECT key, value, revision, create_revision FROM kv WHERE key = ANY(%s)", (keys,))
-                stored = {k: (bytes(v), int(r), int(c)) for k, v, r, c in await cursor.fetchall()}
-                batch = plan(writes, stored, revision, epochs)
-                outcomes = batch.outcomes
-                revision = batch.revision
-                log = batch.log
-                if batch.changed:
-                    async with conn.cursor() as many:  # executemany pipelines its rows: one round trip
-                        await many.executemany(_INSERT_LOG, batch.log)
-                        if batch.deletes:
-                            await many.execute("DELETE FROM kv WHERE key = ANY(%s)", (batch.deletes,))
-                        if batch.upserts:
-                            await many.executemany(_UPSERT_KV, batch.upserts)
-                    await conn.execute("UPDATE meta SET value = %s WHERE name = 'revision'", (revision,))
-                    tops = sorted({top(key) for key in keys})
-                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, " ".join(tops)))
-        except psycopg.Error as exc:
-            if retry and not locked and conn.broken:
-                return False
-            failure = NodusError("InternalError", f"store write failed: {exc}")
-            outcomes = [(op.future, None, failure) for op in writes]
-        else:
-            self._head = max(self._head, revision)
-            self._tail.committed(before, [_event((r, k, t, v, p, c)) for r, k, t, v, p, _, c, _ in log], tops)
-        _resolve(outcomes)
-        return True
+    async def _commit_batch(self, writes: Sequence[Write]) -> None:
+        """Commits `writes` on the writer's connection, publishes the batch's events to this process's
+        watches, then answers its writers."""
+        batch = await self._writer.commit(writes)
+        if batch.revision:
+            self._head = max(self._head, batch.revision)
+            events = [_event((r, k, t, v, p, c)) for r, k, t, v, p, _, c, _ in batch.log]
+            self._tail.committed(batch.before, events, batch.tops)
+        _resolve(batch.outcomes)
 
 
 def _resolve(outcomes: Sequence[tuple[asyncio.Future[Record], Record | None, NodusError | None]]) -> None:
@@ -460,8 +413,3 @@ def _resolve(outcomes: Sequence[tuple[asyncio.Future[Record], Record | None, Nod
         else:
             future.set_result(result)  # type: ignore[arg-type]
 
-
-_UPSERT_KV = ("INSERT INTO kv AS k VALUES (%s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
-              "revision = EXCLUDED.revision, create_revision = EXCLUDED.create_revision")
-_INSERT_LOG = ("INSERT INTO log (revision, key, type, value, prev_value, prev_revision, create_revision, epoch) "
-               "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)")
