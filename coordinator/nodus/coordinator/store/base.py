@@ -15,8 +15,10 @@ import abc
 import asyncio
 import collections
 import enum
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from nodus.coordinator.errors import NodusError
 
 from .lease import Lease, LocalLeases
 
@@ -286,3 +288,45 @@ class Fanout:
         for subscription in self._subscriptions:
             subscription.close()
         self._subscriptions.clear()
+
+
+async def follow_log(from_revision: int, page: int, *, subscribe: Callable[[], Subscription],
+                     unsubscribe: Callable[[Subscription], None],
+                     read_log: Callable[[int], Awaitable[tuple[Sequence[Event], int]]],
+                     closed: Callable[[], bool]) -> AsyncGenerator[Events, None]:
+    """`Store.watch_batches` for an engine with a durable log and in-process live events: catch up from
+    the log (`read_log(after)`: up to `page` events after a revision and the head of that snapshot), a
+    page at a time, then follow the live subscription (what is buffered at each wake-up, at once); back
+    to the log after an overflow.
+
+    Subscribing before reading the log is what closes the gap: an event published before the
+    subscription was committed before it, so the log read (which starts later) sees it; an event
+    published after is in the buffer. Buffered events at or below the cursor are duplicates.
+    """
+    cursor = from_revision
+    while not closed():
+        subscription = subscribe()
+        try:
+            while True:
+                try:
+                    events, head = await read_log(cursor)
+                except NodusError:
+                    if closed():
+                        return
+                    raise
+                if events:
+                    cursor = events[-1].revision
+                    yield list(events)
+                if len(events) < page:
+                    # The page held every matching event of that snapshot, whose head is `head`.
+                    cursor = max(cursor, head)
+                    break
+            while (live := await subscription.next_batch()) is not None:
+                fresh = [event for event in live if event.revision > cursor]
+                if fresh:
+                    cursor = fresh[-1].revision
+                    yield fresh
+            if subscription.closed:
+                return
+        finally:
+            unsubscribe(subscription)

@@ -35,7 +35,7 @@ import psycopg
 import psycopg_pool
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store.base import Event, Events, EventType, ListResult, Record
+from nodus.coordinator.store.base import Event, Events, EventType, ListResult, Record, follow_log
 from nodus.coordinator.store.lease import Fence, Lease
 from nodus.coordinator.store.pg_batch import DELETE as _DELETE, PUT as _PUT
 from nodus.coordinator.store.pg_lease import PgLeases
@@ -209,36 +209,13 @@ class PostgresStore(QueuedWriteStore):
                 for event in batch:
                     yield event
 
-    async def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None]:
-        """Catch up from the log (a page at a time), then follow the tail's live events (what is buffered at
-        each wake-up, at once); back to the log after an overflow. Subscribing before the catch-up read
-        closes the gap (pg_tail.py); buffered events at or below the cursor are duplicates of that read."""
-        cursor = from_revision
-        while not self._closed:
-            subscription = self._tail.subscribe(prefix, self._head)
-            try:
-                while True:
-                    try:
-                        events, head = await self._read_log(prefix, cursor, self.LOG_PAGE)
-                    except NodusError:
-                        if self._closed:
-                            return
-                        raise
-                    if events:
-                        cursor = events[-1].revision
-                        yield list(events)
-                    if len(events) < self.LOG_PAGE:
-                        cursor = max(cursor, head)  # the page held every matching event of that snapshot
-                        break
-                while (live := await subscription.next_batch()) is not None:
-                    fresh = [event for event in live if event.revision > cursor]
-                    if fresh:
-                        cursor = fresh[-1].revision
-                        yield fresh
-                if subscription.closed:
-                    return
-            finally:
-                self._tail.unsubscribe(subscription)
+    def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None]:
+        """Catch up from the log, then follow the tail's live events (base.follow_log). Subscribing hands
+        the tail the head known committed, so it goes on from there (pg_tail.py)."""
+        return follow_log(
+            from_revision, self.LOG_PAGE, subscribe=lambda: self._tail.subscribe(prefix, self._head),
+            unsubscribe=self._tail.unsubscribe, closed=lambda: self._closed,
+            read_log=lambda after: self._read_log(prefix, after, self.LOG_PAGE))
 
     async def compact(self, revision: int) -> None:
         if self._closed:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nodus.coordinator.errors import NodusError
-from nodus.coordinator.store.base import Event, Events, EventType, Fanout, ListResult, Record
+from nodus.coordinator.store.base import Event, Events, EventType, Fanout, ListResult, Record, follow_log
 from nodus.coordinator.store.writes import QueuedWriteStore, Write, WriteKind, check_revision, expired, key_range, \
     precondition
 
@@ -165,42 +165,12 @@ class SqliteStore(QueuedWriteStore):
                 for event in batch:
                     yield event
 
-    async def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None]:
-        """Catch up from the log (a page at a time), then follow live events (what is buffered at each wake-up,
-        at once); back to the log after an overflow.
-
-        Subscribing before reading the log is what closes the gap: an event published before the
-        subscription was committed before it, so the log read (which starts later) sees it; an event
-        published after is in the buffer. Buffered events at or below the cursor are duplicates.
-        """
-        cursor = from_revision
-        while not self._closed:
-            subscription = self._fanout.subscribe(prefix)
-            try:
-                while True:
-                    try:
-                        events, head = await self._read(
-                            lambda c: self._read_log(c, prefix, cursor, self.LOG_PAGE))  # noqa: B023
-                    except NodusError:
-                        if self._closed:
-                            return
-                        raise
-                    if events:
-                        cursor = events[-1].revision
-                        yield list(events)
-                    if len(events) < self.LOG_PAGE:
-                        # The page held every matching event of that snapshot, whose head is `head`.
-                        cursor = max(cursor, head)
-                        break
-                while (live := await subscription.next_batch()) is not None:
-                    fresh = [event for event in live if event.revision > cursor]
-                    if fresh:
-                        cursor = fresh[-1].revision
-                        yield fresh
-                if subscription.closed:
-                    return
-            finally:
-                self._fanout.unsubscribe(subscription)
+    def watch_batches(self, prefix: str, from_revision: int) -> AsyncGenerator[Events, None]:
+        """Catch up from the log, then follow live events (base.follow_log)."""
+        return follow_log(
+            from_revision, self.LOG_PAGE, subscribe=lambda: self._fanout.subscribe(prefix),
+            unsubscribe=self._fanout.unsubscribe, closed=lambda: self._closed,
+            read_log=lambda after: self._read(lambda c: self._read_log(c, prefix, after, self.LOG_PAGE)))
 
     async def compact(self, revision: int) -> None:
         future: asyncio.Future[None] = self._loop.create_future()
