@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 from conftest import Coordinator
 from e2e import agent_md
 from nodus.coordinator.blobs import BlobStore
+from nodus.coordinator.blobs.base import Append, LogState, plan_append
 from nodus.coordinator.errors import NodusError
 from nodus.v1 import blob_pb2, blob_pb2_grpc
 
@@ -192,6 +193,24 @@ def test_log_gap_is_failed_precondition_with_the_size(tmp_path: Path) -> None:
     with pytest.raises(NodusError) as closed:
         run(logs.append("att-2", 3, b"more"))
     assert closed.value.reason == "OffsetMismatch" and closed.value.extra["size"] == 3
+
+
+def test_plan_append_is_the_offset_rules_every_log_engine_applies() -> None:
+    """blobs.base.plan_append, which the file and S3 log stores both call (each engine's tests cover it
+    end to end): what of a chunk is new, whether it ends the log, and the refusals with the stored size."""
+    going, ended = LogState(5, False), LogState(5, True)
+    assert plan_append("a", going, 0, b"12345", False) == Append(b"", False), "a resent chunk writes nothing"
+    assert plan_append("a", going, 3, b"45678", False) == Append(b"678", False), "an overlap writes its tail"
+    assert plan_append("a", going, 5, b"", True) == Append(b"", True), "eof alone ends the log"
+    assert plan_append("a", ended, 5, b"", True) == Append(b"", False), "a resent eof ends nothing again"
+    assert plan_append("a", ended, 2, b"345", True) == Append(b"", False), "an ended log's last chunk may be resent"
+    for stored, offset, data in ((going, 6, b"x"), (ended, 5, b"x"), (ended, 4, b"5x")):
+        with pytest.raises(NodusError) as info:
+            plan_append("a", stored, offset, data, False)
+        assert info.value.reason == "OffsetMismatch" and info.value.extra == {"size": 5}
+    with pytest.raises(NodusError) as negative:
+        plan_append("a", going, -1, b"x", False)
+    assert negative.value.reason == "BadRequest" and "offset -1 is negative" in str(negative.value)
 
 
 def test_log_state_survives_a_restart(tmp_path: Path) -> None:

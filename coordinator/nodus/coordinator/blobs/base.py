@@ -82,6 +82,31 @@ class LogState:
     eof: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Append:
+    """What one append writes onto a log (`plan_append`)."""
+
+    new: bytes
+    """The chunk's bytes past the stored end (b"" for a chunk resent whole)."""
+    finish: bool
+    """This append ends the log: it carries eof and the log had not ended."""
+
+
+def plan_append(attempt_id: str, stored: LogState, offset: int, data: bytes, eof: bool) -> Append:
+    """The logs contract's offset rules, for every engine: a chunk at `offset` onto a log in state
+    `stored` writes only what is past the stored end (a resent chunk writes nothing); BadRequest for a
+    negative offset; OffsetMismatch carrying the stored size for a chunk that starts past the end, or
+    that brings new bytes to a log that ended."""
+    if offset < 0:
+        raise NodusError("BadRequest", f"offset {offset} is negative")
+    if offset > stored.size:
+        raise Logs.gap(attempt_id, stored.size, offset)
+    new = data[stored.size - offset:] if offset + len(data) > stored.size else b""
+    if stored.eof and new:
+        raise Logs.ended(attempt_id, stored.size)
+    return Append(new, eof and not stored.eof)
+
+
 class Logs(abc.ABC):
     """Append-only attempt logs: every append names the offset it starts at, so a chunk resent after
     a reconnect is written once; a chunk past the end fails with OffsetMismatch carrying the stored

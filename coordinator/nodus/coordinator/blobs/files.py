@@ -26,7 +26,7 @@ from typing import AsyncIterable, AsyncIterator
 
 from ..errors import NodusError
 from .base import (CHUNK, HEX, URI_PREFIX, BlobRef, Blobs, LogState, Logs, check_attempt_id, check_digest,
-                   declared_problem, digest_of_uri, too_long)
+                   declared_problem, digest_of_uri, plan_append, too_long)
 
 __all__ = ["CHUNK", "URI_PREFIX", "BlobRef", "BlobStore", "BlobUpload", "LogState", "LogStore", "check_digest",
            "digest_of_uri"]
@@ -232,8 +232,6 @@ class LogStore(Logs):
         """Writes what of `data` is new. A chunk that starts past the stored end, or brings new bytes
         to a finished log, fails with OffsetMismatch and `extra["size"]` = the stored size."""
         log, mark = self._paths(attempt_id)
-        if offset < 0:
-            raise NodusError("BadRequest", f"offset {offset} is negative")
         lock = self._locks.setdefault(attempt_id, asyncio.Lock())
         async with lock:
             cached = self._states.get(attempt_id)
@@ -242,12 +240,8 @@ class LogStore(Logs):
                 """The look at the disk (a log not cached) and the write in one thread hop: an attempt's
                 whole log is often one chunk with eof (bench/startup.py's indexes/s, ADR 0094)."""
                 st = cached if cached is not None else self._load(attempt_id)
-                if offset > st.size:
-                    raise self.gap(attempt_id, st.size, offset)
-                new = data[st.size - offset:] if offset + len(data) > st.size else b""
-                if st.eof and new:
-                    raise self.ended(attempt_id, st.size)
-                finish = eof and not st.eof
+                plan = plan_append(attempt_id, st, offset, data, eof)
+                new, finish = plan.new, plan.finish
                 if new or finish:
                     with open(log, "ab") as f:
                         f.write(new)

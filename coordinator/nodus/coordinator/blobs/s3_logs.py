@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ParamSpec, TypeVar
 
 from ..errors import NodusError
-from .base import CHUNK, LogState, Logs, check_attempt_id
+from .base import CHUNK, LogState, Logs, check_attempt_id, plan_append
 
 log = logging.getLogger("nodus.blobs")
 
@@ -156,8 +156,6 @@ class S3LogStore(Logs):
         """Writes what of `data` is new as one object named by its start offset; OffsetMismatch with
         the stored size for a chunk past the end or new bytes after the eof mark."""
         folder = self._folder(attempt_id)
-        if offset < 0:
-            raise NodusError("BadRequest", f"offset {offset} is negative")
         async with self._locks.setdefault(attempt_id, asyncio.Lock()):
             idx = self._index.get(attempt_id)
             # A stream that goes on where this replica's own last append ended needs no LIST; anything
@@ -165,12 +163,8 @@ class S3LogStore(Logs):
             if idx is None or not (idx.written and data and offset == idx.size):
                 idx = await self._refresh(attempt_id)
                 idx.written = False
-            if offset > idx.size:
-                raise self.gap(attempt_id, idx.size, offset)
-            new = data[idx.size - offset:] if offset + len(data) > idx.size else b""
-            if idx.eof and new:
-                raise self.ended(attempt_id, idx.size)
-            finish = eof and not idx.eof
+            plan = plan_append(attempt_id, LogState(idx.size, idx.eof), offset, data, eof)
+            new, finish = plan.new, plan.finish
 
             def write() -> None:
                 try:
