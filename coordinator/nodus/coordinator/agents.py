@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterable
 
 import grpc
 
@@ -88,19 +88,21 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.cache.listen(JOBS, self._on_job)
         self.cache.listen(NODES, self._on_node)
 
-    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        for obj in (old, new):
-            node = ((obj or {}).get("spec") or {}).get("node")
+    def _wake_nodes(self, attempts: Iterable[dict[str, Any] | None]) -> None:
+        """Wakes the streams (on this replica) of the nodes these attempts are bound to: each recomputes
+        its node's desired state."""
+        for attempt in attempts:
+            node = ((attempt or {}).get("spec") or {}).get("node")
             if node and node in self.sessions:
                 self.sessions[node].dirty.set()
+
+    def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        self._wake_nodes((old, new))
         obj = new or old or {}
         if (obj.get("spec") or {}).get("gang") and _gang_facts(old) != _gang_facts(new):
             # A member's gang report (or a member coming or going) can move every member's step: wake
             # the streams of the whole gang. Progress lines and other folds do not.
-            for sibling in self.cache.attempts_of(obj["metadata"]["namespace"], obj["spec"].get("job", "")):
-                node = (sibling.get("spec") or {}).get("node")
-                if node and node in self.sessions:
-                    self.sessions[node].dirty.set()
+            self._wake_nodes(self.cache.attempts_of(obj["metadata"]["namespace"], obj["spec"].get("job", "")))
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         """A Job this cache sees for the first time (or a new one of the same name) wakes the streams of the
@@ -110,10 +112,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if new is None or (old is not None and _uid(old) == _uid(new)):
             return
         project, name = key[len(JOBS):].split("/", 1)
-        for attempt in self.cache.attempts_of(project, name):
-            node = (attempt.get("spec") or {}).get("node")
-            if node and node in self.sessions:
-                self.sessions[node].dirty.set()
+        self._wake_nodes(self.cache.attempts_of(project, name))
 
     def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         session = self.sessions.get(key[len(NODES):])
