@@ -171,7 +171,7 @@ def main() -> None:
         print(f"{'figure':34s}{'supervisor':>14s}{'floor':>12s}   floor: this interpreter forks a child that runs "
               f"`true` and exits")
         print(f"{'fork → RUNNING p50 / p99 (ms)':34s}{percentile(first, .5):>7.2f} / {percentile(first, .99):<6.2f}"
-              f"{percentile(bare_first, .5):>5.2f} / {percentile(bare_first, .99):.2f}   (floor: fork → `true` ran)")
+              f" {percentile(bare_first, .5):>5.2f} / {percentile(bare_first, .99):.2f}   (floor: fork → `true` ran)")
         print(f"{'fork → exit p50 (ms)':34s}{percentile(ended, .5):>14.2f}{percentile(bare['ended'], .5):>12.2f}")  # type: ignore[arg-type]
         print(f"{'CPU per attempt (ms)':34s}{sup['cpu_ms']:>14.2f}{bare['cpu_ms']:>12.2f}")
         print(f"{'page faults per attempt':34s}{sup['faults']:>14.0f}{bare['faults']:>12.0f}")
