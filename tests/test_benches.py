@@ -65,6 +65,7 @@ def test_api_bench_on_postgresql_with_three_replicas_reports_creates_beside_bare
     })
 
 
+@pytest.mark.host  # runc pods and the OCI registry (the image half)
 def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floor() -> None:
     import os
     import shutil
@@ -153,6 +154,7 @@ def test_agent_timings_bench_reports_each_timing_beside_its_anchor_or_target() -
     })
 
 
+@pytest.mark.host  # network namespaces and veths
 @pytest.mark.slow
 @pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
 def test_gang_netns_bench_reports_the_probe_beside_a_raw_echo_and_a_plain_all_reduce() -> None:
@@ -165,6 +167,7 @@ def test_gang_netns_bench_reports_the_probe_beside_a_raw_echo_and_a_plain_all_re
     })
 
 
+@pytest.mark.host  # the OCI registry, skopeo and umoci
 def test_oci_pull_bench_reports_pulls_beside_skopeo_copy_and_umoci_unpack() -> None:
     figures(run_tiny("oci_pull"), {
         "fetch beside skopeo copy": rf"^cold pull, fetched and verified\s+({NUM}) ms\s+skopeo copy \(same registry\)\s+"
