@@ -39,7 +39,7 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> Clock:
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Coordinator]:
     with Coordinator(tmp_path_factory.mktemp("gang-recovery") / "data").start(extra_args=(
-            "--lease-duration", "60s", "--heartbeat-interval", "1s", "--clock-offset-file", str(clock.path),
+            "--lease-duration", "60s", "--heartbeat-interval", "0.5s", "--clock-offset-file", str(clock.path),
             "--gang-probe", "off")) as coordinator:
         yield coordinator
 
