@@ -93,8 +93,10 @@ def test_startup_bench_reports_latency_throughput_and_idle_agent_beside_the_floo
                                      rf"({NUM}) ms\s+(?:ok|MISSED)\s+runc run p50 ({NUM}) ms",
         "image p99 beside runc run": rf"^create→Running p99 \(image, warm cache\)\s+({NUM}) ms\s+runc run p99 ({NUM}) ms",
         "image time split": rf"^  image\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})$",
-        "image steps": rf"pod namespaces ({NUM}), writable layer ({NUM}), runc run --detach ({NUM}); "
-                       rf"sum ({NUM}) \(import nodus\.agent\.supervisor\.containers in a fresh process ({NUM}):",
+        "image steps": rf"pod namespaces ({NUM}) \(a spare's, claimed\), writable layer ({NUM}), runc run --detach "
+                       rf"({NUM}); sum ({NUM}) \(off the attempt's path: import nodus\.agent\.supervisor\.containers "
+                       rf"in a fresh process ({NUM}), the zygote preloads it; a spare pod's namespaces made by the agent "
+                       rf"after the attempt before ({NUM})\)",
     })
 
 
