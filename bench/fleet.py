@@ -47,6 +47,7 @@ import record
 from daemons import Coordinator, ready_coordinator, spawn_coordinator, stop_all
 from fleet_agents import RUN_ENV, anchor_server_main, worker_main
 from fleet_queries import job_phases, lost_attempts, unreached
+from fleet_diagnostics import profile, terms_lost, unprofile
 from fleet_report import report
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -341,24 +342,6 @@ async def storm(args: argparse.Namespace, n: int, root: Path, store: list[str], 
     api.log(f"{synced} of {n} re-synchronised")
 
 
-def profile(args: argparse.Namespace, cs: list[Coordinator], n: int, tail: str = "") -> list[subprocess.Popen[bytes]]:
-    """With --py-spy DIR: one `py-spy record --gil` per coordinator, sampling from now until stopped."""
-    if not args.py_spy:
-        return []
-    folder = Path(args.py_spy)
-    folder.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", "50", "--nonblocking",
-                              "-p", str(c.proc.pid), "-o", str(folder / f"fleet-{n}-r{i}{tail}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, c in enumerate(cs)]
-
-
-def unprofile(spies: list[subprocess.Popen[bytes]]) -> None:
-    for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
-        spy.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            spy.wait(30)
-
-
 async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, out: dict[str, Any]) -> None:
     """--attempts one-GPU Jobs through REST at once: each one's create → its first assignment at an agent."""
     trickle = out["trickle"]
@@ -405,17 +388,6 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
             unprofile(spies)
     else:
         api.log(f"the burst did not drain in {args.drain_timeout:g}s: no steady state after it")
-
-
-def terms_lost(root: Path) -> list[str]:
-    """Every time a replica stopped leading the controllers for another reason than its own stop (the
-    storm's restart): the reasons, from the replicas' logs (leader.py's warning)."""
-    lost = []
-    for log in sorted(root.glob("r*/coordinator.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if "no longer leading the controllers" in line and not line.endswith(": stopping"):
-                lost.append(line.split("no longer leading the controllers", 1)[1].strip())
-    return lost
 
 
 def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, Any]:

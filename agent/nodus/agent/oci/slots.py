@@ -132,6 +132,7 @@ class IdSlots:
         with self._locked():
             for slot, holder in list(self._holders()):
                 if holder == MAKING or (holder == SPARE and not unfinished_only):
+                    self._hold(slot, MAKING)  # a removal cut short leaves no spare for a pod to take
                     remove_namespaces(self.namespaces(slot))
                     (self.directory / str(slot)).unlink(missing_ok=True)
                     removed += 1

@@ -24,7 +24,8 @@ from ..oci import cdi, disk, sdk
 from ..oci.bundle import ImageConfig
 from ..oci.egress import Policy, left_link, preset_table, remove_link
 from ..oci.images import ImageStore, PulledImage, PullProgress
-from ..oci.namespaces import PodError, remove_namespaces
+from ..oci.mounts import MountError
+from ..oci.namespaces import remove_namespaces
 from ..oci.pod import pod_safe_id, remove_cgroup_dirs, unmount_layer
 from ..oci.pull_errors import ImagePullError
 from ..oci.runc import Runc, RuncError
@@ -70,7 +71,7 @@ class OciRuntime(ProcessRuntime):
         self.runc_root = work_dir / "runc"
         self.id_slots = work_dir / "ids"
         self.slots = IdSlots(self.id_slots)
-        self.slots.remove_spares(unfinished_only=True)  # what a killed agent was making is in no known state
+        self._remove_spares(unfinished_only=True)  # what a killed agent was making is in no known state
         self._topping_up = threading.Lock()
         self.sdk = sdk.install(work_dir / "sdk")
         self.disk_limit = disk.available()
@@ -265,14 +266,20 @@ class OciRuntime(ProcessRuntime):
         try:
             for _ in range(SPARE_PODS - len(self.slots.spares())):
                 self.slots.make_spare()
-        except (PodError, OSError) as e:
+        except (MountError, OSError) as e:  # PodError is a MountError
             log.warning("a spare pod's namespaces could not be made (%s): the next image attempt makes its own", e)
         finally:
             self._topping_up.release()
 
+    def _remove_spares(self, unfinished_only: bool = False) -> None:
+        try:
+            self.slots.remove_spares(unfinished_only)
+        except (MountError, OSError) as e:  # left held ~making: removed at the next start
+            log.warning("spare pods' namespaces could not be removed: %s", e)
+
     def close(self) -> None:
         super().close()
-        self.slots.remove_spares()  # the agent stops: no attempt of its will take them
+        self._remove_spares()  # the agent stops: no attempt of its will take them
 
 
 def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock,
