@@ -279,7 +279,8 @@ class OciRuntime(ProcessRuntime):
 
     def close(self) -> None:
         super().close()
-        self._remove_spares()  # the agent stops: no attempt of its will take them
+        with self._topping_up:  # a top-up still running on a removal's thread ends first
+            self._remove_spares()  # the agent stops: no attempt of its will take them
 
 
 def node_runtime(cfg: AgentConfig, notify_address: str | None, host_gpus: int, clock: Clock,
