@@ -167,7 +167,9 @@ def test_the_leadership_loop_starts_the_controllers_once_and_stops_them_when_the
             store.down = True  # a renewal fails: a leads on while the lease it renewed holds
             await a.tick()
             assert (a.role, first.calls) == ("leader", ["lead 1"])
-            clock.now += 0.2  # ... and stops its controllers once it ran out, with no renewal answered
+            # ... and stops its controllers once it ran out, with no renewal answered (0.21: the store's 0.2 s left is
+            # monotonic-clock arithmetic, a hair over or under 0.2)
+            clock.now += 0.21
             await a.tick()
             assert (a.role, first.calls) == ("follower", ["lead 1", "abdicate"])
             store.down = False
