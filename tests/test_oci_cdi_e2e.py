@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from test_oci_e2e import c, clean_pods, images, traversable_dir  # noqa: F401 - c and images are fixtures
+from test_oci_e2e import agent_hosts, c, images  # noqa: F401 - c and images are fixtures
 
 from agent_double import AgentProcess, wait_for
 from conftest import Coordinator
@@ -81,16 +81,8 @@ def cdi_spec(host: Path, missing: bool = False) -> Path:
 
 @pytest.fixture
 def top() -> Iterator[Path]:
-    root = traversable_dir("nodus-cdi-e2e-")
-    try:
+    with agent_hosts("nodus-cdi-e2e-", works="*/agent") as root:
         yield root
-    finally:
-        for work in root.glob("*/agent"):
-            clean_pods(work)
-        with open("/proc/self/mountinfo") as f:
-            mounted = any(str(root) in line for line in f)
-        if not mounted:
-            shutil.rmtree(root, ignore_errors=True)  # never through a mount that is still there
 
 
 def cdi_agent(c: Coordinator, registry: Registry, host: Path, cdi: Path, node: str, *extra: str) -> AgentProcess:

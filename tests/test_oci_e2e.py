@@ -65,14 +65,14 @@ def traversable_dir(prefix: str) -> Path:
 
 
 @contextlib.contextmanager
-def agent_hosts(prefix: str) -> Iterator[Path]:
-    """A traversable top dir for several agents' work dirs (n0, n1, ...): their pods cleaned after, and the
-    dir removed unless something is still mounted under it."""
+def agent_hosts(prefix: str, works: str = "n*") -> Iterator[Path]:
+    """A traversable top dir for agents' work dirs (those `works` matches under it: n0, n1, ...): their pods
+    cleaned after, and the dir removed unless something is still mounted under it."""
     top = traversable_dir(prefix)
     try:
         yield top
     finally:
-        for n in top.glob("n*"):
+        for n in top.glob(works):
             clean_pods(n)
         with open("/proc/self/mountinfo") as f:
             mounted = any(str(top) in line for line in f)
@@ -133,15 +133,8 @@ def oci_agent(c: Coordinator, work: Path, *registries: Registry, node: str = "oc
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    top = traversable_dir("nodus-oci-e2e-")
-    try:
+    with agent_hosts("nodus-oci-e2e-", works="agent") as top:
         yield top / "agent"
-    finally:
-        clean_pods(top / "agent")
-        with open("/proc/self/mountinfo") as f:
-            mounted = any(str(top) in line for line in f)
-        if not mounted:
-            shutil.rmtree(top, ignore_errors=True)  # never through a mount that is still there
 
 
 def test_an_image_job_runs_to_completion_with_outputs_logs_and_progress(
