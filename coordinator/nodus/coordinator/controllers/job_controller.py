@@ -182,10 +182,10 @@ class JobController:
                  explain: Explainer | None = None) -> None:
         self.cache, self.objects, self.writer, self.clock = cache, objects, jobs, clock
         self.explain = explain
+        """Placement's answer for a Job's first attempts before they are written (None: they are created without)."""
         self.fence: Fence | None = None
         """The lease epoch this controller leads under (set by the control plane): what a Job created with its first
         decision writes its attempts under (`decide_first`, ADR 0108)."""
-        """Placement's answer for a Job's first attempts before they are written (None: they are created without)."""
         self.gangs = gangs
         self.free_storage = free_storage
         """status.storage's free inclusion per Job (`--free-storage`)."""
