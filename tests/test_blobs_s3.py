@@ -322,6 +322,55 @@ def test_a_finished_log_is_compacted_into_one_object(client: Any, bucket: str, t
     run(go())
 
 
+class ListsAfterEachChunk:
+    """The real client; after each log chunk's PUT, before the writer's thread goes on, a follower of the
+    same store looks at the log (its LIST finds the new chunk first)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.follower: Callable[[], object] = lambda: None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.real, name)
+        if name == "put_object":
+            def call(**kw: Any) -> Any:
+                answer = attr(**kw)
+                if kw["Key"].rsplit("/", 1)[-1].isdigit():
+                    self.follower()
+                return answer
+            return call
+        return attr
+
+
+def test_a_follower_looking_between_a_chunks_put_and_its_record_loses_nothing(
+        client: Any, bucket: str, tmp_path: Path) -> None:
+    """A follower's LIST that lands between a chunk's PUT and the writer recording it used to leave a
+    phantom chunk in the index: the next append then wrote only a tail, the compaction failed on the
+    missing key and a follower's log lost its end."""
+    racy = ListsAfterEachChunk(client)
+    logs = S3BlobStore(racy, bucket, "c", spool_dir=tmp_path / "w").logs
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        racy.follower = lambda: asyncio.run_coroutine_threadsafe(logs.state("att"), loop).result(10)
+        got: list[bytes] = []
+
+        async def follow() -> None:
+            async for data in logs.follow("att", 0, poll=30):
+                got.append(data)
+        task = asyncio.create_task(follow())
+        assert (await logs.append("att", 0, b"one\n")).size == 4
+        assert (await logs.append("att", 4, b"two\n")).size == 8
+        assert (await logs.append("att", 8, b"three\n", eof=True)).size == 14
+        await asyncio.wait_for(task, 10)
+        await logs.settle()
+        assert b"".join(got) == b"one\ntwo\nthree\n"
+        assert keys(client, bucket, "c/logs/") == ["c/logs/att/eof", "c/logs/att/whole"], "compacted"
+        cold = S3BlobStore(client, bucket, "c", spool_dir=tmp_path / "c").logs
+        assert await cold.read("att", 0) == b"one\ntwo\nthree\n"
+    run(go())
+
+
 class Watch:
     """The real client, with the body of every upload call measured."""
 

@@ -169,10 +169,13 @@ class S3LogStore(Logs):
             def write() -> None:
                 try:
                     if new:
-                        key = f"{folder}{idx.size:020d}"
+                        # The chunk's start, taken before the PUT: a follower's LIST can find the chunk and
+                        # move idx.size past it before this thread records it (a phantom chunk after it).
+                        start = idx.size
+                        key = f"{folder}{start:020d}"
                         self.s3.put_object(Bucket=self.bucket, Key=key, Body=new)
                         with self._mutex:
-                            idx.add(idx.size, len(new))
+                            idx.add(start, len(new))
                             idx.last_key = max(idx.last_key, key)
                             idx.written = True
                     if finish:
