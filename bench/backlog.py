@@ -46,6 +46,7 @@ import api
 import api_procs
 import record
 from daemons import BIN, Coordinator, start_coordinator, stop_all
+from fleet_diagnostics import profile, unprofile
 from nodus.agent.enrolment import agent_address
 from nodus.agent.x509 import csr_pem, key_pem, new_key
 from nodus.v1 import agent_pb2, agent_pb2_grpc, common_pb2, node_pb2, node_pb2_grpc
@@ -217,11 +218,15 @@ async def burst(args: argparse.Namespace, c: Coordinator, tag: str, gets: list[s
                     tasks.append(asyncio.create_task(create(f"{tag}-{k:06d}")))
                 await asyncio.gather(*tasks)
 
-            got, _ = await asyncio.gather(
-                api.closed_loop(s, args.get_concurrency, args.burst_seconds, 200,
-                                lambda i: ("GET", f"{url}/{gets[(i * 7919) % len(gets)]}", None, ""),
-                                {"server": c.proc.pid}),
-                creates())
+            spies = profile(args, [c], args.jobs, f"-{tag.split('-')[0]}", stem="backlog", rate=200)
+            try:
+                got, _ = await asyncio.gather(
+                    api.closed_loop(s, args.get_concurrency, args.burst_seconds, 200,
+                                    lambda i: ("GET", f"{url}/{gets[(i * 7919) % len(gets)]}", None, ""),
+                                    {"server": c.proc.pid}),
+                    creates())
+            finally:
+                unprofile(spies)
             parent.send((list(acked), 10.0))
             if not await loop.run_in_executor(None, parent.poll, 40):
                 raise RuntimeError("watch client did not report results")
@@ -335,6 +340,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64, help="creates in flight while the queue fills (default 64)")
     ap.add_argument("--nodes", type=int, default=8, help="GPU nodes whose capacity joins for the drain (default 8)")
     ap.add_argument("--drain-timeout", type=float, default=600, help="how long the drain may take (default 600)")
+    ap.add_argument("--py-spy", metavar="DIR", default=None,
+                    help="record the coordinator's stacks (`py-spy record --gil`, collapsed, 200 Hz) during each burst "
+                         "into DIR/backlog-<jobs>-r0-a.txt (idle) and -b.txt (on the queue); needs py-spy on PATH")
     ap.add_argument("--tmp-dir", default=None, help="parent of the temporary directory (default: system temp)")
     record.add_flags(ap)
     args = record.shrink(ap.parse_args(), {"jobs": 60, "idle_seconds": 1.0, "wait_seconds": 2.0, "watchers": 4,

@@ -11,14 +11,16 @@ from pathlib import Path
 from daemons import Coordinator
 
 
-def profile(args: argparse.Namespace, cs: list[Coordinator], n: int, tail: str = "") -> list[subprocess.Popen[bytes]]:
-    """With --py-spy DIR: one `py-spy record --gil` per coordinator, sampling from now until stopped."""
+def profile(args: argparse.Namespace, cs: list[Coordinator], n: int, tail: str = "",
+            stem: str = "fleet", rate: int = 50) -> list[subprocess.Popen[bytes]]:
+    """With --py-spy DIR: one `py-spy record --gil` per coordinator, sampling from now until stopped, into
+    DIR/<stem>-<n>-r<i><tail>.txt (also bench/backlog.py's)."""
     if not args.py_spy:
         return []
     folder = Path(args.py_spy)
     folder.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", "50", "--nonblocking",
-                              "-p", str(c.proc.pid), "-o", str(folder / f"fleet-{n}-r{i}{tail}.txt")],
+    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", str(rate), "--nonblocking",
+                              "-p", str(c.proc.pid), "-o", str(folder / f"{stem}-{n}-r{i}{tail}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, c in enumerate(cs)]
 
 
