@@ -46,8 +46,8 @@ import orjson
 
 import api_tls
 import record
-from api_procs import (BODY_TARGET, JOBS, Coordinator, CpuMeter, echo_server_main, psycopg_anchor, sqlite_anchor,
-                       start_replicas, stop_process, watch_client_main)
+from api_procs import (BODY_TARGET, JOBS, Coordinator, CpuMeter, echo_server_main, profile, psycopg_anchor,
+                       sqlite_anchor, start_replicas, stop_process, unprofile, watch_client_main)
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 TARGET_CREATES = 1000.0
@@ -222,9 +222,13 @@ async def phases(args: argparse.Namespace, st: State, results: dict[str, Any]) -
         name = f"b-{run_id}-{i:07d}"
         return "POST", urls[i % len(urls)], job_body(name, env), name
 
-    async with session() as s:
-        res = await closed_loop(s, args.concurrency, args.seconds, 201, make_create,
-                                {**servers, "client": os.getpid()})
+    spies = profile(args, servers)
+    try:
+        async with session() as s:
+            res = await closed_loop(s, args.concurrency, args.seconds, 201, make_create,
+                                    {**servers, "client": os.getpid()})
+    finally:
+        unprofile(spies)
     results["creates"] = res
     names = res.ok_names
 
@@ -418,6 +422,9 @@ def main() -> None:
                     "0 skips figure 4)")
     ap.add_argument("--tls-rounds", type=int, default=3, help="alternating rounds of figure 4 (default 3)")
     ap.add_argument("--tls-clients", type=int, default=8, help="concurrent callers of figure 4's calls (default 8)")
+    ap.add_argument("--py-spy", metavar="DIR", default=None,
+                    help="record each coordinator with `py-spy record --gil` over the create phase into "
+                         "DIR/api-creates-<server>.txt (collapsed stacks; needs py-spy on PATH and ptrace rights)")
     record.add_flags(ap)
     args = record.shrink(ap.parse_args(), {"seconds": 1.0, "watchers": 4, "concurrency": 8, "watch_rate": 20.0,
                                            "watch_seconds": 1.0, "tls_seconds": 0.3, "tls_rounds": 1,

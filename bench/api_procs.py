@@ -2,8 +2,10 @@
 SQLite, bare psycopg, the echo server) and the watch client, each child in a process of its own."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
+import contextlib
 import os
 import secrets
 import shutil
@@ -278,3 +280,22 @@ def watch_client_main(bases: list[str], token: str, ca: str, watchers: int, rv: 
         conn.send(("done", result, dict(other), errors))
 
     asyncio.run(run())
+
+
+def profile(args: argparse.Namespace, servers: dict[str, int]) -> list[subprocess.Popen[bytes]]:
+    """With --py-spy DIR: `py-spy record --gil` of each coordinator over the create phase (collapsed stacks in
+    DIR/api-creates-<server>.txt; needs py-spy on PATH and ptrace rights)."""
+    if not args.py_spy:
+        return []
+    folder = Path(args.py_spy)
+    folder.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", "200", "--nonblocking",
+                              "-p", str(pid), "-o", str(folder / f"api-creates-{name.replace(' ', '-')}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in servers.items()]
+
+
+def unprofile(spies: list[subprocess.Popen[bytes]]) -> None:
+    for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
+        spy.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(30)
