@@ -128,7 +128,7 @@ class FoldingDecider:
         return FirstDecision({**(job.get("status") or {}), "phase": "Queued"}, {"attempts/default/again-0-1": attempt},
                              None)
 
-    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
+    def first_written(self, records: Sequence[Record], first: FirstDecision, job: dict[str, Any]) -> None:
         self.written.append([r.key for r in records])
 
 
@@ -161,4 +161,36 @@ def test_a_refused_commit_falls_back_to_the_plain_create(tmp_path: Path) -> None
             assert attempt is not None and attempt.revision == int(made["metadata"]["resourceVersion"]) + 1
         finally:
             await store.close()
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_the_cache_holds_what_the_first_commit_stored(tmp_path: Path) -> None:
+    """The Job controller's cache takes the Job and its first attempt as the create wrote them (ADR 0114: the
+    documents, not the bytes decoded again): each equal to what the store holds, at the store's revision, so
+    the controllers read the same objects as after a restart's list."""
+    from job_harness import PROJECT, JobHarness
+    from nodus.coordinator.controllers.cache import decode
+    from nodus.coordinator.controllers.objects import encode as encode_object, new_uid
+    from nodus.coordinator.stored import encode
+
+    async def test() -> None:
+        h = await JobHarness.open(tmp_path)
+        try:
+            job = {"apiVersion": "nodus.dev/v1", "kind": "Job",
+                   "metadata": {"name": "kept", "namespace": PROJECT, "uid": new_uid(), "generation": 1},
+                   "spec": {"completions": 1, "parallelism": 1, "command": ["true"]}}
+            first = h.controller.decide_first(PROJECT, job)
+            assert first is not None and first.attempts
+            job["status"] = first.status
+            records = await h.store.create_together(
+                [("jobs/default/kept", encode(job)), *((k, encode_object(a)) for k, a in first.attempts.items())])
+            h.controller.first_written(records, first, job)
+            for rec in records:
+                stored = await h.store.get(rec.key)
+                assert stored is not None and stored.revision == rec.revision
+                assert h.cache.get(rec.key) == decode(rec.key, stored.value, stored.revision)
+                assert h.cache.revision(rec.key) == rec.revision
+            assert job["metadata"]["resourceVersion"] == str(records[0].revision)
+        finally:
+            await h.close()
     asyncio.run(asyncio.wait_for(test(), 30))

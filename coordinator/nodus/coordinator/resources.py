@@ -60,8 +60,8 @@ class FirstDecider(Protocol):
     def decide_first(self, project: str, job: dict[str, Any]) -> FirstDecision | None:
         """The Job's first decision before it is stored; None: left to the controller's reconcile."""
 
-    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
-        """The Job and its attempts as stored by one commit."""
+    def first_written(self, records: Sequence[Record], first: FirstDecision, job: dict[str, Any]) -> None:
+        """The Job and its attempts as stored by one commit; `job`, `first.attempts`: the documents (ADR 0114)."""
 
 
 class ResourceService:
@@ -303,7 +303,7 @@ class ResourceService:
             return None
         finally:
             FENCE.reset(fence)
-        decider.first_written(records, first)
+        decider.first_written(records, first, new)
         return records[0]
 
     def _already_exists(self, info: KindInfo, name: str) -> NodusError:

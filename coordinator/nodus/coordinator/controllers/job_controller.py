@@ -20,7 +20,7 @@ from ..errors import NodusError
 from ..store.base import Record
 from ..store.lease import Fence
 from .attempt_machine import Created, Refusal, StoppedUnplaced, phase_of, transition
-from .cache import ATTEMPTS, JOBS, Cache, attempt_key, decode, job_key, owner_of
+from .cache import ATTEMPTS, JOBS, Cache, attempt_key, job_key, owner_of
 from .checkpoints import FREE_STORAGE_BYTES
 from .gang import CreateMember, GangConfig, decide_gang
 from .interruptions import Interruptions
@@ -313,15 +313,19 @@ class JobController:
         assert status is not None  # a Queued decision has one
         return FirstDecision(status, made, decision.wake_at)
 
-    def first_written(self, records: Sequence[Record], first: FirstDecision) -> None:
+    def first_written(self, records: Sequence[Record], first: FirstDecision, job: dict[str, Any]) -> None:
         """The Job and its first attempts as one commit stored them (the Job's record first): into the cache, and
         the Job recorded settled at those revisions, as its reconcile records its own writes (ADR 0071), so the
         reconcile their events set off skips it. If this is never called (the create was cancelled after its
-        commit), the cache's watch brings them and the reconcile decides again: the same status, nothing written."""
+        commit), the cache's watch brings them and the reconcile decides again: the same status, nothing written.
+        `job` and `first.attempts` are the documents the records' values encode: the cache takes them as they are,
+        with their resourceVersion set, rather than decoding the bytes just written back into the same objects
+        (ADR 0114); they are the cache's from here, read-only to the caller."""
         job_rec, attempt_recs = records[0], records[1:]
         key = job_rec.key
-        for rec in records:  # the Job first: its attempts' listeners find it
-            self.cache.apply(rec.key, decode(rec.key, rec.value, rec.revision), rec.revision)
+        for rec, obj in zip(records, (job, *first.attempts.values())):  # the Job first: its attempts' listeners find it
+            obj["metadata"]["resourceVersion"] = str(rec.revision)
+            self.cache.apply(rec.key, obj, rec.revision)
         self._settled[key] = Settled(job_rec.revision, {rec.key: rec.revision for rec in attempt_recs}, first.wake_at)
         if first.wake_at is not None:
             self.queue.add_after(key, first.wake_at - self.clock.now())
