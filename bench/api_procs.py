@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import os
 import secrets
 import shutil
@@ -25,6 +24,8 @@ import aiohttp
 import orjson
 import yaml
 from aiohttp import web
+
+import pyspy
 
 BIN = Path(sys.executable).parent
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
@@ -284,18 +285,9 @@ def watch_client_main(bases: list[str], token: str, ca: str, watchers: int, rv: 
 
 def profile(args: argparse.Namespace, servers: dict[str, int]) -> list[subprocess.Popen[bytes]]:
     """With --py-spy DIR: `py-spy record --gil` of each coordinator over the create phase (collapsed stacks in
-    DIR/api-creates-<server>.txt; needs py-spy on PATH and ptrace rights)."""
-    if not args.py_spy:
-        return []
-    folder = Path(args.py_spy)
-    folder.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", "200", "--nonblocking",
-                              "-p", str(pid), "-o", str(folder / f"api-creates-{name.replace(' ', '-')}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in servers.items()]
+    DIR/api-creates-<server>.txt; bench/pyspy.py)."""
+    return pyspy.record(args.py_spy, {f"api-creates-{name.replace(' ', '-')}.txt": pid for name, pid in servers.items()},
+                        rate=200)
 
 
-def unprofile(spies: list[subprocess.Popen[bytes]]) -> None:
-    for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
-        spy.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            spy.wait(30)
+unprofile = pyspy.stop

@@ -3,32 +3,21 @@ replica lost while the fleet ran, read from the replicas' logs (controllers/lead
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import subprocess
 from pathlib import Path
 
+import pyspy
 from daemons import Coordinator
 
 
 def profile(args: argparse.Namespace, cs: list[Coordinator], n: int, tail: str = "",
             stem: str = "fleet", rate: int = 50) -> list[subprocess.Popen[bytes]]:
     """With --py-spy DIR: one `py-spy record --gil` per coordinator, sampling from now until stopped, into
-    DIR/<stem>-<n>-r<i><tail>.txt (also bench/backlog.py's)."""
-    if not args.py_spy:
-        return []
-    folder = Path(args.py_spy)
-    folder.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen(["py-spy", "record", "--gil", "--format", "raw", "--rate", str(rate), "--nonblocking",
-                              "-p", str(c.proc.pid), "-o", str(folder / f"{stem}-{n}-r{i}{tail}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, c in enumerate(cs)]
+    DIR/<stem>-<n>-r<i><tail>.txt (also bench/backlog.py's; bench/pyspy.py)."""
+    return pyspy.record(args.py_spy, {f"{stem}-{n}-r{i}{tail}.txt": c.proc.pid for i, c in enumerate(cs)}, rate)
 
 
-def unprofile(spies: list[subprocess.Popen[bytes]]) -> None:
-    for spy in spies:  # SIGINT: py-spy writes what it sampled and exits
-        spy.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            spy.wait(30)
+unprofile = pyspy.stop
 
 
 def terms_lost(root: Path) -> list[str]:
