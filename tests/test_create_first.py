@@ -1,6 +1,7 @@
 """A Job created with its first decision (ADR 0108): the Job, already Queued with the reason it waits, and its
-first attempt are one commit; a watcher of Jobs sees one ADDED and nothing more from the controllers, and
-the store's creates-together are whole or nothing; a refused one falls back to the plain create."""
+first attempt are one commit; a watcher of Jobs sees one ADDED and nothing more from the controllers; a refused
+create-together falls back to the plain create (the store's creates-together themselves: tests/test_store.py, on
+both engines)."""
 from __future__ import annotations
 
 import asyncio
@@ -24,31 +25,6 @@ from nodus.coordinator.vault import Vault, load_or_create_key
 
 JOBS = "/apis/nodus.dev/v1/namespaces/default/jobs"
 ATTEMPTS = "/apis/nodus.dev/v1/namespaces/default/attempts"
-
-
-def test_creates_together_commit_whole_in_order_or_not_at_all(tmp_path: Path) -> None:
-    async def test() -> None:
-        store = await SqliteStore.open(tmp_path / "store.db")
-        try:
-            start = store.revision
-            records = await store.create_together([("jobs/p/a", b'{"a":1}'), ("attempts/p/a-0-1", b'{"b":2}')])
-            assert [(r.key, r.revision) for r in records] == [("jobs/p/a", start + 1), ("attempts/p/a-0-1", start + 2)]
-            watch = store.watch_batches("", start)
-            assert watch is not None
-            batch = await anext(watch)
-            assert [(e.key, e.revision, e.value) for e in batch] == [
-                ("jobs/p/a", start + 1, b'{"a":1}'), ("attempts/p/a-0-1", start + 2, b'{"b":2}')]
-            await watch.aclose()
-            # The second key exists: the first is not created either, and both callers' writes are refused.
-            with pytest.raises(NodusError) as refused:
-                await store.create_together([("jobs/p/b", b"{}"), ("attempts/p/a-0-1", b"{}")])
-            assert refused.value.reason == "AlreadyExists" and "attempts/p/a-0-1" in str(refused.value)
-            assert await store.get("jobs/p/b") is None and store.revision == start + 2
-            with pytest.raises(ValueError, match="distinct keys"):
-                await store.create_together([("jobs/p/c", b"{}"), ("jobs/p/c", b"{}")])
-        finally:
-            await store.close()
-    asyncio.run(asyncio.wait_for(test(), 30))
 
 
 @pytest.fixture(scope="module")

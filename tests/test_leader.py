@@ -58,7 +58,10 @@ def test_a_takeover_raises_the_epoch_and_the_old_holders_fenced_writes_are_refus
             with pytest.raises(NodusError) as refused:
                 await fenced(a, lambda: store.update("jobs/p/one", b"x", None))
             assert refused.value.reason == "LeaderDeposed"
-            assert await store.get("jobs/p/two") is None
+            with pytest.raises(NodusError) as refused:  # a Job and its first attempt (ADR 0108): refused whole
+                await fenced(a, lambda: store.create_together([("jobs/p/two", b"2"), ("attempts/p/two-0-1", b"t")]))
+            assert refused.value.reason == "LeaderDeposed"
+            assert await store.get("jobs/p/two") is None and await store.get("attempts/p/two-0-1") is None
             assert (await store.get("jobs/p/one")).value == b"1"
 
             b = Fence(CONTROLLERS, 2)

@@ -39,3 +39,27 @@ def test_a_fenced_write_whose_epoch_moved_is_refused_and_a_refused_batch_changes
     p = plan([stale, w(WriteKind.UPDATE, "jobs/gone", b"x")], {}, 7, {"controllers": 4})
     assert [e.reason for _, _, e in p.outcomes] == ["LeaderDeposed", "NotFound"]  # type: ignore[union-attr]
     assert p.revision == 7 and not p.changed and not p.upserts and not p.deletes
+
+
+def together(*keys: str, fence: Fence | None = None) -> Write:
+    """A `create_together` of `keys`, queued as one write (ADR 0108)."""
+    first, *rest = (w(WriteKind.CREATE, key, key.encode(), fence=fence) for key in keys)
+    first.together = tuple(rest)
+    return first
+
+
+def test_creates_together_apply_whole_with_consecutive_revisions_or_are_refused_whole() -> None:
+    taken = together("jobs/a", "attempts/a-1")  # attempts/a-1 exists: neither is created
+    deposed = together("jobs/b", "attempts/b-1", fence=Fence("controllers", 3))
+    made = together("jobs/c", "attempts/c-1", fence=Fence("controllers", 4))
+    clash = together("jobs/d", "attempts/c-1")  # the group before it created attempts/c-1
+    p = plan([taken, deposed, w(WriteKind.CREATE, "jobs/a", b"plain"), made, clash], {"attempts/a-1": (b"old", 2, 2)},
+             10, {"controllers": 4})
+    results = [(r.key, r.revision) if r else e.reason for _, r, e in p.outcomes]  # type: ignore[union-attr]
+    assert results == ["AlreadyExists", "AlreadyExists", "LeaderDeposed", "LeaderDeposed", ("jobs/a", 11),
+                       ("jobs/c", 12), ("attempts/c-1", 13), "AlreadyExists", "AlreadyExists"]
+    assert all("attempts/a-1" in str(e) for _, _, e in p.outcomes[:2])
+    assert all("attempts/c-1" in str(e) for _, _, e in p.outcomes[-2:])
+    assert [(rev, key, epoch) for rev, key, *_, epoch in p.log] == [
+        (11, "jobs/a", None), (12, "jobs/c", 4), (13, "attempts/c-1", 4)]
+    assert sorted(key for key, *_ in p.upserts) == ["attempts/c-1", "jobs/a", "jobs/c"] and p.revision == 13

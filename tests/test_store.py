@@ -533,6 +533,73 @@ def test_a_failing_operation_does_not_fail_its_batch(backend: Backend) -> None:
     run(body)
 
 
+def test_creates_together_commit_whole_in_order_or_not_at_all(backend: Backend) -> None:
+    """`create_together` (ADR 0108, 0118): consecutive revisions in the items' order, one batch for a watcher,
+    the records returned; a key that exists refuses the whole group with its AlreadyExists."""
+    async def body() -> None:
+        store = await backend.open()
+        try:
+            assert store.creates_together
+            start = store.revision
+            records = await store.create_together([("jobs/p/a", b'{"a":1}'), ("attempts/p/a-0-1", b'{"b":2}')])
+            assert [(r.key, r.value, r.revision, r.create_revision) for r in records] == [
+                ("jobs/p/a", b'{"a":1}', start + 1, start + 1), ("attempts/p/a-0-1", b'{"b":2}', start + 2, start + 2)]
+            watch = store.watch_batches("", start)
+            assert watch is not None
+            batch = await anext(watch)
+            assert [(e.key, e.revision, e.value) for e in batch] == [
+                ("jobs/p/a", start + 1, b'{"a":1}'), ("attempts/p/a-0-1", start + 2, b'{"b":2}')]
+            await watch.aclose()
+            # The second key exists: the first is not created either, and both callers' writes are refused.
+            with pytest.raises(NodusError) as refused:
+                await store.create_together([("jobs/p/b", b"{}"), ("attempts/p/a-0-1", b"{}")])
+            assert refused.value.reason == "AlreadyExists" and "attempts/p/a-0-1" in str(refused.value)
+            assert await store.get("jobs/p/b") is None and store.revision == start + 2
+            assert [r.key for r in (await store.list("")).records] == ["attempts/p/a-0-1", "jobs/p/a"]
+            with pytest.raises(ValueError, match="distinct keys"):
+                await store.create_together([("jobs/p/c", b"{}"), ("jobs/p/c", b"{}")])
+        finally:
+            await store.close()
+    run(body)
+
+
+def test_creates_together_in_one_batch_see_the_writes_before_them(backend: Backend) -> None:
+    """Groups queued behind a held batch commit in the next one with the other writes: a group whose key an
+    earlier write of that batch created is refused whole, the writes after it are not, and each group that
+    applies has consecutive revisions."""
+    async def body() -> None:
+        store: Any = await backend.open(sqlite=GatedStore, postgres=GatedPostgres)
+        store.entered, store.gate, store.batches = threading.Event(), threading.Event(), []
+        try:
+            store.hold = True
+            blocker = asyncio.create_task(store.create("blocker", b""))
+            await asyncio.to_thread(store.entered.wait, 10)
+            ops = [store.create("attempts/p/x-0-1", b"plain"),
+                   store.create_together([("jobs/p/x", b"x"), ("attempts/p/x-0-1", b"x1")]),  # refused whole
+                   store.create_together([("jobs/p/y", b"y"), ("attempts/p/y-0-1", b"y1"), ("attempts/p/y-0-2", b"y2")]),
+                   store.update("jobs/p/y", b"y!", None)]
+            tasks = [asyncio.create_task(op) for op in ops]
+            while store._queue.qsize() < len(ops):
+                await asyncio.sleep(0)
+            store.gate.set()
+            await blocker
+            plain, x, y, updated = await asyncio.gather(*tasks, return_exceptions=True)
+            assert store.batches == [1, len(ops)]
+            assert plain.revision == 2
+            assert isinstance(x, NodusError) and x.reason == "AlreadyExists" and "attempts/p/x-0-1" in str(x)
+            assert [(r.key, r.revision) for r in y] == [("jobs/p/y", 3), ("attempts/p/y-0-1", 4), ("attempts/p/y-0-2", 5)]
+            assert (updated.revision, updated.create_revision) == (6, 3)
+            assert await store.get("jobs/p/x") is None
+            assert (await store.get("attempts/p/x-0-1")).value == b"plain"  # type: ignore[union-attr]
+            assert [(r.key, r.value) for r in (await store.list("jobs/")).records] == [("jobs/p/y", b"y!")]
+            history = await take(store.watch("", 1), 5)
+            assert [(e.revision, e.key) for e in history] == [
+                (2, "attempts/p/x-0-1"), (3, "jobs/p/y"), (4, "attempts/p/y-0-1"), (5, "attempts/p/y-0-2"), (6, "jobs/p/y")]
+        finally:
+            await store.close()
+    run(body)
+
+
 CHILD = """
 import asyncio, sys
 from pathlib import Path

@@ -45,38 +45,50 @@ class Plan:
 
 def plan(writes: Sequence[Write], stored: Mapping[str, Row], revision: int, epochs: Mapping[str, int]) -> Plan:
     """Applies `writes` in order to the keys' `stored` states from head `revision`; a fenced write
-    whose lease is no longer at its epoch (`epochs`, read under the batch's lock) is refused."""
+    whose lease is no longer at its epoch (`epochs`, read under the batch's lock) is refused. A write
+    with creates `together` (`Store.create_together`, ADR 0108) applies whole, with consecutive
+    revisions, or is refused whole with the first refusal of its group."""
     out = Plan(revision)
     state: dict[str, Row | None] = {}
-    for op in writes:
-        if op.fence is not None and epochs.get(op.fence.lease) != op.fence.epoch:
-            out.outcomes.append((op.future, None, deposed(op.fence, epochs.get(op.fence.lease))))
-            continue
-        current = state[op.key] if op.key in state else stored.get(op.key)
-        error = precondition(op, None if current is None else current[1])
+    for first in writes:
+        group = first.group
+        currents = [state[op.key] if op.key in state else stored.get(op.key) for op in group]
+        error = next((e for op, current in zip(group, currents) if (e := _refusal(op, current, epochs)) is not None),
+                     None)
         if error is not None:
-            out.outcomes.append((op.future, None, error))
+            out.outcomes.extend((op.future, None, error) for op in group)
             continue
-        out.revision += 1
-        rev = out.revision
-        epoch = None if op.fence is None else op.fence.epoch
-        if current is None:  # create
-            state[op.key] = (op.value, rev, rev)
-            out.log.append((rev, op.key, PUT, op.value, None, None, rev, epoch))
-            out.outcomes.append((op.future, Record(op.key, op.value, rev, rev), None))
-        elif op.kind is WriteKind.DELETE:
-            prev_value, prev_revision, created = current
-            state[op.key] = None
-            out.log.append((rev, op.key, DELETE, prev_value, prev_value, prev_revision, created, epoch))
-            out.outcomes.append((op.future, Record(op.key, prev_value, rev, created), None))
-        else:
-            prev_value, prev_revision, created = current
-            state[op.key] = (op.value, rev, created)
-            out.log.append((rev, op.key, PUT, op.value, prev_value, prev_revision, created, epoch))
-            out.outcomes.append((op.future, Record(op.key, op.value, rev, created), None))
+        for op, current in zip(group, currents):
+            _apply(out, state, op, current)
     for key, final in state.items():
         if final is not None:
             out.upserts.append((key, *final))
         elif key in stored:
             out.deletes.append(key)
     return out
+
+
+def _refusal(op: Write, current: Row | None, epochs: Mapping[str, int]) -> NodusError | None:
+    if op.fence is not None and epochs.get(op.fence.lease) != op.fence.epoch:
+        return deposed(op.fence, epochs.get(op.fence.lease))
+    return precondition(op, None if current is None else current[1])
+
+
+def _apply(out: Plan, state: dict[str, Row | None], op: Write, current: Row | None) -> None:
+    out.revision += 1
+    rev = out.revision
+    epoch = None if op.fence is None else op.fence.epoch
+    if current is None:  # create
+        state[op.key] = (op.value, rev, rev)
+        out.log.append((rev, op.key, PUT, op.value, None, None, rev, epoch))
+        out.outcomes.append((op.future, Record(op.key, op.value, rev, rev), None))
+    elif op.kind is WriteKind.DELETE:
+        prev_value, prev_revision, created = current
+        state[op.key] = None
+        out.log.append((rev, op.key, DELETE, prev_value, prev_value, prev_revision, created, epoch))
+        out.outcomes.append((op.future, Record(op.key, prev_value, rev, created), None))
+    else:
+        prev_value, prev_revision, created = current
+        state[op.key] = (op.value, rev, created)
+        out.log.append((rev, op.key, PUT, op.value, prev_value, prev_revision, created, epoch))
+        out.outcomes.append((op.future, Record(op.key, op.value, rev, created), None))

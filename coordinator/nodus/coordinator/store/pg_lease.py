@@ -51,7 +51,7 @@ a takeover's `FOR UPDATE` waits for the batch, so the batch sees the epoch that 
 
 def fenced_leases(writes: Sequence[Write]) -> list[str]:
     """The leases the batch's fenced writes name (none: the batch reads no epoch)."""
-    return sorted({op.fence.lease for op in writes if op.fence is not None})
+    return sorted({op.fence.lease for first in writes for op in first.group if op.fence is not None})
 
 
 def _lease(name: str, row: Sequence[Any]) -> Lease:

@@ -90,7 +90,7 @@ class BatchWriter:
             except psycopg.Error as exc:
                 where = self.url.split("@")[-1].split("?")[0]
                 failure = NodusError("ServiceUnavailable", f"cannot open the PostgreSQL store at {where}: {exc}")
-                return Committed([(op.future, None, failure) for op in writes])
+                return Committed([(op.future, None, failure) for first in writes for op in first.group])
             try:
                 return await self._try(conn, writes, retry)
             except _Dropped:
@@ -104,7 +104,7 @@ class BatchWriter:
                 head = await conn.execute("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
                 names = fenced_leases(writes)
                 fence = await conn.execute(FENCE_EPOCHS, (names,)) if names else None
-                keys = sorted({op.key for op in writes})
+                keys = sorted({op.key for first in writes for op in first.group})
                 rows = await conn.execute(
                     "SELECT key, value, revision, create_revision FROM kv WHERE key = ANY(%s)", (keys,))
                 row = await head.fetchone()  # the first round trip: the lock, the fence, the keys
@@ -130,5 +130,5 @@ class BatchWriter:
             if retry and not locked and conn.broken:
                 raise _Dropped() from exc
             failure = NodusError("InternalError", f"store write failed: {exc}")
-            return Committed([(op.future, None, failure) for op in writes])
+            return Committed([(op.future, None, failure) for first in writes for op in first.group])
         return Committed(batch.outcomes, before, batch.revision, batch.log, tops)

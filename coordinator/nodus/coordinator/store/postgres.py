@@ -90,6 +90,9 @@ def _parses(url: str) -> bool:
 class PostgresStore(QueuedWriteStore):
     """The PostgreSQL engine. Open with `await PostgresStore.open(url)` inside the loop that uses it."""
 
+    creates_together = True
+    """A group of creates is one queued write that the batch's plan applies whole or refuses whole, fenced like
+    the rest of the batch (pg_batch.py, ADR 0118)."""
     LOG_PAGE = 500
     COMPACT_CHUNK = 5000
 

@@ -37,6 +37,11 @@ class Write:
     together: tuple["Write", ...] = ()
     """Creates that commit with this one, after it, or fail with it (`Store.create_together`); queued as one."""
 
+    @property
+    def group(self) -> tuple["Write", ...]:
+        """This write and the creates `together` with it, in commit order."""
+        return (self, *self.together)
+
 
 def _checked(key: str, value: bytes) -> tuple[str, bytes]:
     if not isinstance(key, str) or not key:
