@@ -161,3 +161,36 @@ async def _one_per_leave(path: Path) -> None:
 
 def test_a_decided_job_wakes_one_waiting_create_first_come_first_served(tmp_path: Path) -> None:
     asyncio.run(_one_per_leave(tmp_path))
+
+
+async def _attempt_first(path: Path) -> None:
+    store = await SqliteStore.open(path / "store.db")
+    cache = Cache(store)
+    backlog = PlacementBacklog(cache, limit=1, patience=5.0, now=Clock())
+    await cache.start()
+    # Another replica's Job created with its first attempt in one commit (ADR 0108, 0118): this replica's watch
+    # of attempts applied the attempt, parked with its explain, before its watch of Jobs applied the Job.
+    cache.apply("attempts/p/a-0-1", attempt("a", explain="no node fits: ..."), 2)
+    cache.apply("jobs/p/a", job("a"), 1)
+    assert len(backlog) == 0, "a Job whose attempt was decided before it appeared is not in flight"
+    cache.apply("attempts/p/b-0-1", attempt("b"), 4)  # created, not decided yet: b is on its way
+    cache.apply("jobs/p/b", job("b"), 3)
+    assert len(backlog) == 1
+    async with asyncio.timeout(5):
+        creates = asyncio.create_task(_enter(backlog))
+        await _spins()
+        assert not creates.done(), "b holds the one slot"
+        cache.apply("attempts/p/b-0-1", attempt("b", node="n1"), 5)
+        await creates
+    assert backlog.waited == 1
+    await cache.stop()
+    await store.close()
+
+
+async def _enter(backlog: PlacementBacklog) -> None:
+    async with backlog.admitting():
+        pass
+
+
+def test_a_job_whose_attempt_reached_the_cache_first_is_not_in_flight(tmp_path: Path) -> None:
+    asyncio.run(_attempt_first(tmp_path))

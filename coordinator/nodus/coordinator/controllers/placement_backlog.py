@@ -69,7 +69,12 @@ class PlacementBacklog:
         phase = JobPhase.parse(((new or {}).get("status") or {}).get("phase"))
         finished = new is None or phase.terminal or phase is JobPhase.SUSPENDED
         if old is None and not finished and self.limit and self.cache.synced.is_set():
-            self._flight[key] = self._now()
+            meta = (new or {}).get("metadata") or {}
+            # A Job created with its first attempts in one commit (ADR 0108): the cache's watch of attempts may
+            # apply them before its watch of Jobs applies the Job (another replica's create, ADR 0118). Then
+            # it was decided before it appeared, and counting it would hold a slot for `patience`.
+            if not any(_decided(a) for a in self.cache.attempts_of(meta.get("namespace", ""), meta.get("name", ""))):
+                self._flight[key] = self._now()
         elif finished:
             self._leave(key)
 
