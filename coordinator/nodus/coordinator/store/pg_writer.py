@@ -13,6 +13,7 @@ thread of its own was tried and measured worse in the fleet burst, ADR 0110.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +81,8 @@ class BatchWriter:
     async def _connection(self) -> Conn:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
-            conn = self._conn = await psycopg.AsyncConnection.connect(self.url, **self._connect)
+            # autocommit: the batch sends its own BEGIN and COMMIT inside its one pipeline (`_try`)
+            conn = self._conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._connect)
         return conn
 
     async def commit(self, writes: Sequence[Write]) -> Committed:
@@ -100,7 +102,10 @@ class BatchWriter:
     async def _try(self, conn: Conn, writes: Sequence[Write], retry: bool) -> Committed:
         locked = False
         try:
-            async with conn.pipeline(), conn.transaction():
+            # BEGIN and COMMIT as statements of the pipeline, not `conn.transaction()`: inside a pipeline that
+            # nests two more pipelines, each synced on entry and exit, so a batch was four round trips, not two.
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
                 head = await conn.execute("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
                 names = fenced_leases(writes)
                 fence = await conn.execute(FENCE_EPOCHS, (names,)) if names else None
@@ -115,6 +120,7 @@ class BatchWriter:
                 stored = {k: (bytes(v), int(r), int(c)) for k, v, r, c in await rows.fetchall()}
                 batch = plan(writes, stored, before, epochs)
                 if not batch.changed:
+                    await conn.execute("ROLLBACK")  # sent as the pipeline ends
                     return Committed(batch.outcomes)
                 tops = sorted({top(key) for key in keys})
                 async with conn.cursor() as many:
@@ -125,8 +131,12 @@ class BatchWriter:
                         await many.executemany(_UPSERT_KV, batch.upserts)
                     await many.execute("UPDATE meta SET value = %s WHERE name = 'revision'", (batch.revision,))
                     await many.execute("SELECT pg_notify(%s, %s)", (self._channel, " ".join(tops)))
-            # the second round trip: the rows, the head, the NOTIFY and the COMMIT, sent when both blocks end
+                await conn.execute("COMMIT")
+            # the second round trip: the rows, the head, the NOTIFY and the COMMIT, sent as the pipeline ends
         except psycopg.Error as exc:
+            if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):  # the failed batch's transaction, left open by the error
+                    await conn.execute("ROLLBACK")
             if retry and not locked and conn.broken:
                 raise _Dropped() from exc
             failure = NodusError("InternalError", f"store write failed: {exc}")
