@@ -667,6 +667,31 @@ def pg(postgres_cluster: PostgresCluster, tmp_path: Path) -> Backend:
     return Backend("postgres", tmp_path, postgres_cluster)
 
 
+def test_postgres_reads_answer_after_the_server_dropped_every_connection(pg: Backend) -> None:
+    """The pool hands out a connection without a round trip to test it first (ADR 0118): a get, a list and a watch's
+    catch-up whose connection pg_terminate_backend killed run again on a fresh one instead of failing."""
+    async def body() -> None:
+        store = await pg.open(application_name="nodus-test-dropped")
+        try:
+            await store.create("jobs/p/a", b"1")
+            await asyncio.gather(*(store.get("jobs/p/a") for _ in range(8)))  # the pool grows (up to its four)
+            with psycopg.connect(pg.cluster.url("postgres"), autocommit=True) as admin:  # type: ignore[union-attr]
+                killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                       "WHERE application_name = 'nodus-test-dropped'").fetchone()
+            assert killed is not None and killed[0] >= 3  # the writer, the LISTEN and the pooled ones
+            assert await store.get("jobs/p/a") == Record("jobs/p/a", b"1", 1, 1)
+            assert [r.key for r in (await store.list("jobs/")).records] == ["jobs/p/a"]
+            assert [r.key for r in await asyncio.gather(*(store.get("jobs/p/a") for _ in range(8)))] == ["jobs/p/a"] * 8
+            events = store.watch("jobs/", 0)
+            assert (await anext(events)).key == "jobs/p/a"
+            await store.create("jobs/p/b", b"2")  # the writer's connection is opened again too
+            assert (await anext(events)).key == "jobs/p/b"
+            await events.aclose()
+        finally:
+            await store.close()
+    run(body)
+
+
 def test_postgres_watch_sees_another_process_writes_with_notifications_lost(pg: Backend) -> None:
     """A watcher that never hears a NOTIFY (listen=False) still sees every write of another store
     on the same database, by its poll: correctness never rests on a notification."""

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -59,6 +59,7 @@ _READ_LOG = ("SELECT h.value, c.value, l.revision, l.key, l.type, l.value, l.pre
 a row per event, or one row of NULL events when the page is empty."""
 
 Conn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
 
 
 def _event(row: Sequence[Any]) -> Event:
@@ -134,10 +135,10 @@ class PostgresStore(QueuedWriteStore):
         except psycopg.Error as exc:
             raise _connect_error(url, exc) from exc
         writer = BatchWriter(url, connect, CHANNEL)
-        # check: a pooled connection the server dropped is replaced before a read gets it.
+        # No `check` (a round trip before every read): a read the server's dropped connection failed runs again
+        # (`_read`), as a get, a list and a log read may.
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **connect},
-            check=psycopg_pool.AsyncConnectionPool.check_connection)
+            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **connect})
         try:
             await migrate(setup)
             await writer.connect()
@@ -172,36 +173,40 @@ class PostgresStore(QueuedWriteStore):
         return self._compacted
 
     async def get(self, key: str) -> Record | None:
-        async with self._statement() as conn:  # one statement: one snapshot, one round trip
+        async def read(conn: Conn) -> Any:  # one statement: one snapshot, one round trip
             cursor = await conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = %s", (key,))
-            row = await cursor.fetchone()
+            return await cursor.fetchone()
+        row = await self._read(read)
         return None if row is None else Record(key, bytes(row[0]), row[1], row[2])
 
     async def list(self, prefix: str, *, limit: int = 0, start_after: str | None = None,
                    revision: int | None = None) -> ListResult:
         if limit < 0:
             raise ValueError("limit must be >= 0")
-        async with self._snapshot() as conn:
-            head, compacted = self._seen(*await _meta(conn))
-            where, params = key_range(prefix, start_after, "key", "%s", "TRUE")
-            if revision is None or revision == head:
-                at = head
-                sql = f"SELECT key, value, revision, create_revision FROM kv WHERE {where} ORDER BY key"
-            else:
-                check_revision(revision, compacted, head)
-                lwhere, lparams = key_range(prefix, start_after, "l.key", "%s", "TRUE")
-                at = revision
-                sql = (f"SELECT key, value, revision, create_revision FROM kv WHERE {where} AND revision <= %s "
-                       "UNION ALL SELECT l.key, l.prev_value, l.prev_revision, l.create_revision FROM log AS l "
-                       f"WHERE l.revision > %s AND {lwhere} AND l.prev_value IS NOT NULL AND l.revision = "
-                       "(SELECT MIN(f.revision) FROM log AS f WHERE f.key = l.key AND f.revision > %s) "
-                       "ORDER BY 1")
-                params = [*params, revision, revision, *lparams, revision]
-            if limit:
-                sql += " LIMIT %s"
-                params.append(limit + 1)
-            cursor = await conn.execute(sql.encode(), params)
-            rows = await cursor.fetchall()
+        return await self._read(lambda conn: self._list(conn, prefix, limit, start_after, revision), snapshot=True)
+
+    async def _list(self, conn: Conn, prefix: str, limit: int, start_after: str | None,
+                    revision: int | None) -> ListResult:
+        head, compacted = self._seen(*await _meta(conn))
+        where, params = key_range(prefix, start_after, "key", "%s", "TRUE")
+        if revision is None or revision == head:
+            at = head
+            sql = f"SELECT key, value, revision, create_revision FROM kv WHERE {where} ORDER BY key"
+        else:
+            check_revision(revision, compacted, head)
+            lwhere, lparams = key_range(prefix, start_after, "l.key", "%s", "TRUE")
+            at = revision
+            sql = (f"SELECT key, value, revision, create_revision FROM kv WHERE {where} AND revision <= %s "
+                   "UNION ALL SELECT l.key, l.prev_value, l.prev_revision, l.create_revision FROM log AS l "
+                   f"WHERE l.revision > %s AND {lwhere} AND l.prev_value IS NOT NULL AND l.revision = "
+                   "(SELECT MIN(f.revision) FROM log AS f WHERE f.key = l.key AND f.revision > %s) "
+                   "ORDER BY 1")
+            params = [*params, revision, revision, *lparams, revision]
+        if limit:
+            sql += " LIMIT %s"
+            params.append(limit + 1)
+        cursor = await conn.execute(sql.encode(), params)
+        rows = await cursor.fetchall()
         more = bool(limit) and len(rows) > limit
         records = tuple(Record(k, bytes(v), r, c) for k, v, r, c in (rows[:limit] if more else rows))
         return ListResult(records, at, more)
@@ -251,8 +256,7 @@ class PostgresStore(QueuedWriteStore):
         process's watches have read the log; 0 while none is open."""
         if not self._tail.watching:
             return 0
-        async with self._snapshot() as conn:
-            head, _ = self._seen(*await _meta(conn))
+        head, _ = self._seen(*await self._read(_meta, snapshot=True))
         return max(0, head - self._tail.cursor)
 
     # -- leases ----------------------------------------------------------------------------------
@@ -292,22 +296,26 @@ class PostgresStore(QueuedWriteStore):
         self._compacted = max(self._compacted, compacted)
         return head, compacted
 
-    @contextlib.asynccontextmanager
-    async def _statement(self) -> AsyncIterator[Conn]:
-        """A pooled connection for a single statement, outside any transaction (the pool's are autocommit)."""
-        if self._closed:
-            raise NodusError("ServiceUnavailable", "the store is closed")
-        async with self._pool.connection() as conn:
-            yield conn
-
-    @contextlib.asynccontextmanager
-    async def _snapshot(self) -> AsyncIterator[Conn]:
-        if self._closed:
-            raise NodusError("ServiceUnavailable", "the store is closed")
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await conn.execute(_SNAPSHOT)
-                yield conn
+    async def _read(self, work: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
+        """`work` on a pooled connection: outside any transaction (the pool's are autocommit; one statement is one
+        snapshot), or with `snapshot` in one REPEATABLE READ transaction. A read is idempotent, so one whose
+        connection the server dropped (pg_terminate_backend, a restart) runs again after the pool has tested its
+        idle connections, rather than every read paying a round trip for that test (ADR 0118)."""
+        for again in (True, False):
+            if self._closed:
+                raise NodusError("ServiceUnavailable", "the store is closed")
+            async with self._pool.connection() as conn:
+                try:
+                    if not snapshot:
+                        return await work(conn)
+                    async with conn.transaction():
+                        await conn.execute(_SNAPSHOT)
+                        return await work(conn)
+                except psycopg.Error:
+                    if not (again and conn.broken):
+                        raise
+            await self._pool.check()  # the others the server dropped with it are replaced, not handed out
+        raise AssertionError("unreachable: the second try raises")
 
     async def _read_tail(self, after: int, limit: int) -> tuple[Sequence[Event], int]:
         """The tail's read: every key's events after `after` (pg_tail.py)."""
@@ -322,9 +330,11 @@ class PostgresStore(QueuedWriteStore):
         on one snapshot, so the head and the page agree as they did in a REPEATABLE READ transaction, in one
         round trip instead of five (BEGIN, SET TRANSACTION, the meta row, the page, COMMIT) (ADR 0091)."""
         where, params = key_range(prefix, None, "key", "%s", "TRUE")
-        async with self._statement() as conn:
+
+        async def read(conn: Conn) -> list[Any]:
             cursor = await conn.execute(_READ_LOG.format(where=where).encode(), [after, *params, limit])
-            rows = await cursor.fetchall()
+            return await cursor.fetchall()
+        rows = await self._read(read)
         if not rows:
             raise NodusError("InternalError", "the PostgreSQL store has no meta rows: was its schema dropped?")
         head, compacted = self._seen(int(rows[0][0]), int(rows[0][1]))
