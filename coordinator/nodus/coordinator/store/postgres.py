@@ -136,7 +136,7 @@ class PostgresStore(QueuedWriteStore):
             raise _connect_error(url, exc) from exc
         writer = BatchWriter(url, connect, CHANNEL)
         # No `check` (a round trip before every read): a read the server's dropped connection failed runs again
-        # (`_read`), as a get, a list and a log read may.
+        # (`_pooled`), as a get, a list, a log read and a compaction may (ADR 0119).
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **connect})
         try:
@@ -176,14 +176,14 @@ class PostgresStore(QueuedWriteStore):
         async def read(conn: Conn) -> Any:  # one statement: one snapshot, one round trip
             cursor = await conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = %s", (key,))
             return await cursor.fetchone()
-        row = await self._read(read)
+        row = await self._pooled(read)
         return None if row is None else Record(key, bytes(row[0]), row[1], row[2])
 
     async def list(self, prefix: str, *, limit: int = 0, start_after: str | None = None,
                    revision: int | None = None) -> ListResult:
         if limit < 0:
             raise ValueError("limit must be >= 0")
-        return await self._read(lambda conn: self._list(conn, prefix, limit, start_after, revision), snapshot=True)
+        return await self._pooled(lambda conn: self._list(conn, prefix, limit, start_after, revision), snapshot=True)
 
     async def _list(self, conn: Conn, prefix: str, limit: int, start_after: str | None,
                     revision: int | None) -> ListResult:
@@ -226,37 +226,37 @@ class PostgresStore(QueuedWriteStore):
             read_log=lambda after: self._read_log(prefix, after, self.LOG_PAGE))
 
     async def compact(self, revision: int) -> None:
-        if self._closed:
-            raise NodusError("ServiceUnavailable", "the store is closed")
-        async with self._pool.connection() as conn:
+        await self._pooled(lambda conn: self._compact(conn, revision))  # idempotent: run again if dropped
+
+    async def _compact(self, conn: Conn, revision: int) -> None:
+        async with conn.transaction():
+            cursor = await conn.execute("SELECT name, value FROM meta WHERE name IN ('revision', 'compacted') "
+                                        "ORDER BY name FOR UPDATE")
+            rows = dict(await cursor.fetchall())
+            head, compacted = int(rows["revision"]), int(rows["compacted"])
+            if revision > head:
+                raise NodusError("BadRequest", f"cannot compact at revision {revision}: "
+                                               f"the store is at revision {head}")
+            if revision <= compacted:
+                return
+            # Raise the bar first, in its own commit: a reader then fails Expired rather than
+            # seeing a log with holes in it.
+            await conn.execute("UPDATE meta SET value = %s WHERE name = 'compacted'", (revision,))
+        self._compacted = max(self._compacted, revision)
+        while True:
             async with conn.transaction():
-                cursor = await conn.execute("SELECT name, value FROM meta WHERE name IN ('revision', 'compacted') "
-                                            "ORDER BY name FOR UPDATE")
-                rows = dict(await cursor.fetchall())
-                head, compacted = int(rows["revision"]), int(rows["compacted"])
-                if revision > head:
-                    raise NodusError("BadRequest", f"cannot compact at revision {revision}: "
-                                                   f"the store is at revision {head}")
-                if revision <= compacted:
-                    return
-                # Raise the bar first, in its own commit: a reader then fails Expired rather than
-                # seeing a log with holes in it.
-                await conn.execute("UPDATE meta SET value = %s WHERE name = 'compacted'", (revision,))
-            self._compacted = max(self._compacted, revision)
-            while True:
-                async with conn.transaction():
-                    cursor = await conn.execute(
-                        "DELETE FROM log WHERE revision IN (SELECT revision FROM log WHERE revision <= %s "
-                        "ORDER BY revision LIMIT %s)", (revision, self.COMPACT_CHUNK))
-                if cursor.rowcount < self.COMPACT_CHUNK:
-                    return
+                cursor = await conn.execute(
+                    "DELETE FROM log WHERE revision IN (SELECT revision FROM log WHERE revision <= %s "
+                    "ORDER BY revision LIMIT %s)", (revision, self.COMPACT_CHUNK))
+            if cursor.rowcount < self.COMPACT_CHUNK:
+                return
 
     async def watch_lag(self) -> int:
         """The store's head now (read from the database) less the newest revision up to which this
         process's watches have read the log; 0 while none is open."""
         if not self._tail.watching:
             return 0
-        head, _ = self._seen(*await self._read(_meta, snapshot=True))
+        head, _ = self._seen(*await self._pooled(_meta, snapshot=True))
         return max(0, head - self._tail.cursor)
 
     # -- leases ----------------------------------------------------------------------------------
@@ -296,11 +296,11 @@ class PostgresStore(QueuedWriteStore):
         self._compacted = max(self._compacted, compacted)
         return head, compacted
 
-    async def _read(self, work: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
-        """`work` on a pooled connection: outside any transaction (the pool's are autocommit; one statement is one
-        snapshot), or with `snapshot` in one REPEATABLE READ transaction. A read is idempotent, so one whose
-        connection the server dropped (pg_terminate_backend, a restart) runs again after the pool has tested its
-        idle connections, rather than every read paying a round trip for that test (ADR 0118)."""
+    async def _pooled(self, work: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
+        """`work` (a read, or compaction: idempotent) on a pooled connection: outside any transaction (the pool's
+        are autocommit; one statement is one snapshot), or with `snapshot` in one REPEATABLE READ transaction. Work
+        whose connection the server dropped (pg_terminate_backend, a restart) runs again after the pool has tested its
+        idle connections, rather than every read paying a round trip for that test (ADR 0119)."""
         for again in (True, False):
             if self._closed:
                 raise NodusError("ServiceUnavailable", "the store is closed")
@@ -334,7 +334,7 @@ class PostgresStore(QueuedWriteStore):
         async def read(conn: Conn) -> list[Any]:
             cursor = await conn.execute(_READ_LOG.format(where=where).encode(), [after, *params, limit])
             return await cursor.fetchall()
-        rows = await self._read(read)
+        rows = await self._pooled(read)
         if not rows:
             raise NodusError("InternalError", "the PostgreSQL store has no meta rows: was its schema dropped?")
         head, compacted = self._seen(int(rows[0][0]), int(rows[0][1]))
