@@ -227,15 +227,15 @@ def test_an_agent_that_is_not_root_says_so_at_error_level_and_runs_attempts_as_i
 def test_a_release_rides_on_the_next_allocations_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ADR 0102: on a busy node an index's release and the next index's allocation write uids.json once, not
     twice; a restarted agent drops a released record by itself, and a stop writes what is still pending."""
-    import nodus.agent.uids as uids_module
+    from nodus.agent.swapfile import SwapFile
     writes: list[dict[str, Any]] = []
-    real = uids_module.write_json
+    real = SwapFile.write
 
-    def counted(path: Path, value: Any, **kw: Any) -> None:
-        writes.append(json.loads(json.dumps(value)))
-        real(path, value, **kw)
+    def counted(self: SwapFile, data: bytes, durable: bool = True) -> None:
+        writes.append(json.loads(data))
+        real(self, data, durable)
 
-    monkeypatch.setattr(uids_module, "write_json", counted)
+    monkeypatch.setattr(SwapFile, "write", counted)
     path = tmp_path / "uids.json"
     uids = AttemptUids(UidRange(300000, 8), path, tmp_path / "attempts", live=set, release_save_delay=3600)
     done = _attempt(tmp_path, "a0")

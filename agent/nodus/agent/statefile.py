@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from .swapfile import SwapFile
+
 log = logging.getLogger("nodus.agent")
 
 
@@ -79,6 +81,8 @@ class StateWriter:
     def __init__(self, path: Path, snapshot: Callable[[], Any], mode: int = 0o600) -> None:
         self.path = path
         self.mode = mode
+        self.file = SwapFile(path, mode)
+        """Each write exchanged with the file's previous inode, not a new temp file (ADR 0112)."""
         self._snapshot = snapshot
         self._changes = 0
         """Changes asked for so far, each numbered: what a write or a flush waits for."""
@@ -92,7 +96,7 @@ class StateWriter:
         self._task: asyncio.Task[None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self.writes = 0
-        """Files written (temp file renamed over the target) since this writer began."""
+        """Files written (a temp file exchanged with the target) since this writer began."""
 
     def changed(self, durable: bool = True) -> None:
         """The state changed: write it soon; `durable=False` where a crash losing it is harmless."""
@@ -161,7 +165,7 @@ class StateWriter:
                 data = _encoded(self._snapshot())
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write:{self.path.name}")
-                await loop.run_in_executor(self._pool, write_bytes, self.path, data, self.mode, durable)
+                await loop.run_in_executor(self._pool, self.file.write, data, durable)
                 self._done(change, durable)
         except asyncio.CancelledError:  # the loop ends: nobody is left to wait
             self._wake(cancel=True)
@@ -172,7 +176,7 @@ class StateWriter:
 
     def _write(self, durable: bool) -> None:
         change = self._changes
-        write_bytes(self.path, _encoded(self._snapshot()), self.mode, durable)
+        self.file.write(_encoded(self._snapshot()), durable)
         self._done(change, durable)
 
     def _done(self, change: int, durable: bool) -> None:

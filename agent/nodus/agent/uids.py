@@ -27,7 +27,8 @@ from typing import Callable, Iterable
 
 from .oci.bundle import ID_BASE, ID_RANGE, ID_SLOTS
 from .settings import DEFAULT_ATTEMPT_UIDS as DEFAULT_RANGE
-from .statefile import read_json, write_json
+from .statefile import encode_json, read_json
+from .swapfile import SwapFile
 
 log = logging.getLogger("nodus.agent.uids")
 
@@ -128,6 +129,9 @@ class AttemptUids:
                  release_save_delay: float = RELEASE_SAVE_DELAY) -> None:
         self.range = rng
         self.state_path = state_path
+        self.file = SwapFile(state_path, 0o600, torn_ok=True)
+        """Rewritten at every allocation: exchanged with its previous inode, not a new temp file (ADR 0112);
+        torn by a host crash, it is rebuilt from the attempts' directories (__init__)."""
         self.attempts_dir = attempts_dir
         self.live = live
         """The uids that still run a process (the host's /proc, a scan of ~30 ms; tests pass their own)."""
@@ -231,5 +235,5 @@ class AttemptUids:
         # Atomic, not fsynced: an agent killed keeps what the kernel has; a host crash ends the attempts,
         # and the directories' groups restore what it lost (__init__). Called with the lock held.
         self._released = False
-        write_json(self.state_path, {"range": str(self.range), "next": self.next, "wrapped": self.wrapped,
-                                     "attempts": self.held}, mode=0o600, durable=False)
+        self.file.write(encode_json({"range": str(self.range), "next": self.next, "wrapped": self.wrapped,
+                                     "attempts": self.held}), durable=False)
