@@ -21,13 +21,39 @@ def _notify_address(text: str | None) -> str | None:
     return text
 
 
+class LazyLog:
+    """run/supervisor.log as the supervisor's stdout and stderr, made at the first text written to it: most
+    supervisors write none, and each file made costs an inode (ADR 0112). Once made, it is fds 1 and 2 too."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def fileno(self) -> int:
+        if self.fd < 0:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            os.dup2(self.fd, 1)
+            os.dup2(self.fd, 2)
+        return self.fd
+
+    def write(self, text: str) -> int:
+        data = text.encode(errors="replace")
+        fd = self.fileno()
+        while data:
+            data = data[os.write(fd, data):]
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 def _from_zygote(request: dict[str, Any], lock_fd: int, gate_fd: int = -1) -> None:
     """In a child the zygote forked: become the supervisor of request["attempt_dir"]."""
     layout = AttemptLayout(Path(request["attempt_dir"]))
-    log = os.open(layout.run / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    sys.stdout = sys.stderr = LazyLog(layout.run / "supervisor.log")
     os.set_inheritable(lock_fd, False)
     if gate_fd >= 0:
         os.set_inheritable(gate_fd, False)
