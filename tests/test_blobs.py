@@ -195,6 +195,22 @@ def test_log_gap_is_failed_precondition_with_the_size(tmp_path: Path) -> None:
     assert closed.value.reason == "OffsetMismatch" and closed.value.extra["size"] == 3
 
 
+def test_a_log_that_ends_empty_reads_as_ended_and_is_listed_and_deleted(tmp_path: Path) -> None:
+    """ADR 0112: an empty log that ends is stored as its eof mark alone (a trivial index's log); it reads,
+    follows and is collected like any other."""
+    logs = BlobStore(tmp_path).logs
+    state = run(logs.append("att-empty", 0, b"", eof=True))
+    assert state.size == 0 and state.eof
+    assert not (tmp_path / "logs" / "att-empty.log").exists()
+    fresh = BlobStore(tmp_path).logs  # a restarted coordinator reads it from the disk
+    assert run(fresh.state("att-empty")).eof and run(fresh.read("att-empty", 0)) == b""
+    assert run(fresh.wait("att-empty", 0, 5)).eof
+    with pytest.raises(NodusError):
+        run(fresh.append("att-empty", 0, b"late"))
+    assert run(fresh.list()) == ["att-empty"]
+    assert run(fresh.delete("att-empty")) and run(fresh.list()) == []
+
+
 def test_plan_append_is_the_offset_rules_every_log_engine_applies() -> None:
     """blobs.base.plan_append, which the file and S3 log stores both call (each engine's tests cover it
     end to end): what of a chunk is new, whether it ends the log, and the refusals with the stored size."""

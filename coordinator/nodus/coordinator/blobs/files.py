@@ -8,7 +8,8 @@ content race harmlessly: both rename identical bytes onto one name.
 
 Logs live at `DATA_DIR/logs/<attempt>.log`. Every append names the offset it starts at, so a chunk
 resent after a reconnect is written once; a chunk past the end fails with OffsetMismatch carrying the
-stored size. `<attempt>.eof` marks a finished log; followers wait for more bytes or for the mark.
+stored size. `<attempt>.eof` marks a finished log; followers wait for more bytes or for the mark. A log
+that ended empty is its mark alone (no `.log`).
 
 File I/O runs in worker threads, so the one event loop that serves gRPC and REST never waits on disk.
 `list_blobs`, `delete` and `LogStore.delete` are the seam retention calls (checkpoints/retention.py).
@@ -242,12 +243,14 @@ class LogStore(Logs):
                 st = cached if cached is not None else self._load(attempt_id)
                 plan = plan_append(attempt_id, st, offset, data, eof)
                 new, finish = plan.new, plan.finish
-                if new or finish:
+                if new or (finish and st.size):
                     with open(log, "ab") as f:
                         f.write(new)
                         if finish:
                             f.flush()
                             os.fsync(f.fileno())
+                # An empty log that ends is its eof mark alone: no empty file made and fsynced beside it
+                # (a trivial index's log; each file made is an inode allocated, ADR 0112).
                 if finish:
                     mark.touch()
                     _fsync_dir(self.root)
@@ -308,12 +311,14 @@ class LogStore(Logs):
     # -- retention seam ---------------------------------------------------------------------------
     async def list(self) -> list[str]:
         """The attempt ids that have a log."""
-        return sorted(p.name[:-4] for p in await asyncio.to_thread(lambda: list(self.root.glob("*.log"))))
+        def names() -> set[str]:  # an empty ended log is its eof mark alone
+            return {p.name[:-4] for p in self.root.glob("*.log")} | {p.name[:-4] for p in self.root.glob("*.eof")}
+        return sorted(await asyncio.to_thread(names))
 
     async def delete(self, attempt_id: str) -> bool:
         log, mark = self._paths(attempt_id)
         async with self._locks.setdefault(attempt_id, asyncio.Lock()):
-            existed = log.exists()
+            existed = log.exists() or mark.exists()
             await asyncio.to_thread(log.unlink, True)
             await asyncio.to_thread(mark.unlink, True)
             self._states.pop(attempt_id, None)
