@@ -119,7 +119,9 @@ def phases_written(root: Path, code: str, monkeypatch: pytest.MonkeyPatch) -> tu
     layout = AttemptLayout(root)
     layout.make()
     spec = {"attempt_id": root.name, "command": [PY, "-c", code], "env": BASE_ENV, "working_dir": str(root),
-            "outputs": [], "resources": {}, "cgroups": False, "stop_grace": 2}
+            # Every Assignment declares the outputs directory (coordinator/controllers/assignment.py).
+            "outputs": [{"name": "outputs", "path": "/nodus/outputs"}], "resources": {}, "cgroups": False,
+            "stop_grace": 2}
     write_json(layout.spec, spec)
     written: list[str] = []
 

@@ -305,8 +305,11 @@ class Supervisor:
     def _winds_down_at_once(self) -> bool:
         """Nothing after the main command takes time: no teardown steps, sidecars or gang, no declared
         outputs and nothing in the outputs directory. Then STOPPING is not written on its own: the final
-        status comes right after it, and each write is a file, a rename and a wake-up of the agent."""
-        if self.teardown.steps or self.spec.get("sidecars") or self.spec.get("gang") or self.spec.get("outputs"):
+        status comes right after it, and each write is a file, a rename and a wake-up of the agent. The
+        outputs directory, which every Assignment declares, counts only when something is in it (ADR 0112)."""
+        if self.teardown.steps or self.spec.get("sidecars") or self.spec.get("gang"):
+            return False
+        if any(self.layout.translate(str(o.get("path"))) != self.layout.outputs for o in self.spec.get("outputs") or []):
             return False
         try:
             with os.scandir(self.layout.outputs) as entries:
