@@ -121,6 +121,26 @@ async def _nodes_scenario(path: Path) -> None:
     await _settle(fleet, lambda: fleet.nodes()[1].cordoned)
     await store.delete("_nodes/n2")
     await _settle(fleet, lambda: [v.name for v in fleet.nodes()] == ["n1"])
+
+    # Renewals leave a node's view as it was: the answer and the classes every create reads are kept (ADR 0116);
+    # a node whose lease is not renewed still turns NotReady when it runs out, though the first lease to run out
+    # was renewed meanwhile; a heartbeat's GPU health still reaches the view.
+    t1 = clock.now()
+    await _put(store, "_nodes/n3", {"name": "n3", "runtimes": ["process"], "capacity": {"cpuMillis": 4000},
+                                    "gpus": [{"index": 0, "name": "A100"}, {"index": 1, "name": "A100"}]})
+    await _put(store, "_leases/n3", {**lease(t1 + 20), "node": "n3"})
+    await _put(store, "_leases/n1", lease(t1 + 10))
+    await _settle(fleet, lambda: (cache.get("_leases/n1") or {}).get("expireTime") == rfc3339(t1 + 10)
+                  and [(v.name, v.ready) for v in fleet.nodes()] == [("n1", True), ("n3", True)])
+    classes = fleet.rooms()[1]
+    await _put(store, "_leases/n1", lease(t1 + 40))
+    await _settle(fleet, lambda: (cache.get("_leases/n1") or {}).get("expireTime") == rfc3339(t1 + 40))
+    assert fleet.rooms()[1] is classes, "a renewal changes no view: the classes are kept, not made again"
+    clock.advance(21)
+    assert [(v.name, v.ready) for v in fleet.nodes()] == [("n1", True), ("n3", False)], "n3's lease ran out"
+    await _put(store, "_leases/n3", {**lease(clock.now() + 15), "node": "n3", "gpuUnhealthy": {"1": "Xid: 79"}})
+    await _settle(fleet, lambda: [v.ready for v in fleet.nodes()] == [True, True])
+    assert fleet.nodes()[1].healthy == (0,), "the heartbeat's GPU health is in the view"
     await cache.stop()
     await store.close()
 

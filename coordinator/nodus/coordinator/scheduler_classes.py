@@ -107,14 +107,19 @@ class NodeClasses:
         del members[bisect.bisect_left(members, name)]
         if not members:
             del self._classes[key]
+        room = self.rooms[name]
+        # A Room of its own first: a copy shares its Rooms with the classes it was copied from (`copy`).
+        self.rooms[name] = Room(room.free, room.gpus, room.warm)
         self.rooms[name].take(amount, gpu_indexes, warm_reuse)
         self._join(name)
 
     def copy(self) -> "NodeClasses":
-        """Classes of their own to take from (a placement pass's), sharing what neither changes."""
+        """Classes of their own to take from (a placement pass's), sharing what neither changes. The Rooms
+        are shared too: `take` and `reset` put a new Room in place of the one they change, never change
+        one in place, so a copy costs a dictionary copy, not a Room per node (ADR 0116)."""
         out = NodeClasses.__new__(NodeClasses)
         out.ordered, out.views, out._shape = self.ordered, self.views, self._shape
-        out.rooms = {name: Room(r.free, r.gpus, dict(r.warm)) for name, r in self.rooms.items()}
+        out.rooms = dict(self.rooms)
         out._of = dict(self._of)
         out._classes = {key: _Class(list(c.members), c.room) for key, c in self._classes.items()}
         return out
@@ -126,8 +131,7 @@ class NodeClasses:
         del members[bisect.bisect_left(members, name)]
         if not members:
             del self._classes[key]
-        room = self.rooms[name]
-        room.free, room.gpus = free, gpus
+        self.rooms[name] = Room(free, gpus, self.rooms[name].warm)
         self._join(name)
 
     def place(self, request: Request, scorer: Scorer = spread, book: PriceBook | None = None) -> Placement:

@@ -140,10 +140,15 @@ class Fleet:
         lease's expiry (parsed once per revision: `nodes()` runs on every create and placement pass)."""
         self._changed: set[str] = set()
         """Nodes whose node or lease object changed since `nodes()` last looked."""
+        self._joined = False
+        """A node was added or deleted since `nodes()` last looked: it lists them all again."""
+        self._shown: dict[str, NodeView] = {}
+        """Each node's view in `nodes()`'s answer (`_listed`), by name."""
         self._listed: list[NodeView] | None = None
         """What `nodes()` answered last; good while nothing changed and no lease ran out (`_turns`)."""
         self._turns = 0.0
-        """When the first ready node's lease runs out (its view's readiness turns)."""
+        """When the first ready node's lease runs out (its view's readiness turns), or earlier: a renewal
+        moves a lease's expiry later without moving this."""
         self._versions = [0, 0]
         """Bumped when `nodes()` rebuilds its answer, and when what the live placed attempts hold changes."""
         self._rooms: tuple[int, NodeClasses] | None = None
@@ -192,6 +197,8 @@ class Fleet:
 
     def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self._changed.add(key[key.index("/") + 1:])
+        if key.startswith(NODES) and (old is None) != (new is None):
+            self._joined = True
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         project = key.removeprefix(JOBS).split("/", 1)[0]
@@ -246,32 +253,70 @@ class Fleet:
     def nodes(self) -> list[NodeView]:
         """What the scheduler sees of every node, by name. A view is built once per revision of the node
         and its lease (a node of a thousand GPUs is a thousand Gpu values); only readiness moves with time.
-        The list itself is kept while no node or lease changed and no ready node's lease ran out."""
+        The list itself is kept while no node's view changed: a lease renewal moves the lease's revision but
+        leaves its node's view as it was (ready, the same GPUs' health), so at a thousand nodes, whose
+        leases are written ~100 times a second, a create or a placement pass looks at the nodes whose lease
+        moved, not at every node, and the classes `rooms()` keeps survive it (ADR 0116)."""
         now = self.clock.now()
         if self._listed is not None and not self._changed and now < self._turns:
             return list(self._listed)
-        self._changed.clear()
+        if self._listed is None or self._joined:
+            return self._relist(now)
+        # Only the nodes whose node or lease changed; every node once the first ready one's lease may have
+        # run out (`_turns` is a lower bound: a renewal only moves an expiry later).
+        names = self._changed if now < self._turns else list(self._shown)
+        self._changed = set()
+        moved = False
+        turns = self._turns if now < self._turns else float("inf")
+        for name in names:
+            doc = self.cache.get(NODES + name)
+            if doc is None or name not in self._shown:
+                return self._relist(now)
+            view, expire = self._view(name, doc, now)
+            if view.ready:
+                turns = min(turns, expire)
+            if view != self._shown[name]:
+                self._shown[name], moved = view, True
+        self._turns = turns
+        if moved:
+            self._listed = sorted(self._shown.values(), key=lambda v: v.name)
+            self._versions[0] += 1
+        return list(self._listed or ())
+
+    def _view(self, name: str, doc: dict[str, Any], now: float) -> tuple[NodeView, float]:
+        """The node's view at `now` and its lease's expiry (-1 when it has none or it expired), built once
+        per revision of the node and its lease."""
+        lease = self.cache.get(LEASES + name)
+        revisions = (self.cache.revision(NODES + name), self.cache.revision(LEASES + name))
+        hit = self._views.get(name)
+        if hit is None or hit[:2] != revisions:
+            view = node_view(doc, lease, now)
+            expire = -1.0 if not lease or lease.get("expired") else parse(lease.get("expireTime")) or 0.0
+            self._views[name] = (*revisions, view, expire)
+            return view, expire
+        view, expire = hit[2], hit[3]
+        if view.ready != (ready := now < expire):  # lease_fresh, from the expiry parsed once
+            view = replace(view, ready=ready)
+        return view, expire
+
+    def _relist(self, now: float) -> list[NodeView]:
+        """Every node's view again (the first call, or a node joined or went away)."""
+        self._changed, self._joined = set(), False
         out = []
-        for key, doc in self.cache.under(NODES):
-            name = doc["name"]
-            lease = self.cache.get(LEASES + name)
-            revisions = (self.cache.revision(key), self.cache.revision(LEASES + name))
-            hit = self._views.get(name)
-            if hit is None or hit[:2] != revisions:
-                view = node_view(doc, lease, now)
-                expire = -1.0 if not lease or lease.get("expired") else parse(lease.get("expireTime")) or 0.0
-                self._views[name] = (*revisions, view, expire)
-            else:
-                view, expire = hit[2], hit[3]
-                if view.ready != (ready := now < expire):  # lease_fresh, from the expiry parsed once
-                    view = replace(view, ready=ready)
-            out.append(view)
+        turns = float("inf")
+        for _, doc in self.cache.under(NODES):
+            view, expire = self._view(doc["name"], doc, now)
+            kept = self._shown.get(view.name)
+            out.append(kept if kept == view else view)  # an equal view stays the same object (`Shapes`)
+            if view.ready:
+                turns = min(turns, expire)
         if len(self._views) > len(out):
             present = {v.name for v in out}
             self._views = {k: v for k, v in self._views.items() if k in present}
         self._listed = sorted(out, key=lambda v: v.name)
+        self._shown = {v.name: v for v in self._listed}
         self._versions[0] += 1
-        self._turns = min((self._views[v.name][3] for v in out if v.ready), default=float("inf"))
+        self._turns = turns
         return list(self._listed)
 
     def rooms(self) -> tuple[list[NodeView], NodeClasses]:

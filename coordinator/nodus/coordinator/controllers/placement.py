@@ -345,7 +345,6 @@ class PlacementController:
         self.tried += len(waiting)
         waiting.sort(key=lambda kv: (kv[1].created or 0.0, kv[1].project, kv[1].job, kv[1].index, kv[1].number,
                                      kv[1].rank))
-        held = self.registry.fleet.held() + warm
         decisions: dict[str, Placement] = {}
         requests: dict[str, Request] = {}
         singles: list[tuple[str, Request]] = []
@@ -356,6 +355,9 @@ class PlacementController:
             else:
                 requests[key] = _request(a, cache.job(a.project, a.job), now)
                 singles.append((key, requests[key]))
+        # What every node holds, one Reservation per node: only gangs and warm holds read it, since the fleet's
+        # kept classes already reflect it (O(nodes) to make, once per pass otherwise: ADR 0116).
+        held = self.registry.fleet.held() + warm if gangs or warm else []
         # Gangs first, in the order their oldest member waits: a gang needs several nodes at once and
         # would starve behind a stream of single attempts otherwise.
         mono = time.monotonic()
@@ -398,7 +400,7 @@ class PlacementController:
                 self.queue.park(key, a.project, a.job, requests[key], mono,
                                 (a.project, a.job_uid, a.epoch) if a.in_gang else None,
                                 UNFUNDED_RECHECK_S if key in unfunded else None)
-        by_name = {n.name: n for n in nodes}
+        by_name = classes.views  # the nodes this pass decided on, by name
         version = book.version if book is not None else ""
         writes = {key: self.objects.mutate(key, bind(p, now, by_name.get(p.node), version) if p.node else explain(p))
                   for key, p in decisions.items() if p.node or _explained(cache.get(key)) != p.explain}
