@@ -14,7 +14,6 @@ from . import checkpoints, git_access
 from .checkpoints.buckets import bucket_location
 from .agent_wire import (cancel_message, fail_mutation, lease_message, on_node_of, plan_message, probe_of, progress_of,
                          report_of, to_diff)
-from .clock import parse
 from .controllers import assignment, desired
 from .controllers import gang_plan, workload_tokens
 from .controllers.attempts import AttemptPhase, Report, fold_probe, fold_progress, fold_report
@@ -289,8 +288,7 @@ class Session:
         self.send(lease_renewal=self._lease())
 
     def _lease(self) -> agent_pb2.LeaseRenewal:
-        lease = self.service.registry.lease(self.node) or {}
-        expire = parse(lease.get("expireTime")) or self.service.clock.now()
+        expire = self.service.registry.lease_expiry(self.node) or self.service.clock.now()
         return lease_message(self.service.registry.leases.duration, expire)
 
     def _cancel(self, attempt_id: str, reason: str, grace: int) -> None:

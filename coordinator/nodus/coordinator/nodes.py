@@ -32,7 +32,7 @@ from .clock import Clock, parse, rfc3339
 from .controllers.attempts import phase_of
 from .controllers.cache import LEASES, NODES, attempt_key
 from .controllers.fleet import Fleet, lease_fresh
-from .controllers.liveness import Beat, alive, overlay, persist_due
+from .controllers.liveness import Beat, alive, expiry, overlay, persist_due
 from .controllers.job_controller import stop
 from .controllers.objects import Objects
 from .controllers.reasons import AttemptReason
@@ -123,6 +123,11 @@ class NodeRegistry:
         that a stream here heard (its write may not have landed yet)."""
         stored = self.cache.get(LEASES + name)
         return overlay(stored, self.beats.get(name), self.node(name), self.leases.duration, self.clock.now())
+
+    def lease_expiry(self, name: str) -> float | None:
+        """When `lease(name)` runs out, as Unix seconds (None: no lease), without building it."""
+        return expiry(self.cache.get(LEASES + name), self.beats.get(name), self.node(name), self.leases.duration,
+                      self.clock.now())
 
     def alive(self, name: str, now: float | None = None) -> bool:
         """A stream on this replica heard the node's current session within the lease duration."""

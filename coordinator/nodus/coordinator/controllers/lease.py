@@ -63,6 +63,8 @@ class LeaseController:
         expired_now = []
         held: bool | None = None  # what the replicas' records say, read once a pass and only when a lease is due
         for name in self.registry.names():
+            if self.registry.alive(name, now):
+                continue  # a stream here heard it within the lease: its lease holds, nothing of it is Lost
             lease = self.registry.lease(name)
             due = lease is not None and not lease.get("expired") and now >= leases.expiry(lease)
             if due and held is None:

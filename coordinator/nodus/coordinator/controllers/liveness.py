@@ -49,6 +49,17 @@ def persist_due(stored: dict[str, Any] | None, beat: Beat, duration: float) -> b
     return expire - beat.time < duration * PERSIST_FRACTION
 
 
+def expiry(stored: dict[str, Any] | None, beat: Beat | None, node: dict[str, Any] | None, duration: float,
+           now: float) -> float | None:
+    """`overlay(...)`'s expireTime as Unix seconds (None: no lease), without building the lease: what each
+    heartbeat's LeaseRenewal says."""
+    held = parse(stored.get("expireTime")) if stored else None
+    if not alive(beat, node, duration, now) or beat is None:
+        return held
+    expire = round(beat.time + duration, 3)  # as overlay's expireTime, written to the millisecond, reads back
+    return held if held is not None and not (stored or {}).get("expired") and held >= expire else expire
+
+
 def overlay(stored: dict[str, Any] | None, beat: Beat | None, node: dict[str, Any] | None, duration: float,
             now: float) -> dict[str, Any] | None:
     """The lease as this replica knows it: the stored one, renewed by a newer beat heard here."""
