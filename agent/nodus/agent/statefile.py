@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from .swapfile import SwapFile
+from .swapfile import SwapFile, fill, fsync_dir
 
 log = logging.getLogger("nodus.agent")
 
@@ -40,22 +40,10 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o600, durable: bool = True
     """Atomically replaces `path` with `data`; `durable` fsyncs the file before the rename and the
     directory after it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    fill(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode), data, durable)
     os.replace(tmp, path)
     if durable:
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(path.parent)
 
 
 def read_json(path: Path) -> Any | None:

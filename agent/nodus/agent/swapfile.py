@@ -52,6 +52,27 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
+def fill(fd: int, data: bytes, durable: bool) -> None:
+    """Writes all of `data` to the open file `fd`, fsyncs it when `durable`, and closes it."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Makes the names in directory `path` durable (after a rename or an exchange in it)."""
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class SwapFile:
     """One file replaced atomically on each `write`; its previous inode is kept as the next temp file."""
 
@@ -80,20 +101,9 @@ class SwapFile:
         except FileExistsError:
             fd = os.open(self.tmp, flags, self.mode)
         self._reusable = False
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        fill(fd, data, durable)
         if not exchange(self.tmp, self.path):
             os.replace(self.tmp, self.path)
         if durable:
-            dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.path.parent)
         self._reusable = durable
