@@ -6,6 +6,7 @@ import asyncio
 import base64
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 import os
+from typing import Any
 import shutil
 import subprocess
 import sys
@@ -503,6 +504,32 @@ def test_a_docker_schema_2_image_is_pulled_through_skopeo(tmp_path: Path, regist
     digest = digest_file.read_text().strip()
     pulled = store(tmp_path, registry).pull(f"{registry.host}/tests/docker@{digest}")
     assert pulled.digest == digest and (pulled.rootfs / "data" / "docker.bin").read_bytes() == b"v2s2\n"
+
+
+def test_a_collection_during_a_converted_pull_keeps_the_manifest_skopeo_wrote(tmp_path: Path, registry: Registry) -> None:
+    """skopeo writes the OCI manifest it converts a Docker one to into the shared blobs, under a digest no
+    manifest read names: a collection while that pull runs (another pull's, an attempt's end) used to delete it,
+    and umoci then found no manifest (a CI failure of 2026-12-07). A blob written since a running pull began is
+    kept; an unreferenced one from before it still goes."""
+    layout = image_with(tmp_path, "docker-gc", b"kept\n")
+    digest_file = tmp_path / "docker-gc.digest"
+    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", "--format", "v2s2",
+                    "--digestfile", str(digest_file), f"oci:{layout}:latest",
+                    f"docker://{registry.host}/tests/docker-gc:v1"], check=True, capture_output=True, timeout=120)
+    digest = digest_file.read_text().strip()
+    images = store(tmp_path, registry)
+    stale = images.blobs / "sha256" / ("0" * 64)
+    stale.write_bytes(b"left by an image long gone")
+    os.utime(stale, (1, 1))
+    unpack = images._unpack
+
+    def collected_first(*args: Any) -> None:
+        images.collect()  # the moment skopeo is done and umoci not yet started
+        unpack(*args)
+    images._unpack = collected_first  # type: ignore[method-assign]
+    pulled = images.pull(f"{registry.host}/tests/docker-gc@{digest}")
+    assert (pulled.rootfs / "data" / "docker-gc.bin").read_bytes() == b"kept\n"
+    assert not stale.exists()
 
 
 def test_a_fetch_that_stops_receiving_bytes_is_stopped_as_unreachable(tmp_path: Path, registry: Registry) -> None:

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection
@@ -116,6 +117,10 @@ class ImageStore:
         self._digest_locks: dict[str, threading.Lock] = {}
         self._pulling: dict[str, frozenset[str]] = {}
         """Manifest digest -> the blobs its pull needs: kept by collection while the pull runs."""
+        self._started: dict[str, float] = {}
+        """Manifest digest -> when its pull began (wall clock, as blob mtimes): collection keeps every blob
+        written since the oldest running pull began, which may be that pull's own though it is in no manifest
+        read yet (skopeo's OCI manifest of a Docker image it converts, written into the shared blobs)."""
         for leftover in self.images.glob(".*"):
             shutil.rmtree(leftover, ignore_errors=True)  # a pull a crash interrupted
 
@@ -153,8 +158,9 @@ class ImageStore:
                 freed += victim.rootfs_bytes
             kept = [f for f in footprints if (self.images / f.digest.removeprefix("sha256:")).exists()]
             referenced = needed.union(*(f.blobs for f in kept))
+            since = min(self._started.values(), default=None)
             for name, size in blob_bytes.items():
-                if name not in referenced:
+                if name not in referenced and not (since is not None and _written_since(self._blob(name), since)):
                     freed += size
                     self._blob(name).unlink(missing_ok=True)
             return freed
@@ -168,6 +174,8 @@ class ImageStore:
                progress: ProgressCallback | None) -> PulledImage | str:
         """The image pulled, verified and unpacked; or, for an index, the digest of the platform's manifest."""
         hexd = ref.digest.removeprefix("sha256:")
+        with self._lock:
+            self._started[ref.digest] = time.time()
         staging = self.images / f".{hexd}.{secrets.token_hex(4)}"
         layout = staging / "layout"
         layout.mkdir(parents=True)
@@ -209,6 +217,7 @@ class ImageStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             with self._lock:
+                self._started.pop(ref.digest, None)
                 failed = self._pulling.pop(ref.digest, None) is not None and not (self.images / hexd).exists()
             if failed:
                 self.collect()  # what the failed copy fetched before it stopped
@@ -410,6 +419,14 @@ def _verify_bytes(data: bytes, digest: str, what: str) -> None:
     got = "sha256:" + hashlib.sha256(data).hexdigest()
     if got != digest:
         raise DigestMismatch(f"{what}: the registry served a manifest whose digest is {got}")
+
+
+def _written_since(path: Path, since: float) -> bool:
+    """The file was written at or after `since` (less a second of timestamp granularity), or is gone."""
+    try:
+        return path.stat().st_mtime >= since - 1.0
+    except FileNotFoundError:
+        return True
 
 
 def _blob_matches(path: Path, d: Descriptor) -> bool:
