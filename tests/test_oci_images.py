@@ -494,14 +494,18 @@ def test_a_bearer_token_registry_is_fetched_with_the_pull_secrets_token(tmp_path
         assert list(refusing.images.iterdir()) == []
 
 
+def push_docker(tmp_path: Path, registry: Registry, name: str, payload: bytes) -> str:
+    """`image_with(name, payload)` pushed as tests/NAME:v1 in Docker's schema 2 (skopeo converts it); its digest."""
+    digest_file = tmp_path / f"{name}.digest"
+    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", "--format", "v2s2",
+                    "--digestfile", str(digest_file), f"oci:{image_with(tmp_path, name, payload)}:latest",
+                    f"docker://{registry.host}/tests/{name}:v1"], check=True, capture_output=True, timeout=120)
+    return digest_file.read_text().strip()
+
+
 def test_a_docker_schema_2_image_is_pulled_through_skopeo(tmp_path: Path, registry: Registry) -> None:
     """skopeo converts a Docker manifest to OCI for umoci; the agent defers it there, pinned to the same digest."""
-    layout = image_with(tmp_path, "docker", b"v2s2\n")
-    digest_file = tmp_path / "docker.digest"
-    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", "--format", "v2s2",
-                    "--digestfile", str(digest_file), f"oci:{layout}:latest",
-                    f"docker://{registry.host}/tests/docker:v1"], check=True, capture_output=True, timeout=120)
-    digest = digest_file.read_text().strip()
+    digest = push_docker(tmp_path, registry, "docker", b"v2s2\n")
     pulled = store(tmp_path, registry).pull(f"{registry.host}/tests/docker@{digest}")
     assert pulled.digest == digest and (pulled.rootfs / "data" / "docker.bin").read_bytes() == b"v2s2\n"
 
@@ -511,12 +515,7 @@ def test_a_collection_during_a_converted_pull_keeps_the_manifest_skopeo_wrote(tm
     manifest read names: a collection while that pull runs (another pull's, an attempt's end) used to delete it,
     and umoci then found no manifest (a CI failure of 2026-12-07). A blob written since a running pull began is
     kept; an unreferenced one from before it still goes."""
-    layout = image_with(tmp_path, "docker-gc", b"kept\n")
-    digest_file = tmp_path / "docker-gc.digest"
-    subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", "--format", "v2s2",
-                    "--digestfile", str(digest_file), f"oci:{layout}:latest",
-                    f"docker://{registry.host}/tests/docker-gc:v1"], check=True, capture_output=True, timeout=120)
-    digest = digest_file.read_text().strip()
+    digest = push_docker(tmp_path, registry, "docker-gc", b"kept\n")
     images = store(tmp_path, registry)
     stale = images.blobs / "sha256" / ("0" * 64)
     stale.write_bytes(b"left by an image long gone")
