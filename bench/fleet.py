@@ -46,7 +46,7 @@ import api_procs
 import record
 from daemons import Coordinator, ready_coordinator, spawn_coordinator, stop_all
 from fleet_agents import RUN_ENV, anchor_server_main, worker_main
-from fleet_queries import job_phases, lost_attempts, unreached
+from fleet_queries import job_phases, lost_attempts, revision, unreached, writes_since
 from fleet_diagnostics import profile, terms_lost, unprofile
 from fleet_report import report
 
@@ -149,12 +149,42 @@ def steady(cs: list[Coordinator], limit: float) -> float:
     return time.monotonic() - t0
 
 
-def measure_steady(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet) -> dict[str, Any]:
-    """The coordinators' CPU (their sum, and each replica's) and the clients', over --idle-seconds."""
+def measure_steady(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet,
+                   store_url: str | None = None) -> dict[str, Any]:
+    """The coordinators' CPU (their sum, and each replica's) and the clients', over --idle-seconds, and the
+    store's writes per second in that window (on PostgreSQL also by kind: fleet_queries.writes_since)."""
     fleet.ask("lag")
+    head = revision(cs[0])
+    t0 = time.monotonic()
     cpus = cpu_of([*(c.proc.pid for c in cs), *fleet.pids()], args.idle_seconds)
+    took = time.monotonic() - t0
+    rate = (revision(cs[0]) - head) / took
+    kinds = writes_since(store_url, head, took) if store_url else None
     return {"coordinator": sum(cpus[:len(cs)]), "replicas": cpus[:len(cs)], "clients": cpus[len(cs):],
-            "lag_p99": max(fleet.ask("lag"))}
+            "lag_p99": max(fleet.ask("lag")), "write_rate": rate, "writes": kinds}
+
+
+def quiet(cs: list[Coordinator], steady_rate: float, limit: float, every: float = 5.0) -> dict[str, Any]:
+    """Waits until the store's write rate over `every` seconds is back near the steady rate measured before
+    the burst (the lease renewals: at most 1.5 times it, plus 5/s), or `limit` s. What the drained
+    coordinators still write (ADR 0120: the burst's Events, minutes behind its Jobs) is not the steady
+    state the CPU figure is for. Returns the seconds waited, the writes made meanwhile, the rates seen and each
+    replica's CPU meanwhile (% of a core)."""
+    pids = [c.proc.pid for c in cs]
+    t0, cpu0 = time.monotonic(), [api_procs.cpu_seconds(p) for p in pids]
+    first = last = revision(cs[0])
+    rates: list[float] = []
+    while time.monotonic() - t0 < limit:
+        time.sleep(every)
+        now = revision(cs[0])
+        rates.append((now - last) / every)
+        last = now
+        if rates[-1] <= 1.5 * steady_rate + 5:
+            break
+    took = time.monotonic() - t0
+    return {"seconds": took, "writes": last - first, "rates": rates,
+            "quiet": bool(rates) and rates[-1] <= 1.5 * steady_rate + 5,
+            "replicas": [100 * (api_procs.cpu_seconds(p) - c) / took for p, c in zip(pids, cpu0)]}
 
 
 async def create_jobs(cs: list[Coordinator], names: list[str], label: str, concurrency: int,
@@ -294,7 +324,11 @@ async def one_size(args: argparse.Namespace, n: int, root: Path, store: list[str
     api.log(f"{n} joined in {out['join']['seconds']:.1f}s; steady state before the burst")
     time.sleep(args.heartbeat * 2)
     out["settle_before"] = steady(cs, 60)
-    out["before"] = measure_steady(args, cs, fleet)
+    spies = profile(args, cs, n, "-before")  # the same steady state's stacks, to set beside "-after"
+    try:
+        out["before"] = measure_steady(args, cs, fleet, out.get("store_url"))
+    finally:
+        unprofile(spies)
     api.log(f"anchor: {args.trickle} Jobs one at a time on the idle fleet")
     trickle: dict[str, float] = {}
     for k in range(args.trickle):
@@ -379,11 +413,14 @@ async def burst(args: argparse.Namespace, cs: list[Coordinator], fleet: Fleet, o
                     "ended": status["ended"] - ended0, "drained_s": drained, "ok": ok, "phases": phases,
                     "succeeded_s": time.monotonic() - t0, "trickle": [first[j] - trickle[j] for j in trickle if j in first]}
     if ok:
-        api.log("steady state after the drain")
+        api.log("waiting for the store to go quiet after the drain")
+        out["quiet"] = quiet(cs, out["before"]["write_rate"], args.quiet_timeout)
+        api.log(f"steady state after the drain ({out['quiet']['writes']:,} writes in {out['quiet']['seconds']:.0f} s "
+                f"until the store was quiet)")
         out["settle_after"] = steady(cs, 120)
         spies = profile(args, cs, out["n"], "-after")  # what the drained coordinator still does
         try:
-            out["after"] = measure_steady(args, cs, fleet)
+            out["after"] = measure_steady(args, cs, fleet, out.get("store_url"))
         finally:
             unprofile(spies)
     else:
@@ -394,7 +431,7 @@ def run_size(args: argparse.Namespace, n: int, tmp: Path, pg: Any) -> dict[str, 
     root = tmp / f"agents-{n}"
     root.mkdir()
     store = ["--store-url", pg.database()] if pg is not None else []
-    out: dict[str, Any] = {"n": n, "gpus": gpus_per_agent(args, n)}
+    out: dict[str, Any] = {"n": n, "gpus": gpus_per_agent(args, n), "store_url": store[1] if store else None}
     try:
         asyncio.run(one_size(args, n, root, store, out))
     except Exception:
@@ -433,6 +470,9 @@ def main() -> None:
                     help="Jobs created one at a time on the idle fleet before the burst, the latency anchor (default 20)")
     ap.add_argument("--concurrency", type=int, default=64, help="creates in flight during the burst (default 64)")
     ap.add_argument("--drain-timeout", type=float, default=900, help="how long the burst may take to drain")
+    ap.add_argument("--quiet-timeout", type=float, default=600,
+                    help="how long to wait after the drain for the store's writes to fall back to the lease "
+                         "renewals' rate before the steady state after it is measured (default 600)")
     ap.add_argument("--storm-timeout", type=float, default=180, help="how long the re-synchronisation may take")
     ap.add_argument("--postgres", action="store_true",
                     help="the store on PostgreSQL: a throwaway cluster (tests/postgres.py), a database per size")
@@ -453,7 +493,8 @@ def main() -> None:
     args = ap.parse_args()
     args.tiny = args.tiny or args.quick
     args = record.shrink(args, {"agents": "3", "attempts": 12, "run_seconds": 0.2, "idle_seconds": 1.0,
-                                "processes": 1, "trickle": 3, "drain_timeout": 120.0, "storm_timeout": 60.0})
+                                "processes": 1, "trickle": 3, "drain_timeout": 120.0, "storm_timeout": 60.0,
+                                "quiet_timeout": 60.0})
     sizes = [int(x) for x in str(args.agents).split(",") if x.strip()]
     if args.replicas < 1 or (args.replicas > 1 and not args.postgres):
         ap.error("--replicas N takes N >= 1, and more than one replica needs --postgres (one shared store)")

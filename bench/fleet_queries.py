@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -65,3 +66,24 @@ async def unreached(cs: list[Coordinator], names: list[str]) -> list[str]:
                 lines.append(f"{name} at replica {i}: Job {(job.get('status') or {}).get('phase')}; "
                              f"attempts {seen or 'none'}")
     return lines
+
+
+def revision(c: Coordinator) -> int:
+    """The store-wide revision as the coordinator's /metrics says it now (nodus_store_revision): on either
+    store, how many writes were made up to now."""
+    request = urllib.request.Request(c.http + "/metrics", headers={"Authorization": f"Bearer {c.token}"})
+    with urllib.request.urlopen(request, context=api.client_ssl(c.ca), timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("nodus_store_revision "):
+                return int(float(line.split()[1]))
+    raise RuntimeError(f"{c.http}/metrics has no nodus_store_revision")
+
+
+def writes_since(store_url: str, head: int, seconds: float) -> dict[str, float]:
+    """The store's writes per second after revision `head`, over `seconds`, by kind (the key's first part;
+    a delete as "<kind> delete"): what a steady fleet still writes (ADR 0120)."""
+    import psycopg
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT split_part(key, '/', 1), type, count(*) FROM log WHERE revision > %s "
+                            "GROUP BY 1, 2 ORDER BY 3 DESC", (head,)).fetchall()
+    return {f"{kind}{' delete' if kind_type == 2 else ''}": count / seconds for kind, kind_type, count in rows}

@@ -57,6 +57,15 @@ def size_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
         p(f"  clients: {' + '.join(f'{c:.1f}' for c in s['clients'])} % of a core, event-loop lag p99 "
           f"{ms(s['lag_p99'])} (anchor's clients {' + '.join(f'{c:.1f}' for c in a['clients'])} %, lag p99 "
           f"{ms(a['lag_p99'])}); settled {r[settle]:.0f} s first")
+        kinds = "" if s.get("writes") is None else \
+            " (" + (", ".join(f"{k} {v:,.1f}" for k, v in s["writes"].items()) or "none") + ")"
+        p(f"  store writes in that window: {s['write_rate']:,.1f}/s{kinds}")
+        if key == "after" and r.get("quiet"):
+            q = r["quiet"]
+            p(f"  the store went {'quiet' if q['quiet'] else 'NOT quiet'} {q['seconds']:.0f} s after the Jobs were "
+              f"Succeeded, {q['writes']:,} writes later (writes/s every 5 s: "
+              f"{', '.join(f'{x:,.0f}' for x in q['rates'])}; the coordinators' CPU meanwhile "
+              f"{' + '.join(f'{x:.1f}' for x in q['replicas'])} %)")
     lat = burst["lat"]
     reached = len(lat)
     p99 = api.pct(lat, .99) if reached == args.attempts else float("inf")

@@ -31,6 +31,9 @@ def test_fleet_bench_places_and_finishes_every_attempt_and_prints_every_figure()
         "CPU after beside the bare AgentService": rf"^coordinator CPU at steady state, after the drain\s+({NUM}) % of a "
                                                   rf"core .*bare grpc\.aio AgentService, same heartbeats ({NUM}) %$",
         "CPU per heartbeat": rf"^  per heartbeat: ({NUM}) ms of CPU beside the bare AgentService's ({NUM}) ms$",
+        "the store's writes in each CPU window": rf"^  store writes in that window: ({NUM})/s$",
+        "the wait for a quiet store after the drain": rf"^  the store went quiet ({NUM}) s after the Jobs were "
+                                                      rf"Succeeded, ({NUM}) writes later \(writes/s every 5 s: ",
         "assignment latency": rf"^create → assignment at its agent p50 / p99\s+({NUM}) ms / ({NUM}) ms\s+target p99 ≤ 1 s "
                               rf"(?:ok|MISSED)\s+max ({NUM}) ms$",
         "its anchor": rf"^create → assignment, one Job at a time on the idle fleet \(anchor\) p50 / p99\s+({NUM}) ms / "
