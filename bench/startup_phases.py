@@ -44,13 +44,15 @@ def index_phases(attempts: list[dict[str, Any]], parallelism: int) -> dict[str, 
 
 def cpu_seconds(agent_pid: int, coordinator_pid: int) -> Callable[[], dict[str, float]]:
     """A reader of the CPU-seconds (user + system) so far of the agent, its supervisors (the zygote with
-    the supervisors it forked and reaped, and what they ran) and the coordinator."""
+    the supervisors it forked, and what they ran) and the coordinator. Each process below the agent counts
+    its own time and its reaped children's, so a supervisor still alive (one that stays for its Job's next
+    index, ADR 0124, or one that runs) counts as much as one the zygote reaped."""
     agent, coordinator = psutil.Process(agent_pid), psutil.Process(coordinator_pid)
 
     def read() -> dict[str, float]:
         t = agent.cpu_times()
         out = {"agent": t.user + t.system, "supervisors": 0.0}
-        for child in agent.children():
+        for child in agent.children(recursive=True):
             try:
                 c = child.cpu_times()
             except psutil.Error:

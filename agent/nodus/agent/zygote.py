@@ -55,23 +55,19 @@ def _recv_exact(sock: socket.socket, n: int, first: bytes = b"") -> bytes:
 
 
 def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
-    """One framed message (and the descriptors that came with its first bytes); EOFError at the end."""
+    """One framed message (and the descriptors that came with its first bytes); EOFError at the end. It
+    reads no byte past the message: on a supervisor's channel (supervisor/stay.py) the next may follow."""
     fds: list[int] = []
     if with_fds:
-        first, fds, _, _ = socket.recv_fds(sock, 4096, 4)
-        if not first:
-            raise EOFError("socket closed")
+        first, fds, _, _ = socket.recv_fds(sock, HEADER.size, 4)
     else:
-        first = sock.recv(4096)
-        if not first:
-            raise EOFError("socket closed")
-    head = _recv_exact(sock, HEADER.size, first[:HEADER.size]) if len(first) < HEADER.size else first[:HEADER.size]
-    (length,) = HEADER.unpack(head)
+        first = sock.recv(HEADER.size)
+    if not first:
+        raise EOFError("socket closed")
+    (length,) = HEADER.unpack(_recv_exact(sock, HEADER.size, first))
     if length > MAX_MESSAGE:
         raise ZygoteError(f"message of {length} bytes refused")
-    rest = first[HEADER.size:] if len(first) >= HEADER.size else b""
-    body = _recv_exact(sock, length, rest)
-    return json.loads(body), fds
+    return json.loads(_recv_exact(sock, length)), fds
 
 
 # -- the agent's side --------------------------------------------------------------------------------
@@ -108,17 +104,19 @@ class Zygote:
         return self.proc is not None and self.proc.poll() is None and self.sock is not None
 
     def spawn(self, attempt_dir: str, notify: str | None, secrets: dict[str, Any], lock_fd: int,
-              gate_fd: int = -1, timeout: float = 15.0) -> int:
+              gate_fd: int = -1, timeout: float = 15.0, channel_fd: int = -1, stay_seconds: float = 0.0) -> int:
         """Has the zygote fork a supervisor for `attempt_dir`; returns its pid. Blocking. With `gate_fd`
-        (a pipe's read end) the supervisor starts no step before the agent opens the gate."""
+        (a pipe's read end) the supervisor starts no step before the agent opens the gate; with `channel_fd`
+        (a socket) it stays for the next attempts the agent hands it there (supervisor/stay.py)."""
         with self.lock:
             if not self.alive:
                 self._start()
             assert self.sock is not None
             try:
                 self.sock.settimeout(timeout)
-                _send(self.sock, {"attempt_dir": attempt_dir, "notify": notify, "secrets": secrets},
-                      [lock_fd] if gate_fd < 0 else [lock_fd, gate_fd])
+                fds = [lock_fd] if gate_fd < 0 else [lock_fd, gate_fd]
+                _send(self.sock, {"attempt_dir": attempt_dir, "notify": notify, "secrets": secrets,
+                                  "stay": channel_fd >= 0, "stay_seconds": stay_seconds}, fds + [channel_fd] if channel_fd >= 0 else fds)
                 reply, _ = _recv(self.sock)
             except (OSError, EOFError, ValueError) as e:
                 self._close()
@@ -147,7 +145,8 @@ class Zygote:
 # -- the zygote's side ---------------------------------------------------------------------------
 def serve(run_supervisor: Any) -> None:
     """The zygote's loop: fd 0 is the agent's socket. `run_supervisor(request, lock_fd, gate_fd)` runs in the
-    child (gate_fd -1: no gate came)."""
+    child (gate_fd -1: no gate came); with request["stay"], the last descriptor is the channel of a supervisor
+    that stays (supervisor/stay.py), passed as a fourth argument."""
     sock = socket.socket(fileno=0)
     os.set_blocking(0, True)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -162,12 +161,15 @@ def serve(run_supervisor: Any) -> None:
             request, fds = _recv(sock, with_fds=True)
         except (EOFError, OSError):
             break  # the agent is gone: supervisors already forked keep running on their own
+        channel_fd = fds.pop() if request.get("stay") and fds else -1
         if len(fds) not in (1, 2):
-            for fd in fds:
+            for fd in [*fds, channel_fd] if channel_fd >= 0 else fds:
                 os.close(fd)
-            _send(sock, {"error": "expected a lock descriptor and at most a gate's"})
+            _send(sock, {"error": "expected a lock descriptor and at most a gate's (and a stay channel's)"})
             continue
         lock_fd, gate_fd = fds[0], fds[1] if len(fds) == 2 else -1
+        if channel_fd >= 0:
+            fds.append(channel_fd)  # closed here after the fork, as the others
         pid = os.fork()
         if pid == 0:  # the supervisor
             code = 0
@@ -175,7 +177,10 @@ def serve(run_supervisor: Any) -> None:
                 sock.close()
                 os.setsid()
                 os.dup2(devnull, 0)
-                run_supervisor(request, lock_fd, gate_fd)
+                if channel_fd >= 0:
+                    run_supervisor(request, lock_fd, gate_fd, channel_fd)
+                else:
+                    run_supervisor(request, lock_fd, gate_fd)
             except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
                 import traceback
                 traceback.print_exc()

@@ -29,7 +29,9 @@ from ..checkpointing import handshake_dir
 from ..layout import AttemptLayout
 from ..reasons import Reason
 from ..spares import SpareDirs
+from ..stayers import Stayers
 from ..statefile import read_json, write_json
+from ..supervisor.stay import IDLE_SECONDS
 from ..uids import OFF, AttemptUids, UidRange, UidsExhausted
 from ..zygote import Zygote, ZygoteError
 from .spec import (DEFAULT_PATH, PASSED_ENV, TOKEN_MOUNT, WorkloadUser, attempt_env, code_entries, supervisor_spec,
@@ -73,7 +75,7 @@ class ProcessRuntime:
     def __init__(self, work_dir: Path, *, notify_address: str | None = None, cgroup_root: str = "nodus",
                  cgroups: bool = True, stop_grace: float = 10.0, python: str = sys.executable,
                  host_gpus: int = 0, base_env: Mapping[str, str] | None = None, workload_user: str = "",
-                 attempt_uids: str = OFF, zygote: bool = True) -> None:
+                 attempt_uids: str = OFF, zygote: bool = True, stay_seconds: float = IDLE_SECONDS) -> None:
         self.work_dir = work_dir
         self.notify_address = notify_address
         self.cgroup_root = cgroup_root
@@ -90,6 +92,9 @@ class ProcessRuntime:
         # (tests, development): the work dir's digest keeps their cgroups apart.
         self.scope = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:8]
         self.zygote = Zygote(python, self._supervisor_env(), work_dir / "zygote.log") if zygote else None
+        self.stay_seconds = stay_seconds
+        """How long a supervisor waits for the next attempt of its Job (ADR 0124); 0: each attempt forks its own."""
+        self.stayers = Stayers()
         self.spares = SpareDirs(work_dir / "spare")
         """Ended attempts' emptied trees, renamed into place for new attempts (ADR 0095)."""
 
@@ -190,6 +195,7 @@ class ProcessRuntime:
                 log.warning("supervisor zygote unavailable (%s): attempts start cold", e)
 
     def close(self) -> None:
+        self.stayers.close()
         if self.zygote is not None:
             self.zygote.close()
         if self.uids is not None:
@@ -234,7 +240,7 @@ class ProcessRuntime:
         if self.zygote is not None:
             lock_fd = self._lock(layout)
             try:
-                return Spawned(self.zygote.spawn(str(layout.root), self.notify_arg, secrets, lock_fd, gate_fd))
+                return Spawned(self._spawn_warm(a, layout, secrets, lock_fd, gate_fd))
             except ZygoteError as e:
                 log.warning("attempt %s: %s; starting its supervisor cold", a.attempt_id, e)
             finally:
@@ -242,6 +248,34 @@ class ProcessRuntime:
             if self.supervisor_alive(layout):
                 return Spawned(None)  # the zygote forked it before it failed: it runs
         return self._spawn_cold(layout, secrets, gate_fd)
+
+    def _spawn_warm(self, a: agent_pb2.Assignment, layout: AttemptLayout, secrets: dict[str, Any], lock_fd: int,
+                    gate_fd: int) -> int:
+        """An idle supervisor of the attempt's Job runs it, or the zygote forks one that stays after it
+        (ADR 0124)."""
+        assert self.zygote is not None
+        # A hand-off needs the start gate: a supervisor that took an attempt without saying so is killed
+        # before the gate opens (stayers.py). Images (their pods) and gang members start afresh.
+        stays = self.stay_seconds > 0 and gate_fd >= 0 and not a.image and not a.HasField("gang")
+        job = a.job.uid if stays else ""
+        fds = [lock_fd] if gate_fd < 0 else [lock_fd, gate_fd]
+        request = {"attempt_dir": str(layout.root), "notify": self.notify_arg, "secrets": secrets}
+        if job and (pid := self.stayers.hand(job, request, fds)) is not None:
+            return pid
+        pair = self.stayers.pair() if job else None
+        if pair is None:
+            return self.zygote.spawn(str(layout.root), self.notify_arg, secrets, lock_fd, gate_fd)
+        ours, theirs = pair
+        try:
+            pid = self.zygote.spawn(str(layout.root), self.notify_arg, secrets, lock_fd, gate_fd,
+                                    channel_fd=theirs.fileno(), stay_seconds=self.stay_seconds)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the supervisor holds its own copy
+        self.stayers.add(job, pid, ours)
+        return pid
 
     def _spawn_cold(self, layout: AttemptLayout, secrets: dict[str, Any], gate_fd: int = -1) -> Spawned:
         lock_fd = self._lock(layout)
@@ -302,11 +336,12 @@ class ProcessRuntime:
         write_json(layout.cancel, {"reason": reason, "grace_seconds": grace, "phase": phase}, mode=0o600)
         status = read_json(layout.status) or {}
         pid = status.get("supervisor_pid")
-        if pid and self.supervisor_alive(layout):
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        with self.stayers.guard:  # a supervisor that stays is not handed its next attempt in between (stayers.py)
+            if pid and self.supervisor_alive(layout):
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     def kill_leftovers(self, layout: AttemptLayout) -> None:
         """After a supervisor died abnormally: kill whatever of the attempt still runs."""

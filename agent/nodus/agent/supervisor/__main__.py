@@ -13,6 +13,7 @@ from ..clock import supervisor_clock
 from ..layout import AttemptLayout
 from ..statefile import read_json
 from .lifecycle import Supervisor
+from .stay import IDLE_SECONDS, stay
 
 
 def _notify_address(text: str | None) -> str | None:
@@ -50,10 +51,23 @@ class LazyLog:
         return False
 
 
-def _from_zygote(request: dict[str, Any], lock_fd: int, gate_fd: int = -1) -> None:
-    """In a child the zygote forked: become the supervisor of request["attempt_dir"]."""
+def _from_zygote(request: dict[str, Any], lock_fd: int, gate_fd: int = -1, channel_fd: int = -1) -> None:
+    """In a child the zygote forked: become the supervisor of request["attempt_dir"], and with a channel
+    (`channel_fd`) of each attempt of its Job the agent hands it after that (stay.py, ADR 0124)."""
+    if channel_fd < 0:
+        _run_attempt(request, lock_fd, gate_fd)
+        return
+    os.set_inheritable(channel_fd, False)
+    zygote_log = os.dup(1)  # fds 1 and 2 go back to it after an attempt whose run/supervisor.log was made
+    stay(lambda r, lock, gate: _run_attempt(r, lock, gate, zygote_log), request, lock_fd, gate_fd, channel_fd,
+         float(request.get("stay_seconds") or IDLE_SECONDS))
+
+
+def _run_attempt(request: dict[str, Any], lock_fd: int, gate_fd: int, zygote_log: int = -1) -> None:
+    """The supervisor of one attempt, from its spec to its final status. With `zygote_log` (a supervisor
+    that stays) it leaves nothing of the attempt open: its log files, descriptors and stdout."""
     layout = AttemptLayout(Path(request["attempt_dir"]))
-    sys.stdout = sys.stderr = LazyLog(layout.run / "supervisor.log")
+    sys.stdout = sys.stderr = out = LazyLog(layout.run / "supervisor.log")
     os.set_inheritable(lock_fd, False)
     if gate_fd >= 0:
         os.set_inheritable(gate_fd, False)
@@ -61,8 +75,16 @@ def _from_zygote(request: dict[str, Any], lock_fd: int, gate_fd: int = -1) -> No
     if spec is None:
         print(f"no spec at {layout.spec}", file=sys.stderr)
         return
-    Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")),
-               supervisor_clock(layout.root), gate_fd).run()
+    supervisor = Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")),
+                            supervisor_clock(layout.root), gate_fd)
+    supervisor.run()
+    if zygote_log < 0:
+        return
+    supervisor.close()
+    if out.fd >= 0:
+        os.dup2(zygote_log, 1)
+        os.dup2(zygote_log, 2)
+        os.close(out.fd)
 
 
 def main(argv: list[str] | None = None) -> None:

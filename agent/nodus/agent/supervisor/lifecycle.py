@@ -70,6 +70,11 @@ class Supervisor:
         self.sidecars = Sidecars(self.procs, self.note, float(spec.get("stop_grace", 10)), clock)
         self.teardown = Teardown(self.procs, self.note)
 
+    def close(self) -> None:
+        """After `run`: the attempt log and the steps' descriptors, for a supervisor that stays (stay.py)."""
+        self.procs.close()
+        os.close(self.log_fd)
+
     @property
     def cgroup(self) -> Cgroup:
         return self.procs.cgroup

@@ -98,7 +98,7 @@ class Processes:
         self.stop_signalled = False
         self.selector = selectors.DefaultSelector()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.wake_r = wake_r
+        self.wake_r, self.wake_w = wake_r, wake_w
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -108,6 +108,21 @@ class Processes:
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.stop_signalled = True
+
+    def close(self) -> None:
+        """Gives back every descriptor of the attempt's steps and the signal wake-up pipe: a supervisor that
+        stays for the next attempt (stay.py) must not carry this one's."""
+        for child in self.children:
+            if child.pipe is not None:
+                os.close(child.pipe)
+                child.pipe = None
+            if child.pidfd >= 0:
+                os.close(child.pidfd)
+                child.pidfd = -1
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
 
     def wait(self, timeout: float, children: Sequence[Child] = (), interruptible: bool = True) -> None:
         """Waits up to `timeout` for one of `children` to exit, pumping output meanwhile."""
