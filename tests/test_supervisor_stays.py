@@ -143,6 +143,23 @@ def test_kill9_of_the_agent_while_a_supervisor_that_stayed_runs(fake: FakeCoordi
     wait_for(lambda: not running(stayer), 15, what="the supervisor to exit after its attempt")
 
 
+def test_a_cancel_of_a_handed_attempt_stops_it_and_the_supervisor_stays(fake: FakeCoordinator, agent: AgentProcess,
+                                                                         base: Path) -> None:
+    run_to_end(fake, agent, index("c-0", "c"))
+    stayer = who(fake, "c-0")[0]
+    fake.assign(index("c-1", "c", WHO_THEN_WAIT, str(base / "never")))
+    wait_for(lambda: len(fake.log("c-1").split()) >= 2, 15, what="c-1 to start")
+    assert who(fake, "c-1")[0] == stayer
+    fake.cancel("c-1", reason="Cancelled", grace=1)
+    end = fake.wait_final("c-1", 30)
+    assert end.phase == 12 and end.reason == "Cancelled", end
+    wait_for(lambda: "c-1" in fake.log_eof, 10, what="the log's eof")
+    wait_for(lambda: released(agent, "c-1"), 10, what="c-1's supervisor to give back its lock")
+    after = run_to_end(fake, agent, index("c-2", "c"))
+    assert after.phase == 9 and after.exit_code == 0, "the stop was c-1's alone"
+    assert who(fake, "c-2")[0] == stayer
+
+
 STAYER = r"""
 import sys
 from nodus.agent.supervisor.stay import stay
