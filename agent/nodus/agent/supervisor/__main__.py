@@ -68,23 +68,26 @@ def _run_attempt(request: dict[str, Any], lock_fd: int, gate_fd: int, zygote_log
     that stays) it leaves nothing of the attempt open: its log files, descriptors and stdout."""
     layout = AttemptLayout(Path(request["attempt_dir"]))
     sys.stdout = sys.stderr = out = LazyLog(layout.run / "supervisor.log")
-    os.set_inheritable(lock_fd, False)
-    if gate_fd >= 0:
-        os.set_inheritable(gate_fd, False)
-    spec = read_json(layout.spec)
-    if spec is None:
-        print(f"no spec at {layout.spec}", file=sys.stderr)
-        return
-    supervisor = Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")),
-                            supervisor_clock(layout.root), gate_fd)
-    supervisor.run()
-    if zygote_log < 0:
-        return
-    supervisor.close()
-    if out.fd >= 0:
-        os.dup2(zygote_log, 1)
-        os.dup2(zygote_log, 2)
-        os.close(out.fd)
+    try:
+        os.set_inheritable(lock_fd, False)
+        if gate_fd >= 0:
+            os.set_inheritable(gate_fd, False)
+        spec = read_json(layout.spec)
+        if spec is None:
+            print(f"no spec at {layout.spec}", file=sys.stderr)
+            if zygote_log >= 0 and gate_fd >= 0:
+                os.close(gate_fd)
+            return
+        supervisor = Supervisor(layout, spec, request.get("secrets") or {}, _notify_address(request.get("notify")),
+                                supervisor_clock(layout.root), gate_fd)
+        supervisor.run()
+        if zygote_log >= 0:
+            supervisor.close()
+    finally:
+        if zygote_log >= 0 and out.fd >= 0:
+            os.dup2(zygote_log, 1)
+            os.dup2(zygote_log, 2)
+            os.close(out.fd)
 
 
 def main(argv: list[str] | None = None) -> None:

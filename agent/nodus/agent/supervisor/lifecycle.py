@@ -74,6 +74,9 @@ class Supervisor:
         """After `run`: the attempt log and the steps' descriptors, for a supervisor that stays (stay.py)."""
         self.procs.close()
         os.close(self.log_fd)
+        if self.gate_fd >= 0:  # it ended before its gate (a failed prepare)
+            os.close(self.gate_fd)
+            self.gate_fd = -1
 
     @property
     def cgroup(self) -> Cgroup:
