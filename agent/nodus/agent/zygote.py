@@ -115,8 +115,10 @@ class Zygote:
             try:
                 self.sock.settimeout(timeout)
                 fds = [lock_fd] if gate_fd < 0 else [lock_fd, gate_fd]
+                if channel_fd >= 0:
+                    fds.append(channel_fd)
                 _send(self.sock, {"attempt_dir": attempt_dir, "notify": notify, "secrets": secrets,
-                                  "stay": channel_fd >= 0, "stay_seconds": stay_seconds}, fds + [channel_fd] if channel_fd >= 0 else fds)
+                                  "stay": channel_fd >= 0, "stay_seconds": stay_seconds}, fds)
                 reply, _ = _recv(self.sock)
             except (OSError, EOFError, ValueError) as e:
                 self._close()
