@@ -15,6 +15,7 @@ from nodus.coordinator.clock import ManualClock, rfc3339
 from nodus.coordinator.controllers import events
 from nodus.coordinator.controllers.cache import Cache, attempt_key, job_key
 from nodus.coordinator.controllers.event_recorder import PREFIX, EventRecorder
+from nodus.coordinator.controllers.workqueue import WorkQueue
 from nodus.coordinator.store.sqlite import SqliteStore
 
 T0 = 1_767_225_600.0
@@ -126,8 +127,17 @@ def test_a_job_of_many_attempts_costs_a_change_one_attempts_events(tmp_path: Pat
             derived.clear()
             cache.apply(attempt_key("team", "train-0-7"), _attempt(7, phase="Failed", reason="Error", exitCode=3,
                         provisioningTime=rfc3339(T0), startTime=rfc3339(T0 + 1), finishTime=rfc3339(T0 + 2)), 60)
-            await recorder.reconcile(job_key("team", "train"))
+
+            def every_attempt(*args: Any) -> Any:
+                raise AssertionError("a reconcile after one attempt's change read all of the Job's attempts")
+            with monkeypatch.context() as m:  # not even their revisions: only the resync walks a Job's attempts
+                m.setattr(cache, "attempts_of", every_attempt)
+                m.setattr(cache, "attempt_revisions", every_attempt)
+                await recorder.reconcile(job_key("team", "train"))
             assert derived == ["train-0-7"]
+            recorder.queue = WorkQueue()  # what the applies above queued is done
+            recorder.resync()
+            assert len(recorder.queue) == 0, "every attempt's Events written at its revision"
             reasons = [orjson.loads(r.value)["reason"] for r in (await store.list(PREFIX)).records]
             assert reasons.count("AttemptFailed") == 1 and reasons.count("Started") == 50
         finally:

@@ -2,10 +2,14 @@
 
 Each change of a Job or an Attempt queues its Job; a worker writes the Events not written yet, each a
 create under its derived name, so a restart (which loads the names already stored) or a retry writes
-none twice. An Attempt whose every Event was written at its current resourceVersion is not looked at
-again until it changes: a Job of many indexes costs each change one Attempt's Events, not every
-Attempt's (bench/startup.py's indexes/s). The same holds for the Job itself, so the resync passes over a
-Job whose Events were all written at its and its attempts' current revisions without looking at it (ADR 0086). Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
+none twice. A reconcile looks at the Job itself when its revision moved and at the Attempts that changed
+since it last looked (the cache's listener notes them; the first look at a Job takes all of them), never at
+the Job's other Attempts: a Job of n
+indexes costs each change one Attempt's work, not n (bench/startup.py's indexes/s; ADR 0126). The resync
+(at start and every minute) is what looks at every Attempt: an Attempt whose Events were not all written at
+its current revision is noted as changed and its Job queued, so a lost trigger or a restart is only late; a
+Job whose Events were all written at its and its attempts' current revisions is passed over (ADR 0086).
+Events live `ttl` seconds after they happened, as kube-apiserver's --event-ttl (1 h).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from ..clock import Clock, parse
 from ..errors import NodusError
 from ..store.base import Store
 from . import events
-from .cache import ATTEMPTS, JOBS, Cache, attempt_key, owner_of
+from .cache import ATTEMPTS, JOBS, Cache, owner_of
 from .workqueue import WorkQueue, run_workers
 
 log = logging.getLogger("nodus.controllers.events")
@@ -49,21 +53,32 @@ class EventRecorder:
         self._done: dict[str, int] = {}
         """Job or Attempt key → the revision (resourceVersion) at which every Event it implies was written (or
         had expired)."""
+        self._changed: dict[str, set[str]] = {}
+        """Job key → the keys of its Attempts that changed (or that the resync found not written out) since its
+        last reconcile looked at them: what the next one looks at."""
         cache.listen(JOBS, self._on_job)
         cache.listen(ATTEMPTS, self._on_attempt)
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if new is None:
             self._done.pop(key, None)
+            self._changed.pop(key, None)
         self.queue.add(key)
 
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         obj = new or old
+        if obj is None:
+            return
+        project, job = owner_of(obj)
+        jkey = f"{JOBS}{project}/{job}"
         if new is None:
             self._done.pop(key, None)
-        if obj is not None:
-            project, job = owner_of(obj)
-            self.queue.add(f"{JOBS}{project}/{job}")
+            changed = self._changed.get(jkey)
+            if changed is not None:
+                changed.discard(key)  # gone: no Event of it is written any more
+        else:
+            self._changed.setdefault(jkey, set()).add(key)
+        self.queue.add(jkey)
 
     async def run(self) -> None:
         await self.cache.synced.wait()
@@ -82,37 +97,44 @@ class EventRecorder:
             self._written[rec.key] = parse(obj.get("lastTimestamp")) or self.clock.now()
 
     def resync(self) -> None:
-        """Queues every Job with an Event not written at its or an attempt's current revision: a Job written
-        out costs a comparison of revisions."""
+        """Queues every Job with an Event not written at its or an attempt's current revision, noting those
+        attempts as changed: a Job written out costs a comparison of revisions."""
+        done = self._done
         for key, _ in self.cache.under(JOBS):
-            if not self._written_out(key):
+            version = self.cache.revision(key)
+            project, name = key[len(JOBS):].split("/", 1)
+            behind = [a for a, v in self.cache.attempt_revisions(project, name).items() if done.get(a) != v]
+            if behind:
+                self._changed.setdefault(key, set()).update(behind)
+            if behind or version is None or done.get(key) != version:
                 self.queue.add(key)
-
-    def _written_out(self, key: str) -> bool:
-        """Whether every Event of the Job at `key` and of its attempts was written at their current revisions."""
-        version = self.cache.revision(key)
-        if version is None or self._done.get(key) != version:
-            return False
-        project, name = key[len(JOBS):].split("/", 1)
-        return all(self._done.get(akey) == v for akey, v in self.cache.attempt_revisions(project, name).items())
 
     async def reconcile(self, key: str) -> None:
         job = self.cache.get(key)
-        if job is None or self._written_out(key):
+        if job is None:
+            self._changed.pop(key, None)
             return
         project, name = key[len(JOBS):].split("/", 1)
         version = self.cache.revision(key)
-        await self._write(project, job, events.of_job(job))
-        if version is not None:
-            self._done[key] = version
-        for attempt in sorted(self.cache.attempts_of(project, name), key=lambda a: a["metadata"]["name"]):
-            akey = attempt_key(project, attempt["metadata"]["name"])
-            version = self.cache.revision(akey)
-            if version is not None and self._done.get(akey) == version:
-                continue
-            await self._write(project, job, events.of_attempt(attempt))
+        changed = self._changed.pop(key, set())
+        if key not in self._done:  # the first look at this Job (since the recorder started): every attempt of it
+            changed.update(self.cache.attempt_revisions(project, name))
+        if version is None or self._done.get(key) != version:
+            await self._write(project, job, events.of_job(job))
             if version is not None:
-                self._done[akey] = version
+                self._done[key] = version
+        order = sorted(changed)  # by name, as the Events of a Job's attempts are written
+        for i, akey in enumerate(order):
+            try:
+                attempt, version = self.cache.get(akey), self.cache.revision(akey)
+                if attempt is None or (version is not None and self._done.get(akey) == version):
+                    continue
+                await self._write(project, job, events.of_attempt(attempt))
+                if version is not None:
+                    self._done[akey] = version
+            except BaseException:
+                self._changed.setdefault(key, set()).update(order[i:])  # looked at again when the Job is retried
+                raise
 
     async def _write(self, project: str, job: dict[str, Any], happened: list[events.Happened]) -> None:
         """Creates the Events not written yet, all at once: one group commit takes them (a Job's burst of
