@@ -563,6 +563,36 @@ def test_creates_together_commit_whole_in_order_or_not_at_all(backend: Backend) 
     run(body)
 
 
+def test_writes_together_update_and_create_whole_or_not_at_all(backend: Backend) -> None:
+    """`write_together` (ADR 0127): compare-and-swap updates and creates in one commit, in order, with consecutive
+    revisions; a stale expected revision (or a missing key) refuses the whole group, creates included."""
+    async def body() -> None:
+        store = await backend.open()
+        try:
+            attempt = await store.create("attempts/p/a-0-1", b"running")
+            job = await store.create("jobs/p/a", b"queued")
+            start = store.revision
+            records = await store.write_together([("attempts/p/a-0-1", b"succeeded", attempt.revision),
+                                                  ("jobs/p/a", b"1 of 2", job.revision),
+                                                  ("attempts/p/a-1-1", b"pending", None)])
+            assert [(r.key, r.value, r.revision, r.create_revision) for r in records] == [
+                ("attempts/p/a-0-1", b"succeeded", start + 1, attempt.revision),
+                ("jobs/p/a", b"1 of 2", start + 2, job.revision), ("attempts/p/a-1-1", b"pending", start + 3, start + 3)]
+            for stale in ([("attempts/p/a-1-1", b"running", start + 3), ("jobs/p/a", b"2 of 2", job.revision),
+                           ("attempts/p/a-2-1", b"pending", None)],
+                          [("attempts/p/a-1-1", b"running", start + 3), ("jobs/p/gone", b"x", 1)]):
+                with pytest.raises(NodusError) as refused:
+                    await store.write_together(stale)
+                assert refused.value.reason in ("Conflict", "NotFound")
+                assert store.revision == start + 3
+            assert (await store.get("attempts/p/a-1-1")).value == b"pending"  # type: ignore[union-attr]
+            assert await store.get("attempts/p/a-2-1") is None
+            assert (await store.get("jobs/p/a")).value == b"1 of 2"  # type: ignore[union-attr]
+        finally:
+            await store.close()
+    run(body)
+
+
 def test_creates_together_in_one_batch_see_the_writes_before_them(backend: Backend) -> None:
     """Groups queued behind a held batch commit in the next one with the other writes: a group whose key an
     earlier write of that batch created is refused whole, the writes after it are not, and each group that

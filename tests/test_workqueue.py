@@ -45,6 +45,25 @@ def test_a_key_added_while_active_runs_again_after() -> None:
     assert asyncio.run(_again()) == ["b", "a"]
 
 
+async def _claimed() -> list[str]:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("queued")
+    assert not q.claim("queued"), "a queued key is the workers'"
+    assert q.claim("mine")
+    assert not q.claim("mine"), "held once"
+    q.add("mine")  # changed while claimed: a worker runs it after, not before
+    assert await q.get() == "queued"
+    q.done("queued")
+    assert len(q) == 0
+    q.done("mine")
+    return [await q.get()]
+
+
+def test_a_claimed_key_is_not_taken_by_a_worker_and_an_add_meanwhile_runs_it_after() -> None:
+    """`claim` (ADR 0127: an agent's report decides its Job itself when no worker has the Job)."""
+    assert asyncio.run(_claimed()) == ["mine"]
+
+
 async def _spinning_key_lets_the_loop_run() -> int:
     """A reconcile that never suspends and queues its own key again until another task (the cache's watch,
     in the coordinator) has run: the workers must let that task run."""

@@ -210,7 +210,7 @@ class Session:
                 if status is not None:
                     obj, changed = {**obj, "status": status}, True
             return obj if changed else None
-        await self.service.objects.mutate(key, mutate)
+        await self.service.write_report(key, mutate)  # with its Job's decision where it can (ADR 0127)
 
     async def _handle(self, message: agent_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("message")

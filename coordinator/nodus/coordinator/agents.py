@@ -37,7 +37,8 @@ from .controllers import gang as gangs
 from .controllers.attempts import phase_of
 from .controllers.cache import ATTEMPTS, JOBS, NODES, Cache
 from .controllers.interruptions import Interruptions
-from .controllers.objects import Objects
+from .controllers.job_reports import ReportWriter
+from .controllers.objects import Mutation, Objects
 from .controllers.workload_tokens import ApiEndpoint
 from .enrol import Enrolments, Peer, peer_of
 from .errors import NodusError, new_request_id
@@ -84,9 +85,19 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         """How attempts reach the REST API with their ServiceAccount's token (main sets it once bound)."""
         self.scope = NodeScope(self.cache, clock)
         """What a node's BlobService calls reach: its attempts' blobs and logs while they run (ADR 0045)."""
+        self.reports: ReportWriter | None = None
+        """Writes a report with its Job's decision where this replica leads (the control plane sets it, ADR 0127);
+        None: the plain compare-and-swap write."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(JOBS, self._on_job)
         self.cache.listen(NODES, self._on_node)
+
+    async def write_report(self, key: str, mutation: Mutation) -> None:
+        """Writes the attempt at `key` as an agent's reports change it (`mutation`, as `Objects.mutate`)."""
+        if self.reports is None:
+            await self.objects.mutate(key, mutation)
+        else:
+            await self.reports.mutate(key, mutation)
 
     def _wake_nodes(self, attempts: Iterable[dict[str, Any] | None]) -> None:
         """Wakes the streams (on this replica) of the nodes these attempts are bound to: each recomputes

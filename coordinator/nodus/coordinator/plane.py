@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from functools import partial
 from typing import Any, Callable
 
 import grpc
 
 from .agents import AgentServicer
+from .api.kinds import resolve
 from .blob_gc import BlobGc, GcSettings
 from .checkpoints import RETENTION_TICK, Retention
 from .agents import add_to_server as add_agent_service
@@ -27,6 +29,7 @@ from .nodes import NodeRegistry
 from .operator_registry import OperatorRegistry
 from .resources import ResourceService
 from .sinks import SinkLoader
+from .status_write import status_document
 from .store.base import Store
 from .store.lease import FENCE, Fence
 from .vault import Vault
@@ -36,6 +39,7 @@ from .controllers.fleet import Fleet
 from .controllers.billing_controller import BillingController
 from .controllers.checkpoints import FREE_STORAGE_BYTES
 from .controllers.event_recorder import EVENT_TTL, EventRecorder
+from .controllers.job_reports import ReportWriter
 from .controllers.gang import GangConfig
 from .controllers.gpu_warnings import GpuWarnings
 from .controllers.interruptions import Interruptions
@@ -72,6 +76,7 @@ class ControlPlane:
         self.jobs = JobController(self.cache, self.objects, service, clock, gangs=gangs, interruptions=interruptions,
                                   free_storage=free_storage, workers=job_workers,
                                   explain=lambda attempts, job: self.placement.explain_new(attempts, job))
+        self._reports = self.agents.reports = ReportWriter(self.objects, store, partial(status_document, resolve("jobs")))
         self.placement = PlacementController(self.registry, self.objects, clock)
         self.billing = BillingController(fleet, Ledger(store), service, clock)
         self.sweeps = SweepController(self.cache, service, clock)
@@ -137,6 +142,7 @@ class ControlPlane:
             runs.append(("volume-commits", self.volume_commits.run))
         self.jobs.fence = fence
         self._service.first_decisions = self.jobs  # a Job is created with its first decision (ADR 0108)
+        self._reports.jobs = self.jobs  # and a report is written with its Job's decision (ADR 0127)
         for name, run in runs:
             context = contextvars.copy_context()
             context.run(FENCE.set, fence)
@@ -168,6 +174,7 @@ class ControlPlane:
 
     async def _abdicate(self) -> None:
         self._service.first_decisions = None
+        self._reports.jobs = None
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(tasks)
 

@@ -40,6 +40,27 @@ async def write_status(store: Store, info: KindInfo, project: str, obj: dict[str
     not changed), or `obj` itself when the admitted status is the one stored (nothing is written, as a
     status PUT that changes nothing). `conflict` and `not_found` build the errors the resource service
     answers for them."""
+    name = obj["metadata"]["name"]
+    written = status_document(info, obj, status)
+    if written is None:
+        return obj
+    result, version = written
+    try:
+        rec = await store.update(f"{info.plural}/{project}/{name}", orjson.dumps(result), version)
+    except NodusError as e:
+        if e.reason == "Conflict":
+            raise conflict(info, name) from None
+        if e.reason == "NotFound":
+            raise not_found(info, name) from None
+        raise
+    result["metadata"] = {**result["metadata"], "resourceVersion": str(rec.revision)}
+    return result
+
+
+def status_document(info: KindInfo, obj: dict[str, Any], status: Any) -> tuple[dict[str, Any], int] | None:
+    """What `write_status` writes: the object with `status` admitted over it, without a resourceVersion (new
+    containers for the object and its metadata), and the revision it was decided from; None when the admitted
+    status is the one stored (nothing to write). Also a group write's Job (ADR 0127)."""
     name, version = obj["metadata"]["name"], obj["metadata"].get("resourceVersion")
     if not isinstance(version, str) or not version.isdigit():
         raise NodusError("Invalid", f'{info.kind} "{name}": a status write needs the metadata.resourceVersion '
@@ -47,18 +68,9 @@ async def write_status(store: Store, info: KindInfo, project: str, obj: dict[str
     stored = obj.get("status")
     status = admitted_status(info, stored, status)
     if status == stored:
-        return obj
+        return None
     meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
     result = {**obj, "metadata": meta, "status": status}
     if status is None:
         del result["status"]
-    try:
-        rec = await store.update(f"{info.plural}/{project}/{name}", orjson.dumps(result), int(version))
-    except NodusError as e:
-        if e.reason == "Conflict":
-            raise conflict(info, name) from None
-        if e.reason == "NotFound":
-            raise not_found(info, name) from None
-        raise
-    result["metadata"] = {**meta, "resourceVersion": str(rec.revision)}
-    return result
+    return result, int(version)

@@ -162,6 +162,19 @@ class FirstDecision:
     """The decision's wake-up (a queue timeout)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReportDecision:
+    """A Job's decision on an attempt an agent reported, made before the report is written, so that the report,
+    the Job's status and the attempts it creates are one commit (`JobController.decide_report`, ADR 0127)."""
+
+    job: dict[str, Any]
+    """The Job as the cache holds it (at its resourceVersion): what the status is written over."""
+    status: dict[str, Any] | None
+    """The status to write (None: the decision leaves it as it is)."""
+    attempts: dict[str, dict[str, Any]]
+    """The attempts it creates, by key, in the order they are written."""
+
+
 class JobWriter(Protocol):
     """What the controller writes to Jobs, as the system: their status (admitted and compared on
     resourceVersion, so a changed Job raises Conflict) and the delete a TTL asks for. The resource
@@ -312,6 +325,28 @@ class JobController:
         status = self._pre_explained(view, [], decision, made, job)
         assert status is not None  # a Queued decision has one
         return FirstDecision(status, made, decision.wake_at)
+
+    def decide_report(self, project: str, name: str, attempt: dict[str, Any]) -> ReportDecision | None:
+        """What the Job's reconcile would decide and write once `attempt` (one of its attempts, as an agent's report
+        is about to write it) is stored, decided now on the cache's Job and its other attempts, so that the report,
+        the status and the attempts it creates are one commit (ADR 0127). None where the reconcile is left to do it:
+        the cache not synced, the Job gone or being deleted, a gang (decide_gang), `output` inputs (their
+        producers), or a decision that stops or deletes anything (only creates go with a report). The caller
+        holds the Job's key (`queue.claim`): no reconcile of it runs meanwhile, and one runs after."""
+        if not self.cache.synced.is_set():
+            return None
+        job, view = self.cache.job(project, name), self.cache.job_view(project, name)
+        if job is None or view is None or view.gang or view.output_inputs or view.deleting:
+            return None
+        reported = AttemptView.from_object(attempt)
+        attempts = [reported if a.name == reported.name else a for a in self.cache.attempt_views_of(project, name)]
+        now = self.clock.now()
+        decision = decide(view, attempts, now, mtbi=self._mtbi(view, attempts), free_storage=self.free_storage,
+                          prev=job.get("status") or {})
+        if not all(isinstance(a, CreateAttempt) for a in decision.actions):
+            return None
+        made = self._made(job, project, decision.actions, now, view.topology)
+        return ReportDecision(job, self._pre_explained(view, attempts, decision, made, job), made)
 
     def first_written(self, records: Sequence[Record], first: FirstDecision, job: dict[str, Any]) -> None:
         """The Job and its first attempts as one commit stored them (the Job's record first): into the cache, and

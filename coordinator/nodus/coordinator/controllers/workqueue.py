@@ -60,6 +60,15 @@ class WorkQueue(Generic[K]):
         self._active.add(key)
         return key
 
+    def claim(self, key: K) -> bool:
+        """Takes `key` as a worker would, outside the workers (a caller doing the key's work itself: ADR 0127):
+        False, and nothing taken, when the key is queued or being processed; else it is held until `done`, a
+        worker does not take it meanwhile, and an `add` meanwhile runs it again after."""
+        if key in self._active or key in self._pending:
+            return False
+        self._active.add(key)
+        return True
+
     def done(self, key: K) -> None:
         self._active.discard(key)
         if key in self._again:

@@ -116,6 +116,13 @@ class Store(abc.ABC):
         first key that exists. Only where `creates_together` is True."""
         raise NotImplementedError(f"{type(self).__name__} cannot create keys together")
 
+    async def write_together(self, items: Sequence[tuple[str, bytes, int | None]]) -> list[Record]:
+        """As `create_together`, with updates: each (key, value, expected) is a create where `expected` is None
+        and a compare-and-swap update on revision `expected` otherwise; all in one commit, in their order, or none
+        of them, each refused with the first refusal (AlreadyExists, NotFound, Conflict; LeaderDeposed for a
+        fenced write). Only where `creates_together` is True (ADR 0127)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write keys together")
+
     @abc.abstractmethod
     async def update(self, key: str, value: bytes, expected_revision: int | None) -> Record:
         """Replace `key`'s value. With `expected_revision`, only if the key's revision still equals

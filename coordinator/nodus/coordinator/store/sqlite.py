@@ -313,7 +313,7 @@ class SqliteStore(QueuedWriteStore):
         try:
             conn.execute("BEGIN IMMEDIATE")
             for first in writes:
-                ops = (first, *first.together)  # creates together: all of them or none (create_together)
+                ops = (first, *first.together)  # written together: all of them or none (write_together)
                 rows = [conn.execute("SELECT value, revision, create_revision FROM kv WHERE key = ?",
                                      (op.key,)).fetchone() for op in ops]
                 error = next((e for op, row in zip(ops, rows)

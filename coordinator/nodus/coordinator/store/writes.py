@@ -35,7 +35,8 @@ class Write:
     fence: Fence | None = None
     """The lease epoch this write commits under (a controller's write), or None (unfenced)."""
     together: tuple["Write", ...] = ()
-    """Creates that commit with this one, after it, or fail with it (`Store.create_together`); queued as one."""
+    """Writes that commit with this one, after it, or fail with it (`Store.create_together`, `write_together`);
+    queued as one."""
 
     @property
     def group(self) -> tuple["Write", ...]:
@@ -108,12 +109,18 @@ class QueuedWriteStore(Store):
     async def create_together(self, items: Sequence[tuple[str, bytes]]) -> list[Record]:
         if not self.creates_together:
             return await super().create_together(items)
-        if not items or len({key for key, _ in items}) != len(items):
-            raise ValueError(f"create_together needs distinct keys, not {[key for key, _ in items]!r}")
+        return await self.write_together([(key, value, None) for key, value in items])
+
+    async def write_together(self, items: Sequence[tuple[str, bytes, int | None]]) -> list[Record]:
+        if not self.creates_together:
+            return await super().write_together(items)
+        if not items or len({key for key, _, _ in items}) != len(items):
+            raise ValueError(f"writing together needs distinct keys, not {[key for key, _, _ in items]!r}")
         fence = self._fence()
         loop = asyncio.get_running_loop()
-        writes = [Write(WriteKind.CREATE, *_checked(key, value), None, loop.create_future(), fence)
-                  for key, value in items]
+        writes = [Write(WriteKind.CREATE if expected is None else WriteKind.UPDATE, *_checked(key, value), expected,
+                        loop.create_future(), fence)
+                  for key, value, expected in items]
         first, rest = writes[0], tuple(writes[1:])
         first.together = rest
         self._enqueue(first)
