@@ -36,6 +36,7 @@ from .vault import Vault
 from .volume_commits import VolumeCommits
 from .volumes import VolumeService
 from .controllers.fleet import Fleet
+from .controllers.follower_decisions import FollowerDecisions
 from .controllers.billing_controller import BillingController
 from .controllers.checkpoints import FREE_STORAGE_BYTES
 from .controllers.event_recorder import EVENT_TTL, EventRecorder
@@ -95,6 +96,7 @@ class ControlPlane:
         self._clock = clock
         self._tasks: list[asyncio.Task[None]] = []
         self.leadership = Leadership(store, leader, self._lead, self._abdicate)
+        self._following = FollowerDecisions(self.jobs, self.leadership)
         store.write_observer = STORE_WRITE_LATENCY.observe
         self._controllers = False
         self._started = clock.now()
@@ -118,6 +120,7 @@ class ControlPlane:
             self.registry.fleet.backlog.limit = 0  # nothing here decides them: a create has nothing to wait for
             return
         self._controllers = True
+        self._service.first_decisions = self._following  # decided here, written under the leader's epoch (ADR 0122)
         await self.leadership.tick()
         self.leadership.start()
 
@@ -173,7 +176,7 @@ class ControlPlane:
                 "holder": self.leadership.holder, "watch lag": f"{lag} revisions"}
 
     async def _abdicate(self) -> None:
-        self._service.first_decisions = None
+        self._service.first_decisions = self._following if self._controllers else None
         self._reports.jobs = None
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(tasks)
@@ -184,6 +187,7 @@ class ControlPlane:
         if self._controllers:
             await self.leadership.stop()
         await self._abdicate()
+        self._service.first_decisions = None  # stopping: no decisions from here on, led or followed
         for session in list(self.agents.sessions.values()):
             session.end()
         try:

@@ -348,19 +348,23 @@ class JobController:
         made = self._made(job, project, decision.actions, now, view.topology)
         return ReportDecision(job, self._pre_explained(view, attempts, decision, made, job), made)
 
-    def first_written(self, records: Sequence[Record], first: FirstDecision, job: dict[str, Any]) -> None:
+    def first_written(self, records: Sequence[Record], first: FirstDecision, job: dict[str, Any], *,
+                      lead: bool = True) -> None:
         """The Job and its first attempts as one commit stored them (the Job's record first): into the cache, and
         the Job recorded settled at those revisions, as its reconcile records its own writes (ADR 0071), so the
         reconcile their events set off skips it. If this is never called (the create was cancelled after its
         commit), the cache's watch brings them and the reconcile decides again: the same status, nothing written.
         `job` and `first.attempts` are the documents the records' values encode: the cache takes them as they are,
         with their resourceVersion set, rather than decoding the bytes just written back into the same objects
-        (ADR 0114); they are the cache's from here, read-only to the caller."""
+        (ADR 0114); they are the cache's from here, read-only to the caller. A follower's (`lead` False, ADR 0122)
+        only go into the cache: it reconciles nothing, and the leader records its own settled state."""
         job_rec, attempt_recs = records[0], records[1:]
         key = job_rec.key
         for rec, obj in zip(records, (job, *first.attempts.values())):  # the Job first: its attempts' listeners find it
             obj["metadata"]["resourceVersion"] = str(rec.revision)
             self.cache.apply(rec.key, obj, rec.revision)
+        if not lead:
+            return
         self._settled[key] = Settled(job_rec.revision, {rec.key: rec.revision for rec in attempt_recs}, first.wake_at)
         if first.wake_at is not None:
             self.queue.add_after(key, first.wake_at - self.clock.now())
