@@ -52,10 +52,10 @@ class _Lookup:
 
 
 class FirstDecider(Protocol):
-    """What a Job create asks the leading Job controller (controllers/job_controller.py, ADR 0108)."""
-
-    fence: Fence | None
-    """The lease epoch the controller writes under: the attempts its first decision creates carry it."""
+    """What a Job create asks the Job controller (controllers/job_controller.py, ADR 0108; on a follower ADR 0122)."""
+    @property
+    def fence(self) -> Fence | None:
+        """The lease epoch the Job and its attempts are written under (a follower's: its last claim's, ADR 0122)."""
 
     def decide_first(self, project: str, job: dict[str, Any]) -> FirstDecision | None:
         """The Job's first decision before it is stored; None: left to the controller's reconcile."""
