@@ -4,7 +4,8 @@ the fleet's cache (main.py builds the cache and the fleet first: admission's est
 Every replica serves the API and the agents' streams off its own cache; only the holder of the
 controllers' lease runs the controllers (controllers/leader.py, docs/adr/0043-leader-lease-and-fencing.md),
 each in a task whose context carries the fence of the epoch it won, so the store refuses its writes
-once another replica has taken over."""
+once another replica has taken over. A follower still makes one decision: the first one of a Job created
+through it, written under the epoch it last saw (controllers/follower_decisions.py, ADR 0122)."""
 from __future__ import annotations
 
 import asyncio
