@@ -13,6 +13,7 @@ import pytest
 from job_harness import PROJECT, JobHarness
 from nodus.coordinator.controllers.cache import attempt_key, job_key
 from nodus.coordinator.controllers.fleet import Fleet
+from nodus.coordinator.controllers.job_controller import new_attempt
 from nodus.coordinator.controllers.placement import PlacementController
 from nodus.coordinator.nodes import NodeRegistry
 from nodus.v1 import common_pb2
@@ -58,6 +59,11 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, explained: bool, gpus:
             h.controller.queue.add(job_key(PROJECT, "j"))
             await h.drain()
             out["revision_after_redecide"] = h.cache.revision(job_key(PROJECT, "j"))
+            await registry.register("n2", _inventory(1))  # room comes: the parked attempt wakes and is placed
+            await h.caught_up()
+            await placement.place()
+            await h.drain()
+            out["attempt_after_room"] = h.cache.get(key)
         finally:
             await h.close()
     asyncio.run(main())
@@ -87,7 +93,13 @@ def test_a_first_attempt_that_fits_nowhere_is_created_explained_with_the_message
     assert before["job_after_decision"]["status"].get("message", "") == ""
     assert (before["decisions"], before["writes"]) == (2, 5)
     assert (after["decisions"], after["writes"]) == (1, 3), "one decision, the Job, its attempt and its status"
-    assert after["tried"] == 1, "the pass still decides the new attempt (and writes nothing on the same answer)"
+    assert before["tried"] == 1
+    # Its first decision found it fitting nowhere on the fleet as it still was: parked as it arrived, no pass
+    # decides it again (ADR 0128) ...
+    assert after["tried"] == 0, "a pass decided the attempt its first decision had explained"
+    # ... and room on a node wakes it, as it wakes an attempt a pass parked.
+    for out in (before, after):
+        assert out["attempt_after_room"]["spec"]["node"] == "n2"
 
 
 def test_a_first_attempt_that_fits_is_created_without_an_explain_and_placed(
@@ -96,3 +108,33 @@ def test_a_first_attempt_that_fits_is_created_without_an_explain_and_placed(
     assert _explain(out["attempt_after_decision"]) == ""
     assert out["job_after_decision"]["status"].get("message", "") == ""
     assert out["attempt"]["spec"]["node"] == "n1"
+
+
+def test_a_first_decision_made_before_the_fleet_changed_is_decided_again_by_a_pass(tmp_path: Path) -> None:
+    """ADR 0128's guard: an attempt whose first decision (fits nowhere) was made before a node joined is not
+    parked on that stale answer; the next pass decides it, and places it on the new node."""
+    async def main() -> None:
+        h = await JobHarness.open(tmp_path)
+        registry = NodeRegistry(Fleet(h.cache, h.clock), h.objects, h.clock, lease_duration=15, heartbeat_interval=3)
+        placement = PlacementController(registry, h.objects, h.clock)
+        try:
+            await registry.register("n1", _inventory(0))
+            await h.create_job("j", **GPU)
+            await h.caught_up()
+            job = h.job("j")
+            assert job is not None
+            stale = new_attempt(job, 0, 1, h.clock.now())
+            assert "0 free" in placement.explain_new([stale], job)
+            await registry.register("n2", _inventory(1))  # room joins between the decision and the attempt's write
+            await h.caught_up()
+            await h.objects.create(attempt_key(PROJECT, stale["metadata"]["name"]), stale)
+            await h.caught_up()
+            assert set(placement.queue.active) == {attempt_key(PROJECT, stale["metadata"]["name"])}, \
+                "parked on a stale answer"
+            await placement.place()
+            await h.drain()
+            assert placement.tried == 1
+            assert h.cache.get(attempt_key(PROJECT, stale["metadata"]["name"]))["spec"]["node"] == "n2"
+        finally:
+            await h.close()
+    asyncio.run(main())

@@ -73,6 +73,8 @@ BIND_RETRY_SECONDS = 1.0
 """When an attempt whose binding lost to a concurrent write is decided again."""
 POLICY_FIELDS = ("interruptible", "maxRateUSDPerHour", "profile", "pool")
 """What placement reads of the Job's own spec.placement (an Attempt copies only the hard constraints)."""
+BORN_PARKED_MAX = 4096
+"""First decisions remembered at most (`explain_new`): past it they are forgotten, and their attempts decided by a pass."""
 
 
 def _request(attempt: AttemptView, job: dict[str, Any] | None = None, now: float = 0.0) -> Request:
@@ -208,6 +210,11 @@ class PlacementController:
         self._dirty = asyncio.Event()
         self._release: float | None = None
         """When the earliest warm hold of the last pass ends (None: no hold pending)."""
+        self._changes = 0
+        """Counts the events that can change where an attempt fits (capacity, a spec, a Sweep, the book)."""
+        self._born_parked: dict[str, tuple[int, Request]] = {}
+        """Attempt key → (`_changes` then, its request) of the new attempts `explain_new` found fitting nowhere:
+        while nothing changed since, they are parked as they arrive, not decided again by a pass (ADR 0128)."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, self._on_node)
         self.cache.listen(LEASES, self._on_lease)
@@ -228,17 +235,29 @@ class PlacementController:
         now = self.clock.now()
         if book is not None and fleet.warm(now):
             return ""
-        p: Placement = fleet.rooms()[1].place(_request(AttemptView.from_object(attempts[0]), job, now), book=book)
+        request = _request(AttemptView.from_object(attempts[0]), job, now)
+        p: Placement = fleet.rooms()[1].place(request, book=book)
         if p.node is not None:
             return ""
         stamp = explain(p)
+        if len(self._born_parked) > BORN_PARKED_MAX:  # creates that never committed leave theirs
+            self._born_parked.clear()
         for attempt in attempts:
             stamp(attempt)
+            meta = attempt.get("metadata") or {}
+            self._born_parked[attempt_key(str(meta.get("namespace")), str(meta.get("name")))] = (self._changes, request)
         return p.explain
 
     # -- events: each wakes only what it can change --------------------------------------------------
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if _waiting(new):
+            born = self._born_parked.pop(key, None) if old is None else None
+            if born is not None and born[0] == self._changes and key not in self.queue:
+                # Its first decision found it fitting nowhere, on the fleet as it still is: what a pass would
+                # decide now (ADR 0128). Parked with that request, as a pass parks it.
+                project, job = owner_of(new)
+                self.queue.park(key, project, job, born[1], time.monotonic())
+                return
             if self.queue.add(key):
                 self._dirty.set()
                 if (new.get("spec") or {}).get("gang"):
@@ -261,23 +280,32 @@ class PlacementController:
 
     def _on_job(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if old is not None and new is not None and old.get("spec") != new.get("spec"):
+            self._changed()
             project, name = key.removeprefix(JOBS).split("/", 1)
             if self.queue.wake_job(project, name, self._keys_of(project, name)):
                 self._dirty.set()
 
     def _on_sweep(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if (old or {}).get("spec") != (new or {}).get("spec"):  # a shared cap moved
+            self._changed()
             if self.queue.wake_project(key.removeprefix(SWEEPS).split("/", 1)[0]):
                 self._dirty.set()
 
     def _on_book(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        self._changed()
         if self.queue.wake_all():
             self._dirty.set()
 
     def _capacity_on(self, node: str) -> None:
+        self._changed()
         if self.queue.parked:
             self._nodes.add(node)
             self._dirty.set()
+
+    def _changed(self) -> None:
+        """Something that can change where an attempt fits happened: first decisions made before it are stale."""
+        self._changes += 1
+        self._born_parked.clear()
 
     def _keys_of(self, project: str, job: str) -> list[str]:
         return [attempt_key(project, a["metadata"]["name"]) for a in self.cache.attempts_of(project, job)]
@@ -305,6 +333,7 @@ class PlacementController:
                 self.queue.due(mono, Headroom.of(self.registry.views(), self.registry.fleet.held()))
             if self._release is not None and self.clock.now() >= self._release:
                 self._release = None
+                self._changed()
                 self.queue.wake_all()  # a warm hold ended: what it kept from others may fit now
             try:
                 await self.place()
@@ -313,6 +342,7 @@ class PlacementController:
             except Exception:  # noqa: BLE001 - the next change retries
                 log.exception("placement pass failed")
                 await asyncio.sleep(0.5)
+                self._changed()
                 self.queue.wake_all()
                 self._dirty.set()
 
