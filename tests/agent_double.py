@@ -11,7 +11,9 @@ import hashlib
 import itertools
 import queue
 import random
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from concurrent import futures
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
+import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from nodus.v1 import agent_pb2, agent_pb2_grpc, blob_pb2, blob_pb2_grpc, common_pb2
@@ -530,3 +533,25 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCoordinator]:
+    """The double on loopback (lease 5 s, a heartbeat every 0.2 s), stopped after the test (a test module
+    uses it by importing it)."""
+    f = FakeCoordinator(lease=5.0, heartbeat=0.2).start()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def reachable_dir(prefix: str) -> Iterator[Path]:
+    """A temporary directory every uid can pass through (pytest's tmp is 0700: an attempt's own uid could not
+    reach its work dir there), removed after: `yield from reachable_dir(...)` in a fixture."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agent_double import AgentProcess, FakeCoordinator, wait_for
+from agent_double import AgentProcess, FakeCoordinator, fake, wait_for
 from nodus.agent.clock import POINTER, OffsetClock, SystemClock, agent_clock, supervisor_clock
 from nodus.v1 import agent_pb2
 
@@ -29,14 +29,6 @@ progress.report(stage='two', completed=2, total=2)
 time.sleep(0.3)
 """
 
-
-@pytest.fixture
-def fake() -> Iterator[FakeCoordinator]:
-    f = FakeCoordinator(lease=5.0, heartbeat=0.2).start()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def seconds(ts: Timestamp) -> float:

@@ -16,7 +16,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from agent_double import AgentProcess, FakeCoordinator, restart_ports, wait_for
+from agent_double import AgentProcess, FakeCoordinator, fake, restart_ports, wait_for
 from nodus.v1 import agent_pb2
 
 PY = sys.executable
@@ -27,14 +27,6 @@ def assignment(attempt_id: str, code: str, **fields: object) -> agent_pb2.Assign
     a.job.project, a.job.name, a.job.uid = "default", "job-" + attempt_id, "uid-" + attempt_id
     return a
 
-
-@pytest.fixture
-def fake() -> Iterator[FakeCoordinator]:
-    f = FakeCoordinator(lease=5.0, heartbeat=0.2).start()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent_double import AgentProcess, FakeCoordinator, wait_for
+from agent_double import AgentProcess, FakeCoordinator, fake, wait_for
 from nodus.agent.attempts import Attempt, Stage
 from nodus.agent.clock import SystemClock
 from nodus.agent.statefile import read_json
@@ -181,14 +181,6 @@ def assignment(attempt_id: str, code: str, *args: str) -> agent_pb2.Assignment:
     a.job.project, a.job.name, a.job.uid = "default", "job-" + attempt_id, "uid-" + attempt_id
     return a
 
-
-@pytest.fixture
-def fake() -> Iterator[FakeCoordinator]:
-    f = FakeCoordinator(lease=5.0, heartbeat=0.2).start()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture

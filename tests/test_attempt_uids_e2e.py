@@ -16,7 +16,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,7 +23,7 @@ import pytest
 
 from conftest import Coordinator, job
 from e2e import JOBS, attempts_of, joined, patch_state, registered, suspend, units, wait_job
-from agent_double import AgentProcess, wait_for
+from agent_double import AgentProcess, reachable_dir, wait_for
 
 from nodus.agent.uids import UidRange
 
@@ -49,12 +48,7 @@ def host_python() -> str:
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="nodus-uids-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    yield from reachable_dir("nodus-uids-")
 
 
 @pytest.fixture

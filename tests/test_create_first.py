@@ -44,6 +44,20 @@ def watch(c: Coordinator, path: str, rv: str, selector: str, seconds: int, out: 
     return t
 
 
+def created_once(jobs: list[dict[str, Any]], attempts: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
+    """What watchers of a Job created with its first decision were sent (ADR 0108): one ADDED of the Job, the
+    object its 201 answered, and no MODIFIED from the controllers afterwards (their decision is the one it was
+    created with); one ADDED of its attempt, at the next revision (the same commit). Returns the attempt."""
+    assert [e["type"] for e in jobs] == ["ADDED"], jobs
+    assert jobs[0]["object"] == body
+    mine = [e for e in attempts if e["object"]["spec"]["job"] == body["metadata"]["name"]]
+    assert [e["type"] for e in mine] == ["ADDED"], mine
+    attempt: dict[str, Any] = mine[0]["object"]
+    assert int(attempt["metadata"]["resourceVersion"]) == int(body["metadata"]["resourceVersion"]) + 1
+    assert attempt["spec"]["jobUID"] == body["metadata"]["uid"]
+    return attempt
+
+
 def test_a_job_is_created_queued_with_its_attempt_and_watched_once(c: Coordinator) -> None:
     s = c.session()
     rv = s.get(c.url(JOBS)).json()["metadata"]["resourceVersion"]
@@ -59,16 +73,8 @@ def test_a_job_is_created_queued_with_its_attempt_and_watched_once(c: Coordinato
     assert body["status"]["attempts"]["total"] == 1 and body["status"]["active"] == 1
     for t in threads:
         t.join(20)
-    # Everything a kubectl watcher of the Job is sent: one ADDED, the object the 201 answered, and no MODIFIED
-    # from the controllers afterwards (their decision is the one it was created with).
-    assert [e["type"] for e in jobs] == ["ADDED"], jobs
-    assert jobs[0]["object"] == body
-    mine = [e for e in attempts if e["object"]["spec"]["job"] == "first-1"]
-    assert [e["type"] for e in mine] == ["ADDED"], mine
-    attempt = mine[0]["object"]
-    # The same commit: the attempt's revision follows the Job's, and it was created waiting with placement's explain.
-    assert int(attempt["metadata"]["resourceVersion"]) == int(body["metadata"]["resourceVersion"]) + 1
-    assert attempt["spec"]["jobUID"] == body["metadata"]["uid"] and attempt["status"]["phase"] == "Pending"
+    attempt = created_once(jobs, attempts, body)
+    assert attempt["status"]["phase"] == "Pending"
     assert body["status"]["message"] == "waiting for capacity: " + attempt["status"]["placement"]["explain"]
     assert s.get(c.url(f"{JOBS}/first-1")).json() == body
 

@@ -4,19 +4,17 @@ its own."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import psutil
 import pytest
 
-from agent_double import AgentProcess, FakeCoordinator, wait_for
+from agent_double import AgentProcess, FakeCoordinator, fake, reachable_dir, wait_for
 from nodus.agent.layout import AttemptLayout
 from nodus.agent.runtime.process import ProcessRuntime
 from nodus.agent.zygote import _recv, _send
@@ -31,23 +29,10 @@ WHO = 'echo "$PPID $(id -u)"'
 WHO_THEN_WAIT = WHO + '; while [ ! -e "$1" ]; do sleep 0.05; done; echo finished'
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeCoordinator]:
-    f = FakeCoordinator(lease=5.0, heartbeat=0.2).start()
-    try:
-        yield f
-    finally:
-        f.stop()
-
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="nodus-stays-"))  # pytest's tmp is 0700: an attempt's uid could not reach it
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+    yield from reachable_dir("nodus-stays-")
 
 
 @pytest.fixture
