@@ -194,3 +194,36 @@ async def _enter(backlog: PlacementBacklog) -> None:
 
 def test_a_job_whose_attempt_reached_the_cache_first_is_not_in_flight(tmp_path: Path) -> None:
     asyncio.run(_attempt_first(tmp_path))
+
+
+async def _patience(path: Path) -> None:
+    store = await SqliteStore.open(path / "store.db")
+    cache = Cache(store)
+    clock = Clock()
+    backlog = PlacementBacklog(cache, limit=1, patience=5.0, now=clock)
+    await cache.start()
+    held, entered = asyncio.Event(), []
+
+    async def create(name: str) -> None:
+        async with backlog.admitting():
+            entered.append(name)
+            await held.wait()
+
+    first = asyncio.create_task(create("slow"))  # admitted, never answered: it holds the one slot
+    await _spins()
+    waiters = [asyncio.create_task(create(f"w{i}")) for i in range(3)]
+    await _spins()
+    assert entered == ["slow"] and backlog.waited == 3
+    clock.t += 6.0  # past their patience: they go in at the next look, though the slot is still held
+    async with asyncio.timeout(5):
+        while len(entered) < 4:
+            await asyncio.sleep(0.05)
+    assert entered == ["slow", "w0", "w1", "w2"], "in the order they came"
+    held.set()
+    await asyncio.gather(first, *waiters)
+    await cache.stop()
+    await store.close()
+
+
+def test_a_create_waits_no_longer_than_its_patience(tmp_path: Path) -> None:
+    asyncio.run(_patience(tmp_path))

@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Callable
 
 from .attempt_machine import phase_of
 from .cache import ATTEMPTS, JOBS, Cache, job_key, owner_of
@@ -36,6 +36,8 @@ LIMIT = 16
 """Jobs in flight before a create waits (0: never; a coordinator with --controllers off sets it so)."""
 PATIENCE_SECONDS = 5.0
 """How long a Job counts as in flight at most, and so the longest a create waits."""
+LOOK_SECONDS = 0.5
+"""How often the waiting creates are looked at again without a leave (stale Jobs, patience)."""
 
 
 def _decided(attempt: dict[str, Any] | None) -> bool:
@@ -54,9 +56,13 @@ class PlacementBacklog:
         """Job key → when it was admitted (`now()`)."""
         self._admitting = 0
         """Creates let through and not answered yet (their Jobs may not be in the cache yet)."""
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-        """The creates waiting for room, first come first woken: a Job that leaves wakes one of them (one
-        Event woke every waiter on every leave, and each armed a timer again: 5.7 % of the loop in a burst)."""
+        self._waiting: collections.deque[tuple[float, asyncio.Future[None]]] = collections.deque()
+        """The creates waiting for room, (their patience's end, their future), first come first woken: a Job that
+        leaves wakes one of them (one Event woke every waiter on every leave, and each armed a timer again: 5.7 %
+        of the loop in a burst)."""
+        self._look: asyncio.TimerHandle | None = None
+        """The one timer that looks again every LOOK_SECONDS while creates wait: a stale Job's slot
+        frees without a leave, and a waiter past its patience goes in. Each waiter had a timeout of its own."""
         self.waited = 0
         """How many creates waited (what the gate costs shows here)."""
         cache.listen(JOBS, self._on_job)
@@ -96,39 +102,69 @@ class PlacementBacklog:
 
     def _pass_on(self) -> None:
         while self._waiting:
-            waiter = self._waiting.popleft()
+            _, waiter = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
 
-    @asynccontextmanager
-    async def admitting(self) -> AsyncIterator[None]:
-        """Around a Job create: waits (at most `patience`) while `limit` Jobs are in flight or being
-        admitted, then counts the create as being admitted until it is answered."""
-        if self.limit and self._full():
-            self.waited += 1
-            deadline = self._now() + self.patience
-            again = False
-            while self._full() and (left := deadline - self._now()) > 0:
-                waiter = asyncio.get_running_loop().create_future()
-                if again:
-                    self._waiting.appendleft(waiter)  # looked and found no room yet: still first in line
-                else:
-                    self._waiting.append(waiter)
-                again = True
-                try:  # a stale Job's slot frees without a leave: look again at least every half second
-                    async with asyncio.timeout(min(left, 0.5)):
-                        await waiter
-                except TimeoutError:
-                    pass
-                except asyncio.CancelledError:
-                    if waiter.done() and not waiter.cancelled():
-                        self._pass_on()  # woken and then cancelled: the room it was given goes to the next
-                    raise
-        self._admitting += 1
-        try:
-            yield
-        finally:
-            self._admitting -= 1
-            if self._waiting and not self._full():
-                self._pass_on()  # its Job was decided before its answer (or never came): room for the next
+    def _looked(self) -> None:
+        """Every LOOK_SECONDS while creates wait: those past their patience go in, and room a stale Job held
+        (`_full` forgets it) goes to the first in line."""
+        self._look = None
+        now = self._now()
+        for deadline, waiter in self._waiting:
+            if deadline <= now and not waiter.done():
+                waiter.set_result(None)
+        if self._waiting and not self._full():
+            self._pass_on()
+        self._waiting = collections.deque(w for w in self._waiting if not w[1].done())
+        if self._waiting:
+            self._look = asyncio.get_running_loop().call_later(LOOK_SECONDS, self._looked)
+
+    def admitting(self) -> "Admission":
+        """Around a Job create (`async with`): waits (at most `patience`) while `limit` Jobs are in flight or
+        being admitted, then counts the create as being admitted until it is answered."""
+        return Admission(self)
+
+    async def _wait(self) -> None:
+        self.waited += 1
+        deadline = self._now() + self.patience
+        again = False
+        loop = asyncio.get_running_loop()
+        while self._full() and deadline > self._now():
+            waiter = loop.create_future()
+            if again:
+                self._waiting.appendleft((deadline, waiter))  # looked and found no room yet: still first in line
+            else:
+                self._waiting.append((deadline, waiter))
+            again = True
+            if self._look is None:
+                self._look = loop.call_later(LOOK_SECONDS, self._looked)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._pass_on()  # woken and then cancelled: the room it was given goes to the next
+                raise
+
+
+class Admission(AbstractAsyncContextManager[None]):
+    """`PlacementBacklog.admitting()`'s context (a class, not an async generator: one per create)."""
+
+    __slots__ = ("_backlog",)
+
+    def __init__(self, backlog: PlacementBacklog) -> None:
+        self._backlog = backlog
+
+    async def __aenter__(self) -> None:
+        backlog = self._backlog
+        if backlog.limit and backlog._full():
+            await backlog._wait()
+        backlog._admitting += 1
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        backlog = self._backlog
+        backlog._admitting -= 1
+        if backlog._waiting and not backlog._full():
+            backlog._pass_on()  # its Job was decided before its answer (or never came): room for the next
+        return None
