@@ -101,7 +101,8 @@ async def _heartbeat_behind_a_slow_report(path: Path) -> None:
         "apiVersion": "nodus.dev/v1", "kind": "Attempt", "metadata": {"name": "j-0-1", "namespace": "p"},
         "spec": {"id": "att-1", "job": "j", "jobUID": "u", "index": 0, "number": 1, "node": "n1"},
         "status": {"phase": "Provisioning"}})
-    service = SimpleNamespace(registry=registry, objects=objects, clock=clock, cache=cache)
+    # No Job controller here: a report is written alone, as AgentServicer.write_report writes it where none leads.
+    service = SimpleNamespace(registry=registry, objects=objects, clock=clock, cache=cache, write_report=objects.mutate)
     session = Session(service, "n1", node["sessionId"], node["epoch"])  # type: ignore[arg-type]
     leases = LeaseController(registry, objects)
     beat_sent = asyncio.Event()
