@@ -13,7 +13,9 @@ half-compressible binary like optimizer state, ~25 % text logs, 2,000 small file
 and `random` (all of one kind) at the first size, reported separately.
 
 Each of --runs rounds runs the four steps in an order that alternates (page cache warm for both
-sides, os.sync() before each step, outputs removed between steps, untimed). Reported per data set and
+sides, os.sync() before each step, outputs removed between steps, and as many bytes as the data set written
+and freed just before each step and each floor, so every step takes memory the guest holds: `_prefault` says
+why; all untimed). Reported per data set and
 step: the median wall seconds of each side, the median of the per-round ratios (anchor ÷ nodus:
 above 1 is nodus ahead) with its min-max, the median CPU-seconds of each side (this process's
 waited-for children: all their threads), and the floor: what no implementation can go below here —
@@ -147,9 +149,32 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _timed(fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(wall seconds, CPU seconds) of one step."""
+def _prefault(where: Path, nbytes: int) -> None:
+    """Writes `nbytes` into the page cache under `where` and frees them at once (the file is removed before any
+    writeback), so the step after it takes pages the guest holds. This VM reports free memory to its host
+    (virtio-balloon free page reporting: "Free page reporting enabled" at boot): memory free for ~2 s is given
+    back, and the next use of it faults it in from the host, ~3 ms per MiB of new page cache here against ~0.2 ms
+    for pages just freed (2026-12-08: a fresh 1 GiB write 2.1-3.1 s, the same write after freeing 1 GiB 0.23 s).
+    Which step met given-back memory was chance (and favoured the side that ran second in a round): the 1 GiB
+    restore's ratio swung 1.17-2.03 between runs. Bare-metal hosts (and VMs without reporting) give every step
+    held pages; so does this."""
+    path = where / ".prefault"
+    block = bytes(4 * MiB)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, memoryview(block)[:min(left, len(block))])
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def _timed(fn, warm: tuple[Path, int] | None = None) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(wall seconds, CPU seconds) of one step; `warm`: (where, bytes) to `_prefault` just before it."""
     os.sync()  # nobody pays for the previous step's dirty pages (an ext4 fsync commits the whole journal)
+    if warm is not None:
+        _prefault(*warm)
     c, t = _cpu(), time.perf_counter()
     fn()
     return time.perf_counter() - t, _cpu() - c
@@ -339,18 +364,20 @@ def bench_set(work: Path, label: str, runs: int, level: int, nodus: str, tar: st
             saves.reverse()
             restores.reverse()
         for name, fn in saves:
-            steps[name].add(_timed(fn))
+            steps[name].add(_timed(fn, (work, size)))
         for name, fn in restores:
-            steps[name].add(_timed(fn))
+            steps[name].add(_timed(fn, (work, size)))
             if name == "nodus restore" and run == runs - 1:
                 out = subprocess.run(["diff", "-r", "--no-dereference", str(data), str(work / "out-nodus" / "data")],
                                      capture_output=True, text=True)
                 same = "identical" if out.returncode == 0 else f"DIFFERENT: {out.stdout[:200]}"
             clean(work / "out-nodus", work / "out-anchor")
         os.sync()
+        _prefault(work, size)
         floors["save"].append(_floor_save(data, sizes["nodus"], work / "floor.bin"))
         clean(work / "floor.bin")
         os.sync()
+        _prefault(work, size)
         floors["restore"].append(_floor_restore(ours, size, work / "floor.bin"))
         starts.append(_python_start())
         log(f"{label} round {run + 1}: " + ", ".join(f"{k} {v.walls[-1]:.2f}s ({v.cpus[-1]:.2f} cpu-s)"
