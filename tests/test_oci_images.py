@@ -319,6 +319,11 @@ def test_a_private_image_resolves_only_with_its_pull_secret(tmp_path: Path, priv
     ('level=fatal msg="writing blob: write /cache/blobs/x: no space left on device"', DiskFull, Fault.NODE),
     ('level=fatal msg="pinging container registry r: Get \\"https://r/v2/\\": dial tcp: lookup r: no such host"',
      Unreachable, Fault.NODE),
+    # a port with 404 in it is not a 404 (a CI run's free port 40441 made this NotFound)
+    ('level=fatal msg="Error parsing image name \\"docker://127.0.0.1:40441/t/b@sha256:1\\": pinging container '
+     'registry 127.0.0.1:40441: Get \\"http://127.0.0.1:40441/v2/\\": dial tcp 127.0.0.1:40441: connect: connection '
+     'refused"', Unreachable, Fault.NODE),
+    ('level=fatal msg="reading manifest sha256:1 in r/x: StatusCode: 404, 404 page not found"', NotFound, Fault.CUSTOMER),
     # the cache's own permission error is the node's, not a registry's "denied"
     ('level=fatal msg="creating temp file: open /cache/images/x: permission denied"', ImagePullError, Fault.NODE),
 ])

@@ -81,7 +81,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], type[ImagePullError], str], ...] = (
     # "denied" as registries say it, not the cache's own "permission denied" (the node's fault)
     (re.compile(r"unauthorized|authentication required|(?<!permission )denied|403 forbidden", re.I), Unauthorized,
      "the registry refused the credentials; name a Secret with access in spec.imagePullSecrets"),
-    (re.compile(r"manifest unknown|name unknown|blob unknown|not found|404", re.I), NotFound,
+    # 404 as a status, not inside a number: a registry on port 40441 that refused the connection is unreachable
+    (re.compile(r"manifest unknown|name unknown|blob unknown|not found|(?<![\w.:])404(?!\w)", re.I), NotFound,
      "the registry has no such image; check spec.image"),
     (re.compile(r"connection refused|no such host|i/o timeout|timeout|network is unreachable|"
                 r"connection reset|tls: |server gave HTTP response to HTTPS client|pinging container registry",
