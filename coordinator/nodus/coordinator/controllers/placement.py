@@ -210,11 +210,10 @@ class PlacementController:
         self._dirty = asyncio.Event()
         self._release: float | None = None
         """When the earliest warm hold of the last pass ends (None: no hold pending)."""
-        self._changes = 0
-        """Counts the events that can change where an attempt fits (capacity, a spec, a Sweep, the book)."""
-        self._born_parked: dict[str, tuple[int, Request]] = {}
-        """Attempt key → (`_changes` then, its request) of the new attempts `explain_new` found fitting nowhere:
-        while nothing changed since, they are parked as they arrive, not decided again by a pass (ADR 0128)."""
+        self._born_parked: dict[str, Request] = {}
+        """Attempt key → its request, of the new attempts `explain_new` found fitting nowhere: parked as they
+        arrive, not decided again by a pass (ADR 0128). Any event that can change where an attempt fits clears it
+        (`_changed`), so what it holds was decided on the fleet as it still is."""
         self.cache.listen(ATTEMPTS, self._on_attempt)
         self.cache.listen(NODES, self._on_node)
         self.cache.listen(LEASES, self._on_lease)
@@ -245,18 +244,18 @@ class PlacementController:
         for attempt in attempts:
             stamp(attempt)
             meta = attempt.get("metadata") or {}
-            self._born_parked[attempt_key(str(meta.get("namespace")), str(meta.get("name")))] = (self._changes, request)
+            self._born_parked[attempt_key(str(meta.get("namespace")), str(meta.get("name")))] = request
         return p.explain
 
     # -- events: each wakes only what it can change --------------------------------------------------
     def _on_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if _waiting(new):
             born = self._born_parked.pop(key, None) if old is None else None
-            if born is not None and born[0] == self._changes and key not in self.queue:
+            if born is not None and key not in self.queue:
                 # Its first decision found it fitting nowhere, on the fleet as it still is: what a pass would
                 # decide now (ADR 0128). Parked with that request, as a pass parks it.
                 project, job = owner_of(new)
-                self.queue.park(key, project, job, born[1], time.monotonic())
+                self.queue.park(key, project, job, born, time.monotonic())
                 return
             if self.queue.add(key):
                 self._dirty.set()
@@ -304,7 +303,6 @@ class PlacementController:
 
     def _changed(self) -> None:
         """Something that can change where an attempt fits happened: first decisions made before it are stale."""
-        self._changes += 1
         self._born_parked.clear()
 
     def _keys_of(self, project: str, job: str) -> list[str]:
