@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import orjson
 
 from ..errors import NodusError
-from ..store.base import EventType, Store
+from ..store.base import EventType, Record, Store
 from .attempt_machine import phase_of
 from .views import AttemptView, JobView
 from ..stopping import cancel_and_wait
@@ -191,6 +191,14 @@ class Cache:
                     except Exception:  # noqa: BLE001 - one bad listener must not stop the cache
                         log.exception("cache listener failed for %s", key)
         return True
+
+    def apply_written(self, records: Sequence[Record], documents: Iterable[dict[str, Any]]) -> None:
+        """Takes what one commit wrote, in its order: each record's document as the caller built it (the bytes the
+        record holds encode it), its resourceVersion set, rather than decoding the bytes back into the same object
+        (ADR 0114). The documents are the cache's from here, read-only to the caller."""
+        for rec, obj in zip(records, documents):
+            obj["metadata"]["resourceVersion"] = str(rec.revision)
+            self.apply(rec.key, obj, rec.revision)
 
     def _index_attempt(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if old is None or new is None or owner_of(old) != owner_of(new):

@@ -360,9 +360,7 @@ class JobController:
         only go into the cache: it reconciles nothing, and the leader records its own settled state."""
         job_rec, attempt_recs = records[0], records[1:]
         key = job_rec.key
-        for rec, obj in zip(records, (job, *first.attempts.values())):  # the Job first: its attempts' listeners find it
-            obj["metadata"]["resourceVersion"] = str(rec.revision)
-            self.cache.apply(rec.key, obj, rec.revision)
+        self.cache.apply_written(records, (job, *first.attempts.values()))  # the Job first: its attempts' listeners find it
         if not lead:
             return
         self._settled[key] = Settled(job_rec.revision, {rec.key: rec.revision for rec in attempt_recs}, first.wake_at)

@@ -81,11 +81,8 @@ class ReportWriter:
                 raise
             finally:
                 FENCE.reset(fence)
-            # Into the cache as written, in commit order (the documents the records encode: ADR 0114).
-            objects = [attempt, *([written[0]] if written is not None else []), *decided.attempts.values()]
-            for rec, obj in zip(records, objects):
-                obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rec.revision)}
-                self.cache.apply(rec.key, obj, rec.revision)
+            self.cache.apply_written(records, [attempt, *([written[0]] if written is not None else []),
+                                               *decided.attempts.values()])
             self.together += 1
             return True
         finally:
